@@ -1,0 +1,79 @@
+# libsymm build. `make` builds the library, checks it against the header and
+# builds the C tests; `make test` runs every test; `make run` runs the demo.
+GO      ?= go
+CC      ?= gcc
+PYTHON  ?= python3
+BUILD   := build
+LIB     := $(BUILD)/libsymm.so
+GOFILES := $(shell find . -name '*.go' -not -path './build/*') go.mod go.sum
+CSRC    := $(wildcard export/*.cpp export/*.h) include/symm.h export/symm.map
+CTESTS  := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
+# Only the public ABI is exported (export/symm.map); the cgo flag check does
+# not allow a version script in #cgo LDFLAGS, so it is passed here.
+LDFLAGS := -extldflags=-Wl,--version-script=$(CURDIR)/export/symm.map
+FUZZTIME ?= 20s
+
+.PHONY: all lib check-header ctests test test-go test-c test-python fuzz run device bench clean fmt
+
+all: lib check-header ctests
+
+lib: $(LIB)
+
+$(LIB): $(GOFILES) $(CSRC)
+	@mkdir -p $(BUILD)
+	$(GO) build -buildmode=c-shared -trimpath -ldflags '$(LDFLAGS)' -o $@ ./export
+
+# Every exported symm_* symbol is declared in include/symm.h and vice versa;
+# no multicast entry point is referenced.
+check-header: $(LIB)
+	@bash tests/check_abi.sh $(LIB) include/symm.h
+
+ctests: $(CTESTS)
+
+$(BUILD)/tests/%: tests/c/%.c include/symm.h $(LIB)
+	@mkdir -p $(BUILD)/tests
+	$(CC) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
+
+test: all test-go test-c test-python fuzz
+
+test-go:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+test-c: ctests
+	@for t in $(CTESTS); do echo "== $$t"; SYMM_DEVICE=host timeout 300 $$t || exit 1; done
+
+test-python: lib
+	SYMM_LIB=$(CURDIR)/$(LIB) PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
+
+# Short fuzzing of every fuzz target (longer: make fuzz FUZZTIME=10m).
+fuzz:
+	$(GO) test ./allocator -run '^$$' -fuzz '^FuzzPoolOps$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./allocator -run '^$$' -fuzz '^FuzzParseSize$$' -fuzztime $(FUZZTIME)
+
+# The demo: on a machine with an NVIDIA GPU and PyTorch it trains a small
+# model on the pool; otherwise it runs on the host backend.
+run: all
+	@if $(PYTHON) -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then \
+		SYMM_LIB=$(CURDIR)/$(LIB) PYTHONPATH=python $(PYTHON) examples/demo.py; \
+	else \
+		echo "no CUDA-capable PyTorch here: running the host-backend demo (SYMM_DEVICE=host)"; \
+		SYMM_DEVICE=host SYMM_LIB=$(CURDIR)/$(LIB) PYTHONPATH=python $(PYTHON) examples/demo.py; \
+	fi
+
+# Test binaries for the GPU machine (it has no Go): bash tests/device/run.sh there.
+device: all
+	@mkdir -p $(BUILD)/device
+	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
+	$(GO) test -c -o $(BUILD)/device/export.test ./export
+	$(GO) test -c -o $(BUILD)/device/allocator.test ./allocator
+
+bench: all
+	$(GO) test ./allocator -run '^$$' -bench . -benchmem
+
+fmt:
+	gofmt -w $$(find . -name '*.go' -not -path './build/*')
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,182 @@
+package allocator
+
+import (
+	"fmt"
+	"sort"
+)
+
+// CheckInvariants walks every structure of the pool and reports the first
+// broken invariant: blocks tile their segments, free blocks never touch, each
+// free block sits in the bin of its size, the live table holds exactly the
+// allocated blocks, the idle list exactly the wholly free segments, no two
+// segments overlap, and every statistic equals what the blocks add up to.
+// It locks each shard in turn; run it while no other goroutine uses the pool.
+func (p *Pool) CheckInvariants() error {
+	type span struct{ lo, hi uintptr }
+	var spans []span
+	for _, d := range p.devs {
+		var reserved, segs int64
+		var allocs, allocBytes, reqBytes, pendN, pendBytes int64
+		for _, s := range d.shardList() {
+			s.mu.Lock()
+			err := s.check(func(seg *segment) { spans = append(spans, span{seg.ptr, seg.ptr + uintptr(seg.size)}) })
+			st := s.stats.st
+			allocs += st[stAllocation][stAll].cur
+			allocBytes += st[stAllocatedBytes][stAll].cur
+			reqBytes += st[stRequestedBytes][stAll].cur
+			pendN += st[stActive][stAll].cur - st[stAllocation][stAll].cur
+			pendBytes += st[stActiveBytes][stAll].cur - st[stAllocatedBytes][stAll].cur
+			for seg := s.segs; seg != nil; seg = seg.snext {
+				reserved += int64(seg.size)
+				segs++
+			}
+			s.mu.Unlock()
+			if err != nil {
+				return fmt.Errorf("device %d stream %#x: %w", d.idx, s.stream, err)
+			}
+		}
+		checks := []struct {
+			name      string
+			got, want int64
+		}{
+			{"reserved_bytes", d.reserved[stAll].cur.Load(), reserved},
+			{"segment", d.segments[stAll].cur.Load(), segs},
+			{"device allocation", d.hot.allocCount.Load(), allocs},
+			{"device allocated_bytes", d.hot.allocBytes.Load(), allocBytes},
+			{"device requested_bytes", d.hot.reqBytes.Load(), reqBytes},
+			{"device pending", d.hot.pendingCount.Load(), pendN},
+			{"device pending bytes", d.hot.pendingBytes.Load(), pendBytes},
+		}
+		for _, c := range checks {
+			if c.got != c.want {
+				return fmt.Errorf("device %d: %s is %d, blocks add up to %d", d.idx, c.name, c.got, c.want)
+			}
+		}
+		if t := d.reserved[1].cur.Load() + d.reserved[2].cur.Load(); t != reserved {
+			return fmt.Errorf("device %d: reserved small+large %d != %d", d.idx, t, reserved)
+		}
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
+	for i := 1; i < len(spans); i++ {
+		if spans[i].lo < spans[i-1].hi {
+			return fmt.Errorf("segments [%#x,%#x) and [%#x,%#x) overlap", spans[i-1].lo, spans[i-1].hi, spans[i].lo, spans[i].hi)
+		}
+	}
+	return nil
+}
+
+// check verifies one shard; called with s.mu held.
+func (s *shard) check(visit func(*segment)) error {
+	var want shardStats
+	nFree, nLive, nPending := 0, 0, 0
+	idle := map[*segment]bool{}
+	for seg := s.idle; seg != nil; seg = seg.inext {
+		if !seg.idle || seg.shard != s {
+			return fmt.Errorf("idle list holds segment %#x not marked idle of this shard", seg.ptr)
+		}
+		idle[seg] = true
+	}
+	for seg := s.segs; seg != nil; seg = seg.snext {
+		visit(seg)
+		if seg.shard != s {
+			return fmt.Errorf("segment %#x on the list of a shard it does not name", seg.ptr)
+		}
+		if seg.head == nil || seg.head.ptr != seg.ptr || seg.head.prev != nil {
+			return fmt.Errorf("segment %#x: bad head block", seg.ptr)
+		}
+		var total uint64
+		for b := seg.head; b != nil; b = b.next {
+			if b.seg != seg {
+				return fmt.Errorf("block %#x names another segment", b.ptr)
+			}
+			if b.ptr != seg.ptr+uintptr(total) {
+				return fmt.Errorf("segment %#x: block %#x at offset %d, expected %d", seg.ptr, b.ptr, b.ptr-seg.ptr, total)
+			}
+			if b.size == 0 || b.size%minBlock != 0 || b.ptr%minBlock != 0 {
+				return fmt.Errorf("block %#x: size %d or address not a multiple of %d", b.ptr, b.size, minBlock)
+			}
+			if b.next != nil && b.next.prev != b {
+				return fmt.Errorf("block %#x: broken neighbour links", b.ptr)
+			}
+			total += b.size
+			t := statType(seg.kind)
+			switch b.state {
+			case blockFree:
+				nFree++
+				if b.next != nil && b.next.state == blockFree {
+					return fmt.Errorf("free blocks %#x and %#x are neighbours", b.ptr, b.next.ptr)
+				}
+				if !b.isWholeSegment() {
+					want.st[stInactiveSplit][t].cur++
+					want.st[stInactiveSplitBytes][t].cur += int64(b.size)
+				}
+			case blockAllocated:
+				nLive++
+				if s.live.get(b.ptr) != b {
+					return fmt.Errorf("allocated block %#x missing from the live table", b.ptr)
+				}
+				want.st[stAllocation][t].cur++
+				want.st[stAllocatedBytes][t].cur += int64(b.size)
+				want.st[stRequestedBytes][t].cur += int64(b.req)
+				want.st[stActive][t].cur++
+				want.st[stActiveBytes][t].cur += int64(b.size)
+				if b.req == 0 || roundSize(b.req) > b.size {
+					return fmt.Errorf("block %#x of %d bytes holds a request of %d", b.ptr, b.size, b.req)
+				}
+			case blockPending:
+				nPending++
+				want.st[stActive][t].cur++
+				want.st[stActiveBytes][t].cur += int64(b.size)
+			}
+		}
+		if total != seg.size {
+			return fmt.Errorf("segment %#x: blocks add up to %d of %d bytes", seg.ptr, total, seg.size)
+		}
+		whole := seg.head.next == nil && seg.head.state == blockFree
+		if whole != idle[seg] {
+			return fmt.Errorf("segment %#x: wholly free %v but on idle list %v", seg.ptr, whole, idle[seg])
+		}
+	}
+	binned := 0
+	for k := range s.bins {
+		bs := &s.bins[k]
+		for i, h := range bs.heads {
+			if (h != nil) != (bs.bitmap[i/64]&(1<<(i%64)) != 0) {
+				return fmt.Errorf("pool %v bin %d: bitmap disagrees with list", poolKind(k), i)
+			}
+			for b := h; b != nil; b = b.fnext {
+				binned++
+				if b.state != blockFree || binIndex(b.size) != i || b.seg.kind != poolKind(k) || b.seg.shard != s {
+					return fmt.Errorf("block %#x (%d bytes) misfiled in %v bin %d", b.ptr, b.size, poolKind(k), i)
+				}
+			}
+		}
+	}
+	if binned != nFree {
+		return fmt.Errorf("%d free blocks, %d in bins", nFree, binned)
+	}
+	if s.live.n != nLive {
+		return fmt.Errorf("%d allocated blocks, live table holds %d", nLive, s.live.n)
+	}
+	pend := map[*block]int{}
+	for _, pf := range s.pending {
+		pend[pf.b]++
+	}
+	if len(pend) != nPending {
+		return fmt.Errorf("%d pending blocks, %d on the pending list", nPending, len(pend))
+	}
+	for b, n := range pend {
+		if b.state != blockPending || b.waiting != n {
+			return fmt.Errorf("pending block %#x waits for %d events, has %d entries", b.ptr, b.waiting, n)
+		}
+	}
+	for f := range want.st {
+		want.st[f][stAll].cur = want.st[f][1].cur + want.st[f][2].cur
+		for t := range want.st[f] {
+			if got := s.stats.st[f][t].cur; got != want.st[f][t].cur {
+				return fmt.Errorf("%s.%s.current is %d, blocks add up to %d", familyNames[f], typeNames[t], got, want.st[f][t].cur)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+package allocator
+
+import (
+	"fmt"
+	"sync"
+)
+
+// fakeBackend serves segments from Go memory and models streams: each stream
+// has work submitted and work completed; an event captures the submitted
+// count at Record and is done once completed reaches it. Tests make a stream
+// busy with launch and let it finish with finish.
+type fakeBackend struct {
+	mu        sync.Mutex
+	devices   int
+	capacity  uint64 // per device; 0 = unlimited
+	used      []uint64
+	segs      map[uintptr][]byte
+	submitted map[uintptr]int
+	completed map[uintptr]int
+	events    map[Event]fakeEvent
+	nextEv    Event
+	allocs    int
+	frees     int
+	failAlloc error // returned by the next Alloc if set
+}
+
+type fakeEvent struct {
+	stream   uintptr
+	target   int
+	recorded bool
+}
+
+func newFake(devices int) *fakeBackend {
+	return &fakeBackend{
+		devices: devices, used: make([]uint64, devices), segs: map[uintptr][]byte{},
+		submitted: map[uintptr]int{}, completed: map[uintptr]int{}, events: map[Event]fakeEvent{}, nextEv: 1,
+	}
+}
+
+type fakeOOM struct{}
+
+func (fakeOOM) Error() string     { return "FAKE_ERROR_OUT_OF_MEMORY" }
+func (fakeOOM) OutOfMemory() bool { return true }
+
+func (f *fakeBackend) Name() string              { return "fake" }
+func (f *fakeBackend) DeviceCount() (int, error) { return f.devices, nil }
+func (f *fakeBackend) MemInfo(dev int) (uint64, uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.capacity == 0 {
+		return 1 << 40, 1 << 40, nil
+	}
+	return f.capacity - f.used[dev], f.capacity, nil
+}
+
+func (f *fakeBackend) Alloc(dev int, size uint64) (uintptr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.failAlloc; err != nil {
+		f.failAlloc = nil
+		return 0, err
+	}
+	if f.capacity != 0 && f.used[dev]+size > f.capacity {
+		return 0, fakeOOM{}
+	}
+	buf := make([]byte, size+4096)
+	base := uintptr(0)
+	for i := range buf[:4096] {
+		if p := addrOf(buf[i:]); p%4096 == 0 {
+			base = p
+			buf = buf[i : i+int(size)]
+			break
+		}
+	}
+	f.segs[base] = buf
+	f.used[dev] += size
+	f.allocs++
+	return base, nil
+}
+
+func (f *fakeBackend) Free(dev int, ptr uintptr, size uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.segs[ptr]
+	if !ok || uint64(len(b)) != size {
+		return fmt.Errorf("fake: free of unknown segment %#x/%d", ptr, size)
+	}
+	delete(f.segs, ptr)
+	f.used[dev] -= size
+	f.frees++
+	return nil
+}
+
+func (f *fakeBackend) NewEvent(dev int) (Event, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.nextEv
+	f.nextEv++
+	f.events[e] = fakeEvent{}
+	return e, nil
+}
+
+func (f *fakeBackend) Record(dev int, ev Event, stream uintptr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events[ev] = fakeEvent{stream: stream, target: f.submitted[stream], recorded: true}
+	return nil
+}
+
+func (f *fakeBackend) Query(dev int, ev Event) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.events[ev]
+	return !e.recorded || f.completed[e.stream] >= e.target, nil
+}
+
+func (f *fakeBackend) Sync(dev int, ev Event) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e := f.events[ev]
+	if e.recorded && f.completed[e.stream] < e.target {
+		f.completed[e.stream] = e.target
+	}
+	return nil
+}
+
+func (f *fakeBackend) DestroyEvent(dev int, ev Event) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.events, ev)
+	return nil
+}
+
+// launch queues work on stream; finish completes everything queued.
+func (f *fakeBackend) launch(stream uintptr) { f.mu.Lock(); f.submitted[stream]++; f.mu.Unlock() }
+func (f *fakeBackend) finish(stream uintptr) {
+	f.mu.Lock()
+	f.completed[stream] = f.submitted[stream]
+	f.mu.Unlock()
+}
+
+// mem returns the bytes at [ptr, ptr+n) of a live fake segment.
+func (f *fakeBackend) mem(ptr uintptr, n uint64) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for base, b := range f.segs {
+		if ptr >= base && ptr+uintptr(n) <= base+uintptr(len(b)) {
+			off := ptr - base
+			return b[off : off+uintptr(n)]
+		}
+	}
+	panic(fmt.Sprintf("fake: %#x+%d is not inside a live segment", ptr, n))
+}

@@ -1,0 +1,175 @@
+package allocator
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+)
+
+// FuzzPoolOps drives random sequences of alloc, free, record_stream, stream
+// work, empty_cache and limit changes over three streams and two devices, and
+// checks after every step that the pool's invariants hold (CheckInvariants:
+// tiling, bins, live table, statistics equal the blocks' sums, no overlapping
+// segments), that no two live blocks overlap, and that bytes written into a
+// block are intact when it is freed.
+func FuzzPoolOps(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+	f.Add([]byte("\x00\x10\x00\x00\x00\x01\x20\x00\x00\x01\x02\x00\x03\x01\x04\x05\x00\x00\x10\x00"))
+	f.Add([]byte("\x00\xff\xff\x0f\x00\x00\xff\xff\x0f\x01\x06\x00\x00\x01\x00\x01\x00\x07"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fb := newFake(2)
+		fb.capacity = 96 << 20
+		p, err := New(fb, Config{MaxSplit: 40 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type liveBlock struct {
+			ptr    uintptr
+			n      uint64
+			dev    int
+			stream uintptr
+			tag    byte
+		}
+		var live []liveBlock
+		streams := []uintptr{0, 0x1000, 0x2000}
+		tag := byte(1)
+		next := func(k int) uint64 {
+			var b [8]byte
+			copy(b[:], data[:min(k, len(data))])
+			data = data[min(k, len(data)):]
+			return binary.LittleEndian.Uint64(b[:])
+		}
+		touch := func(l liveBlock) (head, tail []byte) {
+			k := min(l.n, 64)
+			return fb.mem(l.ptr, k), fb.mem(l.ptr+uintptr(l.n-k), k)
+		}
+		for steps := 0; len(data) > 0 && steps < 300; steps++ {
+			op := next(1) % 8
+			switch op {
+			case 0, 1, 2: // alloc
+				sel := next(1)
+				var n uint64
+				switch sel % 4 {
+				case 0:
+					n = next(2) % 4096
+				case 1:
+					n = next(3) % (2 << 20)
+				case 2:
+					n = next(4) % (24 << 20)
+				default:
+					n = 40<<20 + next(4)%(30<<20)
+				}
+				dev := int(sel/4) % 2
+				st := streams[(sel/8)%3]
+				ptr, err := p.Alloc(dev, st, n)
+				if n == 0 {
+					if ptr != 0 || err != nil {
+						t.Fatalf("size 0: %#x, %v", ptr, err)
+					}
+					continue
+				}
+				if err != nil {
+					if !IsOutOfMemory(err) {
+						t.Fatalf("alloc %d: %v", n, err)
+					}
+					continue
+				}
+				if ptr%512 != 0 {
+					t.Fatalf("alloc %d: misaligned %#x", n, ptr)
+				}
+				l := liveBlock{ptr, n, dev, st, tag}
+				tag++
+				for _, o := range live {
+					if o.dev == dev && ptr < o.ptr+uintptr(o.n) && o.ptr < ptr+uintptr(n) {
+						t.Fatalf("new block [%#x,+%d) overlaps live [%#x,+%d)", ptr, n, o.ptr, o.n)
+					}
+				}
+				h, tl := touch(l)
+				for i := range h {
+					h[i], tl[i] = l.tag, l.tag
+				}
+				live = append(live, l)
+			case 3, 4: // free
+				if len(live) == 0 {
+					continue
+				}
+				i := int(next(1)) % len(live)
+				l := live[i]
+				h, tl := touch(l)
+				for j := range h {
+					if h[j] != l.tag || tl[j] != l.tag {
+						t.Fatalf("block %#x lost its data before free", l.ptr)
+					}
+				}
+				if err := p.Free(l.dev, l.stream, l.ptr, l.n); err != nil {
+					t.Fatal(err)
+				}
+				live = append(live[:i], live[i+1:]...)
+			case 5: // record_stream, or stream work
+				if len(live) > 0 && next(1)%2 == 0 {
+					l := live[int(next(1))%len(live)]
+					if err := p.RecordStream(l.ptr, streams[next(1)%3]); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					fb.launch(streams[next(1)%3])
+				}
+			case 6:
+				fb.finish(streams[next(1)%3])
+			case 7:
+				switch next(1) % 3 {
+				case 0:
+					if err := p.EmptyCache(); err != nil {
+						t.Fatal(err)
+					}
+				case 1:
+					_ = p.SetLimit(int(next(1)%2), next(1)%4*(16<<20))
+				default:
+					if err := p.Free(0, 0, 0xbad000, 7); err == nil {
+						t.Fatal("free of an unknown pointer succeeded")
+					}
+				}
+			}
+			if err := p.CheckInvariants(); err != nil {
+				t.Fatalf("step %d (op %d): %v", steps, op, err)
+			}
+		}
+		for _, l := range live {
+			if err := p.Free(l.dev, l.stream, l.ptr, l.n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := p.EmptyCache(); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.CheckInvariants(); err != nil {
+			t.Fatal(err)
+		}
+		for d := 0; d < 2; d++ {
+			if r := p.devs[d].reserved[stAll].cur.Load(); r != 0 {
+				t.Fatalf("device %d keeps %d bytes after freeing everything and empty_cache", d, r)
+			}
+		}
+	})
+}
+
+// FuzzParseSize checks that ParseSize never panics, that what it accepts
+// re-parses to the same value when printed in bytes, and that units scale.
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"0", "512", "4KiB", "1.5 GiB", "2t", "", "x", "9999999999999999999999", "1e9", "-1", ".", "1..2MiB"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		v, err := ParseSize(s)
+		if err != nil {
+			return
+		}
+		back, err := ParseSize(fmt.Sprint(v))
+		if err != nil || back != v {
+			t.Fatalf("%q -> %d, but %d -> %d, %v", s, v, v, back, err)
+		}
+		if k, err := ParseSize(fmt.Sprint(v) + "K"); err == nil && k != v<<10 {
+			t.Fatalf("%dK = %d", v, k)
+		}
+	})
+}

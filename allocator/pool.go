@@ -1,0 +1,872 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Config holds the pool's tunables. The zero value is PyTorch's default
+// behaviour: no oversize pool, no limit.
+type Config struct {
+	// MaxSplit: blocks of at least this many bytes are oversize: never
+	// split, reused only by requests at most 20 MiB smaller. 0 disables.
+	MaxSplit uint64
+	// Limit caps every device's reserved bytes. 0: no cap.
+	Limit uint64
+	// LimitFraction caps every device's reserved bytes at this share of its
+	// total memory (0 < f ≤ 1). 0: no cap. Limit wins when both are set.
+	LimitFraction float64
+}
+
+// Pool is a caching allocator over a Backend, one set of pools per
+// (device, stream). It is safe for concurrent use.
+type Pool struct {
+	backend Backend
+	cfg     Config
+	devs    []*device
+}
+
+// device is the per-GPU state. Its mutex guards only shard creation and the
+// event cache; the cached path never takes it.
+type device struct {
+	pool *Pool
+	idx  int
+
+	mu     sync.Mutex
+	table  atomic.Pointer[shardTable]
+	list   atomic.Pointer[[]*shard] // every shard, for whole-device walks
+	events []Event                  // idle events, reused
+
+	limit     atomic.Uint64 // 0: none
+	total     atomic.Uint64 // device memory, read once when a fraction is set
+	reserveMu sync.Mutex    // serializes limit checks with reservations
+
+	hot          hotStats
+	segments     [numStatTypes]atomicStat
+	reserved     [numStatTypes]atomicStat
+	oversizeSegs atomicStat
+
+	numAllocRetries, numOOMs, numSyncAll atomic.Int64
+	numDeviceAlloc, numDeviceFree        atomic.Int64
+}
+
+// shard is the pool state of one (device, stream): three pools of bins, the
+// live blocks and the segments it owns. Its mutex is the only lock on the
+// cached path, so streams never contend with each other.
+type shard struct {
+	mu     sync.Mutex
+	dev    *device
+	stream uintptr
+
+	bins    [numPools]bins
+	live    liveTable
+	segs    *segment // every segment it owns
+	idle    *segment // segments that are one free block
+	spare   *block   // recycled block structs
+	pending []pendingFree
+	stats   shardStats
+}
+
+// pendingFree is a freed block waiting for an event on a record_stream stream.
+type pendingFree struct {
+	b  *block
+	ev Event
+}
+
+// New creates a pool over b, sized for b's devices.
+func New(b Backend, cfg Config) (*Pool, error) {
+	if cfg.LimitFraction < 0 || cfg.LimitFraction > 1 {
+		return nil, fmt.Errorf("limit fraction %g is outside (0, 1]", cfg.LimitFraction)
+	}
+	n, err := b.DeviceCount()
+	if err != nil {
+		return nil, err
+	}
+	if n <= 0 {
+		return nil, fmt.Errorf("%s backend has no devices", b.Name())
+	}
+	p := &Pool{backend: b, cfg: cfg, devs: make([]*device, n)}
+	for i := range p.devs {
+		d := &device{pool: p, idx: i}
+		d.list.Store(&[]*shard{})
+		p.devs[i] = d
+		switch {
+		case cfg.Limit > 0:
+			d.limit.Store(cfg.Limit)
+		case cfg.LimitFraction > 0:
+			if err := p.SetMemoryFraction(i, cfg.LimitFraction); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// Backend returns the pool's backend.
+func (p *Pool) Backend() Backend { return p.backend }
+
+// DeviceCount is the number of devices the pool serves.
+func (p *Pool) DeviceCount() int { return len(p.devs) }
+
+// ErrInvalid marks bad arguments.
+var ErrInvalid = errors.New("invalid argument")
+
+// ErrUnknownPointer marks a free or record_stream of a pointer the pool did
+// not hand out or already took back.
+var ErrUnknownPointer = errors.New("unknown pointer")
+
+func (p *Pool) device(dev int) (*device, error) {
+	if dev < 0 || dev >= len(p.devs) {
+		return nil, fmt.Errorf("%w: device %d out of range [0, %d)", ErrInvalid, dev, len(p.devs))
+	}
+	return p.devs[dev], nil
+}
+
+// Alloc returns a block of at least size bytes on device dev for stream.
+// Size 0 returns 0 and no error.
+func (p *Pool) Alloc(dev int, stream uintptr, size uint64) (uintptr, error) {
+	if size == 0 {
+		return 0, nil
+	}
+	if dev < 0 || dev >= len(p.devs) {
+		_, err := p.device(dev)
+		return 0, err
+	}
+	if size > maxRequest {
+		return 0, fmt.Errorf("%w: requested %d bytes on device %d: larger than any device (%d bytes at most)",
+			ErrOutOfMemory, size, dev, maxRequest)
+	}
+	return p.devs[dev].shardFor(stream).alloc(size)
+}
+
+// Free returns ptr, allocated on device dev with size bytes for stream. size
+// 0 skips the size check. The stream is where the pool looks first; a block
+// of another stream of the same device is found too. A pointer the pool does
+// not hold, a size or device that does not match: an error, and nothing changes.
+func (p *Pool) Free(dev int, stream uintptr, ptr uintptr, size uint64) error {
+	if ptr == 0 {
+		return nil
+	}
+	d, err := p.device(dev)
+	if err != nil {
+		return err
+	}
+	if s := d.lookup(stream); s != nil {
+		s.mu.Lock()
+		if b := s.live.get(ptr); b != nil {
+			if size != 0 && size != b.req {
+				s.mu.Unlock()
+				return sizeMismatch(ptr, size, b.req)
+			}
+			s.free(b)
+			s.mu.Unlock()
+			return nil
+		}
+		s.mu.Unlock()
+	}
+	return p.freeSlow(d, ptr, size)
+}
+
+func sizeMismatch(ptr uintptr, size, req uint64) error {
+	return fmt.Errorf("%w: free of %#x with size %d, but it was allocated with size %d; not freed",
+		ErrInvalid, ptr, size, req)
+}
+
+// freeSlow finds ptr in any shard when the stream given was not its own.
+func (p *Pool) freeSlow(d *device, ptr uintptr, size uint64) error {
+	s, b := p.findLive(ptr)
+	if b == nil {
+		return fmt.Errorf("%w: %#x was not allocated by this pool or was already freed; nothing freed",
+			ErrUnknownPointer, ptr)
+	}
+	defer s.mu.Unlock()
+	if s.dev != d {
+		return fmt.Errorf("%w: %#x belongs to device %d, not device %d; not freed",
+			ErrInvalid, ptr, s.dev.idx, d.idx)
+	}
+	if size != 0 && size != b.req {
+		return sizeMismatch(ptr, size, b.req)
+	}
+	s.free(b)
+	return nil
+}
+
+// findLive returns the shard, locked, and the allocated block at ptr; or nil, nil.
+func (p *Pool) findLive(ptr uintptr) (*shard, *block) {
+	for _, d := range p.devs {
+		for _, s := range d.shardList() {
+			s.mu.Lock()
+			if b := s.live.get(ptr); b != nil {
+				return s, b
+			}
+			s.mu.Unlock()
+		}
+	}
+	return nil, nil
+}
+
+// findContaining returns the shard, locked, and the allocated block that
+// holds address ptr (its start or any byte inside); or nil, nil. It walks
+// segments: a slow path for record_stream of interior pointers.
+func (p *Pool) findContaining(ptr uintptr) (*shard, *block) {
+	if s, b := p.findLive(ptr); b != nil {
+		return s, b
+	}
+	for _, d := range p.devs {
+		for _, s := range d.shardList() {
+			s.mu.Lock()
+			for seg := s.segs; seg != nil; seg = seg.snext {
+				if ptr < seg.ptr || ptr >= seg.ptr+uintptr(seg.size) {
+					continue
+				}
+				for b := seg.head; b != nil; b = b.next {
+					if ptr >= b.ptr && ptr < b.ptr+uintptr(b.size) && b.state == blockAllocated {
+						return s, b
+					}
+				}
+			}
+			s.mu.Unlock()
+		}
+	}
+	return nil, nil
+}
+
+// RecordStream marks the block holding ptr as used on stream: when freed, it
+// is reused only after the work queued on stream by then has completed.
+func (p *Pool) RecordStream(ptr uintptr, stream uintptr) error {
+	s, b := p.findContaining(ptr)
+	if b == nil {
+		return fmt.Errorf("%w: record_stream of %#x: not a block allocated by this pool", ErrUnknownPointer, ptr)
+	}
+	if stream != s.stream {
+		b.addStream(stream)
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// EmptyCache returns every unused segment of every device to the backend.
+// Blocks waiting on record_stream events are waited for first.
+func (p *Pool) EmptyCache() error {
+	var errs []error
+	for _, d := range p.devs {
+		errs = append(errs, d.releaseCached())
+	}
+	return errors.Join(errs...)
+}
+
+// SetMemoryFraction caps device dev's reserved bytes at fraction of its total memory.
+func (p *Pool) SetMemoryFraction(dev int, fraction float64) error {
+	d, err := p.device(dev)
+	if err != nil {
+		return err
+	}
+	if !(fraction > 0 && fraction <= 1) {
+		return fmt.Errorf("%w: memory fraction %g for device %d is outside (0, 1]", ErrInvalid, fraction, dev)
+	}
+	total := d.total.Load()
+	if total == 0 {
+		_, t, err := p.backend.MemInfo(dev)
+		if err != nil {
+			return fmt.Errorf("memory fraction for device %d: %w", dev, err)
+		}
+		total = t
+		d.total.Store(t)
+	}
+	d.limit.Store(uint64(fraction * float64(total)))
+	return nil
+}
+
+// SetLimit caps device dev's reserved bytes; 0 removes the cap.
+func (p *Pool) SetLimit(dev int, bytes uint64) error {
+	d, err := p.device(dev)
+	if err != nil {
+		return err
+	}
+	d.limit.Store(bytes)
+	return nil
+}
+
+// Limit returns device dev's cap, 0 if none.
+func (p *Pool) Limit(dev int) uint64 {
+	if d, err := p.device(dev); err == nil {
+		return d.limit.Load()
+	}
+	return 0
+}
+
+// ---- shards ---------------------------------------------------------------
+
+// shardTable is an open-addressed table from stream to shard, read without
+// locks. Slots only ever go from nil to a shard; a full table is replaced by
+// a larger copy under device.mu.
+type shardTable struct {
+	slots []atomic.Pointer[shard]
+	n     int // under device.mu
+}
+
+func streamHash(stream uintptr, mask int) int {
+	return int((uint64(stream) * 0x9E3779B97F4A7C15) >> 32 & uint64(mask))
+}
+
+func (t *shardTable) lookup(stream uintptr) *shard {
+	mask := len(t.slots) - 1
+	for i := streamHash(stream, mask); ; i = (i + 1) & mask {
+		s := t.slots[i].Load()
+		if s == nil || s.stream == stream {
+			return s
+		}
+	}
+}
+
+func (t *shardTable) insert(s *shard) {
+	mask := len(t.slots) - 1
+	i := streamHash(s.stream, mask)
+	for t.slots[i].Load() != nil {
+		i = (i + 1) & mask
+	}
+	t.slots[i].Store(s)
+	t.n++
+}
+
+// lookup returns the shard of stream, or nil if the stream never allocated here.
+func (d *device) lookup(stream uintptr) *shard {
+	if t := d.table.Load(); t != nil {
+		return t.lookup(stream)
+	}
+	return nil
+}
+
+func (d *device) shardFor(stream uintptr) *shard {
+	if s := d.lookup(stream); s != nil {
+		return s
+	}
+	return d.newShard(stream)
+}
+
+func (d *device) newShard(stream uintptr) *shard {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s := d.lookup(stream); s != nil {
+		return s
+	}
+	s := &shard{dev: d, stream: stream}
+	t := d.table.Load()
+	if t == nil || 2*(t.n+1) > len(t.slots) {
+		size := 16
+		if t != nil {
+			size = 2 * len(t.slots)
+		}
+		nt := &shardTable{slots: make([]atomic.Pointer[shard], size)}
+		for _, o := range *d.list.Load() {
+			nt.insert(o)
+		}
+		nt.insert(s)
+		d.table.Store(nt)
+	} else {
+		t.insert(s)
+	}
+	old := *d.list.Load()
+	nl := make([]*shard, len(old), len(old)+1)
+	copy(nl, old)
+	nl = append(nl, s)
+	d.list.Store(&nl)
+	return s
+}
+
+func (d *device) shardList() []*shard { return *d.list.Load() }
+
+// ---- the cached path --------------------------------------------------------
+
+func (s *shard) alloc(n uint64) (uintptr, error) {
+	r := roundSize(n)
+	k := kindFor(r, s.dev.pool.cfg.MaxSplit)
+	s.mu.Lock()
+	if len(s.pending) > 0 {
+		s.processPending(false)
+	}
+	b := s.findFree(r, k)
+	if b == nil {
+		var err error
+		if b, err = s.allocSlow(n, r, k); err != nil {
+			s.mu.Unlock()
+			return 0, err
+		}
+	}
+	s.take(b, r, n)
+	s.mu.Unlock()
+	return b.ptr, nil
+}
+
+func (s *shard) findFree(r uint64, k poolKind) *block {
+	b := s.bins[k].find(r)
+	if b != nil && k == oversizePool && b.size >= r+largeBuffer {
+		return nil
+	}
+	return b
+}
+
+// take hands out free block b for a request of n bytes rounded to r.
+func (s *shard) take(b *block, r, n uint64) {
+	s.removeFree(b)
+	seg := b.seg
+	if seg.idle {
+		s.removeIdle(seg)
+	}
+	if shouldSplit(b.size, r, seg.kind) {
+		rest := s.newBlock()
+		*rest = block{ptr: b.ptr + uintptr(r), size: b.size - r, seg: seg, prev: b, next: b.next}
+		if b.next != nil {
+			b.next.prev = rest
+		}
+		b.next = rest
+		b.size = r
+		s.insertFree(rest)
+	}
+	b.state = blockAllocated
+	b.req = n
+	s.live.put(b)
+	sz := int64(b.size)
+	s.stats.add(stAllocation, seg.kind, 1)
+	s.stats.add(stAllocatedBytes, seg.kind, sz)
+	s.stats.add(stActive, seg.kind, 1)
+	s.stats.add(stActiveBytes, seg.kind, sz)
+	s.stats.add(stRequestedBytes, seg.kind, int64(n))
+	if seg.kind == oversizePool {
+		s.stats.oversizeAllocs.add(1)
+	}
+	s.dev.hot.alloc(sz, int64(n))
+}
+
+// free takes back allocated block b.
+func (s *shard) free(b *block) {
+	s.live.del(b)
+	k := b.seg.kind
+	sz := int64(b.size)
+	s.stats.add(stAllocation, k, -1)
+	s.stats.add(stAllocatedBytes, k, -sz)
+	s.stats.add(stRequestedBytes, k, -int64(b.req))
+	if k == oversizePool {
+		s.stats.oversizeAllocs.add(-1)
+	}
+	s.dev.hot.free(sz, int64(b.req))
+	if b.extraN > 0 {
+		s.deferFree(b)
+		return
+	}
+	s.stats.add(stActive, k, -1)
+	s.stats.add(stActiveBytes, k, -sz)
+	s.release(b)
+}
+
+// release puts block b (allocated or pending, already out of every table)
+// back in the bins, merged with free neighbours.
+func (s *shard) release(b *block) {
+	b.state = blockFree
+	b.req = 0
+	b.extraN = 0
+	b.extraMore = nil
+	if p := b.prev; p != nil && p.state == blockFree {
+		s.removeFree(p)
+		p.size += b.size
+		p.next = b.next
+		if b.next != nil {
+			b.next.prev = p
+		}
+		s.recycle(b)
+		b = p
+	}
+	if nx := b.next; nx != nil && nx.state == blockFree {
+		s.removeFree(nx)
+		b.size += nx.size
+		b.next = nx.next
+		if nx.next != nil {
+			nx.next.prev = b
+		}
+		s.recycle(nx)
+	}
+	s.insertFree(b)
+	if b.isWholeSegment() {
+		s.addIdle(b.seg)
+	}
+}
+
+func (s *shard) insertFree(b *block) {
+	s.bins[b.seg.kind].insert(b)
+	if !b.isWholeSegment() {
+		b.splitFree = true
+		s.stats.add(stInactiveSplit, b.seg.kind, 1)
+		s.stats.add(stInactiveSplitBytes, b.seg.kind, int64(b.size))
+	}
+}
+
+func (s *shard) removeFree(b *block) {
+	s.bins[b.seg.kind].remove(b)
+	if b.splitFree {
+		b.splitFree = false
+		s.stats.add(stInactiveSplit, b.seg.kind, -1)
+		s.stats.add(stInactiveSplitBytes, b.seg.kind, -int64(b.size))
+	}
+}
+
+func (s *shard) newBlock() *block {
+	if b := s.spare; b != nil {
+		s.spare = b.fnext
+		b.fnext = nil
+		return b
+	}
+	return new(block)
+}
+
+func (s *shard) recycle(b *block) {
+	*b = block{fnext: s.spare}
+	s.spare = b
+}
+
+func (s *shard) addSeg(seg *segment) {
+	seg.shard = s
+	seg.sprev = nil
+	seg.snext = s.segs
+	if s.segs != nil {
+		s.segs.sprev = seg
+	}
+	s.segs = seg
+}
+
+func (s *shard) removeSeg(seg *segment) {
+	if seg.sprev != nil {
+		seg.sprev.snext = seg.snext
+	} else {
+		s.segs = seg.snext
+	}
+	if seg.snext != nil {
+		seg.snext.sprev = seg.sprev
+	}
+	seg.sprev, seg.snext = nil, nil
+}
+
+func (s *shard) addIdle(seg *segment) {
+	seg.idle = true
+	seg.iprev = nil
+	seg.inext = s.idle
+	if s.idle != nil {
+		s.idle.iprev = seg
+	}
+	s.idle = seg
+}
+
+// removeIdle takes seg off the idle list; its owner is using it again, so a
+// steal event recorded earlier no longer covers it.
+func (s *shard) removeIdle(seg *segment) {
+	if seg.iprev != nil {
+		seg.iprev.inext = seg.inext
+	} else {
+		s.idle = seg.inext
+	}
+	if seg.inext != nil {
+		seg.inext.iprev = seg.iprev
+	}
+	seg.iprev, seg.inext, seg.idle = nil, nil, false
+	if seg.hasEvent {
+		s.dev.putEvent(seg.stealEvent)
+		seg.hasEvent = false
+	}
+}
+
+// ---- slow paths -------------------------------------------------------------
+
+// allocSlow finds memory when no cached block of this stream fits: an idle
+// segment of another stream whose work has completed, else a new segment,
+// else (out of memory or over the limit) release every cached segment of
+// the device and try once more. Called and returns with s.mu held.
+func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
+	if b := s.steal(r, k); b != nil {
+		return b, nil
+	}
+	b, err := s.newSegment(r, k)
+	if err == nil || !IsOutOfMemory(err) {
+		return b, err
+	}
+	d := s.dev
+	d.numAllocRetries.Add(1)
+	s.mu.Unlock()
+	relErr := d.releaseCached()
+	s.mu.Lock()
+	if b := s.findFree(r, k); b != nil {
+		return b, nil
+	}
+	if b := s.steal(r, k); b != nil {
+		return b, nil
+	}
+	if b, err = s.newSegment(r, k); err == nil {
+		return b, nil
+	}
+	if !IsOutOfMemory(err) {
+		return nil, err
+	}
+	d.numOOMs.Add(1)
+	return nil, d.oomError(n, r, k, err, relErr)
+}
+
+func (d *device) oomError(n, r uint64, k poolKind, cause, relErr error) error {
+	free, total, merr := d.pool.backend.MemInfo(d.idx)
+	dev := "unknown"
+	if merr == nil {
+		dev = fmt.Sprintf("%d of %d bytes free", free, total)
+	}
+	lim := "none"
+	if l := d.limit.Load(); l > 0 {
+		lim = fmt.Sprintf("%d bytes", l)
+	}
+	msg := fmt.Sprintf("%s: out of memory: requested %d bytes (a %d-byte segment of the %s) on device %d: "+
+		"pool reserved %d bytes, allocated %d bytes; limit %s; device %s; cause: %v",
+		d.pool.backend.Name(), n, segmentSize(r, k), k, d.idx,
+		d.reserved[stAll].cur.Load(), d.hot.allocBytes.Load(), lim, dev, cause)
+	if relErr != nil {
+		msg += fmt.Sprintf(" (releasing the cache also failed: %v)", relErr)
+	}
+	return &oomErr{msg: msg}
+}
+
+type oomErr struct{ msg string }
+
+func (e *oomErr) Error() string        { return e.msg }
+func (e *oomErr) Is(target error) bool { return target == ErrOutOfMemory }
+
+// errLimit is the cause when the cap, not the device, refuses a segment.
+type limitErr struct{ want, reserved, limit uint64 }
+
+func (e *limitErr) Error() string {
+	return fmt.Sprintf("pool limit: %d reserved + %d requested > limit %d bytes", e.reserved, e.want, e.limit)
+}
+func (e *limitErr) OutOfMemory() bool { return true }
+
+// newSegment asks the backend for a segment that fits r and returns its
+// (free, whole) block. Called with s.mu held.
+func (s *shard) newSegment(r uint64, k poolKind) (*block, error) {
+	d := s.dev
+	size := segmentSize(r, k)
+	if err := d.reserve(size); err != nil {
+		return nil, err
+	}
+	ptr, err := d.pool.backend.Alloc(d.idx, size)
+	if err != nil {
+		d.unreserve(size)
+		return nil, err
+	}
+	d.numDeviceAlloc.Add(1)
+	t := statType(k)
+	d.segments[stAll].add(1)
+	d.segments[t].add(1)
+	d.reserved[t].add(int64(size))
+	if k == oversizePool {
+		d.oversizeSegs.add(1)
+	}
+	seg := &segment{ptr: ptr, size: size, kind: k}
+	s.addSeg(seg)
+	b := s.newBlock()
+	*b = block{ptr: ptr, size: size, seg: seg}
+	seg.head = b
+	s.insertFree(b)
+	s.addIdle(seg)
+	return b, nil
+}
+
+// reserve counts size against the device's reserved bytes, refusing it if
+// the limit would be passed.
+func (d *device) reserve(size uint64) error {
+	d.reserveMu.Lock()
+	defer d.reserveMu.Unlock()
+	cur := uint64(d.reserved[stAll].cur.Load())
+	if l := d.limit.Load(); l > 0 && cur+size > l {
+		return &limitErr{want: size, reserved: cur, limit: l}
+	}
+	d.reserved[stAll].add(int64(size))
+	return nil
+}
+
+func (d *device) unreserve(size uint64) { d.reserved[stAll].add(-int64(size)) }
+
+// releaseSegment returns idle segment seg of s to the backend.
+func (s *shard) releaseSegment(seg *segment) error {
+	d := s.dev
+	if err := d.pool.backend.Free(d.idx, seg.ptr, seg.size); err != nil {
+		return fmt.Errorf("releasing a %d-byte segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
+	}
+	s.removeIdle(seg)
+	s.removeFree(seg.head)
+	s.removeSeg(seg)
+	s.recycle(seg.head)
+	seg.head = nil
+	t := statType(seg.kind)
+	d.unreserve(seg.size)
+	d.reserved[t].add(-int64(seg.size))
+	d.segments[stAll].add(-1)
+	d.segments[t].add(-1)
+	if seg.kind == oversizePool {
+		d.oversizeSegs.add(-1)
+	}
+	d.numDeviceFree.Add(1)
+	return nil
+}
+
+// releaseCached waits for every pending block of the device and returns
+// every idle segment to the backend.
+func (d *device) releaseCached() error {
+	var errs []error
+	for _, s := range d.shardList() {
+		s.mu.Lock()
+		if len(s.pending) > 0 {
+			if err := s.processPending(true); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for seg := s.idle; seg != nil; {
+			next := seg.inext
+			if err := s.releaseSegment(seg); err != nil {
+				errs = append(errs, err)
+			}
+			seg = next
+		}
+		s.mu.Unlock()
+	}
+	d.numSyncAll.Add(1)
+	return errors.Join(errs...)
+}
+
+// steal moves an idle segment of another stream of the same device to s, if
+// one fits r and the work its stream had queued when it became a candidate
+// has completed. It never waits: a shard busy with its own lock is skipped,
+// and a segment whose event has not completed is left for a later call.
+// Called with s.mu held.
+func (s *shard) steal(r uint64, k poolKind) *block {
+	d := s.dev
+	for _, o := range d.shardList() {
+		if o == s || !o.mu.TryLock() {
+			continue
+		}
+		seen := 0
+		for seg := o.idle; seg != nil && seen < 64; seg = seg.inext {
+			seen++
+			if seg.kind != k || seg.size < r || (k == oversizePool && seg.size >= r+largeBuffer) {
+				continue
+			}
+			if !o.segmentQuiet(seg) {
+				continue
+			}
+			o.removeIdle(seg)
+			o.removeFree(seg.head)
+			o.removeSeg(seg)
+			s.addSeg(seg)
+			s.insertFree(seg.head)
+			s.addIdle(seg)
+			o.mu.Unlock()
+			return seg.head
+		}
+		o.mu.Unlock()
+	}
+	return nil
+}
+
+// segmentQuiet reports whether the owner stream's work on idle segment seg
+// has completed, recording the event that tells on first ask. Called with
+// o.mu held.
+func (o *shard) segmentQuiet(seg *segment) bool {
+	d := o.dev
+	if !seg.hasEvent {
+		ev, err := d.getEvent()
+		if err != nil {
+			return false
+		}
+		if err := d.pool.backend.Record(d.idx, ev, o.stream); err != nil {
+			d.putEvent(ev)
+			return false
+		}
+		seg.stealEvent, seg.hasEvent = ev, true
+	}
+	done, err := d.pool.backend.Query(d.idx, seg.stealEvent)
+	return err == nil && done
+}
+
+// deferFree parks b until events recorded now on its record_stream streams
+// have completed. If an event cannot be recorded (the context is broken), the
+// block stays parked for good: never reused unsafely.
+func (s *shard) deferFree(b *block) {
+	d := s.dev
+	b.state = blockPending
+	d.hot.pendingCount.Add(1)
+	d.hot.pendingBytes.Add(int64(b.size))
+	b.streams(func(st uintptr) {
+		ev, err := d.getEvent()
+		if err == nil {
+			if err = d.pool.backend.Record(d.idx, ev, st); err != nil {
+				d.putEvent(ev)
+			}
+		}
+		if err != nil {
+			ev = 0
+		}
+		b.waiting++
+		s.pending = append(s.pending, pendingFree{b: b, ev: ev})
+	})
+}
+
+// processPending releases the pending blocks whose events have all
+// completed; with wait it first waits for every event. Called with s.mu held.
+func (s *shard) processPending(wait bool) error {
+	d := s.dev
+	var errs []error
+	keep := s.pending[:0]
+	for _, pf := range s.pending {
+		done := false
+		if pf.ev != 0 {
+			var err error
+			if wait {
+				err = d.pool.backend.Sync(d.idx, pf.ev)
+				done = err == nil
+			} else {
+				done, err = d.pool.backend.Query(d.idx, pf.ev)
+			}
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if !done {
+			keep = append(keep, pf)
+			continue
+		}
+		d.putEvent(pf.ev)
+		b := pf.b
+		if b.waiting--; b.waiting == 0 {
+			d.hot.pendingCount.Add(-1)
+			d.hot.pendingBytes.Add(-int64(b.size))
+			s.stats.add(stActive, b.seg.kind, -1)
+			s.stats.add(stActiveBytes, b.seg.kind, -int64(b.size))
+			s.release(b)
+		}
+	}
+	clear(s.pending[len(keep):])
+	s.pending = keep
+	return errors.Join(errs...)
+}
+
+// getEvent returns an idle event of the device, creating one if needed.
+func (d *device) getEvent() (Event, error) {
+	d.mu.Lock()
+	if n := len(d.events); n > 0 {
+		ev := d.events[n-1]
+		d.events = d.events[:n-1]
+		d.mu.Unlock()
+		return ev, nil
+	}
+	d.mu.Unlock()
+	return d.pool.backend.NewEvent(d.idx)
+}
+
+func (d *device) putEvent(ev Event) {
+	d.mu.Lock()
+	d.events = append(d.events, ev)
+	d.mu.Unlock()
+}

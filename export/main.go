@@ -1,0 +1,168 @@
+// Command export is libsymm's C ABI: built with -buildmode=c-shared into
+// libsymm.so. It holds only glue: the //export functions that shim.cpp calls,
+// conversion of C types, panic recovery, and the mapping of Go errors to
+// SYMM_ERR_* codes and the calling thread's last-error message. The contract
+// is include/symm.h.
+package main
+
+/*
+#include <stdlib.h>
+#include "../include/symm.h"
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/cuda"
+	"github.com/libsymm/libsymm/host"
+)
+
+func main() {}
+
+// lib is the process's one pool. The pointer is set once, by init; the
+// cached path reads it with one atomic load.
+var lib struct {
+	pool    atomic.Pointer[allocator.Pool]
+	backend atomic.Int32 // 1 cuda, 2 host
+	mu      sync.Mutex   // serializes initialization
+}
+
+// errNoDevice marks "no CUDA driver or GPU" so it maps to SYMM_ERR_NO_DEVICE.
+var errNoDevice = errors.New("no CUDA device")
+
+// noDevice keeps the cuda package's message and adds the errNoDevice mark.
+type noDevice struct{ err error }
+
+func (e noDevice) Error() string        { return e.err.Error() }
+func (e noDevice) Unwrap() error        { return e.err }
+func (e noDevice) Is(target error) bool { return target == errNoDevice }
+
+// getPool returns the pool, creating it on first use from the environment.
+func getPool() (*allocator.Pool, error) {
+	if p := lib.pool.Load(); p != nil {
+		return p, nil
+	}
+	return initPool()
+}
+
+func initPool() (*allocator.Pool, error) {
+	lib.mu.Lock()
+	defer lib.mu.Unlock()
+	if p := lib.pool.Load(); p != nil {
+		return p, nil
+	}
+	b, kind, err := newBackend(getenv)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := allocator.ConfigFromEnv(getenv)
+	if err != nil {
+		return nil, err
+	}
+	p, err := allocator.New(b, cfg)
+	if err != nil {
+		return nil, err
+	}
+	lib.backend.Store(kind)
+	lib.pool.Store(p)
+	return p, nil
+}
+
+// getenv reads the C environment. Go's os.Getenv sees a copy made when the
+// library was loaded, which misses variables a program sets afterwards
+// (os.environ["SYMM_DEVICE"] = "host" in Python before the first allocation).
+func getenv(key string) string {
+	k := C.CString(key)
+	defer C.free(unsafe.Pointer(k))
+	if v := C.getenv(k); v != nil {
+		return C.GoString(v)
+	}
+	return ""
+}
+
+// newBackend picks the backend SYMM_DEVICE names: "cuda" (the default) or
+// "host". There is no silent fallback from cuda to host: PyTorch would take
+// a host pointer for device memory.
+func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
+	switch dev := getenv("SYMM_DEVICE"); dev {
+	case "", "cuda":
+		var opts []cuda.Option
+		if lib := getenv(cuda.EnvLibrary); lib != "" {
+			opts = append(opts, cuda.WithLibrary(lib))
+		}
+		b, err := cuda.NewBackend(opts...)
+		if err != nil {
+			return nil, 0, noDevice{err}
+		}
+		return b, 1, nil
+	case "host":
+		n := 1
+		if v := getenv("SYMM_HOST_DEVICES"); v != "" {
+			k, err := strconv.Atoi(v)
+			if err != nil || k < 1 || k > 64 {
+				return nil, 0, fmt.Errorf("%w: SYMM_HOST_DEVICES=%q: want a device count from 1 to 64", allocator.ErrInvalid, v)
+			}
+			n = k
+		}
+		var capacity uint64
+		if v := getenv("SYMM_HOST_MEMORY"); v != "" {
+			c, err := allocator.ParseSize(v)
+			if err != nil {
+				return nil, 0, fmt.Errorf("SYMM_HOST_MEMORY: %w", err)
+			}
+			capacity = c
+		}
+		b, err := host.New(n, capacity)
+		return b, 2, err
+	default:
+		return nil, 0, fmt.Errorf("%w: SYMM_DEVICE=%q: want \"cuda\" or \"host\"", allocator.ErrInvalid, dev)
+	}
+}
+
+// errCode maps an error to its SYMM_ERR_* code.
+func errCode(err error) C.int {
+	var r cuda.Result
+	switch {
+	case errors.Is(err, errNoDevice):
+		return C.SYMM_ERR_NO_DEVICE
+	case allocator.IsOutOfMemory(err):
+		return C.SYMM_ERR_OUT_OF_MEMORY
+	case errors.Is(err, allocator.ErrUnknownPointer):
+		return C.SYMM_ERR_UNKNOWN_POINTER
+	case errors.Is(err, allocator.ErrInvalid):
+		return C.SYMM_ERR_INVALID
+	case errors.As(err, &r):
+		return C.SYMM_ERR_DRIVER
+	}
+	return C.SYMM_ERR_INTERNAL
+}
+
+// fail records err as the thread's last error, prefixed with the C function
+// name, and returns its code.
+func fail(fn string, err error) C.int {
+	code := errCode(err)
+	setError(code, fn+": "+err.Error())
+	return code
+}
+
+func setError(code C.int, msg string) {
+	C.symmshim_set_error(code, (*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+}
+
+// recovered turns a panic into SYMM_ERR_INTERNAL; use as
+// defer func() { recovered(fn, recover()) }() — no panic crosses into C.
+func recovered(fn string, r any) bool {
+	if r == nil {
+		return false
+	}
+	setError(C.SYMM_ERR_INTERNAL, fmt.Sprintf("%s: internal error (please report): %v", fn, r))
+	return true
+}

@@ -1,0 +1,182 @@
+package main
+
+/*
+#include "../include/symm.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"github.com/libsymm/libsymm/allocator"
+)
+
+// The //export functions below are called only by shim.cpp, which owns the
+// public symm_* names, the fork check and the size-0 shortcut.
+
+//export goPoolAlloc
+func goPoolAlloc(size C.size_t, device C.int, stream C.uintptr_t) (ptr C.uintptr_t) {
+	defer func() {
+		if recovered("symm_pool_alloc", recover()) {
+			ptr = 0
+		}
+	}()
+	p, err := getPool()
+	if err != nil {
+		fail("symm_pool_alloc", err)
+		return 0
+	}
+	got, err := p.Alloc(int(device), uintptr(stream), uint64(size))
+	if err != nil {
+		fail("symm_pool_alloc", err)
+		return 0
+	}
+	return C.uintptr_t(got)
+}
+
+//export goPoolFree
+func goPoolFree(ptr C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t) {
+	defer func() { recovered("symm_pool_free", recover()) }()
+	p, err := getPool()
+	if err != nil {
+		fail("symm_pool_free", err)
+		return
+	}
+	if err := p.Free(int(device), uintptr(stream), uintptr(ptr), uint64(size)); err != nil {
+		fail("symm_pool_free", err)
+	}
+}
+
+//export goPoolInit
+func goPoolInit(deviceCount C.int) {
+	defer func() { recovered("symm_pool_init", recover()) }()
+	if _, err := getPool(); err != nil {
+		fail("symm_pool_init", err)
+	}
+}
+
+//export goPoolEmptyCache
+func goPoolEmptyCache() {
+	defer func() { recovered("symm_pool_empty_cache", recover()) }()
+	p := lib.pool.Load()
+	if p == nil {
+		return // nothing cached yet; do not load a driver just to empty nothing
+	}
+	if err := p.EmptyCache(); err != nil {
+		fail("symm_pool_empty_cache", err)
+	}
+}
+
+//export goPoolSetMemoryFraction
+func goPoolSetMemoryFraction(fraction C.double, device C.int) {
+	defer func() { recovered("symm_pool_set_memory_fraction", recover()) }()
+	p, err := getPool()
+	if err == nil {
+		err = p.SetMemoryFraction(int(device), float64(fraction))
+	}
+	if err != nil {
+		fail("symm_pool_set_memory_fraction", err)
+	}
+}
+
+//export goPoolSetLimit
+func goPoolSetLimit(device C.int, bytes C.uint64_t) (code C.int) {
+	defer func() {
+		if recovered("symm_pool_set_limit", recover()) {
+			code = C.SYMM_ERR_INTERNAL
+		}
+	}()
+	p, err := getPool()
+	if err == nil {
+		err = p.SetLimit(int(device), uint64(bytes))
+	}
+	if err != nil {
+		return fail("symm_pool_set_limit", err)
+	}
+	return C.SYMM_OK
+}
+
+//export goPoolRecordStream
+func goPoolRecordStream(ptr, stream C.uintptr_t) {
+	defer func() { recovered("symm_pool_record_stream", recover()) }()
+	p, err := getPool()
+	if err == nil {
+		err = p.RecordStream(uintptr(ptr), uintptr(stream))
+	}
+	if err != nil {
+		fail("symm_pool_record_stream", err)
+	}
+}
+
+// statNames are the statistic names as C strings, made once and never freed:
+// symm_stat_t.name points at them.
+var statNames = func() []*C.char {
+	names := allocator.StatNames()
+	out := make([]*C.char, len(names))
+	for i, n := range names {
+		out[i] = C.CString(n)
+	}
+	return out
+}()
+
+//export goPoolStats
+func goPoolStats(device C.int, out *C.symm_stat_t, capacity C.int) (n C.int) {
+	defer func() {
+		if recovered("symm_pool_stats", recover()) {
+			n = -1
+		}
+	}()
+	p, err := getPool()
+	if err != nil {
+		fail("symm_pool_stats", err)
+		return -1
+	}
+	vals, err := p.Stats(int(device))
+	if err != nil {
+		fail("symm_pool_stats", err)
+		return -1
+	}
+	if capacity > 0 {
+		dst := unsafe.Slice(out, int(capacity))
+		for i := 0; i < len(vals) && i < len(dst); i++ {
+			dst[i].name = statNames[i]
+			dst[i].value = C.int64_t(vals[i])
+		}
+	}
+	return C.int(len(vals))
+}
+
+//export goPoolResetPeak
+func goPoolResetPeak(device C.int) (code C.int) {
+	defer func() {
+		if recovered("symm_pool_reset_peak", recover()) {
+			code = C.SYMM_ERR_INTERNAL
+		}
+	}()
+	p, err := getPool()
+	if err == nil {
+		err = p.ResetPeak(int(device))
+	}
+	if err != nil {
+		return fail("symm_pool_reset_peak", err)
+	}
+	return C.SYMM_OK
+}
+
+//export goPoolDeviceCount
+func goPoolDeviceCount() (n C.int) {
+	defer func() {
+		if recovered("symm_pool_device_count", recover()) {
+			n = -1
+		}
+	}()
+	p, err := getPool()
+	if err != nil {
+		fail("symm_pool_device_count", err)
+		return -1
+	}
+	return C.int(p.DeviceCount())
+}
+
+//export goPoolBackend
+func goPoolBackend() C.int { return C.int(lib.backend.Load()) }

@@ -1,0 +1,191 @@
+// The public C ABI of libsymm (include/symm.h): thin wrappers that check the
+// fork flag, skip Go for trivial cases, call the Go exports (go* in
+// _cgo_export.h) and keep the per-thread last error. C++ only so that
+// symm_pool_alloc can throw in PyTorch's replace mode, after the Go call has
+// returned: no Go frame is ever between a throw and its catcher.
+#include <pthread.h>
+#include <stdexcept>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/symm.h"
+#include "_cgo_export.h"
+#include "shim.h"
+
+#define SYMM_VERSION_STRING "0.1.0"
+
+namespace {
+// Last error of the calling thread. Only a pointer is thread-local: Go's
+// c-shared libraries use the initial-exec TLS model, so every thread_local
+// byte comes out of glibc's small static TLS surplus, and a library that asks
+// for too much fails to dlopen ("cannot allocate memory in static TLS block").
+// The buffer itself is malloc'd on a thread's first error and freed at its exit.
+struct LastError {
+  int code;
+  char msg[2048];
+};
+thread_local LastError *t_err;
+pthread_key_t g_err_key;
+// Set by symm_torch_init: failed allocations throw instead of returning NULL.
+int g_throw = 0;
+// Set in a fork child: the Go runtime's threads did not survive the fork.
+volatile int g_forked = 0;
+
+LastError *err_slot() {
+  if (t_err == nullptr) {
+    t_err = static_cast<LastError *>(calloc(1, sizeof(LastError)));
+    if (t_err == nullptr) return nullptr;
+    pthread_setspecific(g_err_key, t_err);
+  }
+  return t_err;
+}
+
+void on_fork_child() { g_forked = 1; }
+
+__attribute__((constructor)) void install_handlers() {
+  pthread_atfork(nullptr, nullptr, on_fork_child);
+  pthread_key_create(&g_err_key, free);
+}
+
+void set_error_c(int code, const char *msg) {
+  LastError *e = err_slot();
+  if (e == nullptr) return;
+  e->code = code;
+  snprintf(e->msg, sizeof e->msg, "%s", msg);
+}
+
+const char *err_msg() { return t_err ? t_err->msg : ""; }
+
+// forked records the error for fn and reports whether the caller must stop.
+bool forked(const char *fn) {
+  if (__builtin_expect(g_forked, 0)) {
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "%s: called in a child process after fork(); libsymm (a Go runtime) "
+             "does not survive fork: use it only in the parent, or start children "
+             "with spawn/exec",
+             fn);
+    set_error_c(SYMM_ERR_FORKED, msg);
+    return true;
+  }
+  return false;
+}
+}  // namespace
+
+extern "C" {
+
+void symmshim_set_error(int code, const char *msg, size_t len) {
+  LastError *e = err_slot();
+  if (e == nullptr) return;
+  e->code = code;
+  if (len >= sizeof e->msg) len = sizeof e->msg - 1;
+  memcpy(e->msg, msg, len);
+  e->msg[len] = 0;
+}
+
+int symmshim_forked(void) { return g_forked; }
+
+const char *symm_version(void) { return SYMM_VERSION_STRING; }
+const char *symm_last_error(void) { return err_msg(); }
+int symm_last_error_code(void) { return t_err ? t_err->code : SYMM_OK; }
+void symm_clear_error(void) {
+  if (t_err != nullptr) {
+    t_err->code = SYMM_OK;
+    t_err->msg[0] = 0;
+  }
+}
+
+size_t symm_copy_last_error(char *buf, size_t len) {
+  const char *m = err_msg();
+  size_t n = strlen(m);
+  if (buf != nullptr && len > 0) {
+    size_t k = n < len - 1 ? n : len - 1;
+    memcpy(buf, m, k);
+    buf[k] = 0;
+  }
+  return n;
+}
+
+void *symm_pool_alloc(size_t size, int device, void *stream) {
+  if (forked("symm_pool_alloc")) {
+    if (g_throw) throw std::runtime_error(err_msg());
+    return nullptr;
+  }
+  if (size == 0) return nullptr;
+  uintptr_t p = goPoolAlloc(size, device, (uintptr_t)stream);
+  if (__builtin_expect(p == 0, 0) && g_throw) {
+    // PyTorch's replace mode cannot take NULL: throw, with the Go message.
+    // pybind11/PyTorch turn std::runtime_error into a Python RuntimeError.
+    throw std::runtime_error(err_msg());
+  }
+  return (void *)p;
+}
+
+void symm_pool_free(void *ptr, size_t size, int device, void *stream) {
+  if (forked("symm_pool_free") || ptr == nullptr) return;
+  goPoolFree((uintptr_t)ptr, size, device, (uintptr_t)stream);
+}
+
+void symm_pool_init(int device_count) {
+  if (forked("symm_pool_init")) return;
+  goPoolInit(device_count);
+}
+
+void symm_torch_init(int device_count) {
+  if (forked("symm_torch_init")) return;
+  g_throw = 1;
+  goPoolInit(device_count);
+}
+
+void symm_pool_empty_cache(void) {
+  if (forked("symm_pool_empty_cache")) return;
+  goPoolEmptyCache();
+}
+
+void symm_pool_set_memory_fraction(double fraction, int device) {
+  if (forked("symm_pool_set_memory_fraction")) return;
+  goPoolSetMemoryFraction(fraction, device);
+}
+
+int symm_pool_set_limit(int device, uint64_t bytes) {
+  if (forked("symm_pool_set_limit")) return SYMM_ERR_FORKED;
+  return goPoolSetLimit(device, bytes);
+}
+
+void symm_pool_record_stream(void *ptr, void *stream) {
+  if (forked("symm_pool_record_stream")) return;
+  goPoolRecordStream((uintptr_t)ptr, (uintptr_t)stream);
+}
+
+int symm_pool_stats(int device, symm_stat_t *out, int cap) {
+  if (forked("symm_pool_stats")) return -1;
+  if (cap < 0 || (cap > 0 && out == nullptr)) {
+    set_error_c(SYMM_ERR_INVALID, "symm_pool_stats: out is NULL or cap is negative");
+    return -1;
+  }
+  return goPoolStats(device, out, cap);
+}
+
+int symm_pool_reset_peak(int device) {
+  if (forked("symm_pool_reset_peak")) return SYMM_ERR_FORKED;
+  return goPoolResetPeak(device);
+}
+
+int symm_pool_device_count(void) {
+  if (forked("symm_pool_device_count")) return -1;
+  return goPoolDeviceCount();
+}
+
+const char *symm_pool_backend(void) {
+  if (g_forked) return "";
+  switch (goPoolBackend()) {
+    case 1:
+      return "cuda";
+    case 2:
+      return "host";
+  }
+  return "";
+}
+
+}  // extern "C"

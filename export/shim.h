@@ -1,0 +1,17 @@
+/* Internal to export/: what the Go side calls in the C++ shim. */
+#ifndef SYMM_SHIM_H
+#define SYMM_SHIM_H
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Records code and the len bytes at msg (not NUL-terminated) as the calling
+ * thread's last error. Copies: msg may be Go memory. */
+void symmshim_set_error(int code, const char *msg, size_t len);
+/* 1 if the process is a fork child of the process that loaded the library. */
+int symmshim_forked(void);
+#ifdef __cplusplus
+}
+#endif
+#endif

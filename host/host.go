@@ -1,0 +1,172 @@
+// Package host serves libsymm's backend interfaces from host memory: each
+// segment is a memfd mapped shared, so the same memory can later be passed to
+// other processes as a file descriptor (symmetric memory). It lets the pool,
+// the C ABI and the Python package run, unchanged, on machines without a GPU
+// (CI, CPU programs). It is chosen explicitly (SYMM_DEVICE=host), never as a
+// fallback: a host pointer handed to PyTorch as device memory would crash it.
+//
+// Streams and events: host memory has no asynchronous work, so every event
+// is complete as soon as it is recorded.
+package host
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/libsymm/libsymm/allocator"
+)
+
+// Backend implements allocator.Backend over memfd + mmap.
+type Backend struct {
+	devices  int
+	capacity uint64 // bytes per device
+
+	mu   sync.Mutex
+	used []uint64
+	segs map[uintptr]uint64 // base -> size, per live segment
+
+	nextEvent atomic.Uintptr
+}
+
+// New returns a host backend of devices devices, each holding at most
+// capacity bytes (0: the machine's physical memory). The cap makes an
+// oversized request fail the way a GPU's would, instead of succeeding lazily
+// on a sparse mapping.
+func New(devices int, capacity uint64) (*Backend, error) {
+	if devices <= 0 {
+		return nil, fmt.Errorf("host backend: %d devices: need at least 1", devices)
+	}
+	if capacity == 0 {
+		var si unix.Sysinfo_t
+		if err := unix.Sysinfo(&si); err != nil {
+			return nil, fmt.Errorf("host backend: sysinfo: %w", err)
+		}
+		capacity = uint64(si.Totalram) * uint64(si.Unit)
+	}
+	return &Backend{devices: devices, capacity: capacity, used: make([]uint64, devices), segs: map[uintptr]uint64{}}, nil
+}
+
+// OutOfMemoryError is a refused segment; the allocator recognizes it by its
+// OutOfMemory method.
+type OutOfMemoryError struct {
+	Dev             int
+	Want, Used, Cap uint64
+	Cause           error
+}
+
+func (e *OutOfMemoryError) Error() string {
+	if e.Cause != nil {
+		return fmt.Sprintf("host: out of memory: %d bytes on device %d: %v", e.Want, e.Dev, e.Cause)
+	}
+	return fmt.Sprintf("host: out of memory: %d bytes on device %d (%d of %d bytes in use)", e.Want, e.Dev, e.Used, e.Cap)
+}
+func (e *OutOfMemoryError) OutOfMemory() bool { return true }
+
+func (h *Backend) Name() string              { return "host" }
+func (h *Backend) DeviceCount() (int, error) { return h.devices, nil }
+
+func (h *Backend) check(dev int) error {
+	if dev < 0 || dev >= h.devices {
+		return fmt.Errorf("host: device %d out of range [0, %d)", dev, h.devices)
+	}
+	return nil
+}
+
+func (h *Backend) MemInfo(dev int) (free, total uint64, err error) {
+	if err := h.check(dev); err != nil {
+		return 0, 0, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.capacity - h.used[dev], h.capacity, nil
+}
+
+// Alloc maps a new memfd of size bytes (page-aligned, so 512-aligned).
+func (h *Backend) Alloc(dev int, size uint64) (uintptr, error) {
+	if err := h.check(dev); err != nil {
+		return 0, err
+	}
+	h.mu.Lock()
+	if h.used[dev]+size > h.capacity || size > h.capacity {
+		e := &OutOfMemoryError{Dev: dev, Want: size, Used: h.used[dev], Cap: h.capacity}
+		h.mu.Unlock()
+		return 0, e
+	}
+	h.used[dev] += size
+	h.mu.Unlock()
+
+	ptr, err := mapMemfd(size)
+	if err != nil {
+		h.mu.Lock()
+		h.used[dev] -= size
+		h.mu.Unlock()
+		if err == unix.ENOMEM || err == unix.ENOSPC {
+			return 0, &OutOfMemoryError{Dev: dev, Want: size, Cause: err}
+		}
+		return 0, fmt.Errorf("host: mapping %d bytes on device %d: %w", size, dev, err)
+	}
+	h.mu.Lock()
+	h.segs[ptr] = size
+	h.mu.Unlock()
+	return ptr, nil
+}
+
+func mapMemfd(size uint64) (uintptr, error) {
+	fd, err := unix.MemfdCreate("symm-pool", unix.MFD_CLOEXEC)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd) // the mapping keeps the memory
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		return 0, err
+	}
+	// unix.Mmap returns a []byte we never index: use the raw syscall so no
+	// Go slice header pretends to own the memory.
+	ptr, _, errno := unix.Syscall6(unix.SYS_MMAP, 0, uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED, uintptr(fd), 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return ptr, nil
+}
+
+// Free unmaps a segment from Alloc.
+func (h *Backend) Free(dev int, ptr uintptr, size uint64) error {
+	if err := h.check(dev); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	got, ok := h.segs[ptr]
+	if !ok || got != size {
+		h.mu.Unlock()
+		return fmt.Errorf("host: free of %#x (%d bytes): not a segment of this backend", ptr, size)
+	}
+	delete(h.segs, ptr)
+	h.used[dev] -= size
+	h.mu.Unlock()
+	if _, _, errno := unix.Syscall(unix.SYS_MUNMAP, ptr, uintptr(size), 0); errno != 0 {
+		return fmt.Errorf("host: munmap %#x: %w", ptr, errno)
+	}
+	return nil
+}
+
+// Events: host work is synchronous, so events are only identities.
+func (h *Backend) NewEvent(dev int) (allocator.Event, error) {
+	if err := h.check(dev); err != nil {
+		return 0, err
+	}
+	return allocator.Event(h.nextEvent.Add(1)), nil
+}
+func (h *Backend) Record(dev int, ev allocator.Event, stream uintptr) error { return h.check(dev) }
+func (h *Backend) Query(dev int, ev allocator.Event) (bool, error)         { return true, h.check(dev) }
+func (h *Backend) Sync(dev int, ev allocator.Event) error                  { return h.check(dev) }
+func (h *Backend) DestroyEvent(dev int, ev allocator.Event) error          { return h.check(dev) }
+
+// Segments reports how many segments are mapped (for leak checks in tests).
+func (h *Backend) Segments() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.segs)
+}

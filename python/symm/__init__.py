@@ -1,0 +1,74 @@
+"""symm: Python bindings for libsymm, a caching GPU allocator written in Go.
+
+Torch-free part (ctypes only)::
+
+    import symm
+    p = symm.alloc(1 << 20)          # device 0, default stream
+    symm.free(p, 1 << 20)
+    symm.memory_stats()["reserved_bytes.all.current"]
+
+PyTorch part (imports torch lazily)::
+
+    symm.use_as_default()            # before the first CUDA tensor
+    # or, for some allocations only:
+    pool = torch.cuda.MemPool(symm.pool_allocator().allocator())
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(n, device="cuda")
+
+The library is found through $SYMM_LIB, else python/symm/libsymm.so, else the
+repository's build/libsymm.so, and loaded at the first call. libsymm reads its
+SYMM_* environment variables (e.g. SYMM_DEVICE=host for the host-memory
+backend) when it is loaded: set them before the first call.
+
+Failures raise SymmError (a RuntimeError) carrying the library's code and
+message; running out of memory raises OutOfMemoryError (also a MemoryError).
+"""
+
+from ._errors import ErrorCode, LibraryNotFoundError, OutOfMemoryError, SymmError
+from ._loader import library_path
+from ._pool import (
+    alloc,
+    backend,
+    device_count,
+    empty_cache,
+    free,
+    init,
+    max_memory_allocated,
+    max_memory_reserved,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    record_stream,
+    reset_peak_memory_stats,
+    set_limit,
+    set_memory_fraction,
+    version,
+)
+from .torch_allocator import is_default, pool_allocator, use_as_default
+
+__all__ = [
+    "ErrorCode",
+    "LibraryNotFoundError",
+    "OutOfMemoryError",
+    "SymmError",
+    "alloc",
+    "backend",
+    "device_count",
+    "empty_cache",
+    "free",
+    "init",
+    "is_default",
+    "library_path",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "pool_allocator",
+    "record_stream",
+    "reset_peak_memory_stats",
+    "set_limit",
+    "set_memory_fraction",
+    "use_as_default",
+    "version",
+]

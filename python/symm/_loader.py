@@ -1,0 +1,149 @@
+"""Finds and loads libsymm.so once per process, and types every C function.
+
+Why these choices:
+- The library is loaded lazily, at the first call, so ``import symm`` works
+  (and SymmError is importable) on machines where the library is missing;
+  the failure then names every place that was searched.
+- It is opened with RTLD_NODELETE | RTLD_GLOBAL: a Go c-shared library can
+  never be unloaded, and PyTorch's CUDAPluggableAllocator dlopens the same
+  path again later, which must give back this very copy (one Go runtime,
+  one pool).
+- libsymm's Go runtime reads SYMM_* environment variables when it starts,
+  i.e. when the library is loaded: set them before the first call.
+- Every prototype of include/symm.h is declared here, so a wrong argument
+  type is a ctypes error instead of a corrupted call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+from ._errors import LibraryNotFoundError
+
+LIBRARY_NAME = "libsymm.so"
+ENV_LIBRARY = "SYMM_LIB"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+class Stat(ctypes.Structure):
+    """symm_stat_t: one statistic, named as torch.cuda.memory_stats() names it."""
+
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_int64)]
+
+
+_c_size_t = ctypes.c_size_t
+_c_int = ctypes.c_int
+_c_void_p = ctypes.c_void_p
+
+# name -> (argtypes, restype), in the order of include/symm.h.
+PROTOTYPES: dict[str, tuple[list, object]] = {
+    "symm_version": ([], ctypes.c_char_p),
+    "symm_last_error": ([], ctypes.c_char_p),
+    "symm_last_error_code": ([], _c_int),
+    "symm_clear_error": ([], None),
+    "symm_copy_last_error": ([ctypes.c_char_p, _c_size_t], _c_size_t),
+    "symm_pool_alloc": ([_c_size_t, _c_int, _c_void_p], _c_void_p),
+    "symm_pool_free": ([_c_void_p, _c_size_t, _c_int, _c_void_p], None),
+    "symm_pool_init": ([_c_int], None),
+    "symm_torch_init": ([_c_int], None),
+    "symm_pool_empty_cache": ([], None),
+    "symm_pool_set_memory_fraction": ([ctypes.c_double, _c_int], None),
+    "symm_pool_set_limit": ([_c_int, ctypes.c_uint64], _c_int),
+    "symm_pool_record_stream": ([_c_void_p, _c_void_p], None),
+    "symm_pool_stats": ([_c_int, ctypes.POINTER(Stat), _c_int], _c_int),
+    "symm_pool_reset_peak": ([_c_int], _c_int),
+    "symm_pool_device_count": ([], _c_int),
+    "symm_pool_backend": ([], ctypes.c_char_p),
+}
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_path: str | None = None
+
+
+def candidates(environ=None) -> list[tuple[str, Path]]:
+    """The places searched, in order, each with a word saying why it is there.
+
+    SYMM_LIB, when set, is the only candidate: a user who names a file means
+    that file, and silently loading another copy would hide the mistake.
+    """
+    environ = os.environ if environ is None else environ
+    explicit = environ.get(ENV_LIBRARY)
+    if explicit:
+        return [(f"${ENV_LIBRARY}", Path(explicit).expanduser())]
+    return [
+        ("package directory", _PACKAGE_DIR / LIBRARY_NAME),
+        ("repository build directory", (_PACKAGE_DIR / ".." / ".." / "build" / LIBRARY_NAME).resolve()),
+    ]
+
+
+def find_library(environ=None) -> Path:
+    """Returns the first existing candidate, or raises LibraryNotFoundError listing all."""
+    tried = candidates(environ)
+    for _, path in tried:
+        if path.is_file():
+            return path.resolve()
+    where = "\n".join(f"  - {path} ({why})" for why, path in tried)
+    hint = (
+        f"check the path in {ENV_LIBRARY}"
+        if tried[0][0].startswith("$")
+        else f"build it with `make` in the repository, copy it into {_PACKAGE_DIR}, "
+        f"or set {ENV_LIBRARY}=/path/to/{LIBRARY_NAME}"
+    )
+    raise LibraryNotFoundError(f"{LIBRARY_NAME} not found; searched:\n{where}\n{hint}")
+
+
+def _declare(lib: ctypes.CDLL, path: Path) -> None:
+    """Sets argtypes/restype of every function; a missing one means a stale library."""
+    missing = []
+    for name, (argtypes, restype) in PROTOTYPES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            missing.append(name)
+            continue
+        fn.argtypes = argtypes
+        fn.restype = restype
+    if missing:
+        raise LibraryNotFoundError(
+            f"{path} does not export {', '.join(missing)}: it is older or newer than "
+            f"this Python package (rebuild it, or point {ENV_LIBRARY} at a matching one)"
+        )
+
+
+def load() -> ctypes.CDLL:
+    """Loads libsymm once (thread-safe) and returns the typed handle."""
+    global _lib, _path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = find_library()
+            mode = os.RTLD_NODELETE | os.RTLD_GLOBAL
+            try:
+                lib = ctypes.CDLL(str(path), mode=mode)
+            except OSError as e:
+                raise LibraryNotFoundError(f"could not load {path}: {e}") from e
+            _declare(lib, path)
+            _path = str(path)
+            _lib = lib
+    return _lib
+
+
+def library_path() -> str:
+    """The absolute path of the loaded library (loading it if needed)."""
+    load()
+    assert _path is not None
+    return _path
+
+
+def function_address(name: str) -> int:
+    """The address of an exported C function, for PyTorch's set_*_fn hooks."""
+    addr = ctypes.cast(getattr(load(), name), ctypes.c_void_p).value
+    if not addr:
+        raise LibraryNotFoundError(f"{name} has no address in {library_path()}")
+    return addr

@@ -1,0 +1,226 @@
+"""The torch-free API over libsymm's caching pool: stats, limits, alloc/free.
+
+Every function turns a C failure into a SymmError carrying symm_last_error().
+The C library keeps the last error per thread and a success does not clear
+it, so each call here clears it first and reads the code afterwards: a stale
+error from an earlier call can never be reported twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import ErrorCode, SymmError, make_error
+from ._loader import Stat, load
+
+# Set by torch_allocator.use_as_default(): from then on PyTorch has called
+# symm_torch_init and a failing symm_pool_alloc throws a C++ exception, which
+# would abort the process if it unwound into ctypes.
+_torch_replace_mode = False
+
+
+# ---- error plumbing ---------------------------------------------------------
+
+
+def _last_error(lib) -> SymmError:
+    """The calling thread's last failure as an exception."""
+    code = lib.symm_last_error_code()
+    raw = lib.symm_last_error() or b""
+    return make_error(code, raw.decode("utf-8", "replace"))
+
+
+def _call_void(fn, *args) -> None:
+    """Calls a void C function and raises if it recorded a failure."""
+    lib = load()
+    lib.symm_clear_error()
+    fn(*args)
+    if lib.symm_last_error_code() != ErrorCode.OK:
+        raise _last_error(lib)
+
+
+def _call_rc(fn, *args) -> int:
+    """Calls a C function returning SYMM_OK / SYMM_ERR_*; raises on failure."""
+    lib = load()
+    lib.symm_clear_error()
+    rc = fn(*args)
+    if rc != ErrorCode.OK:
+        err = _last_error(lib)
+        if err.code == ErrorCode.OK:  # the library returned a code but no message
+            err = make_error(rc, f"{fn.__name__} failed with code {rc}")
+        raise err
+    return rc
+
+
+# ---- argument conversion ----------------------------------------------------
+
+
+def _device(device: Any) -> int:
+    """Accepts an int or anything with an ``index`` (a torch.device)."""
+    index = getattr(device, "index", device)
+    if index is None:
+        return 0
+    return int(index)
+
+
+def _stream(stream: Any) -> int:
+    """Accepts a raw cudaStream_t value or a torch.cuda.Stream (``cuda_stream``)."""
+    return int(getattr(stream, "cuda_stream", stream) or 0)
+
+
+def _pointer(ptr: Any) -> int:
+    """Accepts an int address (None means NULL)."""
+    return int(ptr or 0)
+
+
+# ---- library ----------------------------------------------------------------
+
+
+def version() -> str:
+    """The library's version string, e.g. "0.1.0"."""
+    return load().symm_version().decode()
+
+
+def backend() -> str:
+    """The active backend ("cuda", "host"), or "" before the pool is initialized."""
+    return (load().symm_pool_backend() or b"").decode()
+
+
+def device_count() -> int:
+    """Number of devices the pool serves (initializes the backend)."""
+    lib = load()
+    lib.symm_clear_error()
+    n = lib.symm_pool_device_count()
+    if n < 0:
+        raise _last_error(lib)
+    return n
+
+
+def init(devices: int = 0) -> None:
+    """Selects the backend and creates the pools now instead of at the first use.
+
+    devices is advisory, as in symm_pool_init.
+    """
+    lib = load()
+    _call_void(lib.symm_pool_init, int(devices))
+
+
+# ---- stats ------------------------------------------------------------------
+
+
+def memory_stats(device: Any = 0) -> dict[str, int]:
+    """All statistics of a device, keyed as torch.cuda.memory_stats() keys them.
+
+    Sized with a first call and retried if the library grew its list meanwhile.
+    """
+    lib = load()
+    dev = _device(device)
+    cap = 0
+    buf = None
+    while True:
+        lib.symm_clear_error()
+        n = lib.symm_pool_stats(dev, buf, cap)
+        if n < 0:
+            raise _last_error(lib)
+        if n <= cap:
+            return {buf[i].name.decode(): int(buf[i].value) for i in range(n)}
+        cap = n
+        buf = (Stat * cap)()
+
+
+def _stat(device: Any, key: str) -> int:
+    return memory_stats(device).get(key, 0)
+
+
+def memory_allocated(device: Any = 0) -> int:
+    """Bytes in live allocations (``allocated_bytes.all.current``)."""
+    return _stat(device, "allocated_bytes.all.current")
+
+
+def max_memory_allocated(device: Any = 0) -> int:
+    """Peak of memory_allocated since start or reset_peak_memory_stats()."""
+    return _stat(device, "allocated_bytes.all.peak")
+
+
+def memory_reserved(device: Any = 0) -> int:
+    """Bytes the pool holds from the device, cached or in use (``reserved_bytes.all.current``)."""
+    return _stat(device, "reserved_bytes.all.current")
+
+
+def max_memory_reserved(device: Any = 0) -> int:
+    """Peak of memory_reserved since start or reset_peak_memory_stats()."""
+    return _stat(device, "reserved_bytes.all.peak")
+
+
+def reset_peak_memory_stats(device: Any = 0) -> None:
+    """Resets every peak statistic of the device to its current value."""
+    lib = load()
+    _call_rc(lib.symm_pool_reset_peak, _device(device))
+
+
+# ---- limits and cache -------------------------------------------------------
+
+
+def empty_cache() -> None:
+    """Returns every unused cached segment of every device to the driver."""
+    lib = load()
+    _call_void(lib.symm_pool_empty_cache)
+
+
+def set_memory_fraction(fraction: float, device: Any = 0) -> None:
+    """Caps the device's reserved memory at fraction (0 < fraction <= 1) of its total."""
+    lib = load()
+    _call_void(lib.symm_pool_set_memory_fraction, float(fraction), _device(device))
+
+
+def set_limit(nbytes: int, device: Any = 0) -> None:
+    """Caps the device's reserved memory at nbytes; 0 removes the cap."""
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise ValueError(f"limit must be >= 0 bytes, got {nbytes}")
+    lib = load()
+    _call_rc(lib.symm_pool_set_limit, _device(device), nbytes)
+
+
+# ---- raw allocation ---------------------------------------------------------
+
+
+def alloc(size: int, device: Any = 0, stream: Any = 0) -> int:
+    """Allocates size bytes from the pool and returns the address (0 for size 0).
+
+    The block must go back through free() with the same size, device and
+    stream. Do not call this in a process where symm is PyTorch's current
+    allocator (use_as_default()): there a failing allocation throws a C++
+    exception, which cannot cross ctypes and aborts the process.
+    """
+    size = int(size)
+    if size < 0:
+        raise ValueError(f"size must be >= 0, got {size}")
+    if _torch_replace_mode:
+        raise SymmError(
+            ErrorCode.INVALID,
+            "symm.alloc() is disabled while libsymm is PyTorch's current allocator "
+            "(symm.use_as_default()): a failure there throws a C++ exception that would "
+            "abort the process through ctypes; allocate CUDA tensors with torch instead",
+        )
+    lib = load()
+    lib.symm_clear_error()
+    ptr = lib.symm_pool_alloc(size, _device(device), _stream(stream))
+    if ptr:
+        return ptr
+    if lib.symm_last_error_code() != ErrorCode.OK:
+        raise _last_error(lib)
+    if size == 0:
+        return 0
+    raise SymmError(ErrorCode.INTERNAL, f"symm_pool_alloc({size}) returned NULL without an error")
+
+
+def free(ptr: int, size: int = 0, device: Any = 0, stream: Any = 0) -> None:
+    """Returns a block from alloc(); size, device and stream are those given to alloc()."""
+    lib = load()
+    _call_void(lib.symm_pool_free, _pointer(ptr), int(size), _device(device), _stream(stream))
+
+
+def record_stream(ptr: int, stream: Any) -> None:
+    """Marks the block holding ptr as used on stream, delaying its reuse elsewhere."""
+    lib = load()
+    _call_void(lib.symm_pool_record_stream, _pointer(ptr), _stream(stream))

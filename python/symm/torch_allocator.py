@@ -1,0 +1,116 @@
+"""PyTorch integration: libsymm as a torch.cuda.memory.CUDAPluggableAllocator.
+
+What PyTorch 2.11 does with it (torch/csrc/cuda/CUDAPluggableAllocator.cpp,
+torch/csrc/cuda/Module.cpp, torch/cuda/memory.py):
+
+- ``CUDAPluggableAllocator(path, alloc, free)`` dlopens path with ctypes and
+  calls ``torch._C._cuda_customAllocator(alloc_addr, free_addr)``, which
+  builds the C++ allocator and at once calls its ``init(0)``, before any hook
+  can be attached: the hooks below are set on ``.allocator()`` afterwards.
+- Replace mode, ``change_current_allocator``: allowed only while the current
+  allocator is not initialized, i.e. before torch's lazy CUDA init. That init
+  (CUDAHooks::init -> CUDACachingAllocator::init(num_devices)) then calls
+  ``init_fn(num_devices)``, our symm_torch_init, which makes symm_pool_alloc
+  throw std::runtime_error on failure: PyTorch does not check for NULL there,
+  and the exception reaches Python as RuntimeError.
+  ``torch.cuda.empty_cache()`` calls ``reset_fn()``,
+  ``set_per_process_memory_fraction(f, d)`` calls ``memory_fraction_fn(f, d)``
+  and ``Tensor.record_stream(s)`` calls ``record_stream_fn(ptr, s)``; without
+  the hooks all three are silent no-ops.
+- MemPool mode, ``torch.cuda.MemPool(pool_allocator().allocator())``: torch's
+  own caching allocator stays current and asks us only for segments through
+  raw_alloc/raw_delete; init_fn is never called, so symm_pool_alloc returns
+  NULL on failure and PyTorch raises torch.OutOfMemoryError.
+- The process-wide allocator can be swapped once, so the allocator object is
+  built once and cached.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from . import _pool
+from ._loader import function_address, library_path
+
+_lock = threading.RLock()
+_allocator = None
+_installed = False
+
+# (PyTorch hook setter, exported C function). Signatures, from Module.cpp:
+# set_init_fn: void(int), set_reset_fn: void(), set_memory_fraction_fn:
+# void(double, int), set_record_stream_fn: void(void*, cudaStream_t).
+_HOOKS = (
+    ("set_init_fn", "symm_torch_init"),
+    ("set_reset_fn", "symm_pool_empty_cache"),
+    ("set_memory_fraction_fn", "symm_pool_set_memory_fraction"),
+    ("set_record_stream_fn", "symm_pool_record_stream"),
+)
+
+
+def _import_torch():
+    """Imports torch lazily, so that the rest of symm works without it."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            "symm.pool_allocator() and symm.use_as_default() need PyTorch with CUDA "
+            f"(importing torch failed: {e}); the rest of symm works without torch"
+        ) from e
+    if not hasattr(torch._C, "_cuda_customAllocator"):
+        raise ImportError(
+            f"symm.pool_allocator() needs a CUDA build of PyTorch; torch {torch.__version__} "
+            "has no CUDAPluggableAllocator"
+        )
+    return torch
+
+
+def pool_allocator():
+    """The process's libsymm CUDAPluggableAllocator, with all hooks attached.
+
+    Returns the same object on every call. Use it with
+    ``torch.cuda.memory.change_current_allocator`` (or use_as_default()), or
+    pass ``pool_allocator().allocator()`` to ``torch.cuda.MemPool``.
+    """
+    global _allocator
+    torch = _import_torch()
+    with _lock:
+        if _allocator is None:
+            from torch.cuda.memory import CUDAPluggableAllocator
+
+            allocator = CUDAPluggableAllocator(library_path(), "symm_pool_alloc", "symm_pool_free")
+            raw = allocator.allocator()
+            for setter, c_name in _HOOKS:
+                getattr(raw, setter)(function_address(c_name))
+            _allocator = allocator
+        del torch
+        return _allocator
+
+
+def use_as_default():
+    """Makes libsymm the allocator of every CUDA tensor in this process.
+
+    Must run before the first CUDA allocation (before torch initializes CUDA).
+    Calling it again is harmless. Returns pool_allocator().
+    """
+    global _installed
+    torch = _import_torch()
+    with _lock:
+        allocator = pool_allocator()
+        if not _installed:
+            try:
+                torch.cuda.memory.change_current_allocator(allocator)
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"symm.use_as_default() came too late: {e}. Call it before anything "
+                    "initializes CUDA in this process (the first CUDA tensor, "
+                    "torch.cuda.init(), ...), or use torch.cuda.MemPool("
+                    "symm.pool_allocator().allocator()) instead"
+                ) from e
+            _installed = True
+            _pool._torch_replace_mode = True
+        return allocator
+
+
+def is_default() -> bool:
+    """Whether use_as_default() made libsymm PyTorch's current allocator."""
+    return _installed

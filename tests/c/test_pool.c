@@ -1,0 +1,189 @@
+/* C test of the caching pool through include/symm.h, on the host backend.
+ * Build: make (tests/c/test_pool links -lsymm); run with SYMM_DEVICE=host. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "symm.h"
+
+static int failures = 0, passes = 0;
+#define CHECK(cond, ...)                                        \
+  do {                                                          \
+    if (cond) {                                                 \
+      passes++;                                                 \
+    } else {                                                    \
+      failures++;                                               \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                             \
+      fprintf(stderr, " (last error: %s)\n", symm_last_error()); \
+    }                                                           \
+  } while (0)
+
+static int64_t stat(int dev, const char *name) {
+  symm_stat_t st[512];
+  int n = symm_pool_stats(dev, st, 512);
+  for (int i = 0; i < n && i < 512; i++)
+    if (strcmp(st[i].name, name) == 0) return st[i].value;
+  fprintf(stderr, "no statistic %s\n", name);
+  failures++;
+  return -1;
+}
+
+static void test_alloc_free(void) {
+  void *s = (void *)0x1234; /* any stream value: host streams are identities */
+  CHECK(symm_pool_alloc(0, 0, s) == NULL && symm_last_error_code() == SYMM_OK, "size 0 gives NULL, no error");
+  size_t sizes[] = {1, 511, 512, 513, 4096, 1 << 20, (1 << 20) + 1, 25 << 20};
+  void *ptrs[8];
+  for (int i = 0; i < 8; i++) {
+    ptrs[i] = symm_pool_alloc(sizes[i], 0, s);
+    CHECK(ptrs[i] != NULL, "alloc %zu", sizes[i]);
+    CHECK(((uintptr_t)ptrs[i] % 512) == 0, "alignment of %p", ptrs[i]);
+    memset(ptrs[i], i + 1, sizes[i]);
+  }
+  for (int i = 0; i < 8; i++) {
+    unsigned char *p = ptrs[i];
+    CHECK(p[0] == i + 1 && p[sizes[i] - 1] == i + 1, "data of block %d intact", i);
+  }
+  CHECK(stat(0, "allocation.all.current") == 8, "8 live blocks");
+  for (int i = 0; i < 8; i++) symm_pool_free(ptrs[i], sizes[i], 0, s);
+  CHECK(symm_last_error_code() == SYMM_OK, "frees succeed");
+  CHECK(stat(0, "allocated_bytes.all.current") == 0, "nothing allocated");
+  CHECK(stat(0, "allocated_bytes.all.peak") > (25 << 20), "peak kept");
+  void *first = symm_pool_alloc(4096, 0, s);
+  symm_pool_free(first, 4096, 0, s);
+  void *again = symm_pool_alloc(4096, 0, s);
+  CHECK(again == first, "same stream reuses the cached block at once");
+  CHECK(stat(0, "num_device_alloc") == 3, "three segments: small, large, and one of 26 MiB");
+  symm_pool_free(again, 4096, 0, s);
+}
+
+static void test_bad_input(void) {
+  void *p = symm_pool_alloc(1000, 0, NULL);
+  int64_t before = stat(0, "allocated_bytes.all.current");
+
+  symm_clear_error();
+  symm_pool_free((void *)0xdead000, 16, 0, NULL);
+  CHECK(symm_last_error_code() == SYMM_ERR_UNKNOWN_POINTER, "unknown pointer");
+  CHECK(strstr(symm_last_error(), "0xdead000") != NULL, "message names the pointer");
+
+  symm_clear_error();
+  symm_pool_free(p, 999, 0, NULL);
+  CHECK(symm_last_error_code() == SYMM_ERR_INVALID, "size mismatch refused");
+  CHECK(stat(0, "allocated_bytes.all.current") == before, "nothing freed");
+
+  symm_clear_error();
+  symm_pool_free(p, 1000, 0, NULL);
+  CHECK(symm_last_error_code() == SYMM_OK, "real free");
+  symm_pool_free(p, 1000, 0, NULL);
+  CHECK(symm_last_error_code() == SYMM_ERR_UNKNOWN_POINTER, "double free refused");
+
+  symm_clear_error();
+  CHECK(symm_pool_alloc(10, 99, NULL) == NULL && symm_last_error_code() == SYMM_ERR_INVALID, "bad device");
+  CHECK(strstr(symm_last_error(), "device 99") != NULL, "message names the device");
+
+  symm_clear_error();
+  symm_pool_set_memory_fraction(1.5, 0);
+  CHECK(symm_last_error_code() == SYMM_ERR_INVALID, "fraction 1.5");
+  symm_clear_error();
+  symm_pool_set_memory_fraction(0.5, -3);
+  CHECK(symm_last_error_code() == SYMM_ERR_INVALID, "fraction on device -3");
+
+  CHECK(symm_pool_stats(0, NULL, 5) == -1 && symm_last_error_code() == SYMM_ERR_INVALID, "stats into NULL");
+  CHECK(symm_pool_stats(42, NULL, 0) == -1, "stats of bad device");
+  CHECK(symm_pool_reset_peak(42) == SYMM_ERR_INVALID, "reset of bad device");
+
+  char small[8];
+  size_t n = symm_copy_last_error(small, sizeof small);
+  CHECK(n > 7 && strlen(small) == 7, "copy truncates and terminates");
+
+  symm_clear_error();
+  symm_pool_record_stream((void *)0xbeef000, (void *)3);
+  CHECK(symm_last_error_code() == SYMM_ERR_UNKNOWN_POINTER, "record_stream of unknown pointer");
+}
+
+static void test_limit(void) {
+  CHECK(symm_pool_set_limit(0, 8 << 20) == SYMM_OK, "set limit");
+  symm_clear_error();
+  void *p = symm_pool_alloc(64 << 20, 0, NULL);
+  CHECK(p == NULL && symm_last_error_code() == SYMM_ERR_OUT_OF_MEMORY, "over the limit");
+  CHECK(strstr(symm_last_error(), "requested 67108864 bytes") != NULL, "message names the size");
+  CHECK(strstr(symm_last_error(), "device 0") != NULL, "message names the device");
+  CHECK(stat(0, "num_ooms") >= 1, "num_ooms counted");
+  CHECK(symm_pool_set_limit(0, 0) == SYMM_OK, "remove limit");
+  p = symm_pool_alloc(64 << 20, 0, NULL);
+  CHECK(p != NULL, "works after an OOM");
+  symm_pool_free(p, 64 << 20, 0, NULL);
+  symm_pool_empty_cache();
+  CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache returns everything");
+  CHECK(symm_pool_reset_peak(0) == SYMM_OK && stat(0, "reserved_bytes.all.peak") == 0, "reset peak");
+}
+
+static void *worker(void *arg) {
+  uintptr_t id = (uintptr_t)arg;
+  void *stream = (void *)((id % 4 + 1) << 12);
+  for (int i = 0; i < 20000; i++) {
+    size_t n = 1 + (i * 7919 + id * 104729) % (2 << 20);
+    unsigned char *p = symm_pool_alloc(n, 0, stream);
+    if (p == NULL) return (void *)1;
+    p[0] = (unsigned char)id;
+    p[n - 1] = (unsigned char)id;
+    if (p[0] != (unsigned char)id || p[n - 1] != (unsigned char)id) return (void *)2;
+    symm_pool_free(p, n, 0, stream);
+  }
+  return NULL;
+}
+
+static void test_threads(void) {
+  pthread_t t[8];
+  for (uintptr_t i = 0; i < 8; i++) pthread_create(&t[i], NULL, worker, (void *)i);
+  for (int i = 0; i < 8; i++) {
+    void *r;
+    pthread_join(t[i], &r);
+    CHECK(r == NULL, "thread %d result %p", i, r);
+  }
+  CHECK(stat(0, "allocation.all.current") == 0, "threads freed everything");
+}
+
+static void test_fork(void) {
+  int fds[2];
+  if (pipe(fds) != 0) return;
+  pid_t pid = fork();
+  if (pid == 0) {
+    void *p = symm_pool_alloc(4096, 0, NULL);
+    char msg[256];
+    snprintf(msg, sizeof msg, "%d %s", p == NULL ? symm_last_error_code() : -1, symm_last_error());
+    ssize_t w = write(fds[1], msg, strlen(msg) + 1);
+    (void)w;
+    _exit(0);
+  }
+  close(fds[1]);
+  char buf[512] = {0};
+  ssize_t r = read(fds[0], buf, sizeof buf - 1);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(r > 0 && atoi(buf) == SYMM_ERR_FORKED, "fork child gets SYMM_ERR_FORKED: %s", buf);
+  CHECK(strstr(buf, "fork") != NULL, "message says fork");
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child exits cleanly");
+  void *p = symm_pool_alloc(4096, 0, NULL);
+  CHECK(p != NULL, "parent still works");
+  symm_pool_free(p, 4096, 0, NULL);
+}
+
+int main(void) {
+  CHECK(strlen(symm_version()) > 0, "version");
+  symm_pool_init(0);
+  CHECK(symm_last_error_code() == SYMM_OK, "init");
+  CHECK(strcmp(symm_pool_backend(), "host") == 0, "host backend (%s)", symm_pool_backend());
+  CHECK(symm_pool_device_count() >= 1, "device count");
+  test_alloc_free();
+  test_bad_input();
+  test_limit();
+  test_threads();
+  test_fork();
+  printf("test_pool: %d passed, %d failed\n", passes, failures);
+  return failures != 0;
+}

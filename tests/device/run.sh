@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Runs every GPU check of libsymm in one go on the GPU machine, keeps a log per
+# step, and prints a summary table last. It builds nothing: build here (make,
+# go test -c -o build/device/NAME.test ./NAME, C tests into build/tests/) and
+# carry build/ along.
+#
+#   bash tests/device/run.sh                 # everything
+#   bash tests/device/run.sh go torch        # only some steps: env go c torch bench
+#
+# Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
+# Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
+# SYMM_C_TIMEOUT, SYMM_TORCH_TIMEOUT and SYMM_BENCH_TIMEOUT.
+set -u -o pipefail
+
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+
+# Never let NCCL, NVSHMEM or torch symmetric memory create multicast objects:
+# on the shared hosts that can take the GPUs out of service.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+unset SYMM_DEVICE  # the GPU backend, never the host fallback
+
+LOGS=${OUT:-$ROOT/build/device-logs}
+mkdir -p "$LOGS"
+SUMMARY=()
+FAILED=0
+
+STEPS=${*:-env go c torch bench}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+
+# run_step NAME TIMEOUT CMD...: runs CMD with a time limit, tees its output to
+# $LOGS/NAME.log, and records a summary row.
+run_step() {
+  local name=$1 limit=$2
+  shift 2
+  local log="$LOGS/$name.log" start end rc status
+  echo
+  echo "===== $name: $* (limit ${limit}s)"
+  start=$(date +%s)
+  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  end=$(date +%s)
+  case $rc in
+    0) status=PASS ;;
+    124 | 137) status="TIMEOUT" ;;
+    *) status="FAIL (rc=$rc)" ;;
+  esac
+  [[ $rc -eq 0 ]] || FAILED=$((FAILED + 1))
+  SUMMARY+=("$(printf '| %-34s | %-12s | %6ss | %s |' "$name" "$status" "$((end - start))" "$log")")
+}
+
+check_env() {
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')  host: $(hostname)"
+  nvidia-smi || { echo "nvidia-smi failed: no usable GPU"; return 1; }
+  nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv
+  python3 - <<'EOF' || return 1
+import sys
+import torch
+print(f"python {sys.version.split()[0]}  torch {torch.__version__}  CUDA {torch.version.cuda}")
+print(f"cuda available: {torch.cuda.is_available()}  devices: {torch.cuda.device_count()}")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"  {i}: {p.name}  {p.total_memory / 2**30:.1f} GiB  sm_{p.major}{p.minor}")
+sys.exit(0 if torch.cuda.is_available() else 1)
+EOF
+  if [[ ! -f build/libsymm.so ]]; then
+    echo "build/libsymm.so is missing: run make on the build machine and carry build/"
+    return 1
+  fi
+  ls -la build/libsymm.so
+  python3 -c "import symm; print('symm', symm.version(), 'from', symm.library_path())"
+}
+
+if want env; then
+  run_step env 120 bash -c "$(declare -f check_env); check_env"
+fi
+
+if want go; then
+  shopt -s nullglob
+  gotests=(build/device/*.test)
+  [[ ${#gotests[@]} -gt 0 ]] || echo "no Go GPU test binaries in build/device/"
+  for bin in "${gotests[@]}"; do
+    name=$(basename "$bin" .test)
+    # A package's tests expect to run in its directory (testdata/ and friends).
+    dir=$ROOT
+    [[ -d "$ROOT/$name" ]] && dir="$ROOT/$name"
+    run_step "go-$name" "${SYMM_GO_TIMEOUT:-300}" \
+      bash -c 'cd "$1" && exec "$2" -test.v -test.timeout "$3s"' _ "$dir" "$ROOT/$bin" "$((${SYMM_GO_TIMEOUT:-300} - 20))"
+  done
+fi
+
+if want c; then
+  # tests/c/*.c are host-backend tests (their headers say so): run them with
+  # SYMM_DEVICE=host, which also proves the library runs on this host's libc.
+  # A C program named gpu_* is meant for the GPU and runs without it.
+  shopt -s nullglob
+  for prog in build/tests/*; do
+    [[ -f "$prog" && -x "$prog" ]] || continue
+    name=$(basename "$prog")
+    if [[ $name == gpu_* ]]; then
+      run_step "c-$name" "${SYMM_C_TIMEOUT:-120}" "$prog"
+    else
+      run_step "c-$name" "${SYMM_C_TIMEOUT:-120}" env SYMM_DEVICE=host "$prog"
+    fi
+  done
+fi
+
+if want torch; then
+  run_step torch-pool "${SYMM_TORCH_TIMEOUT:-480}" python3 -m pytest tests/device/test_torch_pool.py -v -s -p no:cacheprovider
+fi
+
+if want bench; then
+  run_step bench-torch "${SYMM_BENCH_TIMEOUT:-300}" python3 bench/bench_torch.py
+fi
+
+echo
+echo "===== summary ($(date -u '+%H:%M:%S UTC'), logs in $LOGS)"
+if [[ -f "$LOGS/torch-pool.log" ]]; then
+  grep -E '^(PASS|FAIL)  ' "$LOGS/torch-pool.log" | sort -u -k2,3 || true
+  echo
+fi
+printf '| %-34s | %-12s | %7s | %s |\n' step status time log
+printf '| %-34s | %-12s | %7s | %s |\n' "---" "---" "---" "---"
+printf '%s\n' "${SUMMARY[@]}"
+echo
+if [[ $FAILED -eq 0 ]]; then
+  echo "all ${#SUMMARY[@]} steps passed"
+else
+  echo "$FAILED of ${#SUMMARY[@]} steps failed"
+fi
+exit $((FAILED > 0))

@@ -1,0 +1,60 @@
+"""The ctypes binding against the contract: every function declared in
+include/symm.h is typed in symm._loader and exported by the built library,
+and the error codes match the header's enum."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import HEADER
+
+
+def header_functions() -> set[str]:
+    text = re.sub(r"/\*.*?\*/", "", HEADER.read_text(), flags=re.S)
+    return set(re.findall(r"\b(symm_\w+)\s*\(", text))
+
+
+def header_error_codes() -> dict[str, int]:
+    text = HEADER.read_text()
+    return {name: int(value) for name, value in re.findall(r"SYMM_(OK|ERR_\w+)\s*=\s*(\d+)", text)}
+
+
+def test_every_header_function_is_typed():
+    from symm._loader import PROTOTYPES
+
+    declared = header_functions()
+    assert declared, "no function found in the header"
+    assert declared == set(PROTOTYPES), (
+        f"in the header only: {sorted(declared - set(PROTOTYPES))}; "
+        f"in the binding only: {sorted(set(PROTOTYPES) - declared)}"
+    )
+
+
+def test_every_function_is_exported_and_typed():
+    import symm
+    from symm._loader import PROTOTYPES, load
+
+    lib = load()
+    for name, (argtypes, restype) in PROTOTYPES.items():
+        fn = getattr(lib, name)
+        assert fn.argtypes == argtypes and fn.restype == restype, name
+    assert symm.library_path().endswith(".so")
+
+
+def test_error_codes_match_header():
+    from symm import ErrorCode
+
+    codes = header_error_codes()
+    assert codes, "no error code found in the header"
+    for name, value in codes.items():
+        member = "OK" if name == "OK" else name[len("ERR_"):]
+        assert ErrorCode[member] == value, name
+    assert len(ErrorCode) == len(codes)
+
+
+def test_hook_functions_have_addresses():
+    from symm._loader import function_address
+
+    for name in ("symm_pool_alloc", "symm_pool_free", "symm_torch_init", "symm_pool_empty_cache",
+                 "symm_pool_set_memory_fraction", "symm_pool_record_stream"):
+        assert function_address(name) > 0

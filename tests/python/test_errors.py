@@ -1,0 +1,161 @@
+"""Bad input and exhaustion: an error code and a message, never a crash, and
+nothing lost (the stats are unchanged and the process goes on working)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from conftest import MiB, pattern, read_bytes, write_bytes
+
+SIZE_UNITS = (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("kB", 10**3), ("MB", 10**6), ("GB", 10**9))
+
+
+def names_pointer(message: str, ptr: int) -> bool:
+    """Whether the message shows the address, in hex (any case) or decimal."""
+    low = message.lower()
+    return hex(ptr) in low or f"{ptr:x}" in low or str(ptr) in message
+
+
+def names_size(message: str, n: int) -> bool:
+    """Whether the message states n bytes, exactly or in a rounded unit."""
+    forms = {str(n), f"{n:,}", f"{n:_}", hex(n)}
+    for unit, scale in SIZE_UNITS:
+        for digits in range(0, 3):
+            forms.add(f"{n / scale:.{digits}f} {unit}")
+            forms.add(f"{n / scale:.{digits}f}{unit}")
+    return any(f in message for f in forms)
+
+
+def names_device(message: str, device: int) -> bool:
+    return re.search(rf"(\bdev(ice)?\b\s*[=:#]?\s*|\b(cuda|host|gpu):){device}\b", message, re.I) is not None
+
+
+def stable_stats(symm):
+    return symm.memory_stats()
+
+
+def test_free_unknown_pointer(symm):
+    bogus = 0xDEAD0000
+    before = stable_stats(symm)
+    with pytest.raises(symm.SymmError) as info:
+        symm.free(bogus, 4096)
+    assert info.value.code == symm.ErrorCode.UNKNOWN_POINTER
+    assert names_pointer(str(info.value), bogus), str(info.value)
+    assert stable_stats(symm) == before
+
+
+def test_double_free(symm):
+    p = symm.alloc(4096)
+    symm.free(p, 4096)
+    before = stable_stats(symm)
+    with pytest.raises(symm.SymmError) as info:
+        symm.free(p, 4096)
+    assert info.value.code == symm.ErrorCode.UNKNOWN_POINTER
+    assert names_pointer(str(info.value), p), str(info.value)
+    assert stable_stats(symm) == before
+
+
+def test_free_of_interior_pointer_is_refused_and_block_kept(symm):
+    p = symm.alloc(8192)
+    write_bytes(p, pattern(8192, 3))
+    try:
+        before = stable_stats(symm)
+        with pytest.raises(symm.SymmError) as info:
+            symm.free(p + 512, 8192)
+        assert info.value.code == symm.ErrorCode.UNKNOWN_POINTER
+        assert stable_stats(symm) == before
+        assert read_bytes(p, 8192) == pattern(8192, 3)
+    finally:
+        symm.free(p, 8192)
+
+
+def test_record_stream_unknown_pointer(symm):
+    with pytest.raises(symm.SymmError) as info:
+        symm.record_stream(0xBEEF000, 1)
+    assert info.value.code == symm.ErrorCode.UNKNOWN_POINTER
+
+
+def test_error_is_not_reported_twice(symm):
+    with pytest.raises(symm.SymmError):
+        symm.free(0xDEAD0000, 1)
+    symm.empty_cache()  # void call after a failure: must not raise the stale error
+    symm.set_memory_fraction(1.0)
+    p = symm.alloc(512)
+    symm.free(p, 512)
+
+
+@pytest.mark.parametrize("fraction", [1.5, 0.0, -0.25, math.nan, math.inf])
+def test_bad_memory_fraction(symm, fraction):
+    before = stable_stats(symm)
+    with pytest.raises(symm.SymmError) as info:
+        symm.set_memory_fraction(fraction)
+    assert info.value.code == symm.ErrorCode.INVALID
+    assert info.value.message
+    assert stable_stats(symm) == before
+
+
+def test_bad_device_everywhere(symm):
+    calls = (
+        lambda d: symm.set_memory_fraction(0.5, d),
+        lambda d: symm.set_limit(MiB, d),
+        lambda d: symm.memory_stats(d),
+        lambda d: symm.reset_peak_memory_stats(d),
+        lambda d: symm.alloc(4096, d),
+    )
+    for device in (symm.device_count(), -1):
+        for call in calls:
+            with pytest.raises(symm.SymmError) as info:
+                call(device)
+            assert info.value.code == symm.ErrorCode.INVALID, repr(info.value)
+    # device 0 is unaffected
+    p = symm.alloc(4096)
+    symm.free(p, 4096)
+
+
+def test_limit_then_oversized_alloc_raises_oom_and_process_goes_on(symm):
+    symm.empty_cache()
+    base = symm.memory_reserved()
+    symm.set_limit(base + 64 * MiB)
+    small = symm.alloc(16 * MiB)  # under the limit: fine
+    write_bytes(small, pattern(4096, 5))
+    ooms = symm.memory_stats().get("num_ooms")
+    allocated = symm.memory_allocated()
+    request = 100 * MiB + 12345
+    with pytest.raises(symm.OutOfMemoryError) as info:
+        symm.alloc(request)
+    err = info.value
+    assert isinstance(err, symm.SymmError) and isinstance(err, MemoryError) and isinstance(err, RuntimeError)
+    assert err.code == symm.ErrorCode.OUT_OF_MEMORY
+    assert names_size(str(err), request), f"message does not name the size {request}: {err}"
+    assert names_device(str(err), 0), f"message does not name device 0: {err}"
+    assert symm.memory_allocated() == allocated
+    if ooms is not None:
+        assert symm.memory_stats()["num_ooms"] == ooms + 1
+    assert read_bytes(small, 4096) == pattern(4096, 5)
+    symm.free(small, 16 * MiB)
+
+    symm.set_limit(0)  # cap removed: the same request now succeeds
+    big = symm.alloc(request)
+    write_bytes(big, pattern(request, 6))
+    assert read_bytes(big, request) == pattern(request, 6)
+    symm.free(big, request)
+
+
+def test_set_memory_fraction_accepts_valid_values(symm):
+    for fraction in (1.0, 0.5, 1e-3, 1.0):
+        symm.set_memory_fraction(fraction)
+    p = symm.alloc(4096)
+    symm.free(p, 4096)
+
+
+def test_error_types():
+    import symm
+
+    assert issubclass(symm.SymmError, RuntimeError)
+    assert issubclass(symm.OutOfMemoryError, symm.SymmError)
+    assert issubclass(symm.OutOfMemoryError, MemoryError)
+    e = symm.SymmError(4, "free of unknown pointer 0x10")
+    assert str(e) == "free of unknown pointer 0x10" and e.code == symm.ErrorCode.UNKNOWN_POINTER
