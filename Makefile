@@ -67,7 +67,6 @@ device: all
 	@mkdir -p $(BUILD)/device
 	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
-	$(GO) test -c -o $(BUILD)/device/allocator.test ./allocator
 
 bench: all
 	$(GO) test ./allocator -run '^$$' -bench . -benchmem

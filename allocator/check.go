@@ -20,12 +20,12 @@ func (p *Pool) CheckInvariants() error {
 		for _, s := range d.shardList() {
 			s.mu.Lock()
 			err := s.check(func(seg *segment) { spans = append(spans, span{seg.ptr, seg.ptr + uintptr(seg.size)}) })
-			st := s.stats.st
-			allocs += st[stAllocation][stAll].cur
-			allocBytes += st[stAllocatedBytes][stAll].cur
-			reqBytes += st[stRequestedBytes][stAll].cur
-			pendN += st[stActive][stAll].cur - st[stAllocation][stAll].cur
-			pendBytes += st[stActiveBytes][stAll].cur - st[stAllocatedBytes][stAll].cur
+			c := &s.stats.c[stAll]
+			allocs += c.nAlloc - c.nFree
+			allocBytes += c.bAlloc - c.bFree
+			reqBytes += c.rAlloc - c.rFree
+			pendN += c.nFree - c.nDone
+			pendBytes += c.bFree - c.bDone
 			for seg := s.segs; seg != nil; seg = seg.snext {
 				reserved += int64(seg.size)
 				segs++
@@ -41,11 +41,18 @@ func (p *Pool) CheckInvariants() error {
 		}{
 			{"reserved_bytes", d.reserved[stAll].cur.Load(), reserved},
 			{"segment", d.segments[stAll].cur.Load(), segs},
-			{"device allocation", d.hot.allocCount.Load(), allocs},
-			{"device allocated_bytes", d.hot.allocBytes.Load(), allocBytes},
-			{"device requested_bytes", d.hot.reqBytes.Load(), reqBytes},
-			{"device pending", d.hot.pendingCount.Load(), pendN},
-			{"device pending bytes", d.hot.pendingBytes.Load(), pendBytes},
+		}
+		if d.hot.multi.Load() {
+			checks = append(checks, []struct {
+				name      string
+				got, want int64
+			}{
+				{"device allocation", d.hot.allocCount.Load(), allocs},
+				{"device allocated_bytes", d.hot.allocBytes.Load(), allocBytes},
+				{"device requested_bytes", d.hot.reqBytes.Load(), reqBytes},
+				{"device pending", d.hot.pendingCount.Load(), pendN},
+				{"device pending bytes", d.hot.pendingBytes.Load(), pendBytes},
+			}...)
 		}
 		for _, c := range checks {
 			if c.got != c.want {
@@ -67,7 +74,9 @@ func (p *Pool) CheckInvariants() error {
 
 // check verifies one shard; called with s.mu held.
 func (s *shard) check(visit func(*segment)) error {
-	var want shardStats
+	var want struct {
+		st [numFamilies][numStatTypes]localStat
+	}
 	nFree, nLive, nPending := 0, 0, 0
 	idle := map[*segment]bool{}
 	for seg := s.idle; seg != nil; seg = seg.inext {
@@ -170,11 +179,25 @@ func (s *shard) check(visit func(*segment)) error {
 			return fmt.Errorf("pending block %#x waits for %d events, has %d entries", b.ptr, b.waiting, n)
 		}
 	}
-	for f := range want.st {
-		want.st[f][stAll].cur = want.st[f][1].cur + want.st[f][2].cur
-		for t := range want.st[f] {
-			if got := s.stats.st[f][t].cur; got != want.st[f][t].cur {
-				return fmt.Errorf("%s.%s.current is %d, blocks add up to %d", familyNames[f], typeNames[t], got, want.st[f][t].cur)
+	for t := 1; t < numStatTypes; t++ {
+		for f := range want.st {
+			want.st[f][stAll].cur += want.st[f][t].cur
+		}
+	}
+	for t := range s.stats.c {
+		c := &s.stats.c[t]
+		got := map[statFamily]int64{
+			stAllocation:         c.nAlloc - c.nFree,
+			stAllocatedBytes:     c.bAlloc - c.bFree,
+			stRequestedBytes:     c.rAlloc - c.rFree,
+			stActive:             c.nAlloc - c.nDone,
+			stActiveBytes:        c.bAlloc - c.bDone,
+			stInactiveSplit:      s.stats.inactive[t].cur,
+			stInactiveSplitBytes: s.stats.inactiveBytes[t].cur,
+		}
+		for f, g := range got {
+			if g != want.st[f][t].cur {
+				return fmt.Errorf("%s.%s.current is %d, blocks add up to %d", familyNames[f], typeNames[t], g, want.st[f][t].cur)
 			}
 		}
 	}

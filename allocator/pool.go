@@ -28,16 +28,18 @@ type Pool struct {
 	devs    []*device
 }
 
-// device is the per-GPU state. Its mutex guards only shard creation and the
-// event cache; the cached path never takes it.
+// device is the per-GPU state. Its mutexes guard shard creation and the
+// event cache; the cached path takes neither.
 type device struct {
 	pool *Pool
 	idx  int
 
-	mu     sync.Mutex
+	// Lock order: mu, then any shard's mu, then evMu; reserveMu is a leaf.
+	mu     sync.Mutex // shard creation
 	table  atomic.Pointer[shardTable]
 	list   atomic.Pointer[[]*shard] // every shard, for whole-device walks
-	events []Event                  // idle events, reused
+	evMu   sync.Mutex
+	events []Event // idle events, reused; under evMu
 
 	limit     atomic.Uint64 // 0: none
 	total     atomic.Uint64 // device memory, read once when a fraction is set
@@ -353,6 +355,9 @@ func (d *device) newShard(stream uintptr) *shard {
 		return s
 	}
 	s := &shard{dev: d, stream: stream}
+	if first := *d.list.Load(); len(first) == 1 {
+		d.goMulti(first[0])
+	}
 	t := d.table.Load()
 	if t == nil || 2*(t.n+1) > len(t.slots) {
 		size := 16
@@ -429,15 +434,10 @@ func (s *shard) take(b *block, r, n uint64) {
 	b.req = n
 	s.live.put(b)
 	sz := int64(b.size)
-	s.stats.add(stAllocation, seg.kind, 1)
-	s.stats.add(stAllocatedBytes, seg.kind, sz)
-	s.stats.add(stActive, seg.kind, 1)
-	s.stats.add(stActiveBytes, seg.kind, sz)
-	s.stats.add(stRequestedBytes, seg.kind, int64(n))
-	if seg.kind == oversizePool {
-		s.stats.oversizeAllocs.add(1)
+	s.stats.alloc(seg.kind, sz, int64(n))
+	if s.dev.hot.multi.Load() {
+		s.dev.hot.alloc(sz, int64(n))
 	}
-	s.dev.hot.alloc(sz, int64(n))
 }
 
 // free takes back allocated block b.
@@ -445,19 +445,16 @@ func (s *shard) free(b *block) {
 	s.live.del(b)
 	k := b.seg.kind
 	sz := int64(b.size)
-	s.stats.add(stAllocation, k, -1)
-	s.stats.add(stAllocatedBytes, k, -sz)
-	s.stats.add(stRequestedBytes, k, -int64(b.req))
-	if k == oversizePool {
-		s.stats.oversizeAllocs.add(-1)
+	pending := b.extraN > 0
+	s.stats.free(k, sz, int64(b.req))
+	if s.dev.hot.multi.Load() {
+		s.dev.hot.free(sz, int64(b.req), pending)
 	}
-	s.dev.hot.free(sz, int64(b.req))
-	if b.extraN > 0 {
+	if pending {
 		s.deferFree(b)
 		return
 	}
-	s.stats.add(stActive, k, -1)
-	s.stats.add(stActiveBytes, k, -sz)
+	s.stats.done(k, sz)
 	s.release(b)
 }
 
@@ -497,8 +494,7 @@ func (s *shard) insertFree(b *block) {
 	s.bins[b.seg.kind].insert(b)
 	if !b.isWholeSegment() {
 		b.splitFree = true
-		s.stats.add(stInactiveSplit, b.seg.kind, 1)
-		s.stats.add(stInactiveSplitBytes, b.seg.kind, int64(b.size))
+		s.stats.inactiveSplit(b.seg.kind, 1, int64(b.size))
 	}
 }
 
@@ -506,8 +502,7 @@ func (s *shard) removeFree(b *block) {
 	s.bins[b.seg.kind].remove(b)
 	if b.splitFree {
 		b.splitFree = false
-		s.stats.add(stInactiveSplit, b.seg.kind, -1)
-		s.stats.add(stInactiveSplitBytes, b.seg.kind, -int64(b.size))
+		s.stats.inactiveSplit(b.seg.kind, -1, -int64(b.size))
 	}
 }
 
@@ -607,10 +602,11 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 		return nil, err
 	}
 	d.numOOMs.Add(1)
-	return nil, d.oomError(n, r, k, err, relErr)
+	return nil, d.oomError(s, n, r, k, err, relErr)
 }
 
-func (d *device) oomError(n, r uint64, k poolKind, cause, relErr error) error {
+// oomError describes a refused request; called with held's lock held.
+func (d *device) oomError(held *shard, n, r uint64, k poolKind, cause, relErr error) error {
 	free, total, merr := d.pool.backend.MemInfo(d.idx)
 	dev := "unknown"
 	if merr == nil {
@@ -623,7 +619,7 @@ func (d *device) oomError(n, r uint64, k poolKind, cause, relErr error) error {
 	msg := fmt.Sprintf("%s: out of memory: requested %d bytes (a %d-byte segment of the %s) on device %d: "+
 		"pool reserved %d bytes, allocated %d bytes; limit %s; device %s; cause: %v",
 		d.pool.backend.Name(), n, segmentSize(r, k), k, d.idx,
-		d.reserved[stAll].cur.Load(), d.hot.allocBytes.Load(), lim, dev, cause)
+		d.reserved[stAll].cur.Load(), d.allocatedBytes(held), lim, dev, cause)
 	if relErr != nil {
 		msg += fmt.Sprintf(" (releasing the cache also failed: %v)", relErr)
 	}
@@ -672,6 +668,25 @@ func (s *shard) newSegment(r uint64, k poolKind) (*block, error) {
 	s.insertFree(b)
 	s.addIdle(seg)
 	return b, nil
+}
+
+// allocatedBytes is allocated_bytes.all.current. held is a shard whose lock
+// the caller already holds (or nil).
+func (d *device) allocatedBytes(held *shard) int64 {
+	if d.hot.multi.Load() {
+		return d.hot.allocBytes.Load()
+	}
+	var n int64
+	for _, s := range d.shardList() {
+		if s != held {
+			s.mu.Lock()
+		}
+		n += s.stats.c[stAll].bAlloc - s.stats.c[stAll].bFree
+		if s != held {
+			s.mu.Unlock()
+		}
+	}
+	return n
 }
 
 // reserve counts size against the device's reserved bytes, refusing it if
@@ -796,8 +811,6 @@ func (o *shard) segmentQuiet(seg *segment) bool {
 func (s *shard) deferFree(b *block) {
 	d := s.dev
 	b.state = blockPending
-	d.hot.pendingCount.Add(1)
-	d.hot.pendingBytes.Add(int64(b.size))
 	b.streams(func(st uintptr) {
 		ev, err := d.getEvent()
 		if err == nil {
@@ -840,10 +853,10 @@ func (s *shard) processPending(wait bool) error {
 		d.putEvent(pf.ev)
 		b := pf.b
 		if b.waiting--; b.waiting == 0 {
-			d.hot.pendingCount.Add(-1)
-			d.hot.pendingBytes.Add(-int64(b.size))
-			s.stats.add(stActive, b.seg.kind, -1)
-			s.stats.add(stActiveBytes, b.seg.kind, -int64(b.size))
+			s.stats.done(b.seg.kind, int64(b.size))
+			if d.hot.multi.Load() {
+				d.hot.done(int64(b.size))
+			}
 			s.release(b)
 		}
 	}
@@ -854,19 +867,19 @@ func (s *shard) processPending(wait bool) error {
 
 // getEvent returns an idle event of the device, creating one if needed.
 func (d *device) getEvent() (Event, error) {
-	d.mu.Lock()
+	d.evMu.Lock()
 	if n := len(d.events); n > 0 {
 		ev := d.events[n-1]
 		d.events = d.events[:n-1]
-		d.mu.Unlock()
+		d.evMu.Unlock()
 		return ev, nil
 	}
-	d.mu.Unlock()
+	d.evMu.Unlock()
 	return d.pool.backend.NewEvent(d.idx)
 }
 
 func (d *device) putEvent(ev Event) {
-	d.mu.Lock()
+	d.evMu.Lock()
 	d.events = append(d.events, ev)
-	d.mu.Unlock()
+	d.evMu.Unlock()
 }

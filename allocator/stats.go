@@ -7,14 +7,15 @@ import (
 // Statistics follow torch.cuda.memory_stats(): families × {all, small_pool,
 // large_pool} × {current, peak, allocated, freed}, then scalars.
 //
-// Where they live. Each shard keeps every counter in plain fields under its
-// own lock (free on the cached path). A device sums its shards when read.
-// The peaks that users watch most — allocation, allocated_bytes,
-// requested_bytes, active and active_bytes of "all", and everything about
-// segments and reserved bytes — are also kept device-wide in atomics, so they
-// are exact however many streams allocate at once. The other peaks (per pool,
-// inactive_split) are the sum of the shards' peaks: exact with one stream, an
-// upper bound with several.
+// Where they live. Each shard keeps its block counters in plain fields under
+// its own lock (a few adds on the cached path, no atomics). A device sums its
+// shards when read. Segments and reserved bytes change only on slow paths and
+// are device-wide atomics, exact. Once a device has a second stream, the
+// "all" block counters are also kept device-wide (hotStats), so the peaks
+// users watch most — allocation, allocated_bytes, requested_bytes, active,
+// active_bytes of "all" — stay exact. The remaining peaks (per pool,
+// inactive_split) are then the sum of the shards' peaks: exact with one
+// stream, an upper bound with several.
 type statFamily int
 
 const (
@@ -94,16 +95,79 @@ func (s *localStat) add(n int64) {
 	}
 }
 
+// blockCounters count one stat type's blocks in a shard. Only cumulative
+// sums are kept; current values are differences, so the cached path does a
+// few adds and compares. A block is allocated (alloc), then freed (free),
+// then, once no record_stream event holds it, done: active = alloc − done.
+type blockCounters struct {
+	nAlloc, nFree, nDone int64 // blocks
+	bAlloc, bFree, bDone int64 // block bytes
+	rAlloc, rFree        int64 // requested bytes
+	peakN, peakB, peakR  int64 // allocation, allocated_bytes, requested_bytes
+	peakActN, peakActB   int64 // active, active_bytes
+}
+
+func (c *blockCounters) alloc(sz, req int64) {
+	c.nAlloc++
+	c.bAlloc += sz
+	c.rAlloc += req
+	c.peakN = max(c.peakN, c.nAlloc-c.nFree)
+	c.peakB = max(c.peakB, c.bAlloc-c.bFree)
+	c.peakR = max(c.peakR, c.rAlloc-c.rFree)
+	c.peakActN = max(c.peakActN, c.nAlloc-c.nDone)
+	c.peakActB = max(c.peakActB, c.bAlloc-c.bDone)
+}
+
+func (c *blockCounters) free(sz, req int64) {
+	c.nFree++
+	c.bFree += sz
+	c.rFree += req
+}
+
+func (c *blockCounters) done(sz int64) {
+	c.nDone++
+	c.bDone += sz
+}
+
+func (c *blockCounters) resetPeaks() {
+	c.peakN, c.peakB, c.peakR = c.nAlloc-c.nFree, c.bAlloc-c.bFree, c.rAlloc-c.rFree
+	c.peakActN, c.peakActB = c.nAlloc-c.nDone, c.bAlloc-c.bDone
+}
+
 // shardStats holds the block counters of one shard.
 type shardStats struct {
-	st             [numFamilies][numStatTypes]localStat
+	c              [numStatTypes]blockCounters
+	inactive       [numStatTypes]localStat // inactive_split
+	inactiveBytes  [numStatTypes]localStat // inactive_split_bytes
 	oversizeAllocs localStat
 }
 
-// add changes family f for a block of pool k by n, in "all" and in k's type.
-func (ss *shardStats) add(f statFamily, k poolKind, n int64) {
-	ss.st[f][stAll].add(n)
-	ss.st[f][statType(k)].add(n)
+func (ss *shardStats) alloc(k poolKind, sz, req int64) {
+	ss.c[stAll].alloc(sz, req)
+	ss.c[statType(k)].alloc(sz, req)
+	if k == oversizePool {
+		ss.oversizeAllocs.add(1)
+	}
+}
+
+func (ss *shardStats) free(k poolKind, sz, req int64) {
+	ss.c[stAll].free(sz, req)
+	ss.c[statType(k)].free(sz, req)
+	if k == oversizePool {
+		ss.oversizeAllocs.add(-1)
+	}
+}
+
+func (ss *shardStats) done(k poolKind, sz int64) {
+	ss.c[stAll].done(sz)
+	ss.c[statType(k)].done(sz)
+}
+
+func (ss *shardStats) inactiveSplit(k poolKind, n, sz int64) {
+	for _, t := range [2]int{stAll, statType(k)} {
+		ss.inactive[t].add(n)
+		ss.inactiveBytes[t].add(sz)
+	}
 }
 
 // atomicStat is a device-wide counter with an exact peak.
@@ -131,13 +195,15 @@ func raisePeak(p *atomic.Int64, c int64) {
 	}
 }
 
-// hotStats are the device-wide "all" counters touched on the cached path.
-// active = allocation + pending (blocks freed but waiting on record_stream
-// events), so only pending is kept apart and active's peaks are derived.
+// hotStats are the device-wide "all" counters of blocks. While a device has
+// one stream, its shard's own counters are exact and these stay unused, so
+// the cached path has no atomic operation; from the second stream on (multi),
+// every shard also updates these, so the device's peaks stay exact.
 type hotStats struct {
+	multi                                        atomic.Bool
 	allocCount, allocBytes, reqBytes             atomic.Int64
-	allocCountPeak, allocBytesPeak, reqBytesPeak atomic.Int64
 	pendingCount, pendingBytes                   atomic.Int64
+	allocCountPeak, allocBytesPeak, reqBytesPeak atomic.Int64
 	activeCountPeak, activeBytesPeak             atomic.Int64
 }
 
@@ -152,10 +218,20 @@ func (h *hotStats) alloc(size, req int64) {
 	raisePeak(&h.activeBytesPeak, b+h.pendingBytes.Load())
 }
 
-func (h *hotStats) free(size, req int64) {
+// free takes a block out of the allocated counts; pending blocks stay active.
+func (h *hotStats) free(size, req int64, pending bool) {
+	if pending {
+		h.pendingCount.Add(1)
+		h.pendingBytes.Add(size)
+	}
 	h.allocCount.Add(-1)
 	h.allocBytes.Add(-size)
 	h.reqBytes.Add(-req)
+}
+
+func (h *hotStats) done(size int64) {
+	h.pendingCount.Add(-1)
+	h.pendingBytes.Add(-size)
 }
 
 func (h *hotStats) reset() {
@@ -166,55 +242,82 @@ func (h *hotStats) reset() {
 	h.activeBytesPeak.Store(h.allocBytes.Load() + h.pendingBytes.Load())
 }
 
+// goMulti switches device d to device-wide counters when its second shard
+// appears, seeding them from the first shard. Called with d.mu held, before
+// the new shard is published; the first shard's lock orders the switch with
+// its own updates.
+func (d *device) goMulti(first *shard) {
+	first.mu.Lock()
+	c := &first.stats.c[stAll]
+	h := &d.hot
+	h.allocCount.Store(c.nAlloc - c.nFree)
+	h.allocBytes.Store(c.bAlloc - c.bFree)
+	h.reqBytes.Store(c.rAlloc - c.rFree)
+	h.pendingCount.Store(c.nFree - c.nDone)
+	h.pendingBytes.Store(c.bFree - c.bDone)
+	h.allocCountPeak.Store(c.peakN)
+	h.allocBytesPeak.Store(c.peakB)
+	h.reqBytesPeak.Store(c.peakR)
+	h.activeCountPeak.Store(c.peakActN)
+	h.activeBytesPeak.Store(c.peakActB)
+	h.multi.Store(true)
+	first.mu.Unlock()
+}
+
 // Stats returns device dev's statistics in the order of StatNames.
 func (p *Pool) Stats(dev int) ([]int64, error) {
 	d, err := p.device(dev)
 	if err != nil {
 		return nil, err
 	}
-	var sum shardStats
+	var sum [numFamilies][numStatTypes]localStat
+	var over localStat
+	addTo := func(a *localStat, cur, peak, alloc, freed int64) {
+		a.cur += cur
+		a.peak += peak
+		a.alloc += alloc
+		a.freed += freed
+	}
 	for _, s := range d.shardList() {
 		s.mu.Lock()
-		for f := range s.stats.st {
-			for t := range s.stats.st[f] {
-				a, b := &sum.st[f][t], s.stats.st[f][t]
-				a.cur += b.cur
-				a.peak += b.peak
-				a.alloc += b.alloc
-				a.freed += b.freed
-			}
+		for t := range s.stats.c {
+			c := &s.stats.c[t]
+			addTo(&sum[stAllocation][t], c.nAlloc-c.nFree, c.peakN, c.nAlloc, c.nFree)
+			addTo(&sum[stAllocatedBytes][t], c.bAlloc-c.bFree, c.peakB, c.bAlloc, c.bFree)
+			addTo(&sum[stRequestedBytes][t], c.rAlloc-c.rFree, c.peakR, c.rAlloc, c.rFree)
+			addTo(&sum[stActive][t], c.nAlloc-c.nDone, c.peakActN, c.nAlloc, c.nDone)
+			addTo(&sum[stActiveBytes][t], c.bAlloc-c.bDone, c.peakActB, c.bAlloc, c.bDone)
+			i, ib := s.stats.inactive[t], s.stats.inactiveBytes[t]
+			addTo(&sum[stInactiveSplit][t], i.cur, i.peak, i.alloc, i.freed)
+			addTo(&sum[stInactiveSplitBytes][t], ib.cur, ib.peak, ib.alloc, ib.freed)
 		}
-		o := &sum.oversizeAllocs
-		o.cur += s.stats.oversizeAllocs.cur
-		o.peak += s.stats.oversizeAllocs.peak
-		o.alloc += s.stats.oversizeAllocs.alloc
-		o.freed += s.stats.oversizeAllocs.freed
+		o := s.stats.oversizeAllocs
+		addTo(&over, o.cur, o.peak, o.alloc, o.freed)
 		s.mu.Unlock()
 	}
-	// Device-wide exact values replace the summed ones where they exist.
-	h := &d.hot
-	sum.st[stAllocation][stAll].cur = h.allocCount.Load()
-	sum.st[stAllocation][stAll].peak = h.allocCountPeak.Load()
-	sum.st[stAllocatedBytes][stAll].cur = h.allocBytes.Load()
-	sum.st[stAllocatedBytes][stAll].peak = h.allocBytesPeak.Load()
-	sum.st[stRequestedBytes][stAll].cur = h.reqBytes.Load()
-	sum.st[stRequestedBytes][stAll].peak = h.reqBytesPeak.Load()
-	sum.st[stActive][stAll].peak = h.activeCountPeak.Load()
-	sum.st[stActiveBytes][stAll].peak = h.activeBytesPeak.Load()
+	// With several streams, the device-wide counters give exact "all" peaks.
+	if h := &d.hot; h.multi.Load() {
+		sum[stAllocation][stAll].peak = h.allocCountPeak.Load()
+		sum[stAllocatedBytes][stAll].peak = h.allocBytesPeak.Load()
+		sum[stRequestedBytes][stAll].peak = h.reqBytesPeak.Load()
+		sum[stActive][stAll].peak = h.activeCountPeak.Load()
+		sum[stActiveBytes][stAll].peak = h.activeBytesPeak.Load()
+	}
 	for t := 0; t < numStatTypes; t++ {
-		for f, a := range map[statFamily]*atomicStat{stSegment: &d.segments[t], stReservedBytes: &d.reserved[t]} {
-			sum.st[f][t] = localStat{a.cur.Load(), a.peak.Load(), a.alloc.Load(), a.freed.Load()}
+		for f, a := range [...]*atomicStat{stSegment: &d.segments[t], stReservedBytes: &d.reserved[t]} {
+			if a != nil {
+				sum[f][t] = localStat{a.cur.Load(), a.peak.Load(), a.alloc.Load(), a.freed.Load()}
+			}
 		}
 	}
 	out := make([]int64, 0, len(statNames))
-	for f := range sum.st {
-		for t := range sum.st[f] {
-			s := sum.st[f][t]
+	for f := range sum {
+		for t := range sum[f] {
+			s := sum[f][t]
 			out = append(out, s.cur, s.peak, s.alloc, s.freed)
 		}
 	}
-	o := sum.oversizeAllocs
-	out = append(out, o.cur, o.peak, o.alloc, o.freed)
+	out = append(out, over.cur, over.peak, over.alloc, over.freed)
 	os := &d.oversizeSegs
 	out = append(out, os.cur.Load(), os.peak.Load(), os.alloc.Load(), os.freed.Load())
 	out = append(out, d.numAllocRetries.Load(), d.numOOMs.Load(), d.numSyncAll.Load(),
@@ -243,10 +346,10 @@ func (p *Pool) ResetPeak(dev int) error {
 	}
 	for _, s := range d.shardList() {
 		s.mu.Lock()
-		for f := range s.stats.st {
-			for t := range s.stats.st[f] {
-				s.stats.st[f][t].peak = s.stats.st[f][t].cur
-			}
+		for t := range s.stats.c {
+			s.stats.c[t].resetPeaks()
+			s.stats.inactive[t].peak = s.stats.inactive[t].cur
+			s.stats.inactiveBytes[t].peak = s.stats.inactiveBytes[t].cur
 		}
 		s.stats.oversizeAllocs.peak = s.stats.oversizeAllocs.cur
 		s.mu.Unlock()

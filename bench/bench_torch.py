@@ -428,7 +428,8 @@ def load_extension(path: Path):
     """Imports the already built extension from its .so, without rebuilding."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("symm_bench", str(path))
+    # load() names the module symm_bench_vN after a source change; the file says which.
+    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], str(path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

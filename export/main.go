@@ -153,6 +153,13 @@ func fail(fn string, err error) C.int {
 	return code
 }
 
+// lastError reads the calling thread's last error (for tests).
+func lastError() (int, string) {
+	return int(C.symm_last_error_code()), C.GoString(C.symm_last_error())
+}
+
+func clearError() { C.symm_clear_error() }
+
 func setError(code C.int, msg string) {
 	C.symmshim_set_error(code, (*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
 }

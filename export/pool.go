@@ -15,7 +15,19 @@ import (
 // public symm_* names, the fork check and the size-0 shortcut.
 
 //export goPoolAlloc
-func goPoolAlloc(size C.size_t, device C.int, stream C.uintptr_t) (ptr C.uintptr_t) {
+func goPoolAlloc(size C.size_t, device C.int, stream C.uintptr_t) C.uintptr_t {
+	return C.uintptr_t(poolAlloc(uint64(size), int(device), uintptr(stream)))
+}
+
+//export goPoolFree
+func goPoolFree(ptr C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t) {
+	poolFree(uintptr(ptr), uint64(size), int(device), uintptr(stream))
+}
+
+// poolAlloc and poolFree are the hot path in Go types, so tests can measure
+// them (cgo is not allowed in tests): one atomic load for the pool, then the
+// pool's cached path; no heap allocation.
+func poolAlloc(size uint64, device int, stream uintptr) (ptr uintptr) {
 	defer func() {
 		if recovered("symm_pool_alloc", recover()) {
 			ptr = 0
@@ -26,23 +38,22 @@ func goPoolAlloc(size C.size_t, device C.int, stream C.uintptr_t) (ptr C.uintptr
 		fail("symm_pool_alloc", err)
 		return 0
 	}
-	got, err := p.Alloc(int(device), uintptr(stream), uint64(size))
+	got, err := p.Alloc(device, stream, size)
 	if err != nil {
 		fail("symm_pool_alloc", err)
 		return 0
 	}
-	return C.uintptr_t(got)
+	return got
 }
 
-//export goPoolFree
-func goPoolFree(ptr C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t) {
+func poolFree(ptr uintptr, size uint64, device int, stream uintptr) {
 	defer func() { recovered("symm_pool_free", recover()) }()
 	p, err := getPool()
 	if err != nil {
 		fail("symm_pool_free", err)
 		return
 	}
-	if err := p.Free(int(device), uintptr(stream), uintptr(ptr), uint64(size)); err != nil {
+	if err := p.Free(device, stream, ptr, size); err != nil {
 		fail("symm_pool_free", err)
 	}
 }

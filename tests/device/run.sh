@@ -20,6 +20,7 @@ ROOT=$(pwd)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 unset SYMM_DEVICE  # the GPU backend, never the host fallback
+export SYMM_TEST_DEVICE=cuda  # Go test binaries of export/ run on the CUDA backend
 
 LOGS=${OUT:-$ROOT/build/device-logs}
 mkdir -p "$LOGS"

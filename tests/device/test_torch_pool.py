@@ -54,6 +54,7 @@ class Mode:
 
         self.name = name
         self.pool = None
+        self.thread_pools = []
         if name == "replace":
             symm.use_as_default()  # before anything touches CUDA
         torch.cuda.init()
@@ -81,7 +82,12 @@ class Mode:
 
         if self.name != "mempool":
             return contextlib.nullcontext()
-        return torch.cuda.use_mem_pool(torch.cuda.MemPool(symm.pool_allocator().allocator()))
+        # Kept alive past the thread's scope: PyTorch's ~MemPool asserts that no
+        # thread anywhere is inside use_mem_pool (captures_underway.empty()), so
+        # a pool may only die once every thread has left its scope.
+        pool = torch.cuda.MemPool(symm.pool_allocator().allocator())
+        self.thread_pools.append(pool)
+        return torch.cuda.use_mem_pool(pool)
 
 
 def symm_peaks() -> dict:
@@ -387,13 +393,13 @@ def check_fraction(m: Mode) -> dict:
 
 
 CHECKS = {
-    "train": check_train,
-    "sizes": check_sizes,
-    "streams": check_streams,
-    "threads": check_threads,
-    "oom": check_oom,
-    "empty_cache": check_empty_cache,
-    "fraction": check_fraction,
+    "a-train": check_train,
+    "b-sizes": check_sizes,
+    "c-streams": check_streams,
+    "d-threads": check_threads,
+    "e-oom": check_oom,
+    "f-empty": check_empty_cache,
+    "g-fraction": check_fraction,
 }
 
 
@@ -471,7 +477,7 @@ def summary():
 
 @pytest.fixture(scope="module")
 def native_losses():
-    return run_child("train", "native")["losses"]
+    return run_child("a-train", "native")["losses"]
 
 
 MODES = ["replace", "mempool"]

@@ -1,4 +1,4 @@
-"""Behaviour that needs a fresh process: environment read at load, fork, and
+"""Behaviour that needs a fresh process: the environment read at first use, fork, and
 finding the library. Each test runs its own interpreter."""
 
 from __future__ import annotations

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// These tests drive the Go side of the C ABI in-process. They use the host
+// backend unless SYMM_TEST_DEVICE=cuda (the GPU run sets it), so the same
+// binary proves the zero-allocation hot path on a GPU too.
+func TestMain(m *testing.M) {
+	if os.Getenv("SYMM_TEST_DEVICE") == "cuda" {
+		os.Setenv("SYMM_DEVICE", "cuda")
+	} else {
+		os.Setenv("SYMM_DEVICE", "host")
+	}
+	os.Exit(m.Run())
+}
+
+func TestHotPathMakesNoHeapAllocation(t *testing.T) {
+	// The last error lives in C thread-local storage: stay on one thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for _, n := range []uint64{512, 1 << 20, 64 << 20} {
+		ptr := poolAlloc(n, 0, 0)
+		require.NotZero(t, ptr, "alloc %d", lastErrorText())
+		poolFree(ptr, n, 0, 0)
+		avg := testing.AllocsPerRun(2000, func() {
+			p := poolAlloc(n, 0, 0)
+			if p == 0 {
+				panic(lastErrorText())
+			}
+			poolFree(p, n, 0, 0)
+		})
+		require.Zero(t, avg, "%d-byte alloc+free through the export layer allocates", n)
+	}
+}
+
+func lastErrorText() string { _, m := lastError(); return m }
+
+func TestErrorsReachTheThread(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	clearError()
+	poolFree(0xdead000, 64, 0, 0)
+	code, msg := lastError()
+	require.Equal(t, 4, code, "SYMM_ERR_UNKNOWN_POINTER")
+	require.Contains(t, msg, "symm_pool_free: ")
+	require.Contains(t, msg, "0xdead000")
+
+	clearError()
+	require.Zero(t, poolAlloc(16, 1000, 0))
+	code, msg = lastError()
+	require.Equal(t, 1, code, "SYMM_ERR_INVALID")
+	require.Contains(t, msg, "device 1000")
+
+	clearError()
+	require.Zero(t, poolAlloc(1<<60, 0, 0))
+	code, msg = lastError()
+	require.Equal(t, 2, code, "SYMM_ERR_OUT_OF_MEMORY")
+	require.Contains(t, msg, "requested 1152921504606846976 bytes")
+}
+
+func TestPanicsBecomeInternalErrors(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	clearError()
+	func() {
+		defer func() { recovered("symm_test", recover()) }()
+		var m map[string]int
+		m["x"] = 1 // a nil-map write panics
+	}()
+	code, msg := lastError()
+	require.Equal(t, 7, code, "SYMM_ERR_INTERNAL")
+	require.Contains(t, msg, "symm_test: internal error")
+}
+
+func TestBackendChoice(t *testing.T) {
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	_, kind, err := newBackend(env("SYMM_DEVICE", "host", "SYMM_HOST_DEVICES", "3", "SYMM_HOST_MEMORY", "1GiB"))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, kind)
+	for _, bad := range [][]string{
+		{"SYMM_DEVICE", "tpu"}, {"SYMM_DEVICE", "host", "SYMM_HOST_DEVICES", "0"},
+		{"SYMM_DEVICE", "host", "SYMM_HOST_DEVICES", "x"}, {"SYMM_DEVICE", "host", "SYMM_HOST_MEMORY", "lots"},
+	} {
+		_, _, err := newBackend(env(bad...))
+		require.Error(t, err, "%v", bad)
+		require.Contains(t, err.Error(), bad[len(bad)-2], "names the variable")
+	}
+	if os.Getenv("SYMM_TEST_DEVICE") != "cuda" {
+		_, _, err = newBackend(env("SYMM_CUDA_LIB", "/nonexistent/libcuda.so.1"))
+		require.ErrorIs(t, err, errNoDevice, "no silent fallback to host")
+		require.Contains(t, err.Error(), "/nonexistent/libcuda.so.1")
+		require.Equal(t, 3, int(errCode(err)), "SYMM_ERR_NO_DEVICE")
+	}
+}
+
+// BenchmarkExportAllocFree is the Go part of symm_pool_alloc+symm_pool_free
+// (without the C→Go transition, which bench/ measures from C).
+func BenchmarkExportAllocFree(b *testing.B) {
+	for _, n := range []uint64{512, 1 << 20, 64 << 20} {
+		b.Run(sizeName(n), func(b *testing.B) {
+			poolFree(poolAlloc(n, 0, 0), n, 0, 0)
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				poolFree(poolAlloc(n, 0, 0), n, 0, 0)
+			}
+		})
+	}
+}
+
+func sizeName(n uint64) string { return fmt.Sprintf("%dB", n) }
