@@ -160,9 +160,9 @@ func (h *Backend) NewEvent(dev int) (allocator.Event, error) {
 	return allocator.Event(h.nextEvent.Add(1)), nil
 }
 func (h *Backend) Record(dev int, ev allocator.Event, stream uintptr) error { return h.check(dev) }
-func (h *Backend) Query(dev int, ev allocator.Event) (bool, error)         { return true, h.check(dev) }
-func (h *Backend) Sync(dev int, ev allocator.Event) error                  { return h.check(dev) }
-func (h *Backend) DestroyEvent(dev int, ev allocator.Event) error          { return h.check(dev) }
+func (h *Backend) Query(dev int, ev allocator.Event) (bool, error)          { return true, h.check(dev) }
+func (h *Backend) Sync(dev int, ev allocator.Event) error                   { return h.check(dev) }
+func (h *Backend) DestroyEvent(dev int, ev allocator.Event) error           { return h.check(dev) }
 
 // Segments reports how many segments are mapped (for leak checks in tests).
 func (h *Backend) Segments() int {
