@@ -41,8 +41,12 @@ test-go:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
+# Each C test runs with the front cache on (the default) and off.
 test-c: ctests
-	@for t in $(CTESTS); do echo "== $$t"; SYMM_DEVICE=host timeout 300 $$t || exit 1; done
+	@for t in $(CTESTS); do for fc in 1 0; do \
+		echo "== $$t (SYMM_POOL_FRONT_CACHE=$$fc)"; \
+		SYMM_DEVICE=host SYMM_POOL_FRONT_CACHE=$$fc timeout 300 $$t || exit 1; \
+	done; done
 
 test-python: lib
 	SYMM_LIB=$(CURDIR)/$(LIB) PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
@@ -63,13 +67,21 @@ run: all
 	fi
 
 # Test binaries for the GPU machine (it has no Go): bash tests/device/run.sh there.
-device: all
+device: all $(BUILD)/bench/bench_threads
 	@mkdir -p $(BUILD)/device
 	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
 
-bench: all
-	$(GO) test ./allocator -run '^$$' -bench . -benchmem
+$(BUILD)/bench/bench_threads: bench/bench_threads.c include/symm.h $(LIB)
+	@mkdir -p $(BUILD)/bench
+	$(CC) -O2 -Wall -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
+
+# Go microbenchmarks, the trace replay, and the C thread-scaling benchmark
+# (host backend). The PyTorch benchmark needs a GPU: python3 bench/bench_torch.py.
+bench: all $(BUILD)/bench/bench_threads
+	$(GO) test ./allocator ./export -run '^$$' -bench . -benchmem
+	$(GO) test ./bench -count=1 -v -run TestReplayGPT2Trace
+	SYMM_DEVICE=host $(BUILD)/bench/bench_threads
 
 fmt:
 	gofmt -w $$(find . -name '*.go' -not -path './build/*')

@@ -18,6 +18,10 @@ type Config struct {
 	// LimitFraction caps every device's reserved bytes at this share of its
 	// total memory (0 < f ≤ 1). 0: no cap. Limit wins when both are set.
 	LimitFraction float64
+	// Reclaim, if set, is called with no lock held before the out-of-memory
+	// retry releases the device's cached segments: a cache in front of the
+	// pool (the C front cache of export/) returns its blocks through Free.
+	Reclaim func(dev int)
 }
 
 // Pool is a caching allocator over a Backend, one set of pools per
@@ -129,15 +133,22 @@ func (p *Pool) device(dev int) (*device, error) {
 // Alloc returns a block of at least size bytes on device dev for stream.
 // Size 0 returns 0 and no error.
 func (p *Pool) Alloc(dev int, stream uintptr, size uint64) (uintptr, error) {
+	ptr, _, err := p.AllocBlock(dev, stream, size)
+	return ptr, err
+}
+
+// AllocBlock is Alloc that also reports the size of the block handed out
+// (size rounded up, or more when the rest was too small to split off).
+func (p *Pool) AllocBlock(dev int, stream uintptr, size uint64) (uintptr, uint64, error) {
 	if size == 0 {
-		return 0, nil
+		return 0, 0, nil
 	}
 	if dev < 0 || dev >= len(p.devs) {
 		_, err := p.device(dev)
-		return 0, err
+		return 0, 0, err
 	}
 	if size > maxRequest {
-		return 0, fmt.Errorf("%w: requested %d bytes on device %d: larger than any device (%d bytes at most)",
+		return 0, 0, fmt.Errorf("%w: requested %d bytes on device %d: larger than any device (%d bytes at most)",
 			ErrOutOfMemory, size, dev, maxRequest)
 	}
 	return p.devs[dev].shardFor(stream).alloc(size)
@@ -238,15 +249,22 @@ func (p *Pool) findContaining(ptr uintptr) (*shard, *block) {
 // RecordStream marks the block holding ptr as used on stream: when freed, it
 // is reused only after the work queued on stream by then has completed.
 func (p *Pool) RecordStream(ptr uintptr, stream uintptr) error {
+	_, err := p.RecordStreamBlock(ptr, stream)
+	return err
+}
+
+// RecordStreamBlock is RecordStream that also returns the block's start.
+func (p *Pool) RecordStreamBlock(ptr uintptr, stream uintptr) (uintptr, error) {
 	s, b := p.findContaining(ptr)
 	if b == nil {
-		return fmt.Errorf("%w: record_stream of %#x: not a block allocated by this pool", ErrUnknownPointer, ptr)
+		return 0, fmt.Errorf("%w: record_stream of %#x: not a block allocated by this pool", ErrUnknownPointer, ptr)
 	}
 	if stream != s.stream {
 		b.addStream(stream)
 	}
+	base := b.ptr
 	s.mu.Unlock()
-	return nil
+	return base, nil
 }
 
 // EmptyCache returns every unused segment of every device to the backend.
@@ -385,7 +403,7 @@ func (d *device) shardList() []*shard { return *d.list.Load() }
 
 // ---- the cached path --------------------------------------------------------
 
-func (s *shard) alloc(n uint64) (uintptr, error) {
+func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
 	r := roundSize(n)
 	k := kindFor(r, s.dev.pool.cfg.MaxSplit)
 	s.mu.Lock()
@@ -397,12 +415,13 @@ func (s *shard) alloc(n uint64) (uintptr, error) {
 		var err error
 		if b, err = s.allocSlow(n, r, k); err != nil {
 			s.mu.Unlock()
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	s.take(b, r, n)
+	ptr, size := b.ptr, b.size
 	s.mu.Unlock()
-	return b.ptr, nil
+	return ptr, size, nil
 }
 
 func (s *shard) findFree(r uint64, k poolKind) *block {
@@ -587,6 +606,9 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	d := s.dev
 	d.numAllocRetries.Add(1)
 	s.mu.Unlock()
+	if rc := d.pool.cfg.Reclaim; rc != nil {
+		rc(d.idx)
+	}
 	relErr := d.releaseCached()
 	s.mu.Lock()
 	if b := s.findFree(r, k); b != nil {

@@ -549,3 +549,21 @@ func TestRecordStreamInteriorPointer(t *testing.T) {
 	require.ErrorIs(t, p.RecordStream(a+8192+512, sB), ErrUnknownPointer, "free space of the segment")
 	check(t, p)
 }
+
+func TestReclaimRunsBeforeTheRetry(t *testing.T) {
+	var p *Pool
+	var held []uintptr
+	calls := 0
+	p, _ = newPool(t, Config{Limit: 40 << 20, Reclaim: func(dev int) {
+		calls++
+		for _, ptr := range held { // a front cache giving its blocks back
+			require.NoError(t, p.Free(dev, sA, ptr, 0))
+		}
+		held = nil
+	}})
+	held = append(held, mustAlloc(t, p, 0, sA, 30<<20))
+	b := mustAlloc(t, p, 0, sA, 30<<20) // fits only once the held block is back
+	require.Equal(t, 1, calls)
+	require.NoError(t, p.Free(0, sA, b, 0))
+	check(t, p)
+}

@@ -26,11 +26,11 @@ func TestHotPathMakesNoHeapAllocation(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	for _, n := range []uint64{512, 1 << 20, 64 << 20} {
-		ptr := poolAlloc(n, 0, 0)
+		ptr, _ := poolAlloc(n, 0, 0)
 		require.NotZero(t, ptr, "alloc %d", lastErrorText())
 		poolFree(ptr, n, 0, 0)
 		avg := testing.AllocsPerRun(2000, func() {
-			p := poolAlloc(n, 0, 0)
+			p, _ := poolAlloc(n, 0, 0)
 			if p == 0 {
 				panic(lastErrorText())
 			}
@@ -53,13 +53,15 @@ func TestErrorsReachTheThread(t *testing.T) {
 	require.Contains(t, msg, "0xdead000")
 
 	clearError()
-	require.Zero(t, poolAlloc(16, 1000, 0))
+	p0, _ := poolAlloc(16, 1000, 0)
+	require.Zero(t, p0)
 	code, msg = lastError()
 	require.Equal(t, 1, code, "SYMM_ERR_INVALID")
 	require.Contains(t, msg, "device 1000")
 
 	clearError()
-	require.Zero(t, poolAlloc(1<<60, 0, 0))
+	p1, _ := poolAlloc(1<<60, 0, 0)
+	require.Zero(t, p1)
 	code, msg = lastError()
 	require.Equal(t, 2, code, "SYMM_ERR_OUT_OF_MEMORY")
 	require.Contains(t, msg, "requested 1152921504606846976 bytes")
@@ -111,10 +113,12 @@ func TestBackendChoice(t *testing.T) {
 func BenchmarkExportAllocFree(b *testing.B) {
 	for _, n := range []uint64{512, 1 << 20, 64 << 20} {
 		b.Run(sizeName(n), func(b *testing.B) {
-			poolFree(poolAlloc(n, 0, 0), n, 0, 0)
+			p, _ := poolAlloc(n, 0, 0)
+			poolFree(p, n, 0, 0)
 			b.ReportAllocs()
 			for i := 0; i < b.N; i++ {
-				poolFree(poolAlloc(n, 0, 0), n, 0, 0)
+				p, _ := poolAlloc(n, 0, 0)
+				poolFree(p, n, 0, 0)
 			}
 		})
 	}

@@ -32,6 +32,7 @@ func main() {}
 var lib struct {
 	pool    atomic.Pointer[allocator.Pool]
 	backend atomic.Int32 // 1 cuda, 2 host
+	front   atomic.Bool  // the C front cache is on
 	mu      sync.Mutex   // serializes initialization
 }
 
@@ -67,13 +68,37 @@ func initPool() (*allocator.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	front, err := frontCacheWanted(getenv)
+	if err != nil {
+		return nil, err
+	}
+	if front {
+		// Before an out-of-memory retry, the front cache's blocks go back.
+		cfg.Reclaim = func(dev int) { C.symmshim_front_drain(C.int(dev)) }
+	}
 	p, err := allocator.New(b, cfg)
 	if err != nil {
 		return nil, err
 	}
 	lib.backend.Store(kind)
 	lib.pool.Store(p)
+	if front {
+		lib.front.Store(true)
+		C.symmshim_front_enable(1)
+	}
 	return p, nil
+}
+
+// frontCacheWanted reads SYMM_POOL_FRONT_CACHE: on unless "0".
+func frontCacheWanted(getenv func(string) string) (bool, error) {
+	switch v := getenv("SYMM_POOL_FRONT_CACHE"); v {
+	case "", "1":
+		return true, nil
+	case "0":
+		return false, nil
+	default:
+		return false, fmt.Errorf("%w: SYMM_POOL_FRONT_CACHE=%q: want 0 or 1", allocator.ErrInvalid, v)
+	}
 }
 
 // getenv reads the C environment. Go's os.Getenv sees a copy made when the

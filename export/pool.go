@@ -2,6 +2,7 @@ package main
 
 /*
 #include "../include/symm.h"
+#include "shim.h"
 */
 import "C"
 
@@ -15,8 +16,10 @@ import (
 // public symm_* names, the fork check and the size-0 shortcut.
 
 //export goPoolAlloc
-func goPoolAlloc(size C.size_t, device C.int, stream C.uintptr_t) C.uintptr_t {
-	return C.uintptr_t(poolAlloc(uint64(size), int(device), uintptr(stream)))
+func goPoolAlloc(size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t) C.uintptr_t {
+	ptr, n := poolAlloc(uint64(size), int(device), uintptr(stream))
+	*bsize = C.uint64_t(n)
+	return C.uintptr_t(ptr)
 }
 
 //export goPoolFree
@@ -27,23 +30,23 @@ func goPoolFree(ptr C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t
 // poolAlloc and poolFree are the hot path in Go types, so tests can measure
 // them (cgo is not allowed in tests): one atomic load for the pool, then the
 // pool's cached path; no heap allocation.
-func poolAlloc(size uint64, device int, stream uintptr) (ptr uintptr) {
+func poolAlloc(size uint64, device int, stream uintptr) (ptr uintptr, bsize uint64) {
 	defer func() {
 		if recovered("symm_pool_alloc", recover()) {
-			ptr = 0
+			ptr, bsize = 0, 0
 		}
 	}()
 	p, err := getPool()
 	if err != nil {
 		fail("symm_pool_alloc", err)
-		return 0
+		return 0, 0
 	}
-	got, err := p.Alloc(device, stream, size)
+	ptr, bsize, err = p.AllocBlock(device, stream, size)
 	if err != nil {
 		fail("symm_pool_alloc", err)
-		return 0
+		return 0, 0
 	}
-	return got
+	return ptr, bsize
 }
 
 func poolFree(ptr uintptr, size uint64, device int, stream uintptr) {
@@ -107,16 +110,26 @@ func goPoolSetLimit(device C.int, bytes C.uint64_t) (code C.int) {
 	return C.SYMM_OK
 }
 
+// goPoolRecordStream returns the block's start (0 on failure) so that the
+// front cache can send the block's free to the pool.
+//
 //export goPoolRecordStream
-func goPoolRecordStream(ptr, stream C.uintptr_t) {
-	defer func() { recovered("symm_pool_record_stream", recover()) }()
+func goPoolRecordStream(ptr, stream C.uintptr_t) (base C.uintptr_t) {
+	defer func() {
+		if recovered("symm_pool_record_stream", recover()) {
+			base = 0
+		}
+	}()
 	p, err := getPool()
+	var b uintptr
 	if err == nil {
-		err = p.RecordStream(uintptr(ptr), uintptr(stream))
+		b, err = p.RecordStreamBlock(uintptr(ptr), uintptr(stream))
 	}
 	if err != nil {
 		fail("symm_pool_record_stream", err)
+		return 0
 	}
+	return C.uintptr_t(b)
 }
 
 // statNames are the statistic names as C strings, made once and never freed:
@@ -147,6 +160,7 @@ func goPoolStats(device C.int, out *C.symm_stat_t, capacity C.int) (n C.int) {
 		fail("symm_pool_stats", err)
 		return -1
 	}
+
 	if capacity > 0 {
 		dst := unsafe.Slice(out, int(capacity))
 		for i := 0; i < len(vals) && i < len(dst); i++ {

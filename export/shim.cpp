@@ -11,6 +11,7 @@
 
 #include "../include/symm.h"
 #include "_cgo_export.h"
+#include "front.h"
 #include "shim.h"
 
 #define SYMM_VERSION_STRING "0.1.0"
@@ -113,7 +114,12 @@ void *symm_pool_alloc(size_t size, int device, void *stream) {
     return nullptr;
   }
   if (size == 0) return nullptr;
-  uintptr_t p = goPoolAlloc(size, device, (uintptr_t)stream);
+  if (front::enabled()) {
+    if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
+  }
+  uint64_t bsize = 0;
+  uintptr_t p = goPoolAlloc(size, device, (uintptr_t)stream, &bsize);
+  if (p != 0 && front::enabled()) front::on_go_alloc(p, bsize, size, device, (uintptr_t)stream);
   if (__builtin_expect(p == 0, 0) && g_throw) {
     // PyTorch's replace mode cannot take NULL: throw, with the Go message.
     // pybind11/PyTorch turn std::runtime_error into a Python RuntimeError.
@@ -124,6 +130,7 @@ void *symm_pool_alloc(size_t size, int device, void *stream) {
 
 void symm_pool_free(void *ptr, size_t size, int device, void *stream) {
   if (forked("symm_pool_free") || ptr == nullptr) return;
+  if (front::enabled() && front::free((uintptr_t)ptr, size, device, (uintptr_t)stream)) return;
   goPoolFree((uintptr_t)ptr, size, device, (uintptr_t)stream);
 }
 
@@ -140,6 +147,7 @@ void symm_torch_init(int device_count) {
 
 void symm_pool_empty_cache(void) {
   if (forked("symm_pool_empty_cache")) return;
+  if (front::enabled()) front::drain(-1);
   goPoolEmptyCache();
 }
 
@@ -155,7 +163,9 @@ int symm_pool_set_limit(int device, uint64_t bytes) {
 
 void symm_pool_record_stream(void *ptr, void *stream) {
   if (forked("symm_pool_record_stream")) return;
-  goPoolRecordStream((uintptr_t)ptr, (uintptr_t)stream);
+  uintptr_t base = goPoolRecordStream((uintptr_t)ptr, (uintptr_t)stream);
+  // Its next free must reach the pool, which waits for the stream's events.
+  if (base != 0 && front::enabled()) front::mark_record_stream(base);
 }
 
 int symm_pool_stats(int device, symm_stat_t *out, int cap) {
@@ -164,11 +174,15 @@ int symm_pool_stats(int device, symm_stat_t *out, int cap) {
     set_error_c(SYMM_ERR_INVALID, "symm_pool_stats: out is NULL or cap is negative");
     return -1;
   }
+  // The pool counts front-cached blocks as allocated: give them back first,
+  // so that current values are exact.
+  if (front::enabled()) front::drain(device);
   return goPoolStats(device, out, cap);
 }
 
 int symm_pool_reset_peak(int device) {
   if (forked("symm_pool_reset_peak")) return SYMM_ERR_FORKED;
+  if (front::enabled()) front::drain(device);
   return goPoolResetPeak(device);
 }
 

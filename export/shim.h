@@ -11,6 +11,9 @@ extern "C" {
 void symmshim_set_error(int code, const char *msg, size_t len);
 /* 1 if the process is a fork child of the process that loaded the library. */
 int symmshim_forked(void);
+/* The front cache (front.cpp): switch it on; hand its blocks back to the pool. */
+void symmshim_front_enable(int on);
+void symmshim_front_drain(int dev);
 #ifdef __cplusplus
 }
 #endif

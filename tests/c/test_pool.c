@@ -122,6 +122,28 @@ static void test_limit(void) {
   CHECK(symm_pool_reset_peak(0) == SYMM_OK && stat(0, "reserved_bytes.all.peak") == 0, "reset peak");
 }
 
+/* A block freed into the front cache (C side) is still allocated to the pool;
+ * the out-of-memory retry must get it back before it gives up. */
+static void test_retry_reclaims_front_cache(void) {
+  symm_pool_empty_cache();
+  void *a = symm_pool_alloc(40 << 20, 0, NULL);
+  CHECK(a != NULL, "40 MiB");
+  symm_pool_free(a, 40 << 20, 0, NULL); /* cached in front of the pool */
+  CHECK(symm_pool_set_limit(0, 48 << 20) == SYMM_OK, "limit 48 MiB");
+  symm_clear_error();
+  void *b = symm_pool_alloc(30 << 20, 0, NULL); /* needs the 40 MiB segment released */
+  CHECK(b != NULL, "30 MiB fits once the cached 40 MiB block is reclaimed");
+  CHECK(stat(0, "reserved_bytes.all.current") <= (48 << 20), "within the limit");
+  symm_pool_free(b, 30 << 20, 0, NULL);
+  CHECK(symm_pool_set_limit(0, 0) == SYMM_OK, "no limit");
+  /* Stats read the pool after the front cache gave its blocks back. */
+  void *c = symm_pool_alloc(4096, 0, NULL);
+  symm_pool_free(c, 4096, 0, NULL);
+  CHECK(stat(0, "allocation.all.current") == 0, "a front-cached block is not counted as allocated");
+  symm_pool_empty_cache();
+  CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache includes the front cache");
+}
+
 static void *worker(void *arg) {
   uintptr_t id = (uintptr_t)arg;
   void *stream = (void *)((id % 4 + 1) << 12);
@@ -182,6 +204,7 @@ int main(void) {
   test_alloc_free();
   test_bad_input();
   test_limit();
+  test_retry_reclaims_front_cache();
   test_threads();
   test_fork();
   printf("test_pool: %d passed, %d failed\n", passes, failures);

@@ -198,3 +198,39 @@ def test_child_process_exits_cleanly():
     """Loading, using and exiting: Go c-shared libraries must not hang at exit."""
     proc = run_python("import symm; p = symm.alloc(1 << 20); symm.free(p, 1 << 20)", timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name,value", [
+    ("SYMM_POOL_FRONT_CACHE", "maybe"),
+    ("SYMM_POOL_LIMIT", "lots"),
+    ("SYMM_POOL_MAX_SPLIT", "12 parsecs"),
+    ("SYMM_DEVICE", "tpu"),
+    ("SYMM_HOST_DEVICES", "0"),
+])
+def test_bad_environment_values_are_named(name, value):
+    out = run_json(TRY_ALLOC, env=child_env({name: value}))
+    assert out["raised"], f"{name}={value!r} was accepted: {out}"
+    assert out["code"] == 1, out  # SYMM_ERR_INVALID
+    assert name in out["msg"] and value in out["msg"], out["msg"]
+
+
+@pytest.mark.parametrize("front", ["0", "1"])
+def test_front_cache_setting_keeps_stats_exact(front):
+    code = textwrap.dedent(
+        """
+        import json, symm
+        ptrs = [symm.alloc(n) for n in (512, 4096, 3 << 20)]
+        symm.free(ptrs[1], 4096)
+        again = symm.alloc(4096)
+        same = again == ptrs[1]
+        for p, n in zip([ptrs[0], again, ptrs[2]], (512, 4096, 3 << 20)):
+            symm.free(p, n)
+        s = symm.memory_stats()
+        print(json.dumps({"same": same, "alloc": s["allocation.all.current"],
+                          "bytes": s["allocated_bytes.all.current"],
+                          "active": s["active_bytes.all.current"]}))
+        """
+    )
+    out = run_json(code, env=child_env({"SYMM_POOL_FRONT_CACHE": front}))
+    assert out["same"], "a freed block is reused for the same size and stream"
+    assert out["alloc"] == 0 and out["bytes"] == 0 and out["active"] == 0, out

@@ -1,0 +1,256 @@
+#include "front.h"
+
+#include <atomic>
+#include <new>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../include/symm.h"
+#include "_cgo_export.h"
+#include "shim.h"
+
+namespace front {
+namespace {
+
+// Larger blocks go back to the pool at once. With kEntries, this bounds what
+// the front cache can hold per CPU (256 MiB): the most by which a peak
+// statistic can exceed the true peak (stats reads and resets drain it first,
+// so current values are exact).
+constexpr uint64_t kMaxCachedBlock = 64ull << 20;
+constexpr int kEntries = 4;                         // blocks per CPU
+constexpr int kCpus = 256;
+constexpr int kStripes = 256;
+constexpr int kMaxDevices = 64;
+
+enum : uint8_t { kEmpty = 0, kLive = 1, kCached = 2 };
+
+struct SpinLock {
+  std::atomic<bool> v{false};
+  void lock() {
+    while (v.exchange(true, std::memory_order_acquire)) {
+      while (v.load(std::memory_order_relaxed)) __builtin_ia32_pause();
+    }
+  }
+  void unlock() { v.store(false, std::memory_order_release); }
+};
+
+struct Guard {
+  SpinLock &l;
+  explicit Guard(SpinLock &l) : l(l) { l.lock(); }
+  ~Guard() { l.unlock(); }
+};
+
+// ---- the live set: open addressing with linear probing, striped locks ----
+struct Rec {
+  uintptr_t ptr;
+  uint64_t bsize, req;
+  uintptr_t stream;
+  int32_t dev;
+  uint8_t state, rs;
+};
+
+struct alignas(64) Stripe {
+  SpinLock lk;
+  Rec *tab = nullptr;
+  uint32_t cap = 0, n = 0;
+};
+Stripe g_stripes[kStripes];
+
+inline uint64_t hash(uintptr_t p) { return (uint64_t)(p >> 9) * 0x9E3779B97F4A7C15ull; }
+inline Stripe &stripe_of(uintptr_t p) { return g_stripes[hash(p) >> 56]; }
+inline uint32_t home(const Stripe &s, uintptr_t p) { return (uint32_t)(hash(p) >> 16) & (s.cap - 1); }
+
+Rec *find(Stripe &s, uintptr_t p) {
+  if (s.n == 0) return nullptr;
+  for (uint32_t i = home(s, p);; i = (i + 1) & (s.cap - 1)) {
+    Rec &r = s.tab[i];
+    if (r.state == kEmpty) return nullptr;
+    if (r.ptr == p) return &r;
+  }
+}
+
+void put(Stripe &s, const Rec &rec);
+
+bool grow(Stripe &s) {
+  uint32_t ncap = s.cap ? s.cap * 2 : 64;
+  Rec *nt = static_cast<Rec *>(calloc(ncap, sizeof(Rec)));
+  if (nt == nullptr) return false;
+  Rec *old = s.tab;
+  uint32_t ocap = s.cap;
+  s.tab = nt;
+  s.cap = ncap;
+  s.n = 0;
+  for (uint32_t i = 0; i < ocap; i++)
+    if (old[i].state != kEmpty) put(s, old[i]);
+  ::free(old);
+  return true;
+}
+
+void put(Stripe &s, const Rec &rec) {
+  for (uint32_t i = home(s, rec.ptr);; i = (i + 1) & (s.cap - 1)) {
+    if (s.tab[i].state == kEmpty) {
+      s.tab[i] = rec;
+      s.n++;
+      return;
+    }
+  }
+}
+
+// erase removes r by backward-shift deletion, so no tombstones build up.
+void erase(Stripe &s, Rec *r) {
+  uint32_t i = (uint32_t)(r - s.tab), mask = s.cap - 1;
+  for (uint32_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+    if (s.tab[j].state == kEmpty) break;
+    uint32_t h = home(s, s.tab[j].ptr);
+    // Move j back to i if its home is not in the cyclic range (i, j].
+    if (((j - h) & mask) >= ((j - i) & mask)) {
+      s.tab[i] = s.tab[j];
+      i = j;
+    }
+  }
+  s.tab[i].state = kEmpty;
+  s.n--;
+}
+
+// ---- per-CPU cache slots ----
+struct Entry {
+  uintptr_t ptr;
+  uint64_t req;
+  uintptr_t stream;
+  int32_t dev;
+};
+
+struct alignas(64) Cpu {
+  SpinLock lk;
+  int n = 0;
+  Entry e[kEntries];
+};
+Cpu g_cpus[kCpus];
+
+inline Cpu &my_cpu() {
+  int c = sched_getcpu();
+  return g_cpus[(unsigned)(c < 0 ? 0 : c) % kCpus];
+}
+
+std::atomic<int> g_enabled{0};
+
+void give_back(const Entry &e) {
+  Stripe &s = stripe_of(e.ptr);
+  {
+    Guard g(s.lk);
+    if (Rec *r = find(s, e.ptr)) erase(s, r);
+  }
+  goPoolFree(e.ptr, e.req, e.dev, e.stream);
+}
+
+}  // namespace
+
+bool enabled() { return g_enabled.load(std::memory_order_relaxed) != 0; }
+
+uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
+  Cpu &c = my_cpu();
+  uintptr_t ptr = 0;
+  {
+    Guard g(c.lk);
+    for (int i = c.n - 1; i >= 0; i--) {  // newest first: warm in caches
+      Entry &e = c.e[i];
+      if (e.req == size && e.dev == dev && e.stream == stream) {
+        ptr = e.ptr;
+        memmove(&c.e[i], &c.e[i + 1], (c.n - i - 1) * sizeof(Entry));
+        c.n--;
+        break;
+      }
+    }
+  }
+  if (ptr == 0) return 0;
+  Stripe &s = stripe_of(ptr);
+  Guard g(s.lk);
+  if (Rec *r = find(s, ptr)) r->state = kLive;
+  return ptr;
+}
+
+void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream) {
+  Stripe &s = stripe_of(ptr);
+  Guard g(s.lk);
+  if (Rec *r = find(s, ptr)) erase(s, r);  // a stale record: the pool is the authority
+  if (2 * (s.n + 1) > s.cap && !grow(s)) return;  // no memory: this block just bypasses the cache
+  put(s, Rec{ptr, bsize, size, stream, dev, kLive, 0});
+}
+
+bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
+  Stripe &s = stripe_of(ptr);
+  Entry mine;
+  {
+    Guard g(s.lk);
+    Rec *r = find(s, ptr);
+    if (r == nullptr) return false;  // the pool reports unknown pointers
+    if (r->state == kCached) {
+      char msg[160];
+      int n = snprintf(msg, sizeof msg,
+                       "symm_pool_free: %#lx was already freed (double free); nothing freed",
+                       (unsigned long)ptr);
+      symmshim_set_error(SYMM_ERR_UNKNOWN_POINTER, msg, (size_t)n);
+      return true;
+    }
+    if ((size != 0 && size != r->req) || dev != r->dev) return false;  // the pool explains the mismatch
+    if (r->rs || r->bsize > kMaxCachedBlock) {
+      erase(s, r);
+      return false;
+    }
+    r->state = kCached;
+    mine = Entry{ptr, r->req, r->stream, r->dev};
+  }
+  (void)stream;  // the block's own stream is its cache key
+  Entry evicted;
+  bool evict = false;
+  {
+    Cpu &c = my_cpu();
+    Guard g(c.lk);
+    if (c.n == kEntries) {
+      evicted = c.e[0];
+      memmove(&c.e[0], &c.e[1], (kEntries - 1) * sizeof(Entry));
+      c.n--;
+      evict = true;
+    }
+    c.e[c.n++] = mine;
+  }
+  if (evict) give_back(evicted);
+  return true;
+}
+
+void mark_record_stream(uintptr_t base) {
+  Stripe &s = stripe_of(base);
+  Guard g(s.lk);
+  if (Rec *r = find(s, base)) r->rs = 1;
+}
+
+void drain(int dev) {
+  for (Cpu &c : g_cpus) {
+    Entry out[kEntries];
+    int k = 0;
+    {
+      Guard g(c.lk);
+      int keep = 0;
+      for (int i = 0; i < c.n; i++) {
+        if (dev < 0 || c.e[i].dev == dev)
+          out[k++] = c.e[i];
+        else
+          c.e[keep++] = c.e[i];
+      }
+      c.n = keep;
+    }
+    for (int i = 0; i < k; i++) give_back(out[i]);
+  }
+}
+
+}  // namespace front
+
+extern "C" {
+
+void symmshim_front_enable(int on) { front::g_enabled.store(on, std::memory_order_relaxed); }
+
+void symmshim_front_drain(int dev) { front::drain(dev); }
+
+}

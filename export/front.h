@@ -1,0 +1,33 @@
+// The front cache: a few recently freed blocks per CPU, kept in C so that a
+// cached alloc+free never crosses into Go (a C->Go call costs ~100 ns and
+// does not scale across threads; measured in bench/RESULTS.md). Go still owns
+// every block: to the pool, a block in the front cache is allocated.
+//
+// Invariants:
+//  - The live set holds every block handed out while the front cache is on,
+//    as LIVE (the caller has it) or CACHED (in one CPU's cache slots).
+//  - A free is cached only if the block is LIVE, has no record_stream stream,
+//    and size/device match the allocation; anything else goes to Go, which
+//    validates it (unknown pointer, wrong size) and changes nothing on error.
+//  - A CACHED block is reused only for the same device, stream and requested
+//    size: the stream contract holds as in the pool (same stream at once).
+#ifndef SYMM_FRONT_H
+#define SYMM_FRONT_H
+#include <stddef.h>
+#include <stdint.h>
+
+namespace front {
+bool enabled();
+// alloc_hit returns a cached block for (size, dev, stream) or 0.
+uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream);
+// on_go_alloc records a block the pool handed out (bsize: its block size).
+void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream);
+// free returns true if it took care of the free (cached it or reported an
+// error); false means: hand it to Go (the record, if any, is already gone).
+bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream);
+// mark_record_stream flags block base: its frees go to Go (events).
+void mark_record_stream(uintptr_t base);
+// drain hands every cached block of dev (-1: all devices) back to Go.
+void drain(int dev);
+}  // namespace front
+#endif
