@@ -72,7 +72,7 @@ device: all $(BUILD)/bench/bench_threads
 	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
 
-$(BUILD)/bench/bench_threads: bench/bench_threads.c include/symm.h $(LIB)
+$(BUILD)/bench/bench_threads: bench/c/bench_threads.c include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/bench
 	$(CC) -O2 -Wall -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
 
