@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = Path(os.environ.get("SYMM_BENCH_BUILD", "/tmp/symm_bench_build"))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-CONFIGS = ("native", "symm", "cudamalloc")
+CONFIGS = ("native", "symm", "cudamalloc", "noop")
 SIZES = (512, 1 << 20, 64 << 20)
 THREADS = (1, 4, 16)
 THREAD_SIZE = 1 << 20
@@ -182,6 +182,16 @@ struct Direct {
 
 }  // namespace
 
+// A pluggable allocator that does no work: the ceiling that PyTorch's
+// CUDAPluggableAllocator path itself imposes. Pointers are distinct fake
+// addresses; raw_alloc/raw_delete and at::empty never touch the memory.
+std::atomic<uintptr_t> g_noop_next{uintptr_t(1) << 44};
+extern "C" __attribute__((visibility("default"))) void* bench_noop_alloc(size_t size, int, cudaStream_t) {
+  if (size == 0) return nullptr;
+  return reinterpret_cast<void*>(g_noop_next.fetch_add(512, std::memory_order_relaxed));
+}
+extern "C" __attribute__((visibility("default"))) void bench_noop_free(void*, size_t, int, cudaStream_t) {}
+
 // A plain cudaMalloc/cudaFree pluggable allocator: the "no caching" baseline.
 extern "C" __attribute__((visibility("default"))) void* bench_cudamalloc_alloc(
     size_t size, int device, cudaStream_t) {
@@ -213,6 +223,16 @@ py::dict empty_pair(int64_t size, double target_ms, int reps) {
   return measure([size, opts] { auto t = at::empty({size}, opts); }, target_ms, reps);
 }
 
+// What PyTorch's raw_alloc does besides calling the allocator: look up the
+// current device and stream (CUDAPluggableAllocator::raw_alloc does both).
+double c10_threads(int threads, double seconds) {
+  return throughput(threads, seconds, [] {
+    volatile int d = c10::cuda::current_device();
+    volatile cudaStream_t s = c10::cuda::getCurrentCUDAStream(d).stream();
+    (void)s;
+  });
+}
+
 double raw_threads(int threads, int64_t size, double seconds) {
   return throughput(threads, seconds, [size] { raw_once(size); });
 }
@@ -239,6 +259,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("raw_threads", &raw_threads);
   m.def("direct_pair", &direct_pair);
   m.def("direct_threads", &direct_threads);
+  m.def("c10_threads", &c10_threads);
   m.def("direct_int_call", &direct_int_call);
 }
 """
@@ -334,44 +355,45 @@ def render(results: dict, meta: dict) -> str:
         "",
         "## alloc + free, ns per pair (median; cached path for native and symm)",
         "",
-        "| operation | size | native | symm | symm/native | cudaMalloc |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| operation | size | native | symm | symm/native | cudaMalloc | no-op pluggable |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for op, label in (("raw", "raw_alloc + raw_delete"), ("empty", "at::empty + destroy")):
         for size in SIZES:
             k = str(size)
-            n, s, c = (get(results, cfg, op, k) for cfg in CONFIGS)
+            n, s, c, z = (get(results, cfg, op, k) for cfg in CONFIGS)
             out.append(
                 f"| {label} | {fmt_size(size)} | {fmt_ns(n)} | {fmt_ns(s)} | "
-                f"{ratio(s and s['median_ns'], n and n['median_ns'])} | {fmt_ns(c)} |"
+                f"{ratio(s and s['median_ns'], n and n['median_ns'])} | {fmt_ns(c)} | {fmt_ns(z)} |"
             )
     for size in SIZES:
         k = str(size)
         d, s = get(results, "symm", "direct", k), get(results, "symm", "raw", k)
         wrapper = f"{s['median_ns'] - d['median_ns']:,.0f}" if d and s else "–"
         out.append(
-            f"| symm_pool_alloc + symm_pool_free, direct C call | {fmt_size(size)} | – | {fmt_ns(d)} | – | – |"
+            f"| symm_pool_alloc + symm_pool_free, direct C call | {fmt_size(size)} | – | {fmt_ns(d)} | – | – | – |"
         )
-        out.append(f"| PyTorch wrapper share of symm raw pair (raw − direct) | {fmt_size(size)} | – | {wrapper} | – | – |")
+        out.append(f"| PyTorch wrapper share of symm raw pair (raw − direct) | {fmt_size(size)} | – | {wrapper} | – | – | – |")
     for name in ("symm_pool_device_count", "symm_last_error_code"):
-        out.append(f"| one direct call of {name}() | – | – | {fmt_ns(get(results, 'symm', 'calls', name))} | – | – |")
+        out.append(f"| one direct call of {name}() | – | – | {fmt_ns(get(results, 'symm', 'calls', name))} | – | – | – |")
 
     out += [
         "",
         f"## {fmt_size(THREAD_SIZE)} raw_alloc + raw_delete from several threads, M pairs/s (total)",
         "",
-        "| threads | native | symm | symm/native | cudaMalloc | symm direct (no PyTorch) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| threads | native | symm | symm/native | cudaMalloc | no-op pluggable | symm direct (no PyTorch) | current_device + getCurrentCUDAStream only (M calls/s) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for t in THREADS:
         k = str(t)
-        n, s, c, d = (get(results, cfg, key, k) for cfg, key in
-                      (("native", "threads"), ("symm", "threads"), ("cudamalloc", "threads"), ("symm", "direct_threads")))
+        n, s, c, z, d, c10 = (get(results, cfg, key, k) for cfg, key in
+                              (("native", "threads"), ("symm", "threads"), ("cudamalloc", "threads"),
+                               ("noop", "threads"), ("symm", "direct_threads"), ("noop", "c10_threads")))
 
         def mp(x):
             return f"{x / 1e6:.3f}" if x else "–"
 
-        out.append(f"| {t} | {mp(n)} | {mp(s)} | {ratio(s, n)} | {mp(c)} | {mp(d)} |")
+        out.append(f"| {t} | {mp(n)} | {mp(s)} | {ratio(s, n)} | {mp(c)} | {mp(z)} | {mp(d)} | {mp(c10)} |")
 
     errors = {cfg: r["error"] for cfg, r in results.items() if "error" in r}
     if errors:
@@ -443,8 +465,8 @@ def install(config: str, ext: Path) -> None:
         import symm
 
         symm.use_as_default()
-    elif config == "cudamalloc":
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(str(ext), "bench_cudamalloc_alloc", "bench_cudamalloc_free")
+    elif config in ("cudamalloc", "noop"):
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(str(ext), f"bench_{config}_alloc", f"bench_{config}_free")
         torch.cuda.memory.change_current_allocator(alloc)
     torch.cuda.init()
     torch.cuda.set_device(0)
@@ -461,6 +483,8 @@ def child_main(config: str, ext: Path) -> None:
         res["empty"][str(size)] = bench.empty_pair(size, TARGET_MS, REPS)
     for t in THREADS:
         res["threads"][str(t)] = bench.raw_threads(t, THREAD_SIZE, THREAD_SECONDS)
+    if config == "noop":
+        res["c10_threads"] = {str(t): bench.c10_threads(t, THREAD_SECONDS) for t in THREADS}
     if config == "symm":
         import symm
 
