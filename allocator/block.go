@@ -248,11 +248,3 @@ func (t *liveTable) grow() {
 		}
 	}
 }
-
-func (t *liveTable) each(fn func(*block)) {
-	for _, b := range t.buckets {
-		for ; b != nil; b = b.hnext {
-			fn(b)
-		}
-	}
-}

@@ -73,8 +73,8 @@ func TestPanicsBecomeInternalErrors(t *testing.T) {
 	clearError()
 	func() {
 		defer func() { recovered("symm_test", recover()) }()
-		var m map[string]int
-		m["x"] = 1 // a nil-map write panics
+		var live []int
+		_ = live[len(live)] // an index out of range panics, as a bug would
 	}()
 	code, msg := lastError()
 	require.Equal(t, 7, code, "SYMM_ERR_INTERNAL")
