@@ -445,6 +445,48 @@ func (d *driver) streamValue32(id fnID, dev int, stream, addr uintptr, value uin
 	return s.leave(err)
 }
 
+// streamQuery reports whether all work queued on stream has completed;
+// CUDA_ERROR_NOT_READY is the answer "not yet", not an error.
+func (d *driver) streamQuery(dev int, stream uintptr) (bool, error) {
+	fn, err := d.need(fnStreamQuery)
+	if err != nil {
+		return false, err
+	}
+	s, err := d.enter(dev)
+	if err != nil {
+		return false, err
+	}
+	done := false
+	switch r := Result(C.symm_cuStreamQuery(fn, streamArg(stream))); r {
+	case Success:
+		done = true
+	case ErrorNotReady:
+	default:
+		err = fmt.Errorf("cuStreamQuery(%#x) on device %d: %w", stream, dev, r)
+	}
+	return done, s.leave(err)
+}
+
+// canAccessPeer reports whether device dev can map and access memory that
+// lives on device peer. A device query: no context is needed.
+func (d *driver) canAccessPeer(dev, peer int) (bool, error) {
+	fn, err := d.need(fnDeviceCanAccessPeer)
+	if err != nil {
+		return false, err
+	}
+	if err := d.checkDevice(dev); err != nil {
+		return false, err
+	}
+	if err := d.checkDevice(peer); err != nil {
+		return false, err
+	}
+	o := C.symm_cuDeviceCanAccessPeer(fn, d.devs[dev], d.devs[peer])
+	if o.r != 0 {
+		return false, fmt.Errorf("cuDeviceCanAccessPeer(device %d, peer %d): %w", dev, peer, Result(o.r))
+	}
+	return o.v != 0, nil
+}
+
 // vmmAvailable returns nil when every virtual-memory function was resolved,
 // else the error naming the first missing one.
 func (d *driver) vmmAvailable() error {

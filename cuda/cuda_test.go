@@ -111,7 +111,7 @@ func TestSymbolTableHasNoMulticast(t *testing.T) {
 		}
 	}
 	require.Equal(t, 32, nRequired)
-	require.Len(t, symbols, 45)
+	require.Len(t, symbols, 47)
 
 	if _, err := os.Stat("shim.h"); err != nil {
 		t.Log("not run from the package directory: source scan skipped")
@@ -152,6 +152,28 @@ func TestUnloadedDriverErrors(t *testing.T) {
 	require.Equal(t, "cuStreamWriteValue32", missing.Symbol)
 	require.ErrorContains(t, d.streamValue32(fnStreamWaitValue32, 0, 0, 0, 1, 0), "cuStreamWaitValue32")
 	require.ErrorContains(t, d.vmmAvailable(), "cuda: driver lacks cuMemCreate")
+
+	// The VMM functions, the stream query and the peer query too.
+	_, err = d.memCreate(0, 2<<20)
+	require.ErrorAs(t, err, &missing)
+	require.Equal(t, "cuMemCreate", missing.Symbol)
+	_, _, err = d.granularity(0)
+	require.ErrorContains(t, err, "lacks cuMemGetAllocationGranularity")
+	require.ErrorContains(t, d.memRelease(0, 1), "lacks cuMemRelease")
+	_, err = d.exportFD(0, 1)
+	require.ErrorContains(t, err, "lacks cuMemExportToShareableHandle")
+	_, err = d.importFD(0, 0)
+	require.ErrorContains(t, err, "lacks cuMemImportFromShareableHandle")
+	_, err = d.mapNew(0, 1, 2<<20, nil)
+	require.ErrorContains(t, err, "lacks cuMemAddressReserve")
+	require.ErrorContains(t, d.unmapFree(0, 0x200000, 2<<20), "lacks cuMemUnmap")
+	require.ErrorContains(t, d.setAccess(0, 0x200000, 2<<20, []int{0}), "lacks cuMemSetAccess")
+	_, err = d.retainAllocationHandle(0, 0x200000)
+	require.ErrorContains(t, err, "lacks cuMemRetainAllocationHandle")
+	_, err = d.streamQuery(0, 0)
+	require.ErrorContains(t, err, "lacks cuStreamQuery (needed for stream queries")
+	_, err = d.canAccessPeer(0, 0)
+	require.ErrorContains(t, err, "lacks cuDeviceCanAccessPeer")
 
 	_, err = d.memAlloc(0, 512)
 	require.ErrorIs(t, err, ErrorInvalidDevice)
@@ -200,6 +222,20 @@ func TestLoadWithoutDriver(t *testing.T) {
 	_, err2 := DeviceCount()
 	require.Equal(t, err, err2)
 	require.Equal(t, err, MemcpyHtoD(0, 0x1000, []byte{1}))
+	_, _, err2 = Granularity(0)
+	require.Equal(t, err, err2)
+	_, err2 = MemCreate(0, 2<<20)
+	require.Equal(t, err, err2)
+	_, err2 = MapNew(0, 1, 2<<20, nil)
+	require.Equal(t, err, err2)
+	require.Equal(t, err, UnmapFree(0, 0x200000, 2<<20))
+	require.Equal(t, err, MemRelease(0, 1))
+	_, err2 = ImportFD(0, 0)
+	require.Equal(t, err, err2)
+	_, err2 = StreamQuery(0, 0)
+	require.Equal(t, err, err2)
+	_, err2 = CanAccessPeer(0, 0)
+	require.Equal(t, err, err2)
 
 	// Another library cannot be loaded once the first attempt is decided.
 	err = Load(WithLibrary("/nonexistent/other/libcuda.so.1"))
@@ -304,13 +340,9 @@ func TestFakeLoadV2(t *testing.T) {
 		}
 	}
 	require.NotNil(t, d.fn[fnStreamWriteValue32])
-	require.Nil(t, d.fn[fnMemCreate], "the fake has no VMM")
-
-	err := d.vmmAvailable()
-	var missing *MissingSymbolError
-	require.ErrorAs(t, err, &missing)
-	require.Equal(t, "cuMemCreate", missing.Symbol)
-	require.Equal(t, d.lib.path, missing.Library)
+	require.NotNil(t, d.fn[fnStreamQuery])
+	require.NotNil(t, d.fn[fnDeviceCanAccessPeer])
+	require.NoError(t, d.vmmAvailable(), "the fake has every VMM function")
 
 	// The fake hands out CUdevice = ordinal + 10: devs must hold handles.
 	require.EqualValues(t, 10, d.devs[0])
@@ -335,7 +367,7 @@ func TestFakeLoadV1(t *testing.T) {
 	require.Equal(t, 11080, d.abi, "an 11.x driver is asked at its own version")
 	require.Equal(t, 11080, d.version)
 	require.NotNil(t, d.fn[fnMemAlloc])
-	require.Nil(t, d.fn[fnMemCreate])
+	require.NotNil(t, d.fn[fnMemCreate], "CUDA 11 drivers have VMM too")
 }
 
 func TestFakeErrorText(t *testing.T) {

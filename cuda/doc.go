@@ -1,7 +1,7 @@
 // Package cuda is the CUDA driver API, loaded at run time from libcuda.so.1,
 // as far as libsymm needs it: devices, contexts, memory, events, streams and
-// (for later) virtual memory management. It also provides Backend, the
-// allocator.Backend that serves the pool from cuMemAlloc.
+// virtual memory management for symmetric memory. It also provides Backend,
+// the allocator.Backend that serves the pool from cuMemAlloc.
 //
 // # Loading
 //
@@ -44,6 +44,20 @@
 // thread's current context is the same after the call as before: PyTorch's
 // contexts keep working. Primary contexts are retained once per device and
 // kept for the life of the process. cuInit(0) runs once, in Load.
+//
+// # Virtual memory
+//
+// Symmetric memory across processes is made as PyTorch's CUDASymmetricMemory
+// makes it: MemCreate (pinned device memory, exportable as a POSIX file
+// descriptor, in multiples of Granularity), ExportFD in the owner, ImportFD in
+// every other process (the descriptor travels over a Unix socket), MapNew
+// (cuMemAddressReserve + cuMemMap + cuMemSetAccess for the devices that use
+// the mapping), and UnmapFree and MemRelease to undo them. The structures the
+// driver reads (CUmemAllocationProp, CUmemAccessDesc) are declared in shim.h
+// with cuda.h's layout, which a test checks. Allocation handles are counted
+// in Go: one this process does not hold is refused before it reaches the
+// driver. StreamQuery, with StreamWaitValue32 and StreamWriteValue32, lets a
+// caller notice a signal wait that does not complete.
 //
 // # Errors
 //

@@ -89,6 +89,8 @@ const (
 	fnMemRetainAllocationHandle
 	fnStreamWriteValue32
 	fnStreamWaitValue32
+	fnStreamQuery
+	fnDeviceCanAccessPeer
 
 	numFns
 )
@@ -105,6 +107,8 @@ const (
 	purposeErrors = "error messages"
 	purposeVMM    = "virtual memory management (expandable segments, symmetric memory)"
 	purposeMemops = "stream memory operations (signal pads)"
+	purposeQuery  = "stream queries (detecting signal waits that do not complete)"
+	purposePeer   = "peer access queries (symmetric memory)"
 )
 
 // symbols is the complete list of driver functions this package may resolve.
@@ -158,6 +162,8 @@ var symbols = [numFns]symbol{
 	fnMemRetainAllocationHandle:    {"cuMemRetainAllocationHandle", false, purposeVMM},
 	fnStreamWriteValue32:           {"cuStreamWriteValue32", false, purposeMemops},
 	fnStreamWaitValue32:            {"cuStreamWaitValue32", false, purposeMemops},
+	fnStreamQuery:                  {"cuStreamQuery", false, purposeQuery},
+	fnDeviceCanAccessPeer:          {"cuDeviceCanAccessPeer", false, purposePeer},
 }
 
 // driver is an opened libcuda with its function table filled.
@@ -179,6 +185,14 @@ type driver struct {
 	devs      []C.CUdevice
 	primary   []atomic.Uintptr
 	primaryMu sync.Mutex // serializes retaining a primary context
+
+	// handles counts the references this process holds to each allocation
+	// handle (see vmm.go): one per MemCreate, ImportFD and
+	// RetainAllocationHandle not yet matched by a MemRelease.
+	handles struct {
+		sync.Mutex
+		refs map[uint64]int
+	}
 }
 
 // Option configures Load and NewBackend.

@@ -22,6 +22,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef int CUresult;                 /* enum cudaError_enum */
 typedef int CUdevice;                 /* CUdevice_v1 */
@@ -263,6 +264,211 @@ static inline CUresult symm_cuStreamValue32(void *fn, uintptr_t stream,
                                             unsigned int flags) {
   return ((CUresult(*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int))fn)(
       (CUstream)stream, (CUdeviceptr)addr, value, flags);
+}
+
+/* cuStreamQuery: CUDA_SUCCESS when all work on the stream is done,
+ * CUDA_ERROR_NOT_READY while some is pending. */
+static inline CUresult symm_cuStreamQuery(void *fn, uintptr_t stream) {
+  return ((CUresult(*)(CUstream))fn)((CUstream)stream);
+}
+
+/* ---- peer access ---------------------------------------------------------- */
+
+static inline symm_res_int symm_cuDeviceCanAccessPeer(void *fn, CUdevice dev,
+                                                      CUdevice peer) {
+  symm_res_int o = {0, 0};
+  o.r = ((CUresult(*)(int *, CUdevice, CUdevice))fn)(&o.v, dev, peer);
+  return o;
+}
+
+/* ---- virtual memory management ------------------------------------------- */
+
+/* The types below have exactly the layout of cuda.h (CUDA 12, LP64); a test
+ * compares symm_vmm_layout() with the offsets cuda.h gives. The enum members
+ * are declared int: a C enum whose values fit in int has int's size and
+ * alignment on every ABI libsymm builds for. */
+
+typedef unsigned long long CUmemGenericAllocationHandle;
+
+/* CUmemLocation_v1 */
+typedef struct CUmemLocation_st {
+  int type; /* CUmemLocationType */
+  int id;   /* a device ordinal when type is CU_MEM_LOCATION_TYPE_DEVICE */
+} CUmemLocation;
+
+/* CUmemAllocationProp_v1 */
+typedef struct CUmemAllocationProp_st {
+  int type;                 /* CUmemAllocationType */
+  int requestedHandleTypes; /* CUmemAllocationHandleType, a bit mask */
+  CUmemLocation location;
+  void *win32HandleMetaData; /* Windows only; must be NULL */
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+} CUmemAllocationProp;
+
+/* CUmemAccessDesc_v1 */
+typedef struct CUmemAccessDesc_st {
+  CUmemLocation location;
+  int flags; /* CUmemAccess_flags */
+} CUmemAccessDesc;
+
+/* Values from cuda.h. */
+#define CU_MEM_ALLOCATION_TYPE_PINNED 0x1
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 0x1
+#define CU_MEM_LOCATION_TYPE_DEVICE 0x1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 0x3
+#define CU_MEM_ALLOC_GRANULARITY_MINIMUM 0x0
+#define CU_MEM_ALLOC_GRANULARITY_RECOMMENDED 0x1
+
+typedef struct { CUresult r; CUmemGenericAllocationHandle h; } symm_res_handle;
+
+/* The properties of every allocation libsymm makes: pinned device memory on
+ * device ordinal dev, exportable as a POSIX file descriptor. Everything else
+ * (compression, RDMA, usage, reserved) zero, as the driver requires. */
+static inline CUmemAllocationProp symm_vmm_prop(int dev) {
+  CUmemAllocationProp p;
+  memset(&p, 0, sizeof p);
+  p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  p.location.id = dev;
+  return p;
+}
+
+/* cuMemGetAllocationGranularity for symm_vmm_prop(dev); the result is in a.
+ * option is CU_MEM_ALLOC_GRANULARITY_MINIMUM or _RECOMMENDED. */
+static inline symm_res_size2 symm_cuMemGetAllocationGranularity(void *fn,
+                                                                int dev,
+                                                                int option) {
+  CUmemAllocationProp prop = symm_vmm_prop(dev);
+  symm_res_size2 o = {0, 0, 0};
+  o.r = ((CUresult(*)(size_t *, const CUmemAllocationProp *, int))fn)(
+      &o.a, &prop, option);
+  return o;
+}
+
+/* cuMemCreate(size, symm_vmm_prop(dev), flags 0) */
+static inline symm_res_handle symm_cuMemCreate(void *fn, size_t size,
+                                               int dev) {
+  CUmemAllocationProp prop = symm_vmm_prop(dev);
+  symm_res_handle o = {0, 0};
+  o.r = ((CUresult(*)(CUmemGenericAllocationHandle *, size_t,
+                      const CUmemAllocationProp *, unsigned long long))fn)(
+      &o.h, size, &prop, 0);
+  return o;
+}
+
+static inline CUresult symm_cuMemRelease(void *fn,
+                                         CUmemGenericAllocationHandle h) {
+  return ((CUresult(*)(CUmemGenericAllocationHandle))fn)(h);
+}
+
+/* cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR, flags 0): the driver
+ * writes an int, the new file descriptor, through the void* argument. */
+static inline symm_res_int
+symm_cuMemExportToShareableHandle(void *fn, CUmemGenericAllocationHandle h) {
+  symm_res_int o = {0, -1};
+  o.r = ((CUresult(*)(void *, CUmemGenericAllocationHandle, int,
+                      unsigned long long))fn)(
+      &o.v, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  return o;
+}
+
+/* cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR): for this handle
+ * type the void* argument is the descriptor itself, widened, as PyTorch
+ * passes it; not a pointer to it. */
+static inline symm_res_handle symm_cuMemImportFromShareableHandle(void *fn,
+                                                                  int fd) {
+  symm_res_handle o = {0, 0};
+  o.r = ((CUresult(*)(CUmemGenericAllocationHandle *, void *, int))fn)(
+      &o.h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  return o;
+}
+
+/* cuMemAddressReserve(size, alignment, addr 0, flags 0) */
+static inline symm_res_ptr symm_cuMemAddressReserve(void *fn, size_t size,
+                                                    size_t alignment) {
+  CUdeviceptr p = 0;
+  symm_res_ptr o;
+  o.r = ((CUresult(*)(CUdeviceptr *, size_t, size_t, CUdeviceptr,
+                      unsigned long long))fn)(&p, size, alignment, 0, 0);
+  o.v = (uintptr_t)p;
+  return o;
+}
+
+static inline CUresult symm_cuMemAddressFree(void *fn, uintptr_t ptr,
+                                             size_t size) {
+  return ((CUresult(*)(CUdeviceptr, size_t))fn)((CUdeviceptr)ptr, size);
+}
+
+/* cuMemMap(ptr, size, offset 0, handle, flags 0) */
+static inline CUresult symm_cuMemMap(void *fn, uintptr_t ptr, size_t size,
+                                     CUmemGenericAllocationHandle h) {
+  return ((CUresult(*)(CUdeviceptr, size_t, size_t,
+                       CUmemGenericAllocationHandle, unsigned long long))fn)(
+      (CUdeviceptr)ptr, size, 0, h, 0);
+}
+
+static inline CUresult symm_cuMemUnmap(void *fn, uintptr_t ptr, size_t size) {
+  return ((CUresult(*)(CUdeviceptr, size_t))fn)((CUdeviceptr)ptr, size);
+}
+
+/* desc points to count descriptors; the driver only reads them. */
+static inline CUresult symm_cuMemSetAccess(void *fn, uintptr_t ptr,
+                                           size_t size,
+                                           const CUmemAccessDesc *desc,
+                                           size_t count) {
+  return ((CUresult(*)(CUdeviceptr, size_t, const CUmemAccessDesc *,
+                       size_t))fn)((CUdeviceptr)ptr, size, desc, count);
+}
+
+static inline symm_res_handle symm_cuMemRetainAllocationHandle(void *fn,
+                                                               uintptr_t addr) {
+  symm_res_handle o = {0, 0};
+  o.r = ((CUresult(*)(CUmemGenericAllocationHandle *, void *))fn)(
+      &o.h, (void *)addr);
+  return o;
+}
+
+/* The layout of the declarations above as this C compiler sees it, for the
+ * test that compares it with cuda.h's. */
+typedef struct {
+  size_t prop_size, prop_align, prop_type, prop_handle_types, prop_location,
+      prop_location_type, prop_location_id, prop_win32, prop_alloc_flags,
+      prop_alloc_flags_size, prop_compression, prop_rdma, prop_usage,
+      prop_reserved;
+  size_t loc_size;
+  size_t access_size, access_align, access_location, access_flags;
+  size_t handle_size;
+} symm_vmm_layout;
+
+static inline symm_vmm_layout symm_vmm_layout_get(void) {
+  symm_vmm_layout l;
+  l.prop_size = sizeof(CUmemAllocationProp);
+  l.prop_align = _Alignof(CUmemAllocationProp);
+  l.prop_type = offsetof(CUmemAllocationProp, type);
+  l.prop_handle_types = offsetof(CUmemAllocationProp, requestedHandleTypes);
+  l.prop_location = offsetof(CUmemAllocationProp, location);
+  l.prop_location_type = offsetof(CUmemAllocationProp, location.type);
+  l.prop_location_id = offsetof(CUmemAllocationProp, location.id);
+  l.prop_win32 = offsetof(CUmemAllocationProp, win32HandleMetaData);
+  l.prop_alloc_flags = offsetof(CUmemAllocationProp, allocFlags);
+  l.prop_alloc_flags_size = sizeof(((CUmemAllocationProp *)0)->allocFlags);
+  l.prop_compression = offsetof(CUmemAllocationProp, allocFlags.compressionType);
+  l.prop_rdma = offsetof(CUmemAllocationProp, allocFlags.gpuDirectRDMACapable);
+  l.prop_usage = offsetof(CUmemAllocationProp, allocFlags.usage);
+  l.prop_reserved = offsetof(CUmemAllocationProp, allocFlags.reserved);
+  l.loc_size = sizeof(CUmemLocation);
+  l.access_size = sizeof(CUmemAccessDesc);
+  l.access_align = _Alignof(CUmemAccessDesc);
+  l.access_location = offsetof(CUmemAccessDesc, location);
+  l.access_flags = offsetof(CUmemAccessDesc, flags);
+  l.handle_size = sizeof(CUmemGenericAllocationHandle);
+  return l;
 }
 
 /* ---- error strings ------------------------------------------------------- */
