@@ -56,6 +56,7 @@ test-python: lib
 fuzz:
 	$(GO) test ./allocator -run '^$$' -fuzz '^FuzzPoolOps$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./allocator -run '^$$' -fuzz '^FuzzParseSize$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./store -run '^$$' -fuzz '^FuzzDecodeFrame$$' -fuzztime $(FUZZTIME)
 
 # The demo: on a machine with an NVIDIA GPU and PyTorch it trains a small
 # model on the pool; otherwise it runs on the host backend.

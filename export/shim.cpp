@@ -202,4 +202,107 @@ const char *symm_pool_backend(void) {
   return "";
 }
 
+void *symm_alloc(size_t size, int device, void *stream) {
+  (void)stream;
+  if (forked("symm_alloc") || size == 0) return nullptr;
+  return (void *)goSymmAlloc(size, device);
+}
+
+void symm_free(void *ptr, size_t size, int device, void *stream) {
+  (void)size, (void)device, (void)stream;
+  if (forked("symm_free") || ptr == nullptr) return;
+  goSymmFree((uintptr_t)ptr);
+}
+
+int symm_has_multicast_support(int device) {
+  (void)device;
+  return 0;
+}
+
+#define SYMM_GUARD(fn)                     \
+  if (forked(fn)) return SYMM_ERR_FORKED;
+
+int symm_store_server(const char *addr, const char *token, symm_store_t *out, char *bound, size_t len) {
+  SYMM_GUARD("symm_store_server");
+  if (out == nullptr) {
+    set_error_c(SYMM_ERR_INVALID, "symm_store_server: out is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goStoreServer((char *)(addr ? addr : ""), (char *)(token ? token : ""), out, bound, len);
+}
+
+int symm_store_connect(const char *addr, const char *token, int timeout_ms, symm_store_t *out) {
+  SYMM_GUARD("symm_store_connect");
+  if (addr == nullptr || out == nullptr) {
+    set_error_c(SYMM_ERR_INVALID, "symm_store_connect: addr or out is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goStoreConnect((char *)addr, (char *)(token ? token : ""), timeout_ms, out);
+}
+
+int symm_store_set(symm_store_t s, const char *key, const void *value, size_t len) {
+  SYMM_GUARD("symm_store_set");
+  if (key == nullptr || (value == nullptr && len > 0)) {
+    set_error_c(SYMM_ERR_INVALID, "symm_store_set: key or value is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goStoreSet(s, (char *)key, (void *)value, len);
+}
+
+int symm_store_get(symm_store_t s, const char *key, void *buf, size_t cap, size_t *len, int timeout_ms) {
+  SYMM_GUARD("symm_store_get");
+  if (key == nullptr || len == nullptr || (buf == nullptr && cap > 0)) {
+    set_error_c(SYMM_ERR_INVALID, "symm_store_get: key, len or buf is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goStoreGet(s, (char *)key, buf, cap, len, timeout_ms);
+}
+
+int symm_store_add(symm_store_t s, const char *key, int64_t delta, int64_t *out) {
+  SYMM_GUARD("symm_store_add");
+  if (key == nullptr) {
+    set_error_c(SYMM_ERR_INVALID, "symm_store_add: key is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goStoreAdd(s, (char *)key, delta, out);
+}
+
+int symm_store_close(symm_store_t s) {
+  SYMM_GUARD("symm_store_close");
+  return goStoreClose(s);
+}
+
+int symm_rendezvous(void *ptr, symm_store_t store, const char *group, int rank, int world_size, symm_handle_t *out) {
+  SYMM_GUARD("symm_rendezvous");
+  if (group == nullptr || out == nullptr) {
+    set_error_c(SYMM_ERR_INVALID, "symm_rendezvous: group or out is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goRendezvous((uintptr_t)ptr, store, (char *)group, rank, world_size, out);
+}
+
+int symm_handle_info(symm_handle_t h, symm_handle_info_t *out) {
+  SYMM_GUARD("symm_handle_info");
+  if (out == nullptr) {
+    set_error_c(SYMM_ERR_INVALID, "symm_handle_info: out is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goHandleInfo(h, out);
+}
+
+int symm_put_signal(symm_handle_t h, int dst_rank, int channel, void *stream) {
+  SYMM_GUARD("symm_put_signal");
+  return goPutSignal(h, dst_rank, channel, (uintptr_t)stream);
+}
+
+int symm_wait_signal(symm_handle_t h, int src_rank, int channel, void *stream, int timeout_ms) {
+  SYMM_GUARD("symm_wait_signal");
+  return goWaitSignal(h, src_rank, channel, (uintptr_t)stream, timeout_ms);
+}
+
+int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms) {
+  SYMM_GUARD("symm_barrier");
+  return goBarrier(h, channel, (uintptr_t)stream, timeout_ms);
+}
+
 }  // extern "C"

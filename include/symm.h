@@ -37,7 +37,8 @@ enum {
   SYMM_ERR_UNKNOWN_POINTER = 4,/* free/record_stream of a pointer this pool did not hand out (or already freed) */
   SYMM_ERR_FORKED = 5,         /* called from a forked child */
   SYMM_ERR_DRIVER = 6,         /* the CUDA driver returned an error; the message has its name */
-  SYMM_ERR_INTERNAL = 7        /* a bug in libsymm (a recovered panic); the message says where */
+  SYMM_ERR_INTERNAL = 7,       /* a bug in libsymm (a recovered panic); the message says where */
+  SYMM_ERR_TIMEOUT = 8         /* a store read, rendezvous or signal wait did not complete in time */
 };
 
 /* ---- library ---------------------------------------------------------- */
@@ -120,6 +121,83 @@ int symm_pool_device_count(void);
 
 /* Name of the active backend ("cuda", "host"), or "" before init. */
 const char *symm_pool_backend(void);
+
+/* ---- symmetric memory ----------------------------------------------------
+ *
+ * Each rank of a group allocates a block with symm_alloc (same size on every
+ * rank); symm_rendezvous maps every rank's block into every rank's address
+ * space. A block is [buffer | signal pad]: the pointer returned is the buffer.
+ * Backend: SYMM_DEVICE (cuda: cuMemCreate + POSIX fds + cuMemMap; host:
+ * memfd + mmap). Processes of one host only. Multicast is never used.
+ */
+
+/* Allocates a symmetric block with a buffer of size bytes on device. NULL
+ * with the last error set on failure; size 0 gives NULL and no error.
+ * Signature of PyTorch's CUDAPluggableAllocator alloc functor (MemPool). */
+void *symm_alloc(size_t size, int device, void *stream);
+
+/* Frees the block that starts at ptr: unmaps every peer's block, frees the
+ * reserved address ranges, closes every descriptor; its handles become
+ * invalid. An unknown pointer sets SYMM_ERR_UNKNOWN_POINTER. */
+void symm_free(void *ptr, size_t size, int device, void *stream);
+
+/* Always 0: libsymm never creates multicast objects. */
+int symm_has_multicast_support(int device);
+
+/* Stores: the key-value store a rendezvous exchanges metadata through.
+ * Handles are small integers; 0 is never a valid one. */
+typedef int64_t symm_store_t;
+
+/* Starts a TCP store server on addr ("" = 127.0.0.1 with a free port) and
+ * returns a store handle connected to it; the bound "host:port" is written to
+ * bound (NUL-terminated, len bytes at most). token: shared secret clients must
+ * present (NULL or "": SYMM_STORE_TOKEN, else none). */
+int symm_store_server(const char *addr, const char *token, symm_store_t *out, char *bound, size_t len);
+
+/* Connects to a store server, retrying for timeout_ms (ranks start in any order). */
+int symm_store_connect(const char *addr, const char *token, int timeout_ms, symm_store_t *out);
+
+int symm_store_set(symm_store_t s, const char *key, const void *value, size_t len);
+
+/* Waits up to timeout_ms for key; copies at most cap bytes into buf and sets
+ * *len to the value's full length. SYMM_ERR_TIMEOUT if it never came. */
+int symm_store_get(symm_store_t s, const char *key, void *buf, size_t cap, size_t *len, int timeout_ms);
+
+/* Adds delta to the integer at key (missing = 0); *out (if not NULL) gets the result. */
+int symm_store_add(symm_store_t s, const char *key, int64_t delta, int64_t *out);
+
+/* Closes a store handle (and stops the server if it was made by symm_store_server). */
+int symm_store_close(symm_store_t s);
+
+/* A block joined with a group. */
+typedef int64_t symm_handle_t;
+
+/* Every rank of the group calls it, with the same group name, in the same
+ * order for its blocks; ptr is any address inside this rank's block. Waits
+ * for the peers at most SYMM_RENDEZVOUS_TIMEOUT. The same block and group
+ * again gives the same handle. */
+int symm_rendezvous(void *ptr, symm_store_t store, const char *group, int rank, int world_size, symm_handle_t *out);
+
+typedef struct {
+  int rank, world_size;
+  size_t buffer_size;     /* bytes of each rank's buffer */
+  size_t signal_pad_size; /* bytes of each rank's signal pad (uint32 slots) */
+  uintptr_t buffer_ptrs;  /* host array of world_size pointers (void**): rank r's buffer as mapped here */
+  uintptr_t signal_pad_ptrs;     /* host array of world_size pad pointers */
+  uintptr_t buffer_ptrs_dev;     /* the same arrays in device memory (for kernels) */
+  uintptr_t signal_pad_ptrs_dev;
+} symm_handle_info_t;
+
+int symm_handle_info(symm_handle_t h, symm_handle_info_t *out);
+
+/* Signals, in stream order (the stream is ignored on the host backend):
+ * put_signal sets this rank's slot of channel in dst_rank's pad; wait_signal
+ * waits for src_rank's slot to be set, then clears it; barrier does both with
+ * every peer. timeout_ms > 0: SYMM_ERR_TIMEOUT if the wait has not completed
+ * by then (0: wait as long as it takes). */
+int symm_put_signal(symm_handle_t h, int dst_rank, int channel, void *stream);
+int symm_wait_signal(symm_handle_t h, int src_rank, int channel, void *stream, int timeout_ms);
+int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
 
 #ifdef __cplusplus
 }

@@ -45,8 +45,28 @@ from ._pool import (
     version,
 )
 from .torch_allocator import is_default, pool_allocator, use_as_default
+from ._symmetric import (
+    Handle,
+    Store,
+    empty,
+    get_mempool_allocator,
+    has_multicast_support,
+    rendezvous,
+    rendezvous_ptr,
+    symm_alloc,
+    symm_free,
+)
 
 __all__ = [
+    "Handle",
+    "Store",
+    "empty",
+    "get_mempool_allocator",
+    "has_multicast_support",
+    "rendezvous",
+    "rendezvous_ptr",
+    "symm_alloc",
+    "symm_free",
     "ErrorCode",
     "LibraryNotFoundError",
     "OutOfMemoryError",

@@ -21,6 +21,7 @@ class ErrorCode(enum.IntEnum):
     FORKED = 5
     DRIVER = 6
     INTERNAL = 7
+    TIMEOUT = 8
 
 
 class SymmError(RuntimeError):

@@ -35,6 +35,21 @@ class Stat(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_int64)]
 
 
+class HandleInfo(ctypes.Structure):
+    """symm_handle_info_t."""
+
+    _fields_ = [
+        ("rank", ctypes.c_int),
+        ("world_size", ctypes.c_int),
+        ("buffer_size", ctypes.c_size_t),
+        ("signal_pad_size", ctypes.c_size_t),
+        ("buffer_ptrs", ctypes.c_size_t),
+        ("signal_pad_ptrs", ctypes.c_size_t),
+        ("buffer_ptrs_dev", ctypes.c_size_t),
+        ("signal_pad_ptrs_dev", ctypes.c_size_t),
+    ]
+
+
 _c_size_t = ctypes.c_size_t
 _c_int = ctypes.c_int
 _c_void_p = ctypes.c_void_p
@@ -58,6 +73,20 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_pool_reset_peak": ([_c_int], _c_int),
     "symm_pool_device_count": ([], _c_int),
     "symm_pool_backend": ([], ctypes.c_char_p),
+    "symm_alloc": ([_c_size_t, _c_int, _c_void_p], _c_void_p),
+    "symm_free": ([_c_void_p, _c_size_t, _c_int, _c_void_p], None),
+    "symm_has_multicast_support": ([_c_int], _c_int),
+    "symm_store_server": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p, _c_size_t], _c_int),
+    "symm_store_connect": ([ctypes.c_char_p, ctypes.c_char_p, _c_int, ctypes.POINTER(ctypes.c_int64)], _c_int),
+    "symm_store_set": ([ctypes.c_int64, ctypes.c_char_p, ctypes.c_char_p, _c_size_t], _c_int),
+    "symm_store_get": ([ctypes.c_int64, ctypes.c_char_p, ctypes.c_char_p, _c_size_t, ctypes.POINTER(_c_size_t), _c_int], _c_int),
+    "symm_store_add": ([ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)], _c_int),
+    "symm_store_close": ([ctypes.c_int64], _c_int),
+    "symm_rendezvous": ([_c_void_p, ctypes.c_int64, ctypes.c_char_p, _c_int, _c_int, ctypes.POINTER(ctypes.c_int64)], _c_int),
+    "symm_handle_info": ([ctypes.c_int64, ctypes.POINTER(HandleInfo)], _c_int),
+    "symm_put_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p], _c_int),
+    "symm_wait_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p, _c_int], _c_int),
+    "symm_barrier": ([ctypes.c_int64, _c_int, _c_void_p, _c_int], _c_int),
 }
 
 _lock = threading.Lock()

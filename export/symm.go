@@ -1,0 +1,415 @@
+package main
+
+/*
+#include <stdint.h>
+#include "../include/symm.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/libsymm/libsymm/store"
+	"github.com/libsymm/libsymm/symmetric"
+)
+
+// Symmetric memory: the manager is made on first use, over the provider of
+// the backend SYMM_DEVICE selects.
+var symmLib struct {
+	mu  sync.Mutex
+	mgr *symmetric.Manager
+}
+
+func getManager() (*symmetric.Manager, error) {
+	symmLib.mu.Lock()
+	defer symmLib.mu.Unlock()
+	if symmLib.mgr != nil {
+		return symmLib.mgr, nil
+	}
+	prov, err := newProvider(getenv)
+	if err != nil {
+		return nil, err
+	}
+	cfg := symmetric.Config{AllowOverlappingDevices: getenv("SYMM_ALLOW_OVERLAPPING_DEVICES") == "1"}
+	if v := getenv("SYMM_RENDEZVOUS_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			if s, e2 := strconv.ParseFloat(v, 64); e2 == nil && s > 0 {
+				d, err = time.Duration(s*float64(time.Second)), nil
+			} else {
+				return nil, fmt.Errorf("%w: SYMM_RENDEZVOUS_TIMEOUT=%q: want seconds or a duration such as 30s", errInvalidEnv, v)
+			}
+		}
+		cfg.Timeout = d
+	}
+	symmLib.mgr = symmetric.NewManager(prov, cfg)
+	return symmLib.mgr, nil
+}
+
+var errInvalidEnv = symmetric.ErrInvalid
+
+// ---- handle tables -----------------------------------------------------------
+
+// table maps small integers to objects for C. Numbers start far from 0 so a
+// stray 0 or 1 is caught, and are never reused.
+type table[T any] struct {
+	mu   sync.Mutex
+	next int64
+	m    map[int64]T
+	kind string
+}
+
+func newTable[T any](kind string, base int64) *table[T] {
+	return &table[T]{next: base, m: map[int64]T{}, kind: kind}
+}
+
+func (t *table[T]) put(v T) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.next++
+	t.m[t.next] = v
+	return t.next
+}
+
+func (t *table[T]) get(id int64) (T, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.m[id]
+	if !ok {
+		var zero T
+		return zero, fmt.Errorf("%w: %d is not a live %s handle", symmetric.ErrInvalid, id, t.kind)
+	}
+	return v, nil
+}
+
+func (t *table[T]) take(id int64) (T, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.m[id]
+	if !ok {
+		var zero T
+		return zero, fmt.Errorf("%w: %d is not a live %s handle", symmetric.ErrInvalid, id, t.kind)
+	}
+	delete(t.m, id)
+	return v, nil
+}
+
+func (t *table[T]) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
+
+// storeEntry is a client or a server (a server also serves as a store: an
+// in-process client of itself).
+type storeEntry struct {
+	s      store.Store
+	server *store.Server
+}
+
+var (
+	stores  = newTable[*storeEntry]("store", 0x5170_0000)
+	handles = newTable[*symmetric.Handle]("symmetric-memory", 0x5180_0000)
+)
+
+// errCodeSymm extends errCode with the symmetric package's sentinels.
+func errCodeSymm(err error) C.int {
+	switch {
+	case errors.Is(err, symmetric.ErrUnknownPointer):
+		return C.SYMM_ERR_UNKNOWN_POINTER
+	case errors.Is(err, symmetric.ErrInvalid):
+		return C.SYMM_ERR_INVALID
+	case errors.Is(err, store.ErrTimeout), errors.Is(err, symmetric.ErrSignalTimeout):
+		return C.SYMM_ERR_TIMEOUT
+	}
+	return errCode(err)
+}
+
+func failSymm(fn string, err error) C.int {
+	code := errCodeSymm(err)
+	setError(code, fn+": "+err.Error())
+	return code
+}
+
+func guard(fn string, code *C.int) {
+	if recovered(fn, recover()) {
+		*code = C.SYMM_ERR_INTERNAL
+	}
+}
+
+func ms(t C.int) time.Duration { return time.Duration(t) * time.Millisecond }
+
+// ---- allocation ------------------------------------------------------------
+
+//export goSymmAlloc
+func goSymmAlloc(size C.size_t, device C.int) (ptr C.uintptr_t) {
+	defer func() {
+		if recovered("symm_alloc", recover()) {
+			ptr = 0
+		}
+	}()
+	m, err := getManager()
+	if err != nil {
+		failSymm("symm_alloc", err)
+		return 0
+	}
+	b, err := m.Alloc(int(device), uint64(size))
+	if err != nil {
+		failSymm("symm_alloc", err)
+		return 0
+	}
+	return C.uintptr_t(b.Ptr())
+}
+
+//export goSymmFree
+func goSymmFree(ptr C.uintptr_t) {
+	defer func() { recovered("symm_free", recover()) }()
+	m, err := getManager()
+	if err == nil {
+		err = m.Free(uintptr(ptr))
+	}
+	if err != nil {
+		failSymm("symm_free", err)
+	}
+}
+
+// ---- stores ------------------------------------------------------------------
+
+//export goStoreServer
+func goStoreServer(addr, token *C.char, out *C.int64_t, bound *C.char, boundLen C.size_t) (code C.int) {
+	defer guard("symm_store_server", &code)
+	tok := storeToken(token)
+	srv, err := store.NewServer(C.GoString(addr), tok)
+	if err != nil {
+		return failSymm("symm_store_server", err)
+	}
+	cl, err := store.Dial(srv.Addr(), tok, 10*time.Second)
+	if err != nil {
+		srv.Close()
+		return failSymm("symm_store_server", err)
+	}
+	*out = C.int64_t(stores.put(&storeEntry{s: cl, server: srv}))
+	if bound != nil && boundLen > 0 {
+		dst := unsafe.Slice((*byte)(unsafe.Pointer(bound)), int(boundLen))
+		n := copy(dst[:len(dst)-1], srv.Addr())
+		dst[n] = 0
+	}
+	return C.SYMM_OK
+}
+
+//export goStoreConnect
+func goStoreConnect(addr, token *C.char, timeoutMS C.int, out *C.int64_t) (code C.int) {
+	defer guard("symm_store_connect", &code)
+	cl, err := store.Dial(C.GoString(addr), storeToken(token), ms(timeoutMS))
+	if err != nil {
+		return failSymm("symm_store_connect", err)
+	}
+	*out = C.int64_t(stores.put(&storeEntry{s: cl}))
+	return C.SYMM_OK
+}
+
+//export goStoreSet
+func goStoreSet(s C.int64_t, key *C.char, val unsafe.Pointer, n C.size_t) (code C.int) {
+	defer guard("symm_store_set", &code)
+	e, err := stores.get(int64(s))
+	if err == nil {
+		err = e.s.Set(C.GoString(key), C.GoBytes(val, C.int(n)))
+	}
+	if err != nil {
+		return failSymm("symm_store_set", err)
+	}
+	return C.SYMM_OK
+}
+
+//export goStoreGet
+func goStoreGet(s C.int64_t, key *C.char, buf unsafe.Pointer, capacity C.size_t, n *C.size_t, timeoutMS C.int) (code C.int) {
+	defer guard("symm_store_get", &code)
+	e, err := stores.get(int64(s))
+	var v []byte
+	if err == nil {
+		v, err = e.s.Get(C.GoString(key), ms(timeoutMS))
+	}
+	if err != nil {
+		return failSymm("symm_store_get", err)
+	}
+	*n = C.size_t(len(v))
+	if capacity > 0 {
+		copy(unsafe.Slice((*byte)(buf), int(capacity)), v)
+	}
+	return C.SYMM_OK
+}
+
+//export goStoreAdd
+func goStoreAdd(s C.int64_t, key *C.char, delta C.int64_t, out *C.int64_t) (code C.int) {
+	defer guard("symm_store_add", &code)
+	e, err := stores.get(int64(s))
+	var v int64
+	if err == nil {
+		v, err = e.s.Add(C.GoString(key), int64(delta))
+	}
+	if err != nil {
+		return failSymm("symm_store_add", err)
+	}
+	if out != nil {
+		*out = C.int64_t(v)
+	}
+	return C.SYMM_OK
+}
+
+//export goStoreClose
+func goStoreClose(s C.int64_t) (code C.int) {
+	defer guard("symm_store_close", &code)
+	e, err := stores.take(int64(s))
+	if err != nil {
+		return failSymm("symm_store_close", err)
+	}
+	err = e.s.Close()
+	if e.server != nil {
+		err = errors.Join(err, e.server.Close())
+	}
+	if err != nil {
+		return failSymm("symm_store_close", err)
+	}
+	return C.SYMM_OK
+}
+
+// storeToken is the token given, or SYMM_STORE_TOKEN when none is.
+func storeToken(token *C.char) string {
+	if t := C.GoString(token); t != "" {
+		return t
+	}
+	return getenv("SYMM_STORE_TOKEN")
+}
+
+// ---- rendezvous and signals ---------------------------------------------------
+
+//export goRendezvous
+func goRendezvous(ptr C.uintptr_t, s C.int64_t, group *C.char, rank, world C.int, out *C.int64_t) (code C.int) {
+	defer guard("symm_rendezvous", &code)
+	m, err := getManager()
+	if err != nil {
+		return failSymm("symm_rendezvous", err)
+	}
+	e, err := stores.get(int64(s))
+	if err != nil {
+		return failSymm("symm_rendezvous", err)
+	}
+	h, err := m.Rendezvous(uintptr(ptr), symmetric.Group{Name: C.GoString(group), Rank: int(rank), World: int(world), Store: e.s})
+	if err != nil {
+		return failSymm("symm_rendezvous", err)
+	}
+	*out = C.int64_t(handleID(h))
+	return C.SYMM_OK
+}
+
+// handleIDs gives one C handle per Handle, so a repeated rendezvous returns
+// the same number.
+var handleIDs sync.Map // *symmetric.Handle -> int64
+
+func handleID(h *symmetric.Handle) int64 {
+	if id, ok := handleIDs.Load(h); ok {
+		return id.(int64)
+	}
+	id := handles.put(h)
+	if prev, loaded := handleIDs.LoadOrStore(h, id); loaded {
+		handles.take(id)
+		return prev.(int64)
+	}
+	return id
+}
+
+//export goHandleInfo
+func goHandleInfo(hid C.int64_t, out *C.symm_handle_info_t) (code C.int) {
+	defer guard("symm_handle_info", &code)
+	h, err := handles.get(int64(hid))
+	if err != nil {
+		return failSymm("symm_handle_info", err)
+	}
+	if h.Block().Freed() {
+		return failSymm("symm_handle_info", fmt.Errorf("%w: handle %d: its block was freed", symmetric.ErrUnknownPointer, int64(hid)))
+	}
+	out.rank = C.int(h.Rank())
+	out.world_size = C.int(h.World())
+	out.buffer_size = C.size_t(h.BufferSize())
+	out.buffer_ptrs = C.uintptr_t(h.BufferPtrsHost())
+	out.signal_pad_ptrs = C.uintptr_t(h.PadPtrsHost())
+	out.buffer_ptrs_dev = C.uintptr_t(h.BufferPtrsDev())
+	out.signal_pad_ptrs_dev = C.uintptr_t(h.PadPtrsDev())
+	out.signal_pad_size = C.size_t(symmetric.SignalPadSize)
+	return C.SYMM_OK
+}
+
+func liveHandle(fn string, hid C.int64_t) (*symmetric.Handle, C.int) {
+	h, err := handles.get(int64(hid))
+	if err == nil && h.Block().Freed() {
+		err = fmt.Errorf("%w: handle %d: its block was freed", symmetric.ErrUnknownPointer, int64(hid))
+	}
+	if err != nil {
+		return nil, failSymm(fn, err)
+	}
+	return h, C.SYMM_OK
+}
+
+//export goPutSignal
+func goPutSignal(hid C.int64_t, dst, channel C.int, stream C.uintptr_t) (code C.int) {
+	defer guard("symm_put_signal", &code)
+	h, code := liveHandle("symm_put_signal", hid)
+	if h == nil {
+		return code
+	}
+	if err := h.PutSignal(int(dst), int(channel), uintptr(stream), 0); err != nil {
+		return failSymm("symm_put_signal", err)
+	}
+	return C.SYMM_OK
+}
+
+//export goWaitSignal
+func goWaitSignal(hid C.int64_t, src, channel C.int, stream C.uintptr_t, timeoutMS C.int) (code C.int) {
+	defer guard("symm_wait_signal", &code)
+	h, code := liveHandle("symm_wait_signal", hid)
+	if h == nil {
+		return code
+	}
+	if err := h.WaitSignal(int(src), int(channel), uintptr(stream), ms(timeoutMS)); err != nil {
+		return failSymm("symm_wait_signal", err)
+	}
+	return C.SYMM_OK
+}
+
+//export goBarrier
+func goBarrier(hid C.int64_t, channel C.int, stream C.uintptr_t, timeoutMS C.int) (code C.int) {
+	defer guard("symm_barrier", &code)
+	h, code := liveHandle("symm_barrier", hid)
+	if h == nil {
+		return code
+	}
+	if err := h.Barrier(int(channel), uintptr(stream), ms(timeoutMS)); err != nil {
+		return failSymm("symm_barrier", err)
+	}
+	return C.SYMM_OK
+}
+
+// newProvider picks the symmetric provider of the backend SYMM_DEVICE names.
+func newProvider(getenv func(string) string) (symmetric.Provider, error) {
+	switch dev := getenv("SYMM_DEVICE"); dev {
+	case "host":
+		return symmetric.NewHostProvider(), nil
+	case "", "cuda":
+		return newCUDAProvider()
+	default:
+		return nil, fmt.Errorf("%w: SYMM_DEVICE=%q: want \"cuda\" or \"host\"", symmetric.ErrInvalid, dev)
+	}
+}
+
+func newCUDAProvider() (symmetric.Provider, error) {
+	p, err := symmetric.NewCUDAProvider()
+	if err != nil {
+		return nil, noDevice{err}
+	}
+	return p, nil
+}

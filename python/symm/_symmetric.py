@@ -1,0 +1,266 @@
+"""Symmetric memory: blocks every rank of a group maps, as in
+torch.distributed._symmetric_memory.
+
+Torch-free layer (ctypes): :class:`Store`, :func:`symm_alloc`, :func:`symm_free`,
+:func:`rendezvous_ptr` and :class:`Handle`. The PyTorch layer (:func:`empty`,
+:func:`rendezvous`, :func:`get_mempool_allocator`) sits on top and imports
+torch lazily.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any, Sequence
+
+from ._errors import ErrorCode, SymmError
+from ._loader import HandleInfo, load, library_path
+from ._pool import _call_rc, _call_void, _device, _last_error
+
+SIGNAL_PAD_SIZE = 2048
+
+
+class Store:
+    """A libsymm TCP store: :meth:`server` starts one here, :meth:`connect` joins one."""
+
+    def __init__(self, handle: int, address: str):
+        self._h = handle
+        self.address = address
+
+    @classmethod
+    def server(cls, addr: str = "", token: str | None = None) -> "Store":
+        lib = load()
+        out = ctypes.c_int64()
+        bound = ctypes.create_string_buffer(256)
+        tok = (token if token is not None else os.environ.get("SYMM_STORE_TOKEN", "")).encode()
+        _call_rc(lib.symm_store_server, addr.encode(), tok, ctypes.byref(out), bound, len(bound))
+        return cls(out.value, bound.value.decode())
+
+    @classmethod
+    def connect(cls, addr: str, token: str | None = None, timeout_ms: int = 60000) -> "Store":
+        lib = load()
+        out = ctypes.c_int64()
+        tok = (token if token is not None else os.environ.get("SYMM_STORE_TOKEN", "")).encode()
+        _call_rc(lib.symm_store_connect, addr.encode(), tok, int(timeout_ms), ctypes.byref(out))
+        return cls(out.value, addr)
+
+    def set(self, key: str, value: bytes) -> None:
+        _call_rc(load().symm_store_set, self._h, key.encode(), value, len(value))
+
+    def get(self, key: str, timeout_ms: int = 60000) -> bytes:
+        lib = load()
+        n = ctypes.c_size_t()
+        buf = ctypes.create_string_buffer(4096)
+        _call_rc(lib.symm_store_get, self._h, key.encode(), buf, len(buf), ctypes.byref(n), int(timeout_ms))
+        if n.value > len(buf):
+            buf = ctypes.create_string_buffer(n.value)
+            _call_rc(lib.symm_store_get, self._h, key.encode(), buf, len(buf), ctypes.byref(n), int(timeout_ms))
+        return buf.raw[: n.value]
+
+    def add(self, key: str, delta: int) -> int:
+        out = ctypes.c_int64()
+        _call_rc(load().symm_store_add, self._h, key.encode(), int(delta), ctypes.byref(out))
+        return out.value
+
+    def close(self) -> None:
+        if self._h:
+            h, self._h = self._h, 0
+            _call_rc(load().symm_store_close, h)
+
+    @property
+    def handle(self) -> int:
+        return self._h
+
+
+def symm_alloc(size: int, device: Any = 0) -> int:
+    """Allocates a symmetric block; returns the buffer's address."""
+    lib = load()
+    lib.symm_clear_error()
+    ptr = lib.symm_alloc(int(size), _device(device), None)
+    if not ptr:
+        if lib.symm_last_error_code() != ErrorCode.OK:
+            raise _last_error(lib)
+        raise SymmError(ErrorCode.INVALID, f"symm_alloc({size}) returned NULL")
+    return ptr
+
+
+def symm_free(ptr: int) -> None:
+    lib = load()
+    _call_void(lib.symm_free, ptr, 0, 0, None)
+
+
+def has_multicast_support(device: Any = 0) -> bool:
+    """Always False: libsymm never creates multicast objects."""
+    return bool(load().symm_has_multicast_support(_device(device)))
+
+
+class Handle:
+    """A block joined with a group: peers' buffers and signal pads, signals."""
+
+    def __init__(self, handle: int, device: Any = None):
+        self._h = handle
+        self._device = device
+        info = HandleInfo()
+        _call_rc(load().symm_handle_info, handle, ctypes.byref(info))
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.buffer_size = info.buffer_size
+        self.signal_pad_size = info.signal_pad_size
+        n = info.world_size
+        self.buffer_ptrs = list((ctypes.c_uint64 * n).from_address(info.buffer_ptrs))
+        self.signal_pad_ptrs = list((ctypes.c_uint64 * n).from_address(info.signal_pad_ptrs))
+        self.buffer_ptrs_dev = info.buffer_ptrs_dev
+        self.signal_pad_ptrs_dev = info.signal_pad_ptrs_dev
+
+    @property
+    def handle(self) -> int:
+        return self._h
+
+    def _stream(self, stream) -> int:
+        if stream is not None:
+            return int(getattr(stream, "cuda_stream", stream))
+        if self._device is not None:
+            import torch
+
+            return torch.cuda.current_stream(self._device).cuda_stream
+        return 0
+
+    def barrier(self, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
+        _call_rc(load().symm_barrier, self._h, int(channel), self._stream(stream), int(timeout_ms))
+
+    def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
+        del timeout_ms  # a put never waits
+        _call_rc(load().symm_put_signal, self._h, int(dst_rank), int(channel), self._stream(stream))
+
+    def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
+        _call_rc(load().symm_wait_signal, self._h, int(src_rank), int(channel), self._stream(stream), int(timeout_ms))
+
+    # ---- tensors (torch) ----
+
+    def get_buffer(self, rank: int, sizes: Sequence[int], dtype, storage_offset: int = 0):
+        """A tensor over rank's buffer, as mapped in this process."""
+        import torch
+
+        sizes = tuple(int(s) for s in (sizes if isinstance(sizes, (list, tuple)) else (sizes,)))
+        elem = torch.empty((), dtype=dtype).element_size()
+        numel = 1
+        for s in sizes:
+            numel *= s
+        end = (storage_offset + numel) * elem
+        if end > self.buffer_size:
+            raise ValueError(f"get_buffer: {numel} elements at offset {storage_offset} need {end} bytes; "
+                             f"the buffer has {self.buffer_size}")
+        return _tensor_at(self.buffer_ptrs[rank] + storage_offset * elem, sizes, dtype, self._device)
+
+    def get_signal_pad(self, rank: int, sizes: Sequence[int] | None = None, dtype=None, storage_offset: int = 0):
+        import torch
+
+        dtype = dtype or torch.uint32
+        elem = torch.empty((), dtype=dtype).element_size()
+        if sizes is None:
+            sizes = (self.signal_pad_size // elem - storage_offset,)
+        return _tensor_at(self.signal_pad_ptrs[rank] + storage_offset * elem, tuple(sizes), dtype, self._device)
+
+
+def _tensor_at(ptr: int, sizes: tuple, dtype, device):
+    """A tensor viewing memory at ptr (device memory through
+    __cuda_array_interface__; host memory through ctypes)."""
+    import torch
+
+    typestr = {torch.float32: "<f4", torch.float16: "<f2", torch.bfloat16: "<V2", torch.float64: "<f8",
+               torch.int32: "<i4", torch.int64: "<i8", torch.uint8: "|u1", torch.int8: "|i1",
+               torch.uint32: "<u4", torch.int16: "<i2"}[dtype]
+    if device is None:
+        n = 1
+        for s in sizes:
+            n *= s
+        elem = torch.empty((), dtype=dtype).element_size()
+        raw = (ctypes.c_uint8 * (n * elem)).from_address(ptr)
+        return torch.frombuffer(raw, dtype=dtype).view(sizes)
+
+    class _View:
+        __cuda_array_interface__ = {"shape": sizes, "typestr": typestr, "data": (ptr, False), "version": 3}
+
+    t = torch.as_tensor(_View(), device=device)
+    return t.view(dtype) if dtype == torch.bfloat16 else t
+
+
+def rendezvous_ptr(ptr: int, store: Store, group_name: str, rank: int, world_size: int, device=None) -> Handle:
+    """Rendezvous of the block holding ptr (torch-free)."""
+    out = ctypes.c_int64()
+    _call_rc(load().symm_rendezvous, ptr, store.handle, group_name.encode(), int(rank), int(world_size),
+             ctypes.byref(out))
+    return Handle(out.value, device)
+
+
+# ---- PyTorch layer ------------------------------------------------------------
+
+_mempool_allocators: dict = {}
+_mempools: dict = {}
+_stores: dict = {}
+
+
+def get_mempool_allocator(device: Any = 0):
+    """A CUDAPluggableAllocator over symm_alloc/symm_free, for torch.cuda.MemPool."""
+    import torch
+
+    dev = _device(device)
+    if dev not in _mempool_allocators:
+        _mempool_allocators[dev] = torch.cuda.memory.CUDAPluggableAllocator(str(library_path()), "symm_alloc", "symm_free")
+    return _mempool_allocators[dev].allocator()
+
+
+def empty(*size, dtype=None, device="cuda"):
+    """A tensor whose storage is a symmetric block (rendezvous it with :func:`rendezvous`)."""
+    import torch
+
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    dev = torch.device(device)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.index not in _mempools:
+        _mempools[dev.index] = torch.cuda.MemPool(get_mempool_allocator(dev.index))
+    with torch.cuda.use_mem_pool(_mempools[dev.index], device=dev):
+        return torch.empty(size, dtype=dtype or torch.float32, device=dev)
+
+
+def _group_store(group) -> Store:
+    """libsymm's store for a process group: rank 0 starts a server and posts its
+    address in the group's c10d store, so torchrun users need nothing else."""
+    import torch.distributed as dist
+
+    name = dist.distributed_c10d._get_group_tag(group) if hasattr(dist.distributed_c10d, "_get_group_tag") else str(group)
+    if name in _stores:
+        return _stores[name]
+    c10d_store = dist.distributed_c10d._get_default_store()
+    key = f"symm_store_addr/{name}"
+    if dist.get_rank(group) == 0:
+        st = Store.server(os.environ.get("SYMM_STORE_ADDR", "127.0.0.1:0"))
+        c10d_store.set(key, st.address)
+    else:
+        addr = c10d_store.get(key).decode()
+        st = Store.connect(addr)
+    _stores[name] = st
+    return st
+
+
+def rendezvous(tensor, group):
+    """Maps every rank's block of tensor's storage; returns the Handle.
+    group: a ProcessGroup (or its name, for dist.group.WORLD use dist.group.WORLD)."""
+    import torch.distributed as dist
+
+    if isinstance(group, str):
+        group = dist.distributed_c10d._resolve_process_group(group)
+    st = _group_store(group)
+    name = getattr(group, "group_name", None) or "0"
+    h = rendezvous_ptr(tensor.data_ptr(), st, f"torch-{name}", dist.get_rank(group),
+                       dist.get_world_size(group), tensor.device)
+    # A MemPool hands out tensors inside larger blocks: every rank allocates
+    # the same sequence, so the tensor sits at the same offset in each block,
+    # and the buffers seen from Python start at the tensor.
+    off = tensor.data_ptr() - h.buffer_ptrs[h.rank]
+    if off:
+        h.buffer_ptrs = [p + off for p in h.buffer_ptrs]
+        h.buffer_size -= off
+    return h

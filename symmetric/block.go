@@ -1,0 +1,165 @@
+package symmetric
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// SignalPadSize is the size of each block's signal pad: 512 uint32 slots,
+// so channels × world size ≤ 512 (PyTorch uses the same size).
+const SignalPadSize = 2048
+
+// ErrInvalid marks bad arguments; ErrUnknownPointer a pointer that is not in
+// a live block.
+var (
+	ErrInvalid        = errors.New("invalid argument")
+	ErrUnknownPointer = errors.New("unknown pointer")
+)
+
+// Block is one symmetric allocation: buffer then signal pad.
+type Block struct {
+	mem     *Mem
+	bufSize uint64 // bytes the caller asked for
+	padOff  uint64 // offset of the signal pad
+
+	mu      sync.Mutex
+	handles map[string]*Handle // by group name
+	freed   bool
+}
+
+// Ptr is the buffer's address; Dev its device; Size the buffer's size.
+func (b *Block) Ptr() uintptr    { return b.mem.Ptr }
+func (b *Block) Dev() int        { return b.mem.Dev }
+func (b *Block) Size() uint64    { return b.bufSize }
+func (b *Block) PadPtr() uintptr { return b.mem.Ptr + uintptr(b.padOff) }
+
+// Freed reports whether the block was freed (its handles are dead).
+func (b *Block) Freed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.freed
+}
+
+// Manager owns the blocks of one process and the provider that backs them.
+type Manager struct {
+	prov Provider
+	cfg  Config
+
+	mu     sync.RWMutex
+	blocks []*Block // sorted by address, disjoint: interval lookup by binary search
+	seq    map[string]int
+}
+
+// Config holds the rendezvous settings.
+type Config struct {
+	// Timeout bounds every wait of a rendezvous (SYMM_RENDEZVOUS_TIMEOUT).
+	Timeout time.Duration
+	// AllowOverlappingDevices lets two ranks use one device
+	// (SYMM_ALLOW_OVERLAPPING_DEVICES=1).
+	AllowOverlappingDevices bool
+}
+
+// NewManager returns a manager over prov.
+func NewManager(prov Provider, cfg Config) *Manager {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 60 * time.Second
+	}
+	return &Manager{prov: prov, cfg: cfg, seq: map[string]int{}}
+}
+
+// Provider returns the manager's provider.
+func (m *Manager) Provider() Provider { return m.prov }
+
+// Alloc makes a block with a buffer of size bytes on dev.
+func (m *Manager) Alloc(dev int, size uint64) (*Block, error) {
+	if size == 0 {
+		return nil, fmt.Errorf("%w: symmetric allocation of 0 bytes", ErrInvalid)
+	}
+	g, err := m.prov.Granularity(dev)
+	if err != nil {
+		return nil, err
+	}
+	padOff := (size + 15) &^ 15
+	total := (padOff + SignalPadSize + g - 1) / g * g
+	if total < size {
+		return nil, fmt.Errorf("%w: symmetric allocation of %d bytes overflows", ErrInvalid, size)
+	}
+	mem, err := m.prov.Create(dev, total)
+	if err != nil {
+		return nil, fmt.Errorf("symmetric allocation of %d bytes on %s device %d: %w", size, m.prov.Name(), dev, err)
+	}
+	b := &Block{mem: mem, bufSize: size, padOff: padOff, handles: map[string]*Handle{}}
+	if err := m.zeroPad(b); err != nil {
+		m.prov.Release(mem)
+		return nil, err
+	}
+	m.mu.Lock()
+	i := sort.Search(len(m.blocks), func(i int) bool { return m.blocks[i].mem.Ptr > mem.Ptr })
+	m.blocks = append(m.blocks, nil)
+	copy(m.blocks[i+1:], m.blocks[i:])
+	m.blocks[i] = b
+	m.mu.Unlock()
+	return b, nil
+}
+
+// Find returns the live block holding ptr (its start or any byte inside,
+// signal pad included) and ptr's offset in it, in O(log n).
+func (m *Manager) Find(ptr uintptr) (*Block, uint64, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	i := sort.Search(len(m.blocks), func(i int) bool { return m.blocks[i].mem.Ptr > ptr }) - 1
+	if i >= 0 {
+		b := m.blocks[i]
+		if ptr < b.mem.Ptr+uintptr(b.mem.Size) {
+			return b, uint64(ptr - b.mem.Ptr), nil
+		}
+	}
+	return nil, 0, fmt.Errorf("%w: %#x is not inside a live symmetric block", ErrUnknownPointer, ptr)
+}
+
+// Free releases the block that starts at ptr: every peer mapping of every
+// handle, the handles' device arrays, and the block's memory.
+func (m *Manager) Free(ptr uintptr) error {
+	m.mu.Lock()
+	i := sort.Search(len(m.blocks), func(i int) bool { return m.blocks[i].mem.Ptr >= ptr })
+	if i == len(m.blocks) || m.blocks[i].mem.Ptr != ptr {
+		m.mu.Unlock()
+		return fmt.Errorf("%w: symm_free of %#x: not the start of a live symmetric block (already freed?)", ErrUnknownPointer, ptr)
+	}
+	b := m.blocks[i]
+	m.blocks = append(m.blocks[:i], m.blocks[i+1:]...)
+	m.mu.Unlock()
+
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.freed = true
+	var errs []error
+	for _, h := range b.handles {
+		errs = append(errs, h.release())
+	}
+	b.handles = nil
+	errs = append(errs, m.prov.Release(b.mem))
+	return errors.Join(errs...)
+}
+
+// Live is the number of live blocks.
+func (m *Manager) Live() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return len(m.blocks)
+}
+
+// zeroPad clears a new block's signal pad: slots start at 0.
+func (m *Manager) zeroPad(b *Block) error {
+	// memfd memory starts zeroed; device memory from cuMemCreate is not
+	// promised to, so providers that need it implement Zero.
+	if z, ok := m.prov.(interface {
+		Zero(dev int, ptr uintptr, n uint64) error
+	}); ok {
+		return z.Zero(b.mem.Dev, b.PadPtr(), SignalPadSize)
+	}
+	return nil
+}

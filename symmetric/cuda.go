@@ -1,0 +1,140 @@
+package symmetric
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/libsymm/libsymm/cuda"
+)
+
+// cudaProvider makes blocks with the driver's virtual memory management:
+// physical memory from cuMemCreate, exportable as a POSIX file descriptor,
+// mapped with cuMemAddressReserve + cuMemMap + cuMemSetAccess, as PyTorch's
+// CUDASymmetricMemory does. Signals are stream memory operations.
+type cudaProvider struct {
+	arrays *cuda.Backend // device memory for the pointer arrays
+}
+
+// NewCUDAProvider loads the driver and checks that it has the VMM API.
+func NewCUDAProvider() (Provider, error) {
+	b, err := cuda.NewBackend()
+	if err != nil {
+		return nil, err
+	}
+	if err := cuda.VMMAvailable(); err != nil {
+		return nil, fmt.Errorf("symmetric memory needs the CUDA virtual memory API: %w", err)
+	}
+	return &cudaProvider{arrays: b}, nil
+}
+
+func (p *cudaProvider) Name() string { return "cuda" }
+
+func (p *cudaProvider) Granularity(dev int) (uint64, error) {
+	_, rec, err := cuda.Granularity(dev)
+	return rec, err
+}
+
+func (p *cudaProvider) Create(dev int, size uint64) (*Mem, error) {
+	h, err := cuda.MemCreate(dev, size)
+	if err != nil {
+		return nil, err
+	}
+	ptr, err := cuda.MapNew(dev, h, size, []int{dev})
+	if err != nil {
+		cuda.MemRelease(dev, h)
+		return nil, err
+	}
+	return &Mem{Ptr: ptr, Size: size, Dev: dev, handle: h, fd: -1}, nil
+}
+
+func (p *cudaProvider) Export(m *Mem) (int, error) { return cuda.ExportFD(m.Dev, m.handle) }
+
+func (p *cudaProvider) Import(dev int, fd int, size uint64) (*Mem, error) {
+	h, err := cuda.ImportFD(dev, fd)
+	if err != nil {
+		return nil, err
+	}
+	ptr, err := cuda.MapNew(dev, h, size, []int{dev})
+	if err != nil {
+		cuda.MemRelease(dev, h)
+		return nil, err
+	}
+	return &Mem{Ptr: ptr, Size: size, Dev: dev, handle: h, fd: -1}, nil
+}
+
+func (p *cudaProvider) Release(m *Mem) error {
+	if err := cuda.UnmapFree(m.Dev, m.Ptr, m.Size); err != nil {
+		return err
+	}
+	return cuda.MemRelease(m.Dev, m.handle)
+}
+
+// Zero clears a new block's signal pad (cuMemCreate memory is not zeroed).
+func (p *cudaProvider) Zero(dev int, ptr uintptr, n uint64) error { return cuda.Memset(dev, ptr, 0, n) }
+
+// PutSignal: wait for the peer to have consumed the slot, then set it. Only
+// this rank writes 1 there and only the peer writes 0, so the two stream
+// operations need no atomicity between them.
+func (p *cudaProvider) PutSignal(dev int, stream, addr uintptr, timeout time.Duration) error {
+	if err := cuda.StreamWaitValue32(dev, stream, addr, 0, cuda.WaitValueEQ); err != nil {
+		return err
+	}
+	if err := cuda.StreamWriteValue32(dev, stream, addr, 1); err != nil {
+		return err
+	}
+	return watch(dev, stream, timeout)
+}
+
+// WaitSignal enqueues wait-for-1 then reset-to-0. The stream, not the host,
+// waits; with a timeout the host also watches the stream and reports a wait
+// that has not completed in time (the stream then stays blocked until the
+// peer signals: there is no way to withdraw a queued stream wait).
+func (p *cudaProvider) WaitSignal(dev int, stream, addr uintptr, timeout time.Duration) error {
+	if err := cuda.StreamWaitValue32(dev, stream, addr, 1, cuda.WaitValueEQ); err != nil {
+		return err
+	}
+	if err := cuda.StreamWriteValue32(dev, stream, addr, 0); err != nil {
+		return err
+	}
+	return watch(dev, stream, timeout)
+}
+
+// watch reports ErrSignalTimeout if stream has not drained within timeout
+// (timeout <= 0: do not watch; the wait stays in stream order).
+func watch(dev int, stream uintptr, timeout time.Duration) error {
+	if timeout <= 0 {
+		return nil
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		done, err := cuda.StreamQuery(dev, stream)
+		if err != nil || done {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w after %v (the stream stays blocked until the signal comes)", ErrSignalTimeout, timeout)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// DeviceArray copies vals into new device memory, for kernels.
+func (p *cudaProvider) DeviceArray(dev int, vals []uint64) (uintptr, func() error, error) {
+	size := uint64(len(vals) * 8)
+	alloc := (size + 511) &^ 511
+	ptr, err := p.arrays.Alloc(dev, alloc)
+	if err != nil {
+		return 0, nil, err
+	}
+	buf := make([]byte, size)
+	for i, v := range vals {
+		for k := 0; k < 8; k++ {
+			buf[8*i+k] = byte(v >> (8 * k))
+		}
+	}
+	if err := cuda.MemcpyHtoD(dev, ptr, buf); err != nil {
+		p.arrays.Free(dev, ptr, alloc)
+		return 0, nil, err
+	}
+	return ptr, func() error { return p.arrays.Free(dev, ptr, alloc) }, nil
+}

@@ -1,0 +1,155 @@
+package symmetric
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Provider makes exportable memory and maps peers' memory. One per backend:
+// hostProvider (memfd + mmap, atomics) and cudaProvider (cuMemCreate with
+// POSIX file descriptors, cuMemMap, stream memory operations).
+type Provider interface {
+	Name() string
+	// Granularity is the unit of block sizes on dev.
+	Granularity(dev int) (uint64, error)
+	// Create makes size bytes (a multiple of Granularity) on dev, mapped here.
+	Create(dev int, size uint64) (*Mem, error)
+	// Export returns a new descriptor for m; the caller closes it.
+	Export(m *Mem) (int, error)
+	// Import maps a peer's block, given by fd (not closed), on local device dev.
+	Import(dev int, fd int, size uint64) (*Mem, error)
+	// Release unmaps m and frees what Create or Import made.
+	Release(m *Mem) error
+	// PutSignal waits, in stream order, until the uint32 at addr is 0, then
+	// sets it to 1. With timeout > 0 it returns ErrSignalTimeout if the slot
+	// has not been consumed by then.
+	PutSignal(dev int, stream, addr uintptr, timeout time.Duration) error
+	// WaitSignal waits, in stream order, until the uint32 at addr is 1, then
+	// sets it to 0. With timeout > 0 the call returns ErrSignalTimeout if the
+	// wait has not completed by then.
+	WaitSignal(dev int, stream, addr uintptr, timeout time.Duration) error
+}
+
+// Mem is memory of a Provider, mapped in this process.
+type Mem struct {
+	Ptr  uintptr
+	Size uint64
+	Dev  int
+	// provider-specific: a memfd (host) or a CUmemGenericAllocationHandle (cuda).
+	fd     int
+	handle uint64
+}
+
+// ErrSignalTimeout marks a wait_signal or barrier that did not complete.
+var ErrSignalTimeout = errors.New("signal wait timed out")
+
+// NewHostProvider returns the host-memory provider.
+func NewHostProvider() Provider { return hostProvider{} }
+
+// hostProvider serves blocks from memfd mappings. Its "devices" are labels:
+// every block is host memory, visible to every process that maps it.
+type hostProvider struct{}
+
+func (hostProvider) Name() string                    { return "host" }
+func (hostProvider) Granularity(int) (uint64, error) { return uint64(unix.Getpagesize()), nil }
+
+func (hostProvider) Create(dev int, size uint64) (*Mem, error) {
+	fd, err := unix.MemfdCreate("symm-block", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("ftruncate memfd to %d bytes: %w", size, err)
+	}
+	ptr, err := mmapFD(fd, size)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &Mem{Ptr: ptr, Size: size, Dev: dev, fd: fd}, nil
+}
+
+func (hostProvider) Export(m *Mem) (int, error) {
+	fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("dup block descriptor: %w", err)
+	}
+	return fd, nil
+}
+
+func (hostProvider) Import(dev int, fd int, size uint64) (*Mem, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("fstat peer descriptor: %w", err)
+	}
+	if uint64(st.Size) < size {
+		return nil, fmt.Errorf("peer descriptor holds %d bytes, expected %d", st.Size, size)
+	}
+	ptr, err := mmapFD(fd, size)
+	if err != nil {
+		return nil, err
+	}
+	return &Mem{Ptr: ptr, Size: size, Dev: dev, fd: -1}, nil
+}
+
+func (hostProvider) Release(m *Mem) error {
+	var errs []error
+	if _, _, e := unix.Syscall(unix.SYS_MUNMAP, m.Ptr, uintptr(m.Size), 0); e != 0 {
+		errs = append(errs, fmt.Errorf("munmap %#x: %w", m.Ptr, e))
+	}
+	if m.fd >= 0 {
+		errs = append(errs, unix.Close(m.fd))
+		m.fd = -1
+	}
+	return errors.Join(errs...)
+}
+
+func mmapFD(fd int, size uint64) (uintptr, error) {
+	ptr, _, e := unix.Syscall6(unix.SYS_MMAP, 0, uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED, uintptr(fd), 0)
+	if e != 0 {
+		return 0, fmt.Errorf("mmap %d bytes: %w", size, e)
+	}
+	return ptr, nil
+}
+
+// slot views the uint32 at addr, inside a live mapping.
+func slot(addr uintptr) *atomic.Uint32 {
+	return (*atomic.Uint32)(*(*unsafe.Pointer)(unsafe.Pointer(&addr)))
+}
+
+// Host memory has no streams: signals are atomics on the shared mapping.
+func (hostProvider) PutSignal(_ int, _ uintptr, addr uintptr, timeout time.Duration) error {
+	return swapWhen(slot(addr), 0, 1, timeout)
+}
+
+func (hostProvider) WaitSignal(_ int, _ uintptr, addr uintptr, timeout time.Duration) error {
+	return swapWhen(slot(addr), 1, 0, timeout)
+}
+
+// swapWhen waits until the slot holds from and sets it to to, spinning
+// briefly, then sleeping in growing steps. timeout <= 0 waits for ever (as a
+// stream would).
+func swapWhen(s *atomic.Uint32, from, to uint32, timeout time.Duration) error {
+	start := time.Now()
+	for i := 0; ; i++ {
+		if s.CompareAndSwap(from, to) {
+			return nil
+		}
+		if timeout > 0 && time.Since(start) > timeout {
+			return ErrSignalTimeout
+		}
+		switch {
+		case i < 100:
+			runtime.Gosched()
+		default:
+			time.Sleep(min(time.Duration(i-99)*time.Microsecond, time.Millisecond))
+		}
+	}
+}

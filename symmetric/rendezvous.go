@@ -1,0 +1,400 @@
+package symmetric
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/libsymm/libsymm/ipc"
+	"github.com/libsymm/libsymm/store"
+)
+
+// Group is what a rendezvous needs to know about the ranks taking part.
+type Group struct {
+	Name  string // unique per group: "0" for WORLD in PyTorch, or any label
+	Rank  int
+	World int
+	Store store.Store
+}
+
+// meta is what each rank publishes.
+type meta struct {
+	PID      int    `json:"pid"`
+	UID      int    `json:"uid"`
+	Host     string `json:"host"`
+	Provider string `json:"provider"`
+	Dev      int    `json:"dev"`
+	Size     uint64 `json:"size"`
+	Block    uint64 `json:"block"`
+	Socket   string `json:"socket"`
+}
+
+// Rendezvous maps every rank's block of group g into this process and
+// returns the handle. ptr is any address inside this rank's block. Calling it
+// again for the same block and group returns the same handle.
+func (m *Manager) Rendezvous(ptr uintptr, g Group) (*Handle, error) {
+	if g.World < 1 || g.Rank < 0 || g.Rank >= g.World || g.Name == "" || g.Store == nil {
+		return nil, fmt.Errorf("%w: rendezvous needs 0 <= rank < world, a group name and a store (rank %d, world %d, group %q)",
+			ErrInvalid, g.Rank, g.World, g.Name)
+	}
+	if g.World*4 > SignalPadSize {
+		return nil, fmt.Errorf("%w: world size %d exceeds the signal pad's %d slots", ErrInvalid, g.World, SignalPadSize/4)
+	}
+	b, _, err := m.Find(ptr)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed {
+		return nil, fmt.Errorf("%w: block %#x was freed", ErrUnknownPointer, b.Ptr())
+	}
+	if h := b.handles[g.Name]; h != nil {
+		if h.rank != g.Rank || h.world != g.World {
+			return nil, fmt.Errorf("%w: block %#x was rendezvoused with group %q as rank %d of %d, now asked as rank %d of %d",
+				ErrInvalid, b.Ptr(), g.Name, h.rank, h.world, g.Rank, g.World)
+		}
+		return h, nil
+	}
+	h, err := m.rendezvous(b, g)
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous of group %q (rank %d of %d): %w", g.Name, g.Rank, g.World, err)
+	}
+	b.handles[g.Name] = h
+	return h, nil
+}
+
+func (m *Manager) nextSeq(group string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.seq[group]++
+	return m.seq[group]
+}
+
+func socketBase(pid int, group string, seq int) string {
+	clean := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '_'
+	}, group)
+	if len(clean) > 40 {
+		clean = clean[:40]
+	}
+	return fmt.Sprintf("symm-%d-%s-%d", pid, clean, seq)
+}
+
+func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
+	timeout := m.cfg.Timeout
+	seq := m.nextSeq(g.Name)
+	prefix := fmt.Sprintf("symm/%s/%d/", g.Name, seq)
+	host, _ := os.Hostname()
+	me := meta{PID: os.Getpid(), UID: os.Getuid(), Host: host, Provider: m.prov.Name(), Dev: b.Dev(),
+		Size: b.bufSize, Block: b.mem.Size, Socket: fmt.Sprintf("%s-%d", socketBase(os.Getpid(), g.Name, seq), g.Rank)}
+
+	// Listen before publishing, so a peer that reads our metadata can dial.
+	listeners := make([]*ipc.Listener, g.World)
+	defer func() {
+		for _, l := range listeners {
+			if l != nil {
+				l.Close()
+			}
+		}
+	}()
+	for j := 0; j < g.World; j++ {
+		if j == g.Rank {
+			continue
+		}
+		if listeners[j], err = ipc.Listen(fmt.Sprintf("%s-%d", me.Socket, j)); err != nil {
+			return nil, err
+		}
+	}
+	raw, _ := json.Marshal(me)
+	if err := g.Store.Set(fmt.Sprintf("%smeta/%d", prefix, g.Rank), raw); err != nil {
+		return nil, fmt.Errorf("publishing metadata: %w", err)
+	}
+	metas := make([]meta, g.World)
+	for j := 0; j < g.World; j++ {
+		v, err := g.Store.Get(fmt.Sprintf("%smeta/%d", prefix, j), timeout)
+		if err != nil {
+			return nil, fmt.Errorf("rank %d did not publish its metadata within %v (did it die, or not call rendezvous?): %w", j, timeout, err)
+		}
+		if err := json.Unmarshal(v, &metas[j]); err != nil {
+			return nil, fmt.Errorf("rank %d published unreadable metadata: %w", j, err)
+		}
+	}
+	if err := m.validate(g, metas); err != nil {
+		return nil, err
+	}
+
+	fd, err := m.prov.Export(b.mem)
+	if err != nil {
+		return nil, fmt.Errorf("exporting the block: %w", err)
+	}
+	defer unix.Close(fd)
+
+	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World)}
+	defer func() {
+		if err != nil { // nothing stays mapped after a failed rendezvous
+			h.release()
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make([]error, 2*g.World)
+	for j := 0; j < g.World; j++ {
+		if j == g.Rank {
+			continue
+		}
+		wg.Add(2)
+		go func(j int) { // serve our descriptor to rank j
+			defer wg.Done()
+			c, err := listeners[j].Accept(metas[j].PID, timeout)
+			if err != nil {
+				errs[2*j] = fmt.Errorf("waiting for rank %d (pid %d) to fetch our block: %w", j, metas[j].PID, err)
+				return
+			}
+			defer c.Close()
+			if err := c.Send([]byte{1}, []int{fd}); err != nil {
+				errs[2*j] = fmt.Errorf("sending our block to rank %d: %w", j, err)
+			}
+		}(j)
+		go func(j int) { // fetch rank j's descriptor and map it
+			defer wg.Done()
+			errs[2*j+1] = h.fetch(j, metas[j], timeout)
+		}(j)
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+
+	// Done only when every rank has mapped every peer: until then a peer may
+	// still be fetching from our sockets.
+	if err := g.Store.Set(fmt.Sprintf("%sdone/%d", prefix, g.Rank), []byte{1}); err != nil {
+		return nil, fmt.Errorf("publishing completion: %w", err)
+	}
+	for j := 0; j < g.World; j++ {
+		if _, err := g.Store.Get(fmt.Sprintf("%sdone/%d", prefix, j), timeout); err != nil {
+			return nil, fmt.Errorf("rank %d (pid %d) did not finish mapping within %v: %w", j, metas[j].PID, timeout, err)
+		}
+	}
+	if err := h.buildArrays(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// fetch gets rank j's descriptor from its socket for us and maps it.
+func (h *Handle) fetch(j int, peer meta, timeout time.Duration) error {
+	c, err := ipc.Dial(fmt.Sprintf("%s-%d", peer.Socket, h.rank), peer.PID, timeout)
+	if err != nil {
+		return fmt.Errorf("connecting to rank %d (pid %d): %w", j, peer.PID, err)
+	}
+	defer c.Close()
+	_, fds, err := c.Recv(1, timeout)
+	if err != nil {
+		return fmt.Errorf("receiving rank %d's block: %w", j, err)
+	}
+	if len(fds) != 1 {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		return fmt.Errorf("rank %d sent %d descriptors, expected 1", j, len(fds))
+	}
+	defer unix.Close(fds[0])
+	mem, err := h.m.prov.Import(h.b.Dev(), fds[0], peer.Block)
+	if err != nil {
+		return fmt.Errorf("mapping rank %d's block: %w", j, err)
+	}
+	h.peers[j] = mem
+	return nil
+}
+
+// validate checks that the ranks' blocks can be joined, naming the rank that
+// differs from rank 0 or from us.
+func (m *Manager) validate(g Group, metas []meta) error {
+	me := metas[g.Rank]
+	devs := map[int]int{}
+	for j, p := range metas {
+		switch {
+		case p.Host != me.Host:
+			return fmt.Errorf("rank %d is on host %q, rank %d on %q: symmetric memory joins processes of one host", j, p.Host, g.Rank, me.Host)
+		case p.UID != me.UID:
+			return fmt.Errorf("rank %d runs as uid %d, rank %d as uid %d", j, p.UID, g.Rank, me.UID)
+		case p.Provider != me.Provider:
+			return fmt.Errorf("rank %d uses the %s backend, rank %d the %s backend", j, p.Provider, g.Rank, me.Provider)
+		case p.Size != me.Size:
+			return fmt.Errorf("rank %d's buffer is %d bytes, rank %d's is %d: every rank must allocate the same size", j, p.Size, g.Rank, me.Size)
+		case p.Block != me.Block:
+			return fmt.Errorf("rank %d's block is %d bytes, rank %d's is %d", j, p.Block, g.Rank, me.Block)
+		}
+		// Host "devices" are labels of one memory: only real devices must differ.
+		if m.prov.Name() != "host" && !m.cfg.AllowOverlappingDevices {
+			if k, dup := devs[p.Dev]; dup {
+				return fmt.Errorf("ranks %d and %d both use device %d (set SYMM_ALLOW_OVERLAPPING_DEVICES=1 to allow it)", k, j, p.Dev)
+			}
+			devs[p.Dev] = j
+		}
+	}
+	return nil
+}
+
+// Handle is one block joined with one group.
+type Handle struct {
+	m     *Manager
+	b     *Block
+	group string
+	rank  int
+	world int
+	peers []*Mem // peers[j] maps rank j's block; nil for our own
+
+	// arrays: world buffer pointers then world signal-pad pointers, in host
+	// memory outside Go's heap (C callers keep these pointers) and, for
+	// devices, in device memory.
+	hostArr, devArr uintptr
+	hostSize        uint64
+	freeDev         func() error
+}
+
+func (h *Handle) Rank() int          { return h.rank }
+func (h *Handle) World() int         { return h.world }
+func (h *Handle) BufferSize() uint64 { return h.b.bufSize }
+func (h *Handle) Block() *Block      { return h.b }
+
+// BufferPtr is rank r's buffer as mapped here; PadPtr its signal pad.
+func (h *Handle) BufferPtr(r int) uintptr {
+	if r == h.rank {
+		return h.b.Ptr()
+	}
+	return h.peers[r].Ptr
+}
+func (h *Handle) PadPtr(r int) uintptr { return h.BufferPtr(r) + uintptr(h.b.padOff) }
+
+// BufferPtrsHost and PadPtrsHost are arrays of world pointers in host memory.
+func (h *Handle) BufferPtrsHost() uintptr { return h.hostArr }
+func (h *Handle) PadPtrsHost() uintptr    { return h.hostArr + uintptr(8*h.world) }
+
+// BufferPtrsDev and PadPtrsDev are the same arrays in device memory.
+func (h *Handle) BufferPtrsDev() uintptr { return h.devArr }
+func (h *Handle) PadPtrsDev() uintptr    { return h.devArr + uintptr(8*h.world) }
+
+// DeviceArrays is implemented by providers whose devices cannot read host
+// memory: it copies vals to new device memory.
+type DeviceArrays interface {
+	DeviceArray(dev int, vals []uint64) (ptr uintptr, free func() error, err error)
+}
+
+func (h *Handle) buildArrays() error {
+	vals := make([]uint64, 2*h.world)
+	for r := 0; r < h.world; r++ {
+		vals[r] = uint64(h.BufferPtr(r))
+		vals[h.world+r] = uint64(h.PadPtr(r))
+	}
+	size := uint64(len(vals) * 8)
+	p, _, e := unix.Syscall6(unix.SYS_MMAP, 0, uintptr(size), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uintptr(0), 0)
+	if e != 0 {
+		return fmt.Errorf("mapping the pointer arrays: %w", e)
+	}
+	h.hostArr, h.hostSize = p, size
+	copy(unsafe.Slice((*uint64)(*(*unsafe.Pointer)(unsafe.Pointer(&p))), len(vals)), vals)
+	h.devArr = h.hostArr
+	if da, ok := h.m.prov.(DeviceArrays); ok {
+		ptr, free, err := da.DeviceArray(h.b.Dev(), vals)
+		if err != nil {
+			return fmt.Errorf("device pointer arrays: %w", err)
+		}
+		h.devArr, h.freeDev = ptr, free
+	}
+	return nil
+}
+
+// release unmaps every peer and frees the arrays. Called with b.mu held.
+func (h *Handle) release() error {
+	var errs []error
+	for j, p := range h.peers {
+		if p != nil {
+			errs = append(errs, h.m.prov.Release(p))
+			h.peers[j] = nil
+		}
+	}
+	if h.freeDev != nil {
+		errs = append(errs, h.freeDev())
+		h.freeDev = nil
+	}
+	if h.hostArr != 0 {
+		if _, _, e := unix.Syscall(unix.SYS_MUNMAP, h.hostArr, uintptr(h.hostSize), 0); e != 0 {
+			errs = append(errs, e)
+		}
+		h.hostArr, h.devArr = 0, 0
+	}
+	return errors.Join(errs...)
+}
+
+// slotAddr is the address of slot (channel, src) in rank dst's pad.
+func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
+	if dst < 0 || dst >= h.world || src < 0 || src >= h.world {
+		return 0, fmt.Errorf("%w: rank %d or %d outside [0, %d)", ErrInvalid, dst, src, h.world)
+	}
+	i := channel*h.world + src
+	if channel < 0 || (i+1)*4 > SignalPadSize {
+		return 0, fmt.Errorf("%w: channel %d outside [0, %d) for world size %d", ErrInvalid, channel, SignalPadSize/4/h.world, h.world)
+	}
+	return h.PadPtr(dst) + uintptr(4*i), nil
+}
+
+// PutSignal sets our slot of channel in rank dst's pad, in stream order,
+// once dst has consumed our previous signal on it (the slot is 0 again), so
+// that back-to-back signals are never merged into one.
+func (h *Handle) PutSignal(dst, channel int, stream uintptr, timeout time.Duration) error {
+	a, err := h.slotAddr(dst, h.rank, channel)
+	if err != nil {
+		return err
+	}
+	if err := h.m.prov.PutSignal(h.b.Dev(), stream, a, timeout); err != nil {
+		return fmt.Errorf("put_signal to rank %d on channel %d of group %q (rank %d): rank %d has not taken our previous signal: %w",
+			dst, channel, h.group, h.rank, dst, err)
+	}
+	return nil
+}
+
+// WaitSignal waits for rank src's signal on channel and resets the slot.
+func (h *Handle) WaitSignal(src, channel int, stream uintptr, timeout time.Duration) error {
+	a, err := h.slotAddr(h.rank, src, channel)
+	if err != nil {
+		return err
+	}
+	if err := h.m.prov.WaitSignal(h.b.Dev(), stream, a, timeout); err != nil {
+		return fmt.Errorf("wait_signal from rank %d on channel %d of group %q (rank %d): %w", src, channel, h.group, h.rank, err)
+	}
+	return nil
+}
+
+// Barrier signals every peer on channel and waits for every peer's signal.
+func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) error {
+	for r := 0; r < h.world; r++ {
+		if r != h.rank {
+			if err := h.PutSignal(r, channel, stream, timeout); err != nil {
+				return fmt.Errorf("barrier: %w", err)
+			}
+		}
+	}
+	for r := 0; r < h.world; r++ {
+		if r != h.rank {
+			if err := h.WaitSignal(r, channel, stream, timeout); err != nil {
+				return fmt.Errorf("barrier: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// HasMulticastSupport is always false: libsymm never creates multicast objects.
+func HasMulticastSupport() bool { return false }

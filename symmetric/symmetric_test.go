@@ -1,0 +1,151 @@
+package symmetric
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/internal/mem"
+	"github.com/libsymm/libsymm/store"
+)
+
+// ranks runs fn as world ranks in goroutines of this process, each with its
+// own Manager (as separate processes would have), over one in-memory store.
+func ranks(t *testing.T, world int, fn func(rank int, m *Manager, st store.Store) error) {
+	t.Helper()
+	st := store.NewMemory()
+	defer st.Close()
+	errs := make([]error, world)
+	var wg sync.WaitGroup
+	for r := 0; r < world; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			errs[r] = fn(r, NewManager(NewHostProvider(), Config{Timeout: 5 * time.Second}), st)
+		}(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+func TestRegistryFindsInteriorPointers(t *testing.T) {
+	m := NewManager(NewHostProvider(), Config{})
+	var blocks []*Block
+	for _, n := range []uint64{100, 5000, 1 << 20} {
+		b, err := m.Alloc(0, n)
+		require.NoError(t, err)
+		blocks = append(blocks, b)
+	}
+	for _, b := range blocks {
+		for _, off := range []uint64{0, 1, b.Size() - 1, b.Size() + 8} {
+			got, o, err := m.Find(b.Ptr() + uintptr(off))
+			require.NoError(t, err)
+			require.Same(t, b, got)
+			require.Equal(t, off, o)
+		}
+	}
+	_, _, err := m.Find(0x1000)
+	require.ErrorIs(t, err, ErrUnknownPointer)
+	require.ErrorIs(t, m.Free(blocks[0].Ptr()+8), ErrUnknownPointer, "free needs the block's start")
+	for _, b := range blocks {
+		require.NoError(t, m.Free(b.Ptr()))
+	}
+	require.ErrorIs(t, m.Free(blocks[0].Ptr()), ErrUnknownPointer, "double free")
+	require.Zero(t, m.Live())
+	_, err = m.Alloc(0, 0)
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestRendezvousSharesBuffersAndSignals(t *testing.T) {
+	const world, size = 3, 8192
+	ranks(t, world, func(rank int, m *Manager, st store.Store) error {
+		b, err := m.Alloc(0, size)
+		if err != nil {
+			return err
+		}
+		buf := mem.Bytes(b.Ptr(), size)
+		for i := range buf {
+			buf[i] = byte(rank + 1)
+		}
+		h, err := m.Rendezvous(b.Ptr()+100, Group{Name: "g", Rank: rank, World: world, Store: st})
+		if err != nil {
+			return err
+		}
+		if again, err := m.Rendezvous(b.Ptr(), Group{Name: "g", Rank: rank, World: world, Store: st}); err != nil || again != h {
+			return fmt.Errorf("second rendezvous: %v, same handle %v", err, again == h)
+		}
+		if err := h.Barrier(0, 0, 5*time.Second); err != nil {
+			return err
+		}
+		for r := 0; r < world; r++ {
+			if got := mem.Bytes(h.BufferPtr(r), size); got[0] != byte(r+1) || got[size-1] != byte(r+1) {
+				return fmt.Errorf("rank %d's buffer holds %d", r, got[0])
+			}
+		}
+		// Ten back-to-back signals around the ring are never merged.
+		next, prev := (rank+1)%world, (rank+world-1)%world
+		for i := 0; i < 10; i++ {
+			if err := h.PutSignal(next, 1, 0, 5*time.Second); err != nil {
+				return err
+			}
+			if err := h.WaitSignal(prev, 1, 0, 5*time.Second); err != nil {
+				return err
+			}
+		}
+		if err := h.WaitSignal(prev, 2, 0, 20*time.Millisecond); err == nil {
+			return fmt.Errorf("a wait with no signal succeeded")
+		}
+		if err := h.PutSignal(world, 0, 0, 0); err == nil {
+			return fmt.Errorf("put to rank %d succeeded", world)
+		}
+		if err := h.Barrier(0, 0, 5*time.Second); err != nil {
+			return err
+		}
+		return m.Free(b.Ptr())
+	})
+}
+
+func TestRendezvousRefusesMismatchedSizes(t *testing.T) {
+	ranks(t, 2, func(rank int, m *Manager, st store.Store) error {
+		b, err := m.Alloc(0, uint64(4096*(rank+1)))
+		if err != nil {
+			return err
+		}
+		defer m.Free(b.Ptr())
+		_, err = m.Rendezvous(b.Ptr(), Group{Name: "x", Rank: rank, World: 2, Store: st})
+		if err == nil {
+			return fmt.Errorf("mismatched sizes accepted")
+		}
+		if want := "rank 1"; rank == 0 && !contains(err.Error(), want) {
+			return fmt.Errorf("error %q does not name %s", err, want)
+		}
+		return nil
+	})
+}
+
+func TestRendezvousBadGroup(t *testing.T) {
+	m := NewManager(NewHostProvider(), Config{Timeout: 100 * time.Millisecond})
+	b, err := m.Alloc(0, 64)
+	require.NoError(t, err)
+	defer m.Free(b.Ptr())
+	st := store.NewMemory()
+	for _, g := range []Group{{Name: "g", Rank: 2, World: 2, Store: st}, {Name: "", Rank: 0, World: 1, Store: st},
+		{Name: "g", Rank: 0, World: 1}, {Name: "g", Rank: 0, World: 1000, Store: st}} {
+		_, err := m.Rendezvous(b.Ptr(), g)
+		require.ErrorIs(t, err, ErrInvalid, "%+v", g)
+	}
+	_, err = m.Rendezvous(b.Ptr(), Group{Name: "alone", Rank: 0, World: 2, Store: st})
+	require.ErrorContains(t, err, "rank 1 did not publish")
+	h, err := m.Rendezvous(b.Ptr(), Group{Name: "single", Rank: 0, World: 1, Store: st})
+	require.NoError(t, err)
+	require.NoError(t, h.Barrier(0, 0, time.Second))
+	require.False(t, HasMulticastSupport())
+}
+
+func contains(s, sub string) bool { return strings.Contains(s, sub) }

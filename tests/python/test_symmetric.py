@@ -1,0 +1,109 @@
+"""Symmetric memory from Python on the host backend: real processes, a real
+libsymm TCP store, descriptor passing and shared mappings."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from conftest import child_env, run_python
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, json, sys, symm
+    rank, world, addr = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    st = symm.Store.connect(addr, timeout_ms=20000)
+    size = 1 << 16
+    p = symm.symm_alloc(size)
+    ctypes.memset(p, rank + 1, size)
+    h = symm.rendezvous_ptr(p, st, "py", rank, world)
+    h.barrier(timeout_ms=20000)
+    seen = [ctypes.c_uint8.from_address(h.buffer_ptrs[r]).value for r in range(world)]
+    last = [ctypes.c_uint8.from_address(h.buffer_ptrs[r] + size - 1).value for r in range(world)]
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    ctypes.memset(h.buffer_ptrs[nxt] + 8, 200 + rank, 8)
+    h.put_signal(nxt, channel=2)
+    h.wait_signal(prv, channel=2, timeout_ms=20000)
+    got = ctypes.c_uint8.from_address(p + 8).value
+    try:
+        h.wait_signal(prv, channel=3, timeout_ms=50)
+        timeout = None
+    except symm.SymmError as e:
+        timeout = [int(e.code), str(e)]
+    h.barrier(timeout_ms=20000)
+    same = symm.rendezvous_ptr(p, st, "py", rank, world).handle == h.handle
+    symm.symm_free(p)
+    try:
+        symm.symm_free(p)
+        double = None
+    except symm.SymmError as e:
+        double = int(e.code)
+    print(json.dumps({"rank": rank, "seen": seen, "last": last, "got": got, "timeout": timeout,
+                      "same": same, "double": double, "multicast": symm.has_multicast_support()}))
+    """
+)
+
+
+def test_four_processes_rendezvous_and_signal(tmp_path):
+    import subprocess
+    import sys
+
+    import symm
+
+    server = symm.Store.server()
+    try:
+        script = tmp_path / "rank.py"
+        script.write_text(RANK_SCRIPT)
+        env = child_env({"SYMM_RENDEZVOUS_TIMEOUT": "20s"})
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), "4", server.address], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        server.close()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    for r in results:
+        rank = r["rank"]
+        assert r["seen"] == [1, 2, 3, 4] and r["last"] == [1, 2, 3, 4], r
+        assert r["got"] == 200 + (rank - 1) % 4, "the previous rank wrote into our buffer"
+        assert r["timeout"] and r["timeout"][0] == 8 and "rank" in r["timeout"][1], r  # SYMM_ERR_TIMEOUT
+        assert r["same"] and r["double"] == 4 and r["multicast"] is False, r
+
+
+def test_store_round_trip_and_errors():
+    import symm
+
+    server = symm.Store.server()
+    try:
+        client = symm.Store.connect(server.address, timeout_ms=5000)
+        client.set("k", b"v" * 5000)
+        assert server.get("k", timeout_ms=1000) == b"v" * 5000
+        assert client.add("n", 3) == 3 and server.add("n", -1) == 2
+        with pytest.raises(symm.SymmError) as e:
+            client.get("never", timeout_ms=50)
+        assert e.value.code == 8 and "never" in str(e.value)
+        client.close()
+        with pytest.raises(symm.SymmError):
+            client.set("k", b"x")  # closed handle
+    finally:
+        server.close()
+
+
+def test_bad_symmetric_input():
+    import symm
+
+    with pytest.raises(symm.SymmError) as e:
+        symm.symm_free(0xDEAD000)
+    assert e.value.code == 4
+    p = symm.symm_alloc(4096)
+    try:
+        st = symm.Store.server()
+        with pytest.raises(symm.SymmError) as e:
+            symm.rendezvous_ptr(p, st, "bad", 3, 2)  # rank >= world
+        assert e.value.code == 1 and "rank" in str(e.value)
+        st.close()
+    finally:
+        symm.symm_free(p)
