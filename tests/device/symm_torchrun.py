@@ -1,0 +1,186 @@
+"""Symmetric memory on GPUs with PyTorch, one process per GPU:
+
+    torchrun --nproc_per_node=N tests/device/symm_torchrun.py
+
+Checks (every rank): rendezvous of a symm.empty tensor; each rank's pattern
+read by every peer through the peer mapping; a copy written by one GPU into a
+peer's buffer read back by the peer; put/wait signals around the ring with
+pads zero again afterwards; same tensor and group -> same handle; subgroups;
+a wait nobody answers reports a timeout; free unmaps everything. Then a
+benchmark side by side with torch.distributed._symmetric_memory: rendezvous
+time, peer-write bandwidth against copy_ between the same two GPUs, barrier
+latency. Rank 0 prints PASS/FAIL lines and a table; $OUT/symm_gpu.md gets it.
+"""
+
+import os
+import sys
+import time
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import symm  # noqa: E402
+
+MiB = 1 << 20
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append((name, bool(ok), detail))
+
+
+def main():
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", rank)
+    torch.cuda.set_device(dev)
+    group = dist.group.WORLD
+    n = MiB  # floats
+
+    t = symm.empty(n, dtype=torch.float32, device=dev)
+    t.fill_(rank + 1)
+    h = symm.rendezvous(t, group)
+    check("rendezvous", h.rank == rank and h.world_size == world, f"rank {h.rank}/{h.world_size}")
+    h.barrier(channel=0, timeout_ms=10000)
+    torch.cuda.synchronize()
+    ok = all(bool((h.get_buffer(r, (n,), torch.float32) == r + 1).all()) for r in range(world))
+    check("read every peer's pattern", ok)
+
+    # One GPU writes into the next rank's buffer; the peer reads it back.
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    h.barrier(channel=0, timeout_ms=10000)
+    h.get_buffer(nxt, (n // 2,), torch.float32, storage_offset=n // 2).copy_(
+        torch.full((n // 2,), 100.0 + rank, device=dev))
+    h.barrier(channel=0, timeout_ms=10000)
+    torch.cuda.synchronize()
+    check("peer wrote into our buffer", bool((t[n // 2:] == 100.0 + prv).all()) and bool((t[: n // 2] == rank + 1).all()))
+
+    for _ in range(5):
+        h.put_signal(nxt, channel=1)
+        h.wait_signal(prv, channel=1, timeout_ms=10000)
+    torch.cuda.synchronize()
+    pads = h.get_signal_pad(rank, dtype=torch.int32)
+    check("signal pads zero after use", int(pads[: 4 * world].sum()) == 0, f"{pads[:4 * world].tolist()}")
+    check("same tensor and group: same handle", symm.rendezvous(t, group).handle == h.handle)
+    check("no multicast", not symm.has_multicast_support(rank))
+
+    # Subgroups: each rank alone, and (if world >= 4) pairs.
+    subs = [dist.new_group([r]) for r in range(world)]
+    hs = symm.rendezvous(t, subs[rank])
+    check("subgroup rendezvous", hs.world_size == 1 and hs.handle != h.handle)
+
+    # A wait nobody answers: a clear timeout; then unblock the stream ourselves.
+    s = torch.cuda.Stream(dev)
+    try:
+        h.wait_signal(prv, channel=5, timeout_ms=200, stream=s)
+        check("unanswered wait times out", False, "returned")
+    except symm.SymmError as e:
+        check("unanswered wait times out", e.code == 8 and "rank" in str(e), str(e)[:100])
+    pads[5 * world + prv] = 1  # the signal that never came, from the host side
+    s.synchronize()
+    check("stream released after the late signal", s.query())
+
+    dist.barrier()
+    bench(rank, world, dev, group)
+    dist.barrier()
+    del t, h, hs
+    torch.cuda.synchronize()
+    report(rank, world)
+    dist.destroy_process_group()
+
+
+def timed(fn, reps=1):
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps
+
+
+bench_rows = []
+
+
+def bench(rank, world, dev, group):
+    import torch.distributed._symmetric_memory as tsm
+    from symm._symmetric import _group_store
+
+    try:
+        tsm.enable_symm_mem_for_group(group.group_name)
+    except Exception:  # newer torch needs no opt-in
+        pass
+    st = _group_store(group)
+    for size in (MiB, 256 * MiB, 1024 * MiB):
+        n = size // 4
+
+        def ours():
+            # A fresh block each time: a block rendezvoused before returns its handle at once.
+            p = symm.symm_alloc(size, rank)
+            symm.rendezvous_ptr(p, st, f"bench{size}", rank, world, dev)
+            torch.cuda.synchronize()
+            dist.barrier()
+            symm.symm_free(p)
+
+        def theirs():
+            x = tsm.empty(n, dtype=torch.float32, device=dev)
+            tsm.rendezvous(x, group.group_name)
+
+        ours()  # warm
+        theirs()
+        a, b = timed(ours), timed(theirs)
+        bench_rows.append((f"rendezvous {size // MiB} MiB, {world} GPUs (ms)", a * 1e3, b * 1e3))
+
+    n = 256 * MiB // 4
+    x = symm.empty(n, dtype=torch.float32, device=dev)
+    hx = symm.rendezvous(x, group)
+    src = torch.randn(n, device=dev)
+    peer = hx.get_buffer((rank + 1) % world, (n,), torch.float32)
+    peer.copy_(src)
+    ours = timed(lambda: peer.copy_(src), reps=20)
+    other = (rank + 1) % world
+    dst = torch.empty(n, device=torch.device("cuda", other))
+    dst.copy_(src)
+    base = timed(lambda: dst.copy_(src), reps=20)
+    bench_rows.append(("write 256 MiB into the peer, all ranks at once (GB/s)", 256 * MiB / ours / 1e9, 256 * MiB / base / 1e9))
+
+    ty = tsm.empty(MiB, dtype=torch.float32, device=dev)
+    th = tsm.rendezvous(ty, group.group_name)
+    hy = hx
+    reps = 200
+    a = timed(lambda: hy.barrier(channel=0), reps=reps)
+    b = timed(lambda: th.barrier(channel=0), reps=reps)
+    bench_rows.append((f"barrier, {world} GPUs (µs, host-timed, {reps} back to back)", a * 1e6, b * 1e6))
+
+
+def report(rank, world):
+    gathered = [None] * world
+    dist.all_gather_object(gathered, results)
+    if rank != 0:
+        return
+    lines = []
+    bad = 0
+    for r, res in enumerate(gathered):
+        for name, ok, detail in res:
+            bad += not ok
+            lines.append(f"{'PASS' if ok else 'FAIL'}  rank {r}  {name}  {detail}")
+    lines += ["", f"| {world} × {torch.cuda.get_device_name(0)} | libsymm | torch symmetric memory (CUDA) | ratio |",
+              "| --- | ---: | ---: | ---: |"]
+    for name, a, b in bench_rows:
+        lines.append(f"| {name} | {a:.3f} | {b:.3f} | {a / b:.2f}× |")
+    lines.append("(bandwidth row: the right column is tensor.copy_ between the same two GPUs)")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], f"symm_gpu_{world}.md"), "w") as f:
+            f.write(text + "\n")
+    if bad:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
