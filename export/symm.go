@@ -35,7 +35,10 @@ func getManager() (*symmetric.Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := symmetric.Config{AllowOverlappingDevices: getenv("SYMM_ALLOW_OVERLAPPING_DEVICES") == "1"}
+	cfg := symmetric.Config{
+		AllowOverlappingDevices: getenv("SYMM_ALLOW_OVERLAPPING_DEVICES") == "1",
+		Trace:                   getenv("SYMM_TRACE_RENDEZVOUS") == "1",
+	}
 	if v := getenv("SYMM_RENDEZVOUS_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {

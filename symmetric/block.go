@@ -60,6 +60,9 @@ type Config struct {
 	// AllowOverlappingDevices lets two ranks use one device
 	// (SYMM_ALLOW_OVERLAPPING_DEVICES=1).
 	AllowOverlappingDevices bool
+	// Trace prints the time of each rendezvous phase to standard error
+	// (SYMM_TRACE_RENDEZVOUS=1), to see where a slow rendezvous spends it.
+	Trace bool
 }
 
 // NewManager returns a manager over prov.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -93,6 +94,8 @@ func socketBase(pid int, group string, seq int) string {
 
 func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	timeout := m.cfg.Timeout
+	tr := newTracer(m.cfg.Trace, g)
+	defer tr.done()
 	seq := m.nextSeq(g.Name)
 	prefix := fmt.Sprintf("symm/%s/%d/", g.Name, seq)
 	host, _ := os.Hostname()
@@ -120,6 +123,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	if err := g.Store.Set(fmt.Sprintf("%smeta/%d", prefix, g.Rank), raw); err != nil {
 		return nil, fmt.Errorf("publishing metadata: %w", err)
 	}
+	tr.mark("listen+publish")
 	metas := make([]meta, g.World)
 	for j := 0; j < g.World; j++ {
 		v, err := g.Store.Get(fmt.Sprintf("%smeta/%d", prefix, j), timeout)
@@ -133,6 +137,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	if err := m.validate(g, metas); err != nil {
 		return nil, err
 	}
+	tr.mark("gather metadata")
 
 	fd, err := m.prov.Export(b.mem)
 	if err != nil {
@@ -174,6 +179,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	tr.mark(fmt.Sprintf("exchange descriptors + map (of which import+map %.3fms)", float64(h.importTime.Load())/1e6))
 
 	// Done only when every rank has mapped every peer: until then a peer may
 	// still be fetching from our sockets.
@@ -185,10 +191,42 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 			return nil, fmt.Errorf("rank %d (pid %d) did not finish mapping within %v: %w", j, metas[j].PID, timeout, err)
 		}
 	}
+	tr.mark("completion barrier")
 	if err := h.buildArrays(); err != nil {
 		return nil, err
 	}
+	tr.mark("pointer arrays")
 	return h, nil
+}
+
+// tracer prints phase durations of one rendezvous when enabled.
+type tracer struct {
+	on     bool
+	g      Group
+	start  time.Time
+	last   time.Time
+	phases []string
+}
+
+func newTracer(on bool, g Group) *tracer {
+	now := time.Now()
+	return &tracer{on: on, g: g, start: now, last: now}
+}
+
+func (t *tracer) mark(phase string) {
+	if !t.on {
+		return
+	}
+	now := time.Now()
+	t.phases = append(t.phases, fmt.Sprintf("%s %.3fms", phase, float64(now.Sub(t.last).Microseconds())/1e3))
+	t.last = now
+}
+
+func (t *tracer) done() {
+	if t.on {
+		fmt.Fprintf(os.Stderr, "symm: rendezvous %q rank %d/%d: %.3fms: %s\n", t.g.Name, t.g.Rank, t.g.World,
+			float64(time.Since(t.start).Microseconds())/1e3, strings.Join(t.phases, ", "))
+	}
 }
 
 // fetch gets rank j's descriptor from its socket for us and maps it.
@@ -202,6 +240,8 @@ func (h *Handle) fetch(j int, peer meta, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("receiving rank %d's block: %w", j, err)
 	}
+	received := time.Now()
+	defer func() { h.importTime.Add(int64(time.Since(received))) }()
 	if len(fds) != 1 {
 		for _, fd := range fds {
 			unix.Close(fd)
@@ -261,6 +301,8 @@ type Handle struct {
 	hostArr, devArr uintptr
 	hostSize        uint64
 	freeDev         func() error
+
+	importTime atomic.Int64 // ns spent importing and mapping peers (trace)
 }
 
 func (h *Handle) Rank() int          { return h.rank }

@@ -132,6 +132,13 @@ def bench(rank, world, dev, group):
         theirs()
         a, b = timed(ours), timed(theirs)
         bench_rows.append((f"rendezvous {size // MiB} MiB, {world} GPUs (ms)", a * 1e3, b * 1e3))
+        # Where our time goes: allocation and free alone.
+        def alloc_free():
+            symm.symm_free(symm.symm_alloc(size, rank))
+        bench_rows.append((f"  of which symm_alloc + symm_free of {size // MiB} MiB (ms)", timed(alloc_free) * 1e3, float("nan")))
+        def t_alloc():
+            tsm.empty(n, dtype=torch.float32, device=dev)
+        bench_rows.append((f"  torch: symmetric empty of {size // MiB} MiB alone (ms)", float("nan"), timed(t_alloc) * 1e3))
 
     n = 256 * MiB // 4
     x = symm.empty(n, dtype=torch.float32, device=dev)
