@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/store"
+	"github.com/libsymm/libsymm/symmetric"
 )
 
 // These tests drive the Go side of the C ABI in-process. They use the host
@@ -125,3 +128,23 @@ func BenchmarkExportAllocFree(b *testing.B) {
 }
 
 func sizeName(n uint64) string { return fmt.Sprintf("%dB", n) }
+
+// A freed block's handles leave the C handle table (a leak check), and their
+// numbers stay invalid.
+func TestHandleTableForgetsFreedBlocks(t *testing.T) {
+	m, err := getManager()
+	require.NoError(t, err)
+	b, err := m.Alloc(0, 4096)
+	require.NoError(t, err)
+	h, err := m.Rendezvous(b.Ptr(), symmetric.Group{Name: "solo", Rank: 0, World: 1, Store: store.NewMemory()})
+	require.NoError(t, err)
+	id := handleID(h)
+	require.Equal(t, id, handleID(h), "one number per handle")
+	require.Greater(t, id, int64(0x5180_0000), "numbers start far from 0")
+	require.Equal(t, 1, handles.len())
+	require.NoError(t, m.Free(b.Ptr()))
+	dropFreedHandles()
+	require.Zero(t, handles.len())
+	_, err = handles.get(id)
+	require.ErrorIs(t, err, symmetric.ErrInvalid)
+}

@@ -79,18 +79,12 @@ func (t *table[T]) put(v T) int64 {
 	return t.next
 }
 
-func (t *table[T]) get(id int64) (T, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	v, ok := t.m[id]
-	if !ok {
-		var zero T
-		return zero, fmt.Errorf("%w: %d is not a live %s handle", symmetric.ErrInvalid, id, t.kind)
-	}
-	return v, nil
-}
+func (t *table[T]) get(id int64) (T, error) { return t.lookup(id, false) }
 
-func (t *table[T]) take(id int64) (T, error) {
+// take removes id from the table and returns its object.
+func (t *table[T]) take(id int64) (T, error) { return t.lookup(id, true) }
+
+func (t *table[T]) lookup(id int64, remove bool) (T, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	v, ok := t.m[id]
@@ -98,7 +92,9 @@ func (t *table[T]) take(id int64) (T, error) {
 		var zero T
 		return zero, fmt.Errorf("%w: %d is not a live %s handle", symmetric.ErrInvalid, id, t.kind)
 	}
-	delete(t.m, id)
+	if remove {
+		delete(t.m, id)
+	}
 	return v, nil
 }
 
@@ -179,6 +175,20 @@ func goSymmFree(ptr C.uintptr_t) {
 	if err != nil {
 		failSymm("symm_free", err)
 	}
+	dropFreedHandles()
+}
+
+// dropFreedHandles removes the C handles of freed blocks from the tables, so
+// a long-running program that allocates and rendezvouses in a loop keeps no
+// entries for dead handles (their numbers stay invalid: never reused).
+func dropFreedHandles() {
+	handleIDs.Range(func(k, v any) bool {
+		if h := k.(*symmetric.Handle); h.Block().Freed() {
+			handles.take(v.(int64))
+			handleIDs.Delete(k)
+		}
+		return true
+	})
 }
 
 // ---- stores ------------------------------------------------------------------

@@ -36,21 +36,20 @@ func (p *cudaProvider) Granularity(dev int) (uint64, error) {
 
 func (p *cudaProvider) Create(dev int, size uint64) (*Mem, error) {
 	h, err := cuda.MemCreate(dev, size)
-	if err != nil {
-		return nil, err
-	}
-	ptr, err := cuda.MapNew(dev, h, size, []int{dev})
-	if err != nil {
-		cuda.MemRelease(dev, h)
-		return nil, err
-	}
-	return &Mem{Ptr: ptr, Size: size, Dev: dev, handle: h, fd: -1}, nil
+	return mapHandle(dev, h, size, err)
 }
 
 func (p *cudaProvider) Export(m *Mem) (int, error) { return cuda.ExportFD(m.Dev, m.handle) }
 
 func (p *cudaProvider) Import(dev int, fd int, size uint64) (*Mem, error) {
 	h, err := cuda.ImportFD(dev, fd)
+	return mapHandle(dev, h, size, err)
+}
+
+// mapHandle maps physical memory handle h (made or imported, unless err) into
+// a new address range that device dev may read and write; on failure the
+// handle is released, so nothing is left behind.
+func mapHandle(dev int, h, size uint64, err error) (*Mem, error) {
 	if err != nil {
 		return nil, err
 	}
