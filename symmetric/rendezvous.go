@@ -151,28 +151,35 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 			h.release()
 		}
 	}()
+	// Serve our descriptor to every peer until the rendezvous ends: a peer
+	// whose connection failed dials again, and the completion barrier below,
+	// not the socket, tells that every peer has mapped our block.
+	stop := make(chan struct{})
+	var servers sync.WaitGroup
+	defer func() {
+		close(stop)
+		for _, l := range listeners {
+			if l != nil {
+				l.Close() // ends an Accept in progress
+			}
+		}
+		servers.Wait() // before fd is closed
+	}()
 	var wg sync.WaitGroup
-	errs := make([]error, 2*g.World)
+	errs := make([]error, g.World)
 	for j := 0; j < g.World; j++ {
 		if j == g.Rank {
 			continue
 		}
-		wg.Add(2)
-		go func(j int) { // serve our descriptor to rank j
-			defer wg.Done()
-			c, err := listeners[j].Accept(metas[j].PID, timeout)
-			if err != nil {
-				errs[2*j] = fmt.Errorf("waiting for rank %d (pid %d) to fetch our block: %w", j, metas[j].PID, err)
-				return
-			}
-			defer c.Close()
-			if err := c.Send([]byte{1}, []int{fd}); err != nil {
-				errs[2*j] = fmt.Errorf("sending our block to rank %d: %w", j, err)
-			}
+		servers.Add(1)
+		go func(j int) {
+			defer servers.Done()
+			serve(listeners[j], metas[j].PID, fd, stop)
 		}(j)
+		wg.Add(1)
 		go func(j int) { // fetch rank j's descriptor and map it
 			defer wg.Done()
-			errs[2*j+1] = h.fetch(j, metas[j], timeout)
+			errs[j] = h.fetch(j, metas[j], timeout)
 		}(j)
 	}
 	wg.Wait()
@@ -229,25 +236,63 @@ func (t *tracer) done() {
 	}
 }
 
-// fetch gets rank j's descriptor from its socket for us and maps it.
+// serve hands our block's descriptor to every connection from process pid
+// on l until stop is closed.
+func serve(l *ipc.Listener, pid, fd int, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		c, err := l.Accept(pid, 100*time.Millisecond)
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				continue // look at stop again
+			}
+			return // closed
+		}
+		c.Send([]byte{1}, []int{fd}) // a failed send: the peer dials again
+		c.Close()
+	}
+}
+
+// fetch gets rank j's descriptor from its socket for us and maps it. A
+// connection that ends before the descriptor arrived is dialled again,
+// until timeout.
 func (h *Handle) fetch(j int, peer meta, timeout time.Duration) error {
-	c, err := ipc.Dial(fmt.Sprintf("%s-%d", peer.Socket, h.rank), peer.PID, timeout)
-	if err != nil {
-		return fmt.Errorf("connecting to rank %d (pid %d): %w", j, peer.PID, err)
+	deadline := time.Now().Add(timeout)
+	name := fmt.Sprintf("%s-%d", peer.Socket, h.rank)
+	var last error
+	for time.Now().Before(deadline) {
+		c, err := ipc.Dial(name, peer.PID, time.Until(deadline))
+		if err != nil {
+			if last != nil {
+				err = fmt.Errorf("%w (after an earlier attempt failed: %v)", err, last)
+			}
+			return fmt.Errorf("connecting to rank %d (pid %d): %w", j, peer.PID, err)
+		}
+		_, fds, err := c.Recv(1, time.Until(deadline))
+		c.Close()
+		if err != nil {
+			last = err
+			continue
+		}
+		return h.mapPeer(j, fds, peer)
 	}
-	defer c.Close()
-	_, fds, err := c.Recv(1, timeout)
-	if err != nil {
-		return fmt.Errorf("receiving rank %d's block: %w", j, err)
-	}
-	received := time.Now()
-	defer func() { h.importTime.Add(int64(time.Since(received))) }()
+	return fmt.Errorf("receiving rank %d's block: %v", j, last)
+}
+
+// mapPeer imports the one descriptor rank j sent and closes it.
+func (h *Handle) mapPeer(j int, fds []int, peer meta) error {
 	if len(fds) != 1 {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
 		return fmt.Errorf("rank %d sent %d descriptors, expected 1", j, len(fds))
 	}
+	start := time.Now()
+	defer func() { h.importTime.Add(int64(time.Since(start))) }()
 	defer unix.Close(fds[0])
 	mem, err := h.m.prov.Import(h.b.Dev(), fds[0], peer.Block)
 	if err != nil {
