@@ -144,6 +144,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 		return nil, fmt.Errorf("exporting the block: %w", err)
 	}
 	defer unix.Close(fd)
+	tr.mark("export")
 
 	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World)}
 	defer func() {
