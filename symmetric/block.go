@@ -6,6 +6,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // SignalPadSize is the size of each block's signal pad: 512 uint32 slots,
@@ -25,9 +27,10 @@ type Block struct {
 	bufSize uint64 // bytes the caller asked for
 	padOff  uint64 // offset of the signal pad
 
-	mu      sync.Mutex
-	handles map[string]*Handle // by group name
-	freed   bool
+	mu       sync.Mutex
+	handles  map[string]*Handle // by group name
+	freed    bool
+	exportFD int // the block's exported descriptor, made at its first rendezvous; -1 before
 }
 
 // Ptr is the buffer's address; Dev its device; Size the buffer's size.
@@ -94,7 +97,7 @@ func (m *Manager) Alloc(dev int, size uint64) (*Block, error) {
 	if err != nil {
 		return nil, fmt.Errorf("symmetric allocation of %d bytes on %s device %d: %w", size, m.prov.Name(), dev, err)
 	}
-	b := &Block{mem: mem, bufSize: size, padOff: padOff, handles: map[string]*Handle{}}
+	b := &Block{mem: mem, bufSize: size, padOff: padOff, handles: map[string]*Handle{}, exportFD: -1}
 	if err := m.zeroPad(b); err != nil {
 		m.prov.Release(mem)
 		return nil, err
@@ -144,6 +147,10 @@ func (m *Manager) Free(ptr uintptr) error {
 		errs = append(errs, h.release())
 	}
 	b.handles = nil
+	if b.exportFD >= 0 {
+		errs = append(errs, unix.Close(b.exportFD))
+		b.exportFD = -1
+	}
 	errs = append(errs, m.prov.Release(b.mem))
 	return errors.Join(errs...)
 }

@@ -96,6 +96,27 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	timeout := m.cfg.Timeout
 	tr := newTracer(m.cfg.Trace, g)
 	defer tr.done()
+	// Exporting takes the driver about a millisecond: do it once per block,
+	// while the metadata goes round.
+	type exported struct {
+		fd  int
+		err error
+	}
+	exp := make(chan exported, 1)
+	if b.exportFD >= 0 {
+		exp <- exported{fd: b.exportFD}
+	} else {
+		go func() {
+			fd, err := m.prov.Export(b.mem)
+			exp <- exported{fd, err}
+		}()
+	}
+	var fd int
+	defer func() { // the block keeps its descriptor until it is freed
+		if e := <-exp; e.err == nil && b.exportFD < 0 {
+			b.exportFD = e.fd
+		}
+	}()
 	seq := m.nextSeq(g.Name)
 	prefix := fmt.Sprintf("symm/%s/%d/", g.Name, seq)
 	host, _ := os.Hostname()
@@ -139,11 +160,12 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	}
 	tr.mark("gather metadata")
 
-	fd, err := m.prov.Export(b.mem)
-	if err != nil {
-		return nil, fmt.Errorf("exporting the block: %w", err)
+	e := <-exp
+	exp <- e // for the deferred hand-over to the block
+	if e.err != nil {
+		return nil, fmt.Errorf("exporting the block: %w", e.err)
 	}
-	defer unix.Close(fd)
+	fd = e.fd
 	tr.mark("export")
 
 	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World)}
