@@ -245,13 +245,7 @@ func (d *driver) memCreate(dev int, size uint64) (uint64, error) {
 	if o.r != 0 {
 		return 0, s.leave(fmt.Errorf("cuMemCreate(%d bytes, POSIX_FILE_DESCRIPTOR) on device %d: %w", size, dev, Result(o.r)))
 	}
-	h := uint64(o.h)
-	d.addHandleRef(h)
-	if err := s.leave(nil); err != nil {
-		d.memRelease(dev, h)
-		return 0, err
-	}
-	return h, nil
+	return d.keepHandle(dev, s, uint64(o.h))
 }
 
 func (d *driver) memRelease(dev int, h uint64) error {
@@ -301,6 +295,18 @@ func (d *driver) exportFD(dev int, h uint64) (int, error) {
 	return fd, nil
 }
 
+// keepHandle counts a handle the driver just gave us (created, imported or
+// retained) and leaves the context scope s; if leaving fails, the handle is
+// released again so that no failed call keeps one.
+func (d *driver) keepHandle(dev int, s ctxScope, h uint64) (uint64, error) {
+	d.addHandleRef(h)
+	if err := s.leave(nil); err != nil {
+		d.memRelease(dev, h)
+		return 0, err
+	}
+	return h, nil
+}
+
 func (d *driver) importFD(dev int, fd int) (uint64, error) {
 	fn, err := d.need(fnMemImportFromShareableHandle)
 	if err != nil {
@@ -320,13 +326,7 @@ func (d *driver) importFD(dev int, fd int) (uint64, error) {
 	if o.r != 0 {
 		return 0, s.leave(fmt.Errorf("cuMemImportFromShareableHandle(fd %d, POSIX_FILE_DESCRIPTOR) on device %d: %w", fd, dev, Result(o.r)))
 	}
-	h := uint64(o.h)
-	d.addHandleRef(h)
-	if err := s.leave(nil); err != nil {
-		d.memRelease(dev, h)
-		return 0, err
-	}
-	return h, nil
+	return d.keepHandle(dev, s, uint64(o.h))
 }
 
 func (d *driver) retainAllocationHandle(dev int, ptr uintptr) (uint64, error) {
@@ -345,13 +345,7 @@ func (d *driver) retainAllocationHandle(dev int, ptr uintptr) (uint64, error) {
 	if o.r != 0 {
 		return 0, s.leave(fmt.Errorf("cuMemRetainAllocationHandle(%#x) on device %d: %w", ptr, dev, Result(o.r)))
 	}
-	h := uint64(o.h)
-	d.addHandleRef(h)
-	if err := s.leave(nil); err != nil {
-		d.memRelease(dev, h)
-		return 0, err
-	}
-	return h, nil
+	return d.keepHandle(dev, s, uint64(o.h))
 }
 
 func (d *driver) addressReserve(dev int, size, alignment uint64) (uintptr, error) {

@@ -45,7 +45,7 @@ func getManager() (*symmetric.Manager, error) {
 			if s, e2 := strconv.ParseFloat(v, 64); e2 == nil && s > 0 {
 				d, err = time.Duration(s*float64(time.Second)), nil
 			} else {
-				return nil, fmt.Errorf("%w: SYMM_RENDEZVOUS_TIMEOUT=%q: want seconds or a duration such as 30s", errInvalidEnv, v)
+				return nil, fmt.Errorf("%w: SYMM_RENDEZVOUS_TIMEOUT=%q: want seconds or a duration such as 30s", symmetric.ErrInvalid, v)
 			}
 		}
 		cfg.Timeout = d
@@ -53,8 +53,6 @@ func getManager() (*symmetric.Manager, error) {
 	symmLib.mgr = symmetric.NewManager(prov, cfg)
 	return symmLib.mgr, nil
 }
-
-var errInvalidEnv = symmetric.ErrInvalid
 
 // ---- handle tables -----------------------------------------------------------
 
