@@ -69,10 +69,15 @@ run: all
 	fi
 
 # Test binaries for the GPU machine (it has no Go): bash tests/device/run.sh there.
-device: all $(BUILD)/bench/bench_threads
+device: all $(BUILD)/bench/bench_threads $(BUILD)/tests/gpu_symm
 	@mkdir -p $(BUILD)/device
 	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
+
+# C programs for the GPU machine (tests/device/run.sh runs build/tests/gpu_*).
+$(BUILD)/tests/gpu_%: tests/device/gpu_%.c include/symm.h $(LIB)
+	@mkdir -p $(BUILD)/tests
+	$(CC) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -ldl -lpthread -o $@
 
 $(BUILD)/bench/bench_threads: bench/c/bench_threads.c include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/bench

@@ -470,6 +470,22 @@ func helper(mode string) int {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 3
 	}
+	if mode == "mailbox-send" { // send a memfd to the parent's mailbox and exit at once
+		mb, err := OpenMailbox(fmt.Sprintf("symm-test-helper-%d", os.Getpid()))
+		if err != nil {
+			return fail(err)
+		}
+		defer mb.Close()
+		fd := memfdWith(pattern(patternSize))
+		if fd < 0 {
+			return fail(errors.New("memfd"))
+		}
+		defer unix.Close(fd)
+		if err := mb.SendTo(os.Getenv(helperNameEnv), []byte(strconv.Itoa(patternSize)), []int{fd}, 5*time.Second); err != nil {
+			return fail(err)
+		}
+		return 0
+	}
 	c, err := Dial(os.Getenv(helperNameEnv), os.Getppid(), 5*time.Second)
 	if err != nil {
 		return fail(err)

@@ -323,3 +323,120 @@ func (c *Client) Close() error {
 	<-c.done
 	return nil
 }
+
+// setGet sends a Set and a Get for each of keys in one write and waits for
+// all their replies: one round trip for an all-gather. The server reads a
+// connection's requests in order, so the Gets see the Set.
+func (c *Client) setGet(key string, value []byte, keys []string, timeout time.Duration) ([][]byte, []error, error) {
+	if err := checkKey(key); err != nil {
+		return nil, nil, fmt.Errorf("store: set: %w", err)
+	}
+	if err := checkValue(key, value); err != nil {
+		return nil, nil, fmt.Errorf("store: set: %w", err)
+	}
+	for _, k := range keys {
+		if err := checkKey(k); err != nil {
+			return nil, nil, fmt.Errorf("store: get: %w", err)
+		}
+	}
+	wait := max(timeout, time.Nanosecond) // a Get with 0 would not wait at all
+	frames := make([]frame, 1+len(keys))
+	frames[0] = frame{op: opSet, key: key, value: value}
+	for i, k := range keys {
+		frames[1+i] = frame{op: opGet, key: k, num: int64(wait)}
+	}
+	res := c.batch(frames, wait)
+	vals, errs := make([][]byte, len(keys)), make([]error, len(keys))
+	for i := range keys {
+		vals[i], errs[i] = res[1+i].f.value, res[1+i].err
+	}
+	return vals, errs, res[0].err
+}
+
+// batch sends frames in one write and returns each one's reply (result.err
+// set for a failed one), waiting at most wait plus the margin in all.
+func (c *Client) batch(frames []frame, wait time.Duration) []result {
+	res := make([]result, len(frames))
+	ch := make(chan result, len(frames)) // every id gets at most one result
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		for i := range res {
+			res[i].err = c.callError(frames[i], err)
+		}
+		return res
+	}
+	first := c.nextID + 1
+	var buf []byte
+	for i := range frames {
+		c.nextID++
+		frames[i].id = c.nextID
+		c.pending[frames[i].id] = ch
+		buf = appendFrame(buf, frames[i])
+	}
+	c.mu.Unlock()
+
+	limit := min(wait, math.MaxInt64-c.margin) + c.margin
+	deadline := time.Now().Add(limit)
+	c.wmu.Lock()
+	c.conn.SetWriteDeadline(deadline)
+	_, err := c.conn.Write(buf)
+	c.wmu.Unlock()
+	if err != nil {
+		c.fail(&lostError{addr: c.addr, cause: err})
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	got := make([]bool, len(frames))
+	for n := 0; n < len(frames); n++ {
+		var r result
+		select {
+		case r = <-ch:
+		case <-timer.C:
+			c.mu.Lock()
+			for i := range frames {
+				delete(c.pending, frames[i].id)
+			}
+			c.mu.Unlock()
+			// Replies that came as the timer fired are in ch; the rest never will be.
+			for late := true; late; {
+				select {
+				case r := <-ch:
+					c.settle(frames, res, got, first, r)
+				default:
+					late = false
+				}
+			}
+			for i := range frames {
+				if !got[i] {
+					res[i].err = c.callError(frames[i], fmt.Errorf("%w: no reply from store server %s within %v (server hung or unreachable)",
+						ErrTimeout, c.addr, limit))
+				}
+			}
+			return res
+		}
+		c.settle(frames, res, got, first, r)
+	}
+	return res
+}
+
+// settle files reply r of a batch whose ids start at first.
+func (c *Client) settle(frames []frame, res []result, got []bool, first uint64, r result) {
+	if r.err != nil && r.f.id == 0 { // the connection failed: fail() sends only the error
+		for i := range frames {
+			if !got[i] {
+				res[i].err, got[i] = c.callError(frames[i], r.err), true
+				return
+			}
+		}
+		return
+	}
+	i := int(r.f.id - first)
+	got[i] = true
+	if r.f.status != statusOK {
+		res[i].err = &remoteError{msg: string(r.f.value), addr: c.addr, status: r.f.status}
+		return
+	}
+	res[i].f = r.f
+}

@@ -15,15 +15,23 @@
 //
 // # Rendezvous protocol (all ranks call it, in the same order per group)
 //
-//  1. each rank publishes its metadata (pid, uid, device, hostname, sizes,
-//     socket names) under <group>/<seq>/meta/<rank> in the store;
-//  2. each rank reads every peer's metadata (waiting at most the timeout) and
-//     checks it: same host, same buffer size, distinct devices (CUDA);
-//  3. file descriptors: rank i listens on one abstract Unix socket per peer
-//     j and hands its block's descriptor to the process that connects there,
-//     only if its SO_PEERCRED pid is j's and its uid ours (package ipc);
-//  4. each rank imports and maps every peer's descriptor, closes it, and
-//     marks itself done; the rendezvous ends when every rank is done.
+//  1. each rank opens a mailbox (an abstract Unix datagram socket named in
+//     its metadata), then publishes its metadata (pid, uid, device, hostname,
+//     sizes, mailbox) under symm/<group>/<seq>/meta/<rank> and reads every
+//     peer's: one all-gather through the store (one round trip on a Client);
+//  2. each rank checks what it gathered: same host, uid, backend and sizes,
+//     distinct devices (CUDA);
+//  3. each rank sends its block's descriptor (exported once per block) to
+//     every peer's mailbox (SCM_RIGHTS) and takes one from each peer, only
+//     from the pid that published that rank's metadata and only from our uid
+//     (the kernel attaches the sender's credentials: package ipc);
+//  4. each rank imports and maps every peer's descriptor as it comes and
+//     closes it, then all-gathers its status (done, or its error) under
+//     symm/<group>/<seq>/done/<rank>: every rank succeeds, or every rank
+//     fails and names the rank that failed first.
+//
+// A datagram stays queued with its descriptor after its sender moves on, so
+// no rank has to keep a socket open for a slow peer.
 //
 // A peer that dies or stalls makes the others fail with an error naming its
 // rank and pid within the timeout; nothing stays mapped or open after a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,7 +94,7 @@ func socketBase(pid int, group string, seq int) string {
 }
 
 func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
-	timeout := m.cfg.Timeout
+	deadline := time.Now().Add(m.cfg.Timeout)
 	tr := newTracer(m.cfg.Trace, g)
 	defer tr.done()
 	// Exporting takes the driver about a millisecond: do it once per block,
@@ -111,7 +112,6 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 			exp <- exported{fd, err}
 		}()
 	}
-	var fd int
 	defer func() { // the block keeps its descriptor until it is freed
 		if e := <-exp; e.err == nil && b.exportFD < 0 {
 			b.exportFD = e.fd
@@ -123,34 +123,26 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	me := meta{PID: os.Getpid(), UID: os.Getuid(), Host: host, Provider: m.prov.Name(), Dev: b.Dev(),
 		Size: b.bufSize, Block: b.mem.Size, Socket: fmt.Sprintf("%s-%d", socketBase(os.Getpid(), g.Name, seq), g.Rank)}
 
-	// Listen before publishing, so a peer that reads our metadata can dial.
-	listeners := make([]*ipc.Listener, g.World)
-	defer func() {
-		for _, l := range listeners {
-			if l != nil {
-				l.Close()
-			}
-		}
-	}()
-	for j := 0; j < g.World; j++ {
-		if j == g.Rank {
-			continue
-		}
-		if listeners[j], err = ipc.Listen(fmt.Sprintf("%s-%d", me.Socket, j)); err != nil {
-			return nil, err
-		}
+	// Open our mailbox before publishing, so that a peer that reads our
+	// metadata can send at once. Descriptors in messages still queued when
+	// it closes are closed by the kernel.
+	mb, err := ipc.OpenMailbox(me.Socket)
+	if err != nil {
+		return nil, err
 	}
+	defer mb.Close()
 	raw, _ := json.Marshal(me)
-	if err := g.Store.Set(fmt.Sprintf("%smeta/%d", prefix, g.Rank), raw); err != nil {
+	vals, err := store.AllGather(g.Store, prefix+"meta/", g.Rank, g.World, raw, time.Until(deadline))
+	if err != nil {
+		var ge *store.GatherError
+		if errors.As(err, &ge) {
+			return nil, fmt.Errorf("rank %d did not publish its metadata within %v (did it die, or not call rendezvous?): %w",
+				ge.Rank, m.cfg.Timeout, ge.Err)
+		}
 		return nil, fmt.Errorf("publishing metadata: %w", err)
 	}
-	tr.mark("listen+publish")
 	metas := make([]meta, g.World)
-	for j := 0; j < g.World; j++ {
-		v, err := g.Store.Get(fmt.Sprintf("%smeta/%d", prefix, j), timeout)
-		if err != nil {
-			return nil, fmt.Errorf("rank %d did not publish its metadata within %v (did it die, or not call rendezvous?): %w", j, timeout, err)
-		}
+	for j, v := range vals {
 		if err := json.Unmarshal(v, &metas[j]); err != nil {
 			return nil, fmt.Errorf("rank %d published unreadable metadata: %w", j, err)
 		}
@@ -158,14 +150,13 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	if err := m.validate(g, metas); err != nil {
 		return nil, err
 	}
-	tr.mark("gather metadata")
+	tr.mark("listen+gather metadata")
 
 	e := <-exp
 	exp <- e // for the deferred hand-over to the block
 	if e.err != nil {
 		return nil, fmt.Errorf("exporting the block: %w", e.err)
 	}
-	fd = e.fd
 	tr.mark("export")
 
 	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World)}
@@ -174,54 +165,45 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 			h.release()
 		}
 	}()
-	// Serve our descriptor to every peer until the rendezvous ends: a peer
-	// whose connection failed dials again, and the completion barrier below,
-	// not the socket, tells that every peer has mapped our block.
-	stop := make(chan struct{})
-	var servers sync.WaitGroup
-	defer func() {
-		close(stop)
-		for _, l := range listeners {
-			if l != nil {
-				l.Close() // ends an Accept in progress
+	// Send while receiving: a peer's queue may be full until it reads.
+	sent := make(chan error, 1)
+	go func() {
+		var errs []error
+		payload := []byte(fmt.Sprint(g.Rank))
+		for j := 0; j < g.World; j++ {
+			if j != g.Rank {
+				if err := mb.SendTo(metas[j].Socket, payload, []int{e.fd}, time.Until(deadline)); err != nil {
+					errs = append(errs, fmt.Errorf("sending our block to rank %d (pid %d): %w", j, metas[j].PID, err))
+				}
 			}
 		}
-		servers.Wait() // before fd is closed
+		sent <- errors.Join(errs...)
 	}()
-	var wg sync.WaitGroup
-	errs := make([]error, g.World)
-	for j := 0; j < g.World; j++ {
-		if j == g.Rank {
-			continue
-		}
-		servers.Add(1)
-		go func(j int) {
-			defer servers.Done()
-			serve(listeners[j], metas[j].PID, fd, stop)
-		}(j)
-		wg.Add(1)
-		go func(j int) { // fetch rank j's descriptor and map it
-			defer wg.Done()
-			errs[j] = h.fetch(j, metas[j], timeout)
-		}(j)
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
+	err = errors.Join(h.receive(mb, metas, deadline), <-sent)
 	tr.mark(fmt.Sprintf("exchange descriptors + map (of which import+map %.3fms)", float64(h.importTime.Load())/1e6))
 
-	// Done only when every rank has mapped every peer: until then a peer may
-	// still be fetching from our sockets.
-	if err := g.Store.Set(fmt.Sprintf("%sdone/%d", prefix, g.Rank), []byte{1}); err != nil {
+	// Done only when every rank has mapped every peer, so that all ranks
+	// succeed or all fail, and a failure is told to every rank at once.
+	status := []byte{}
+	if err != nil {
+		status = []byte(err.Error())
+		g.Store.Set(fmt.Sprintf("%sdone/%d", prefix, g.Rank), status) // best effort: the peers time out otherwise
+		return nil, err
+	}
+	vals, err = store.AllGather(g.Store, prefix+"done/", g.Rank, g.World, status, time.Until(deadline))
+	if err != nil {
+		var ge *store.GatherError
+		if errors.As(err, &ge) {
+			return nil, fmt.Errorf("rank %d (pid %d) did not finish mapping within %v: %w", ge.Rank, metas[ge.Rank].PID, m.cfg.Timeout, ge.Err)
+		}
 		return nil, fmt.Errorf("publishing completion: %w", err)
 	}
-	for j := 0; j < g.World; j++ {
-		if _, err := g.Store.Get(fmt.Sprintf("%sdone/%d", prefix, j), timeout); err != nil {
-			return nil, fmt.Errorf("rank %d (pid %d) did not finish mapping within %v: %w", j, metas[j].PID, timeout, err)
+	for j, v := range vals {
+		if len(v) > 0 {
+			return nil, fmt.Errorf("rank %d (pid %d) failed: %s", j, metas[j].PID, v)
 		}
 	}
-	tr.mark("completion barrier")
+	tr.mark("completion")
 	if err := h.buildArrays(); err != nil {
 		return nil, err
 	}
@@ -259,51 +241,62 @@ func (t *tracer) done() {
 	}
 }
 
-// serve hands our block's descriptor to every connection from process pid
-// on l until stop is closed.
-func serve(l *ipc.Listener, pid, fd int, stop <-chan struct{}) {
-	for {
-		select {
-		case <-stop:
-			return
+// receive takes one descriptor from each peer in mb and maps it, until
+// deadline. A message is taken only from the process that published rank
+// j's metadata and runs as our uid; anything else is closed and ignored.
+// Peers are mapped as their messages come, in parallel.
+func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time) error {
+	var wg sync.WaitGroup
+	errs := make([]error, h.world)
+	got := make([]bool, h.world)
+	missing, ignored := h.world-1, 0
+	var lastErr error
+	for missing > 0 {
+		msg, err := mb.Recv(1, time.Until(deadline))
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			var who []string
+			for j := range got {
+				if !got[j] && j != h.rank {
+					who = append(who, fmt.Sprintf("rank %d (pid %d)", j, metas[j].PID))
+				}
+			}
+			more := ""
+			if ignored > 0 {
+				more = fmt.Sprintf("; %d stray messages ignored, the last: %v", ignored, lastErr)
+			}
+			wg.Wait()
+			return errors.Join(append(errs, fmt.Errorf("no block came from %s by the deadline (did it die?)%s: %w",
+				strings.Join(who, ", "), more, err))...)
+		}
+		if err != nil && !errors.Is(err, ipc.ErrBadMessage) {
+			wg.Wait()
+			return err
+		}
+		j, perr := strconv.Atoi(string(msg.Payload))
+		switch {
+		case err != nil:
+			lastErr = err // a malformed message: its descriptors are closed
+		case perr != nil || j < 0 || j >= h.world || j == h.rank || got[j]:
+			lastErr = fmt.Errorf("message %q from pid %d is not a peer's first", msg.Payload, msg.PID)
+		case msg.PID != metas[j].PID || msg.UID != os.Getuid():
+			lastErr = fmt.Errorf("pid %d uid %d claimed to be rank %d (pid %d)", msg.PID, msg.UID, j, metas[j].PID)
 		default:
-		}
-		c, err := l.Accept(pid, 100*time.Millisecond)
-		if err != nil {
-			if errors.Is(err, os.ErrDeadlineExceeded) {
-				continue // look at stop again
-			}
-			return // closed
-		}
-		c.Send([]byte{1}, []int{fd}) // a failed send: the peer dials again
-		c.Close()
-	}
-}
-
-// fetch gets rank j's descriptor from its socket for us and maps it. A
-// connection that ends before the descriptor arrived is dialled again,
-// until timeout.
-func (h *Handle) fetch(j int, peer meta, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	name := fmt.Sprintf("%s-%d", peer.Socket, h.rank)
-	var last error
-	for time.Now().Before(deadline) {
-		c, err := ipc.Dial(name, peer.PID, time.Until(deadline))
-		if err != nil {
-			if last != nil {
-				err = fmt.Errorf("%w (after an earlier attempt failed: %v)", err, last)
-			}
-			return fmt.Errorf("connecting to rank %d (pid %d): %w", j, peer.PID, err)
-		}
-		_, fds, err := c.Recv(1, time.Until(deadline))
-		c.Close()
-		if err != nil {
-			last = err
+			got[j] = true
+			missing--
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[j] = h.mapPeer(j, msg.FDs, metas[j])
+			}()
 			continue
 		}
-		return h.mapPeer(j, fds, peer)
+		ignored++
+		for _, fd := range msg.FDs {
+			unix.Close(fd)
+		}
 	}
-	return fmt.Errorf("receiving rank %d's block: %v", j, last)
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // mapPeer imports the one descriptor rank j sent and closes it.

@@ -149,3 +149,49 @@ func TestRendezvousBadGroup(t *testing.T) {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// failingImport is a host provider whose Import fails.
+type failingImport struct{ Provider }
+
+func (failingImport) Import(int, int, uint64) (*Mem, error) {
+	return nil, fmt.Errorf("injected import failure")
+}
+
+// A rank that cannot map a peer fails, and every other rank learns it at
+// once (not at the timeout), with the failing rank named; nothing stays mapped.
+func TestRendezvousFailureReachesEveryRank(t *testing.T) {
+	const world = 3
+	st := store.NewMemory()
+	defer st.Close()
+	errs := make([]error, world)
+	took := make([]time.Duration, world)
+	var wg sync.WaitGroup
+	for r := 0; r < world; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			var p Provider = NewHostProvider()
+			if r == 2 {
+				p = failingImport{p}
+			}
+			m := NewManager(p, Config{Timeout: 10 * time.Second})
+			b, err := m.Alloc(0, 4096)
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			start := time.Now()
+			_, errs[r] = m.Rendezvous(b.Ptr(), Group{Name: "f", Rank: r, World: world, Store: st})
+			took[r] = time.Since(start)
+			if err := m.Free(b.Ptr()); err != nil {
+				errs[r] = fmt.Errorf("free after the failure: %w (%v)", err, errs[r])
+			}
+		}(r)
+	}
+	wg.Wait()
+	for r := 0; r < world; r++ {
+		require.ErrorContains(t, errs[r], "injected import failure", "rank %d", r)
+		require.Less(t, took[r], 5*time.Second, "rank %d waited for the timeout", r)
+	}
+	require.ErrorContains(t, errs[0], "rank 2 (pid")
+}

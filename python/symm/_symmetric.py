@@ -111,6 +111,7 @@ class Handle:
         self.signal_pad_ptrs = list((ctypes.c_uint64 * n).from_address(info.signal_pad_ptrs))
         self.buffer_ptrs_dev = info.buffer_ptrs_dev
         self.signal_pad_ptrs_dev = info.signal_pad_ptrs_dev
+        self.offset = 0  # of the buffers seen here from the start of each rank's block
 
     @property
     def handle(self) -> int:
@@ -258,9 +259,19 @@ def rendezvous(tensor, group):
                        dist.get_world_size(group), tensor.device)
     # A MemPool hands out tensors inside larger blocks: every rank allocates
     # the same sequence, so the tensor sits at the same offset in each block,
-    # and the buffers seen from Python start at the tensor.
+    # and the buffers seen from Python (host and device arrays) start at the
+    # tensor. The signal pads stay the block's.
     off = tensor.data_ptr() - h.buffer_ptrs[h.rank]
     if off:
+        import torch
+
+        h.offset = off
         h.buffer_ptrs = [p + off for p in h.buffer_ptrs]
         h.buffer_size -= off
+        if tensor.is_cuda:  # the handle keeps the array alive
+            h._buffer_ptrs_dev = torch.tensor(h.buffer_ptrs, dtype=torch.int64, device=tensor.device)
+            h.buffer_ptrs_dev = h._buffer_ptrs_dev.data_ptr()
+        else:
+            h._buffer_ptrs_host = (ctypes.c_uint64 * len(h.buffer_ptrs))(*h.buffer_ptrs)
+            h.buffer_ptrs_dev = ctypes.addressof(h._buffer_ptrs_host)
     return h

@@ -1,0 +1,200 @@
+/* Symmetric memory from C on GPUs (CUDA backend), one process per rank:
+ *
+ *   build/tests/gpu_symm [world]     (default: every GPU, at least 2)
+ *
+ * With fewer GPUs than ranks, ranks share devices (SYMM_ALLOW_OVERLAPPING_DEVICES=1):
+ * the same import-and-map path, one GPU. Each rank: rendezvous through the
+ * built-in store; writes a pattern with the driver; every rank reads every
+ * peer's buffer through the peer mapping; one GPU writes into the next rank's
+ * buffer and that rank reads it back; put/wait signals around the ring with
+ * the pads zero afterwards; 20 alloc/rendezvous/free cycles leave the
+ * descriptor count unchanged. The driver is opened with dlopen, as libsymm
+ * does: no CUDA toolkit is needed to build this.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <dlfcn.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "symm.h"
+
+extern char **environ;
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+
+static CUresult (*cuInit)(unsigned);
+static CUresult (*cuDeviceGetCount)(int *);
+static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+static CUresult (*cuCtxSetCurrent)(CUcontext);
+static CUresult (*cuCtxSynchronize)(void);
+static CUresult (*cuMemsetD32)(CUdeviceptr, unsigned, size_t);
+static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+
+static int failures = 0, passes = 0, my_rank = -1;
+#define CHECK(cond, ...)                                                                     \
+  do {                                                                                       \
+    if (cond) {                                                                              \
+      passes++;                                                                              \
+    } else {                                                                                 \
+      failures++;                                                                            \
+      fprintf(stderr, "FAIL rank %d %s:%d: %s: ", my_rank, __FILE__, __LINE__, #cond);        \
+      fprintf(stderr, __VA_ARGS__);                                                          \
+      fprintf(stderr, " (last error %d: %s)\n", symm_last_error_code(), symm_last_error()); \
+    }                                                                                        \
+  } while (0)
+
+static int load_driver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror());
+    return -1;
+  }
+#define SYM(var, name) \
+  if (!(*(void **)&var = dlsym(lib, name))) { fprintf(stderr, "missing %s\n", name); return -1; }
+  SYM(cuInit, "cuInit");
+  SYM(cuDeviceGetCount, "cuDeviceGetCount");
+  SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
+  SYM(cuCtxSynchronize, "cuCtxSynchronize");
+  SYM(cuMemsetD32, "cuMemsetD32_v2");
+  SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+#undef SYM
+  return cuInit(0) == 0 ? 0 : -1;
+}
+
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+/* all_equal reads n uint32 at p (device memory, any rank's mapping) and
+ * checks each is want. */
+static int all_equal(CUdeviceptr p, size_t n, uint32_t want, uint32_t *host) {
+  if (cuMemcpyDtoH(host, p, n * 4) != 0) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (host[i] != want) {
+      fprintf(stderr, "rank %d: word %zu is %#x, expected %#x\n", my_rank, i, host[i], want);
+      return 0;
+    }
+  return 1;
+}
+
+static int child(int rank, int world, int dev, const char *addr) {
+  my_rank = rank;
+  CUcontext ctx;
+  if (cuDevicePrimaryCtxRetain(&ctx, dev) != 0 || cuCtxSetCurrent(ctx) != 0) return 2;
+  symm_store_t st;
+  if (symm_store_connect(addr, "", 10000, &st) != SYMM_OK) return 2;
+  const size_t size = 64 << 20, n = size / 4;
+  uint32_t *host = malloc(size);
+  int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+
+  CUdeviceptr p = (CUdeviceptr)symm_alloc(size, dev, NULL);
+  CHECK(p != 0, "symm_alloc of 64 MiB on device %d", dev);
+  if (!p) return 1;
+  CHECK(cuMemsetD32(p, 0x1000 + rank, n) == 0, "memset");
+  symm_handle_t h = 0;
+  CHECK(symm_rendezvous((void *)p, st, "gpu", rank, world, &h) == SYMM_OK, "rendezvous");
+  symm_handle_info_t info;
+  CHECK(symm_handle_info(h, &info) == SYMM_OK, "info");
+  CUdeviceptr *bufs = (CUdeviceptr *)info.buffer_ptrs, *pads = (CUdeviceptr *)info.signal_pad_ptrs;
+  CHECK(bufs[rank] == p && info.world_size == world && info.buffer_size == size, "handle fields");
+  CHECK(symm_barrier(h, 0, NULL, 10000) == SYMM_OK, "barrier");
+  CHECK(cuCtxSynchronize() == 0, "sync");
+  for (int q = 0; q < world; q++) CHECK(all_equal(bufs[q], n, 0x1000 + q, host), "rank %d's pattern read through the mapping", q);
+  CHECK(symm_barrier(h, 0, NULL, 10000) == SYMM_OK, "barrier after reading");
+
+  /* This GPU writes the second half of the next rank's buffer. */
+  CHECK(cuMemsetD32(bufs[next] + size / 2, 0x2000 + rank, n / 2) == 0, "memset into the peer");
+  CHECK(symm_barrier(h, 0, NULL, 10000) == SYMM_OK, "barrier after writing");
+  CHECK(cuCtxSynchronize() == 0, "sync");
+  CHECK(all_equal(p, n / 2, 0x1000 + rank, host) && all_equal(p + size / 2, n / 2, 0x2000 + prev, host),
+        "rank %d's write landed in our buffer", prev);
+
+  for (int i = 0; i < 5; i++) {
+    CHECK(symm_put_signal(h, next, 1, NULL) == SYMM_OK, "put_signal");
+    CHECK(symm_wait_signal(h, prev, 1, NULL, 10000) == SYMM_OK, "wait_signal");
+  }
+  CHECK(cuCtxSynchronize() == 0, "sync");
+  /* Channel 1's slots only: a faster peer may already be in the next barrier (channel 0). */
+  CHECK(all_equal(pads[rank] + 4 * world, world, 0, host), "channel 1's slots zero after the signals");
+  CHECK(symm_has_multicast_support(dev) == 0, "never multicast");
+  CHECK(symm_barrier(h, 0, NULL, 10000) == SYMM_OK, "barrier before free");
+  CHECK(cuCtxSynchronize() == 0, "sync");
+  symm_clear_error();
+  symm_free((void *)p, size, dev, NULL);
+  CHECK(symm_last_error_code() == SYMM_OK, "free");
+
+  /* Cycles leave nothing behind (the first one may open lasting descriptors). */
+  int fds = -1;
+  for (int c = 0; c < 20; c++) {
+    char group[32];
+    snprintf(group, sizeof group, "cycle%d", c);
+    CUdeviceptr q = (CUdeviceptr)symm_alloc(2 << 20, dev, NULL);
+    symm_handle_t hc = 0;
+    CHECK(q && symm_rendezvous((void *)q, st, group, rank, world, &hc) == SYMM_OK, "cycle %d rendezvous", c);
+    CHECK(symm_barrier(hc, 0, NULL, 10000) == SYMM_OK, "cycle %d barrier", c);
+    CHECK(cuCtxSynchronize() == 0, "sync");
+    symm_free((void *)q, 2 << 20, dev, NULL);
+    if (c == 0) fds = count_fds();
+  }
+  CHECK(count_fds() == fds, "descriptors after 20 cycles: %d, after the first: %d", count_fds(), fds);
+  symm_store_close(st);
+  free(host);
+  if (failures) fprintf(stderr, "rank %d: %d checks failed\n", rank, failures);
+  printf("rank %d (device %d): %d checks passed, %d failed\n", rank, dev, passes, failures);
+  return failures != 0;
+}
+
+int main(int argc, char **argv) {
+  if (load_driver() != 0) return 2;
+  int ndev = 0;
+  cuDeviceGetCount(&ndev);
+  if (argc == 5 && !strcmp(argv[1], "child")) {
+    int rank = atoi(argv[2]), world = atoi(argv[3]);
+    return child(rank, world, rank % ndev, argv[4]);
+  }
+  int world = argc > 1 ? atoi(argv[1]) : (ndev < 2 ? 2 : ndev);
+  if (world < 2 || world > 64 || ndev < 1) {
+    fprintf(stderr, "usage: %s [world 2..64] (devices: %d)\n", argv[0], ndev);
+    return 2;
+  }
+  if (world > ndev) setenv("SYMM_ALLOW_OVERLAPPING_DEVICES", "1", 1);
+  unsetenv("SYMM_DEVICE");
+  symm_store_t st;
+  char addr[64];
+  if (symm_store_server("", "", &st, addr, sizeof addr) != SYMM_OK) {
+    fprintf(stderr, "store server: %s\n", symm_last_error());
+    return 2;
+  }
+  pid_t pids[64];
+  for (int i = 0; i < world; i++) {
+    char r[16], w[16];
+    snprintf(r, sizeof r, "%d", i);
+    snprintf(w, sizeof w, "%d", world);
+    char *args[] = {argv[0], "child", r, w, addr, NULL};
+    if (posix_spawn(&pids[i], argv[0], NULL, NULL, args, environ) != 0) return 2;
+  }
+  int bad = 0;
+  for (int i = 0; i < world; i++) {
+    int status;
+    waitpid(pids[i], &status, 0);
+    bad += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  symm_store_close(st);
+  printf("gpu_symm: %d ranks on %d devices: %s\n", world, ndev, bad ? "FAILED" : "ok");
+  return bad != 0;
+}
