@@ -1,5 +1,5 @@
-# libsymm build. `make` builds the library, checks it against the header and
-# builds the C tests; `make test` runs every test; `make run` runs the demo.
+# libsymm build. `make` builds the library, checks it against the header,
+# builds the command-line tool (build/symm) and the C tests; `make test` runs every test; `make run` runs the demo.
 GO      ?= go
 CC      ?= gcc
 PYTHON  ?= python3
@@ -13,11 +13,17 @@ CTESTS  := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
 LDFLAGS := -extldflags=-Wl,--version-script=$(CURDIR)/export/symm.map
 FUZZTIME ?= 20s
 
-.PHONY: all lib check-header ctests test test-go test-c test-python fuzz run device bench clean fmt
+.PHONY: all lib cli check-header ctests test test-go test-c test-python fuzz run device bench clean fmt
 
-all: lib check-header ctests
+all: lib check-header cli ctests
 
 lib: $(LIB)
+
+cli: $(BUILD)/symm
+
+$(BUILD)/symm: $(GOFILES)
+	@mkdir -p $(BUILD)
+	$(GO) build -trimpath -o $@ ./cmd/symm
 
 $(LIB): $(GOFILES) $(CSRC)
 	@mkdir -p $(BUILD)
@@ -57,6 +63,7 @@ fuzz:
 	$(GO) test ./allocator -run '^$$' -fuzz '^FuzzPoolOps$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./allocator -run '^$$' -fuzz '^FuzzParseSize$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./store -run '^$$' -fuzz '^FuzzDecodeFrame$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./topology -run '^$$' -fuzz '^FuzzNormalizeBusID$$' -fuzztime $(FUZZTIME)
 
 # The demo: on a machine with an NVIDIA GPU and PyTorch it trains a small
 # model on the pool; otherwise it runs on the host backend.

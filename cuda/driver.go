@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/libsymm/libsymm/internal/dl"
 )
 
 // DefaultLibrary is the driver library opened when neither WithLibrary nor
@@ -175,7 +177,7 @@ var symbols = [numFns]symbol{
 //   - primary[i] is 0 or device i's primary context, retained exactly once
 //     by this driver and never released while it is open.
 type driver struct {
-	lib     *dynLib
+	lib     *dl.Lib
 	abi     int  // the CUDA version functions were requested at
 	getProc bool // true: cuGetProcAddress_v2; false: the 4-argument one
 	version int  // cuDriverGetVersion, e.g. 12040 for CUDA 12.4
@@ -280,9 +282,9 @@ func openDriverNoPanic(path string) (d *driver, err error) {
 // openDriver opens the library at path and returns a ready driver. Unlike
 // Load it keeps no global state, so tests open fake drivers with it.
 func openDriver(path string) (*driver, error) {
-	lib, err := dlOpen(path)
+	lib, err := dl.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("cuda: %w", err)
 	}
 	d := &driver{lib: lib}
 	called, err := d.init()
@@ -291,7 +293,7 @@ func openDriver(path string) (*driver, error) {
 		// registered exit handlers: unloading it then could crash the process
 		// later. Keep the handle; only a library never called into is closed.
 		if !called {
-			lib.close()
+			lib.Close()
 		}
 		var missing *MissingSymbolError
 		if errors.As(err, &missing) {
@@ -305,7 +307,7 @@ func openDriver(path string) (*driver, error) {
 // init fills the function table, initializes the driver and lists the
 // devices. called reports whether any driver function was run.
 func (d *driver) init() (called bool, err error) {
-	gpa, err := d.lib.lookup("cuGetProcAddress_v2")
+	gpa, err := d.lib.Lookup("cuGetProcAddress_v2")
 	if err == nil {
 		d.getProc, d.abi = true, abiVersion
 	} else {
@@ -313,13 +315,13 @@ func (d *driver) init() (called bool, err error) {
 		// It refuses versions newer than itself, so ask at its own version,
 		// clamped to 12000. None of the functions above changed its prototype
 		// between CUDA 11.0 and 12.0, so the trampolines' ABI is the same.
-		gpa, err = d.lib.lookup("cuGetProcAddress")
+		gpa, err = d.lib.Lookup("cuGetProcAddress")
 		if err != nil {
-			return false, &MissingSymbolError{"cuGetProcAddress", "loading driver functions by ABI version (a driver for CUDA 11.3 or newer)", d.lib.path}
+			return false, &MissingSymbolError{"cuGetProcAddress", "loading driver functions by ABI version (a driver for CUDA 11.3 or newer)", d.lib.Path()}
 		}
-		getVersion, err := d.lib.lookup("cuDriverGetVersion")
+		getVersion, err := d.lib.Lookup("cuDriverGetVersion")
 		if err != nil {
-			return false, &MissingSymbolError{"cuDriverGetVersion", purposeCore, d.lib.path}
+			return false, &MissingSymbolError{"cuDriverGetVersion", purposeCore, d.lib.Path()}
 		}
 		called = true
 		v := C.symm_cuDriverGetVersion(getVersion)
@@ -404,7 +406,7 @@ func (d *driver) close() error {
 			d.primary[i].Store(0)
 		}
 	}
-	return d.lib.close()
+	return d.lib.Close()
 }
 
 // need returns the function id, or a *MissingSymbolError when the driver
@@ -419,7 +421,7 @@ func (d *driver) need(id fnID) (unsafe.Pointer, error) {
 func (d *driver) missing(id fnID) *MissingSymbolError {
 	e := &MissingSymbolError{Symbol: symbols[id].name, Purpose: symbols[id].purpose}
 	if d.lib != nil {
-		e.Library = d.lib.path
+		e.Library = d.lib.Path()
 	}
 	return e
 }

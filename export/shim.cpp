@@ -281,6 +281,25 @@ int symm_rendezvous(void *ptr, symm_store_t store, const char *group, int rank, 
   return goRendezvous((uintptr_t)ptr, store, (char *)group, rank, world_size, out);
 }
 
+int symm_world_within_direct_access(symm_store_t store, const char *group, int rank, int world_size, int device,
+                                    int *out) {
+  SYMM_GUARD("symm_world_within_direct_access");
+  if (group == nullptr || out == nullptr) {
+    set_error_c(SYMM_ERR_INVALID, "symm_world_within_direct_access: group or out is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goWorldWithinDirectAccess(store, (char *)group, rank, world_size, device, out);
+}
+
+int symm_topology(const char *lib_dirs, char *buf, size_t cap, size_t *len) {
+  SYMM_GUARD("symm_topology");
+  if (len == nullptr) {
+    set_error_c(SYMM_ERR_INVALID, "symm_topology: len is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goTopology((char *)lib_dirs, buf, cap, len);
+}
+
 int symm_handle_info(symm_handle_t h, symm_handle_info_t *out) {
   SYMM_GUARD("symm_handle_info");
   if (out == nullptr) {

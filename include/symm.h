@@ -144,6 +144,19 @@ void symm_free(void *ptr, size_t size, int device, void *stream);
 /* Always 0: libsymm never creates multicast objects. */
 int symm_has_multicast_support(int device);
 
+/* ---- topology --------------------------------------------------------------
+ *
+ * symm_topology writes what `symm info --json` prints: devices, the link
+ * matrix (NVLink counts, PCIe path class, peer access), capabilities, the
+ * NCCL and NVSHMEM libraries found, the backends that can run (schema in the
+ * README). lib_dirs: more directories to look for NCCL and NVSHMEM in,
+ * ':'-separated (Python site-packages, where pip puts them), or NULL.
+ * *len receives the JSON's length without the NUL; with buf NULL or cap 0
+ * nothing else happens (a size query). A cap too small for the JSON and its
+ * NUL is SYMM_ERR_INVALID. A machine without a driver is not an error: the
+ * JSON says "driver": {"found": false, ...}. */
+int symm_topology(const char *lib_dirs, char *buf, size_t cap, size_t *len);
+
 /* Stores: the key-value store a rendezvous exchanges metadata through.
  * Handles are small integers; 0 is never a valid one. */
 typedef int64_t symm_store_t;
@@ -189,6 +202,14 @@ typedef struct {
 } symm_handle_info_t;
 
 int symm_handle_info(symm_handle_t h, symm_handle_info_t *out);
+
+/* *out = 1 when every rank of the group, each on its device, can map every
+ * other rank's device memory (peer access over NVLink or PCIe), so that a
+ * rendezvous of the group can succeed; 0 otherwise. Every rank of the group
+ * calls it (it goes through the store) and all get the same answer. The host
+ * backend answers 1. */
+int symm_world_within_direct_access(symm_store_t store, const char *group, int rank, int world_size, int device,
+                                    int *out);
 
 /* Signals, in stream order (the stream is ignored on the host backend):
  * put_signal sets this rank's slot of channel in dst_rank's pad; wait_signal

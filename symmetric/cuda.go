@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/libsymm/libsymm/cuda"
+	"github.com/libsymm/libsymm/topology"
 )
 
 // cudaProvider makes blocks with the driver's virtual memory management:
@@ -28,6 +29,12 @@ func NewCUDAProvider() (Provider, error) {
 }
 
 func (p *cudaProvider) Name() string { return "cuda" }
+
+// DeviceID is dev's PCI bus id: ranks with different CUDA_VISIBLE_DEVICES
+// still name a device the same way.
+func (p *cudaProvider) DeviceID(dev int) (string, error) { return topology.BusID(dev) }
+
+func (p *cudaProvider) CanMap(a, b string) error { return topology.CheckPeerAccess(a, b) }
 
 func (p *cudaProvider) Granularity(dev int) (uint64, error) {
 	_, rec, err := cuda.Granularity(dev)

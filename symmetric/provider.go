@@ -14,6 +14,18 @@ import (
 // Provider makes exportable memory and maps peers' memory. One per backend:
 // hostProvider (memfd + mmap, atomics) and cudaProvider (cuMemCreate with
 // POSIX file descriptors, cuMemMap, stream memory operations).
+// Peering is implemented by providers whose devices may be unable to reach
+// each other. Rendezvous uses it to refuse a group it cannot map, with an
+// error naming both devices, before anything is exchanged.
+type Peering interface {
+	// DeviceID names device dev the same way in every process of the host.
+	DeviceID(dev int) (string, error)
+	// CanMap returns nil when the device named a may map memory of the
+	// device named b, or when this process cannot tell (it does not see
+	// one of them); otherwise an error naming both and their link.
+	CanMap(a, b string) error
+}
+
 type Provider interface {
 	Name() string
 	// Granularity is the unit of block sizes on dev.

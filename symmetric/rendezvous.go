@@ -33,6 +33,7 @@ type meta struct {
 	Host     string `json:"host"`
 	Provider string `json:"provider"`
 	Dev      int    `json:"dev"`
+	DevID    string `json:"dev_id,omitempty"` // Peering.DeviceID: the same in every process
 	Size     uint64 `json:"size"`
 	Block    uint64 `json:"block"`
 	Socket   string `json:"socket"`
@@ -122,6 +123,11 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	host, _ := os.Hostname()
 	me := meta{PID: os.Getpid(), UID: os.Getuid(), Host: host, Provider: m.prov.Name(), Dev: b.Dev(),
 		Size: b.bufSize, Block: b.mem.Size, Socket: fmt.Sprintf("%s-%d", socketBase(os.Getpid(), g.Name, seq), g.Rank)}
+	if p, ok := m.prov.(Peering); ok {
+		if me.DevID, err = p.DeviceID(b.Dev()); err != nil {
+			return nil, fmt.Errorf("naming device %d: %w", b.Dev(), err)
+		}
+	}
 
 	// Open our mailbox before publishing, so that a peer that reads our
 	// metadata can send at once. Descriptors in messages still queued when
@@ -147,7 +153,11 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 			return nil, fmt.Errorf("rank %d published unreadable metadata: %w", j, err)
 		}
 	}
+	// From here on a rank that fails tells its peers through their
+	// mailboxes, so that none waits for its descriptor until the timeout
+	// (ranks that see different devices may judge a group differently).
 	if err := m.validate(g, metas); err != nil {
+		tellFailure(mb, g, metas, err, deadline)
 		return nil, err
 	}
 	tr.mark("listen+gather metadata")
@@ -155,7 +165,9 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	e := <-exp
 	exp <- e // for the deferred hand-over to the block
 	if e.err != nil {
-		return nil, fmt.Errorf("exporting the block: %w", e.err)
+		err := fmt.Errorf("exporting the block: %w", e.err)
+		tellFailure(mb, g, metas, err, deadline)
+		return nil, err
 	}
 	tr.mark("export")
 
@@ -241,6 +253,23 @@ func (t *tracer) done() {
 	}
 }
 
+// failurePrefix starts a mailbox message that reports a rank's failure
+// instead of carrying its descriptor.
+const failurePrefix = "!"
+
+// tellFailure sends err to every peer's mailbox (best effort).
+func tellFailure(mb *ipc.Mailbox, g Group, metas []meta, err error, deadline time.Time) {
+	msg := []byte(fmt.Sprintf("%s%d:%v", failurePrefix, g.Rank, err))
+	if len(msg) > 60<<10 {
+		msg = msg[:60<<10]
+	}
+	for j := 0; j < g.World; j++ {
+		if j != g.Rank {
+			mb.SendTo(metas[j].Socket, msg, nil, min(time.Until(deadline), time.Second))
+		}
+	}
+}
+
 // receive takes one descriptor from each peer in mb and maps it, until
 // deadline. A message is taken only from the process that published rank
 // j's metadata and runs as our uid; anything else is closed and ignored.
@@ -271,6 +300,13 @@ func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time) erro
 		if err != nil && !errors.Is(err, ipc.ErrBadMessage) {
 			wg.Wait()
 			return err
+		}
+		if err == nil && strings.HasPrefix(string(msg.Payload), failurePrefix) {
+			rank, text, _ := strings.Cut(strings.TrimPrefix(string(msg.Payload), failurePrefix), ":")
+			if j, perr := strconv.Atoi(rank); perr == nil && j >= 0 && j < h.world && msg.PID == metas[j].PID && msg.UID == os.Getuid() {
+				wg.Wait()
+				return fmt.Errorf("rank %d (pid %d) failed: %s", j, msg.PID, text)
+			}
 		}
 		j, perr := strconv.Atoi(string(msg.Payload))
 		switch {
@@ -322,7 +358,7 @@ func (h *Handle) mapPeer(j int, fds []int, peer meta) error {
 // differs from rank 0 or from us.
 func (m *Manager) validate(g Group, metas []meta) error {
 	me := metas[g.Rank]
-	devs := map[int]int{}
+	devs := map[string]int{}
 	for j, p := range metas {
 		switch {
 		case p.Host != me.Host:
@@ -338,10 +374,34 @@ func (m *Manager) validate(g Group, metas []meta) error {
 		}
 		// Host "devices" are labels of one memory: only real devices must differ.
 		if m.prov.Name() != "host" && !m.cfg.AllowOverlappingDevices {
-			if k, dup := devs[p.Dev]; dup {
-				return fmt.Errorf("ranks %d and %d both use device %d (set SYMM_ALLOW_OVERLAPPING_DEVICES=1 to allow it)", k, j, p.Dev)
+			id := p.DevID
+			if id == "" {
+				id = fmt.Sprint(p.Dev)
 			}
-			devs[p.Dev] = j
+			if k, dup := devs[id]; dup {
+				return fmt.Errorf("ranks %d and %d both use device %s (set SYMM_ALLOW_OVERLAPPING_DEVICES=1 to allow it)", k, j, id)
+			}
+			devs[id] = j
+		}
+	}
+	return m.checkPaths(metas)
+}
+
+// checkPaths refuses a group in which one rank's device cannot map
+// another's, for every pair this process can judge (so that every rank
+// that sees the same devices refuses the same way, before any exchange).
+func (m *Manager) checkPaths(metas []meta) error {
+	p, ok := m.prov.(Peering)
+	if !ok {
+		return nil
+	}
+	for i, a := range metas {
+		for j, b := range metas {
+			if i != j && a.DevID != "" && b.DevID != "" && a.DevID != b.DevID {
+				if err := p.CanMap(a.DevID, b.DevID); err != nil {
+					return fmt.Errorf("rank %d cannot map rank %d's block: %w", i, j, err)
+				}
+			}
 		}
 	}
 	return nil
@@ -501,3 +561,46 @@ func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) err
 
 // HasMulticastSupport is always false: libsymm never creates multicast objects.
 func HasMulticastSupport() bool { return false }
+
+// WorldWithinDirectAccess reports whether every rank of g, each on its
+// device dev, can map every other rank's device memory (P2P over NVLink or
+// PCIe), so that a rendezvous of the group can succeed. Every rank of g must
+// call it; all get the same answer (each rank judges the pairs it can see,
+// then the verdicts are gathered). The host backend always answers true.
+func (m *Manager) WorldWithinDirectAccess(dev int, g Group) (bool, error) {
+	if g.World < 1 || g.Rank < 0 || g.Rank >= g.World || g.Name == "" || g.Store == nil {
+		return false, fmt.Errorf("%w: world_within_direct_access needs 0 <= rank < world, a group name and a store (rank %d, world %d, group %q)",
+			ErrInvalid, g.Rank, g.World, g.Name)
+	}
+	p, ok := m.prov.(Peering)
+	if !ok {
+		return true, nil
+	}
+	id, err := p.DeviceID(dev)
+	if err != nil {
+		return false, fmt.Errorf("naming device %d: %w", dev, err)
+	}
+	prefix := fmt.Sprintf("symm/%s/access%d/", g.Name, m.nextSeq(g.Name+"/access"))
+	ids, err := store.AllGather(g.Store, prefix+"dev/", g.Rank, g.World, []byte(id), m.cfg.Timeout)
+	if err != nil {
+		return false, fmt.Errorf("world_within_direct_access of group %q: gathering devices: %w", g.Name, err)
+	}
+	verdict := []byte{1}
+	for i := range ids {
+		for j := range ids {
+			if i != j && p.CanMap(string(ids[i]), string(ids[j])) != nil {
+				verdict[0] = 0
+			}
+		}
+	}
+	votes, err := store.AllGather(g.Store, prefix+"ok/", g.Rank, g.World, verdict, m.cfg.Timeout)
+	if err != nil {
+		return false, fmt.Errorf("world_within_direct_access of group %q: gathering verdicts: %w", g.Name, err)
+	}
+	for _, v := range votes {
+		if len(v) != 1 || v[0] != 1 {
+			return false, nil
+		}
+	}
+	return true, nil
+}

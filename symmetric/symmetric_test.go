@@ -195,3 +195,106 @@ func TestRendezvousFailureReachesEveryRank(t *testing.T) {
 	}
 	require.ErrorContains(t, errs[0], "rank 2 (pid")
 }
+
+// peeringHost is a host provider whose device is named id, and which refuses
+// the pairs in refuse ("a>b": a cannot map b).
+type peeringHost struct {
+	Provider
+	id     string
+	refuse map[string]bool
+}
+
+func (p peeringHost) DeviceID(int) (string, error) { return p.id, nil }
+func (p peeringHost) CanMap(a, b string) error {
+	if p.refuse[a+">"+b] {
+		return fmt.Errorf("GPU %s cannot map memory of GPU %s: no peer-to-peer path between them (link: SYS)", a, b)
+	}
+	return nil
+}
+
+// A group with an unmappable pair is refused by every rank, quickly, with
+// an error naming both devices; when only one rank can tell (it alone sees
+// both devices), the others learn it from that rank instead of timing out.
+func TestRendezvousRefusesUnmappablePeers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		judges map[int]bool // ranks that see the bad pair
+	}{{"every rank sees it", map[int]bool{0: true, 1: true, 2: true}}, {"only rank 2 sees it", map[int]bool{2: true}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const world = 3
+			st := store.NewMemory()
+			defer st.Close()
+			errs := make([]error, world)
+			took := make([]time.Duration, world)
+			var wg sync.WaitGroup
+			for r := 0; r < world; r++ {
+				wg.Add(1)
+				go func(r int) {
+					defer wg.Done()
+					p := peeringHost{Provider: NewHostProvider(), id: fmt.Sprintf("bus%d", r), refuse: map[string]bool{}}
+					if tc.judges[r] {
+						p.refuse["bus0>bus2"] = true
+					}
+					m := NewManager(p, Config{Timeout: 10 * time.Second})
+					b, err := m.Alloc(0, 4096)
+					if err != nil {
+						errs[r] = err
+						return
+					}
+					defer m.Free(b.Ptr())
+					start := time.Now()
+					_, errs[r] = m.Rendezvous(b.Ptr(), Group{Name: "p", Rank: r, World: world, Store: st})
+					took[r] = time.Since(start)
+				}(r)
+			}
+			wg.Wait()
+			for r := 0; r < world; r++ {
+				require.ErrorContains(t, errs[r], "GPU bus0 cannot map memory of GPU bus2: no peer-to-peer path", "rank %d", r)
+				require.ErrorContains(t, errs[r], "rank 0 cannot map rank 2's block", "rank %d", r)
+				require.Less(t, took[r], 5*time.Second, "rank %d waited for the timeout", r)
+			}
+		})
+	}
+}
+
+func TestWorldWithinDirectAccess(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		judges map[int]bool
+		want   bool
+	}{{"all paths", nil, true}, {"one rank sees a missing path", map[int]bool{1: true}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const world = 3
+			st := store.NewMemory()
+			defer st.Close()
+			got := make([]bool, world)
+			errs := make([]error, world)
+			var wg sync.WaitGroup
+			for r := 0; r < world; r++ {
+				wg.Add(1)
+				go func(r int) {
+					defer wg.Done()
+					p := peeringHost{Provider: NewHostProvider(), id: fmt.Sprintf("bus%d", r), refuse: map[string]bool{}}
+					if tc.judges[r] {
+						p.refuse["bus2>bus0"] = true
+					}
+					m := NewManager(p, Config{Timeout: 5 * time.Second})
+					for k := 0; k < 2; k++ { // twice: calls of one group do not mix
+						got[r], errs[r] = m.WorldWithinDirectAccess(0, Group{Name: "w", Rank: r, World: world, Store: st})
+					}
+				}(r)
+			}
+			wg.Wait()
+			for r := 0; r < world; r++ {
+				require.NoError(t, errs[r])
+				require.Equal(t, tc.want, got[r], "rank %d", r)
+			}
+		})
+	}
+	m := NewManager(NewHostProvider(), Config{Timeout: time.Second})
+	ok, err := m.WorldWithinDirectAccess(0, Group{Name: "h", Rank: 0, World: 2, Store: store.NewMemory()})
+	require.NoError(t, err)
+	require.True(t, ok, "host memory is shared by every process")
+	_, err = m.WorldWithinDirectAccess(0, Group{Name: "h", Rank: 2, World: 2})
+	require.ErrorIs(t, err, ErrInvalid)
+}

@@ -42,6 +42,7 @@ from ._pool import (
     reset_peak_memory_stats,
     set_limit,
     set_memory_fraction,
+    topology,
     version,
 )
 from .torch_allocator import is_default, pool_allocator, use_as_default
@@ -55,6 +56,8 @@ from ._symmetric import (
     rendezvous_ptr,
     symm_alloc,
     symm_free,
+    world_within_direct_access,
+    world_within_direct_access_store,
 )
 
 __all__ = [
@@ -67,6 +70,9 @@ __all__ = [
     "rendezvous_ptr",
     "symm_alloc",
     "symm_free",
+    "topology",
+    "world_within_direct_access",
+    "world_within_direct_access_store",
     "ErrorCode",
     "LibraryNotFoundError",
     "OutOfMemoryError",

@@ -84,6 +84,8 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_store_close": ([ctypes.c_int64], _c_int),
     "symm_rendezvous": ([_c_void_p, ctypes.c_int64, ctypes.c_char_p, _c_int, _c_int, ctypes.POINTER(ctypes.c_int64)], _c_int),
     "symm_handle_info": ([ctypes.c_int64, ctypes.POINTER(HandleInfo)], _c_int),
+    "symm_world_within_direct_access": ([ctypes.c_int64, ctypes.c_char_p, _c_int, _c_int, _c_int, ctypes.POINTER(_c_int)], _c_int),
+    "symm_topology": ([ctypes.c_char_p, ctypes.c_char_p, _c_size_t, ctypes.POINTER(_c_size_t)], _c_int),
     "symm_put_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p], _c_int),
     "symm_wait_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p, _c_int], _c_int),
     "symm_barrier": ([ctypes.c_int64, _c_int, _c_void_p, _c_int], _c_int),

@@ -8,6 +8,8 @@ error from an earlier call can never be reported twice.
 
 from __future__ import annotations
 
+import ctypes
+import os
 from typing import Any
 
 from ._errors import ErrorCode, SymmError, make_error
@@ -73,6 +75,32 @@ def _pointer(ptr: Any) -> int:
 
 
 # ---- library ----------------------------------------------------------------
+
+
+def topology(lib_dirs=None) -> dict:
+    """The machine as `symm info --json` describes it (schema in the README):
+    driver, devices, the link matrix, libraries, backends, as plain dicts and
+    lists. NCCL and NVSHMEM are also looked for under this Python's
+    site-packages (and lib_dirs). Works without a GPU ("driver": {"found": False})."""
+    import json
+    import site
+
+    dirs = list(lib_dirs or [])
+    try:
+        dirs += site.getsitepackages() + [site.getusersitepackages()]
+    except AttributeError:  # some virtualenvs
+        pass
+    arg = os.pathsep.join(dirs).encode()
+    lib = load()
+    n = ctypes.c_size_t()
+    _call_rc(lib.symm_topology, arg, None, 0, ctypes.byref(n))
+    for _ in range(3):  # the machine may change between the two calls
+        buf = ctypes.create_string_buffer(n.value + 1)
+        rc = lib.symm_topology(arg, buf, len(buf), ctypes.byref(n))
+        if rc == 0:
+            return json.loads(buf.value.decode())
+    _call_rc(lib.symm_topology, arg, buf, len(buf), ctypes.byref(n))
+    return json.loads(buf.value.decode())
 
 
 def version() -> str:

@@ -71,6 +71,10 @@ class Store:
     def handle(self) -> int:
         return self._h
 
+    def world_within_direct_access(self) -> bool:
+        """True: a rendezvous succeeds only once every peer is mapped."""
+        return True
+
 
 def symm_alloc(size: int, device: Any = 0) -> int:
     """Allocates a symmetric block; returns the buffer's address."""
@@ -116,6 +120,10 @@ class Handle:
     @property
     def handle(self) -> int:
         return self._h
+
+    def world_within_direct_access(self) -> bool:
+        """True: a rendezvous succeeds only once every peer is mapped."""
+        return True
 
     def _stream(self, stream) -> int:
         if stream is not None:
@@ -184,6 +192,31 @@ def _tensor_at(ptr: int, sizes: tuple, dtype, device):
 
     t = torch.as_tensor(_View(), device=device)
     return t.view(dtype) if dtype == torch.bfloat16 else t
+
+
+def world_within_direct_access_store(store: Store, group_name: str, rank: int, world_size: int, device: int = 0) -> bool:
+    """Whether every rank of the group (each on its device) can map every
+    other rank's memory; every rank calls it and gets the same answer (torch-free)."""
+    out = ctypes.c_int()
+    _call_rc(load().symm_world_within_direct_access, store.handle, group_name.encode(), int(rank), int(world_size),
+             int(device), ctypes.byref(out))
+    return bool(out.value)
+
+
+def world_within_direct_access(group=None, device: Any = None) -> bool:
+    """Whether every rank of a torch process group can map every other rank's
+    GPU memory directly (peer access over NVLink or PCIe). Collective: every
+    rank of the group calls it."""
+    import torch
+    import torch.distributed as dist
+
+    group = group or dist.group.WORLD
+    if isinstance(group, str):
+        group = dist.distributed_c10d._resolve_process_group(group)
+    dev = torch.cuda.current_device() if device is None else _device(device)
+    name = getattr(group, "group_name", None) or "0"
+    return world_within_direct_access_store(_group_store(group), f"torch-{name}", dist.get_rank(group),
+                                            dist.get_world_size(group), dev)
 
 
 def rendezvous_ptr(ptr: int, store: Store, group_name: str, rank: int, world_size: int, device=None) -> Handle:

@@ -122,6 +122,9 @@ static int child_basic(int rank, int world, symm_store_t st) {
   symm_free((void *)0xdead000, 0, 0, NULL);
   CHECK(symm_last_error_code() == SYMM_ERR_UNKNOWN_POINTER, "free of an unknown pointer");
   CHECK(symm_has_multicast_support(0) == 0, "never multicast");
+  int direct = -1;
+  CHECK(symm_world_within_direct_access(st, "world", rank, world, 0, &direct) == SYMM_OK && direct == 1,
+        "every rank reaches every other (host memory)");
 
   CHECK(symm_barrier(h, 0, NULL, 10000) == SYMM_OK, "barrier before free");
   symm_clear_error();

@@ -132,6 +132,15 @@ static int child(int rank, int world, int dev, const char *addr) {
   /* Channel 1's slots only: a faster peer may already be in the next barrier (channel 0). */
   CHECK(all_equal(pads[rank] + 4 * world, world, 0, host), "channel 1's slots zero after the signals");
   CHECK(symm_has_multicast_support(dev) == 0, "never multicast");
+  int direct = -1;
+  CHECK(symm_world_within_direct_access(st, "gpu", rank, world, dev, &direct) == SYMM_OK && direct == 1,
+        "every GPU of the group reaches every other");
+  size_t tn = 0;
+  CHECK(symm_topology(NULL, NULL, 0, &tn) == SYMM_OK && tn > 0, "topology size");
+  char *topo = malloc(tn + 1);
+  CHECK(symm_topology(NULL, topo, tn + 1, &tn) == SYMM_OK && strstr(topo, "\"found\":true") && strstr(topo, "\"p2p\":true"),
+        "topology sees the driver and peer access: %.200s", topo);
+  free(topo);
   CHECK(symm_barrier(h, 0, NULL, 10000) == SYMM_OK, "barrier before free");
   CHECK(cuCtxSynchronize() == 0, "sync");
   symm_clear_error();

@@ -34,6 +34,7 @@ RANK_SCRIPT = textwrap.dedent(
         timeout = [int(e.code), str(e)]
     h.barrier(timeout_ms=20000)
     same = symm.rendezvous_ptr(p, st, "py", rank, world).handle == h.handle
+    direct = symm.world_within_direct_access_store(st, "py", rank, world) and h.world_within_direct_access()
     symm.symm_free(p)
     try:
         symm.symm_free(p)
@@ -41,7 +42,8 @@ RANK_SCRIPT = textwrap.dedent(
     except symm.SymmError as e:
         double = int(e.code)
     print(json.dumps({"rank": rank, "seen": seen, "last": last, "got": got, "timeout": timeout,
-                      "same": same, "double": double, "multicast": symm.has_multicast_support()}))
+                      "same": same, "double": double, "multicast": symm.has_multicast_support(),
+                      "direct": direct}))
     """
 )
 
@@ -71,6 +73,46 @@ def test_four_processes_rendezvous_and_signal(tmp_path):
         assert r["got"] == 200 + (rank - 1) % 4, "the previous rank wrote into our buffer"
         assert r["timeout"] and r["timeout"][0] == 8 and "rank" in r["timeout"][1], r  # SYMM_ERR_TIMEOUT
         assert r["same"] and r["double"] == 4 and r["multicast"] is False, r
+        assert r["direct"] is True, "host memory: every rank reaches every other"
+
+
+FAKE_LIBS = {
+    "nvidia/nccl/lib/libnccl.so.2": "int ncclGetVersion(int *v) { *v = 22809; return 0; }",
+    "nvidia/nvshmem/lib/libnvshmem_host.so.3":
+        "void nvshmemx_vendor_get_version_info(int *a, int *b, int *c) { *a = 3; *b = 4; *c = 5; }",
+}
+
+
+def test_topology_finds_libraries_and_reports_no_driver(tmp_path):
+    """Without a GPU: a clear no-driver answer that still follows the schema,
+    with NCCL and NVSHMEM found (and their versions read) under a
+    site-packages-like directory, as pip lays them out."""
+    import shutil
+    import subprocess
+
+    import symm
+
+    if shutil.which("cc") is None:
+        pytest.fail("a C compiler is needed to build the fake libraries")
+    for rel, src in FAKE_LIBS.items():
+        out = tmp_path / rel
+        out.parent.mkdir(parents=True)
+        (tmp_path / "src.c").write_text(src)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(tmp_path / "src.c")], check=True)
+    t = symm.topology(lib_dirs=[str(tmp_path)])
+    assert t["schema"] == 1
+    assert set(t) == {"schema", "driver", "devices", "links", "libraries", "backends"}
+    libs = {lib["name"]: lib for lib in t["libraries"]}
+    assert libs["nccl"]["found"] and libs["nccl"]["version"] == "2.28.9", libs["nccl"]
+    assert libs["nvshmem"]["found"] and libs["nvshmem"]["version"] == "3.4.5", libs["nvshmem"]
+    assert libs["nccl"]["path"].startswith(str(tmp_path))
+    backends = {b["name"]: b for b in t["backends"]}
+    assert backends["host"]["available"]
+    assert "3.4.5" in backends["nvshmem"]["reason"]
+    if not t["driver"]["found"]:  # CI
+        assert t["devices"] == [] and t["links"] == []
+        assert t["driver"]["error"]
+        assert not backends["cuda"]["available"] and backends["cuda"]["reason"] == "no NVIDIA driver found"
 
 
 def test_store_round_trip_and_errors():

@@ -1,4 +1,8 @@
-package cuda
+// Package dl opens shared libraries at run time (dlopen) and looks up their
+// symbols, for the packages that call the CUDA driver, NVML, NCCL and
+// NVSHMEM without linking against them: a missing library or symbol is an
+// error value, never a load failure of libsymm itself.
+package dl
 
 /*
 #cgo LDFLAGS: -ldl
@@ -13,22 +17,22 @@ import (
 	"unsafe"
 )
 
-// dynLib is a library opened with dlopen.
+// Lib is a library opened with dlopen.
 //
 // Every dlopen/dlsym/dlclose runs with the goroutine locked to its OS thread:
 // dlerror reports the last error of the calling thread, so the call and the
 // dlerror that explains it must run on the same thread.
-type dynLib struct {
+type Lib struct {
 	path   string
 	handle unsafe.Pointer // from dlopen; never a Go pointer
 }
 
-// dlOpen opens path with RTLD_NOW (every symbol the library itself needs is
+// Open opens path with RTLD_NOW (every symbol the library itself needs is
 // bound now, so a broken install fails here and not in the middle of a call)
 // and RTLD_LOCAL (its symbols do not leak into later lookups by others).
 // When the process already has the library (PyTorch loaded libcuda), dlopen
 // returns the same handle with its reference count raised.
-func dlOpen(path string) (*dynLib, error) {
+func Open(path string) (*Lib, error) {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 
@@ -37,14 +41,14 @@ func dlOpen(path string) (*dynLib, error) {
 	C.dlerror() // clear a stale error of this thread
 	h := C.dlopen(cpath, C.RTLD_NOW|C.RTLD_LOCAL)
 	if h == nil {
-		return nil, fmt.Errorf("cuda: dlopen %s: %s", path, dlErrorText())
+		return nil, fmt.Errorf("dlopen %s: %s", path, dlErrorText())
 	}
-	return &dynLib{path: path, handle: h}, nil
+	return &Lib{path: path, handle: h}, nil
 }
 
-// lookup returns the address of symbol, or an error when the library does
+// Lookup returns the address of symbol, or an error when the library does
 // not define it (or defines it as NULL, which is no use to a caller either).
-func (l *dynLib) lookup(symbol string) (unsafe.Pointer, error) {
+func (l *Lib) Lookup(symbol string) (unsafe.Pointer, error) {
 	csym := C.CString(symbol)
 	defer C.free(unsafe.Pointer(csym))
 
@@ -53,22 +57,24 @@ func (l *dynLib) lookup(symbol string) (unsafe.Pointer, error) {
 	C.dlerror()
 	p := C.dlsym(l.handle, csym)
 	if msg := dlErrorText(); msg != "" {
-		return nil, fmt.Errorf("cuda: dlsym %s in %s: %s", symbol, l.path, msg)
+		return nil, fmt.Errorf("dlsym %s in %s: %s", symbol, l.path, msg)
 	}
 	if p == nil {
-		return nil, fmt.Errorf("cuda: dlsym %s in %s: symbol is NULL", symbol, l.path)
+		return nil, fmt.Errorf("dlsym %s in %s: symbol is NULL", symbol, l.path)
 	}
 	return p, nil
 }
 
-// close drops this handle's reference. The driver itself is never closed
-// (see Load); only failed or test openings are.
-func (l *dynLib) close() error {
+// Path is the name the library was opened by.
+func (l *Lib) Path() string { return l.path }
+
+// Close drops this handle's reference.
+func (l *Lib) Close() error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	C.dlerror()
 	if C.dlclose(l.handle) != 0 {
-		return fmt.Errorf("cuda: dlclose %s: %s", l.path, dlErrorText())
+		return fmt.Errorf("dlclose %s: %s", l.path, dlErrorText())
 	}
 	l.handle = nil
 	return nil

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/topology"
+)
+
+func runCLI(args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestUsage(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		out  string // in stdout or stderr
+	}{
+		{nil, exitUsage, "usage: symm <command>"},
+		{[]string{"nope"}, exitUsage, `unknown command "nope"`},
+		{[]string{"help"}, exitOK, "commands:"},
+		{[]string{"--help"}, exitOK, "commands:"},
+		{[]string{"info", "--help"}, exitOK, "usage: symm info"},
+		{[]string{"bench", "-h"}, exitOK, "usage: symm bench"},
+		{[]string{"version", "--help"}, exitOK, "usage: symm version"},
+		{[]string{"info", "--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
+		{[]string{"info", "extra"}, exitUsage, `unexpected argument "extra"`},
+		{[]string{"bench", "--backend", "tpu"}, exitUsage, "--backend must be cuda or host"},
+		{[]string{"bench", "--backend", "host", "--iters", "0"}, exitUsage, "--iters must be >= 1"},
+		{[]string{"bench", "--backend", "host", "--device", "7"}, exitUsage, "device 7 does not exist"},
+		{[]string{"version"}, exitOK, "symm 0.1.0"},
+	} {
+		code, o, e := runCLI(tc.args...)
+		require.Equal(t, tc.code, code, "%v: %s%s", tc.args, o, e)
+		require.Contains(t, o+e, tc.out, "%v", tc.args)
+	}
+}
+
+// Without a driver (CI): a clear message, exit code 3, and JSON that still
+// follows the schema.
+func TestInfoWithoutDriver(t *testing.T) {
+	t.Setenv("SYMM_CUDA_LIB", "/nonexistent/libcuda.so.1")
+	t.Setenv("SYMM_NVML_LIB", "/nonexistent/libnvidia-ml.so.1")
+	t.Setenv("SYMM_PYTHON", "/nonexistent/python3")
+	code, out, _ := runCLI("info")
+	require.Equal(t, exitNoDriver, code)
+	require.Contains(t, out, "no NVIDIA driver found")
+	require.Contains(t, out, "host     yes")
+
+	code, out, _ = runCLI("info", "--json")
+	require.Equal(t, exitNoDriver, code)
+	var top topology.Topology
+	require.NoError(t, json.Unmarshal([]byte(out), &top))
+	require.Equal(t, topology.SchemaVersion, top.Schema)
+	require.False(t, top.Driver.Found)
+
+	code, _, errOut := runCLI("bench")
+	require.Equal(t, exitNoDriver, code)
+	require.Contains(t, errOut, "symm bench --backend host")
+}
+
+func TestBenchHost(t *testing.T) {
+	code, out, errOut := runCLI("bench", "--backend", "host", "--iters", "200")
+	require.Equal(t, exitOK, code, errOut)
+	for _, want := range []string{"host backend, device 0", "512 B", "1 MiB", "64 MiB", "pool alloc+free (ns)"} {
+		require.Contains(t, out, want)
+	}
+}

@@ -1,0 +1,65 @@
+package main
+
+/*
+#include <stddef.h>
+#include <stdint.h>
+#include "../include/symm.h"
+*/
+import "C"
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"unsafe"
+
+	"github.com/libsymm/libsymm/symmetric"
+	"github.com/libsymm/libsymm/topology"
+)
+
+//export goTopology
+func goTopology(libDirs *C.char, buf *C.char, capacity C.size_t, n *C.size_t) (code C.int) {
+	defer guard("symm_topology", &code)
+	var dirs []string
+	if libDirs != nil {
+		dirs = filepath.SplitList(C.GoString(libDirs))
+	}
+	// No driver is an answer ("driver": {"found": false}), not an error.
+	t, _ := topology.Discover(topology.Options{LibraryDirs: dirs})
+	raw, err := json.Marshal(t)
+	if err != nil {
+		return failSymm("symm_topology", err)
+	}
+	*n = C.size_t(len(raw))
+	if buf == nil || capacity == 0 {
+		return C.SYMM_OK // a size query
+	}
+	if uint64(capacity) < uint64(len(raw))+1 {
+		return failSymm("symm_topology", fmt.Errorf("%w: the buffer holds %d bytes; the topology needs %d (and a NUL)", symmetric.ErrInvalid, capacity, len(raw)))
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(capacity))
+	dst[copy(dst, raw)] = 0
+	return C.SYMM_OK
+}
+
+//export goWorldWithinDirectAccess
+func goWorldWithinDirectAccess(s C.int64_t, group *C.char, rank, world, device C.int, out *C.int) (code C.int) {
+	defer guard("symm_world_within_direct_access", &code)
+	m, err := getManager()
+	if err != nil {
+		return failSymm("symm_world_within_direct_access", err)
+	}
+	e, err := stores.get(int64(s))
+	if err != nil {
+		return failSymm("symm_world_within_direct_access", err)
+	}
+	ok, err := m.WorldWithinDirectAccess(int(device), symmetric.Group{Name: C.GoString(group), Rank: int(rank), World: int(world), Store: e.s})
+	if err != nil {
+		return failSymm("symm_world_within_direct_access", err)
+	}
+	*out = 0
+	if ok {
+		*out = 1
+	}
+	return C.SYMM_OK
+}

@@ -1,0 +1,102 @@
+package topology
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+)
+
+// WriteText writes t for people: driver, devices, the link matrix as
+// nvidia-smi topo -m draws it, libraries and backends.
+func WriteText(w io.Writer, t *Topology) error {
+	var b strings.Builder
+	if !t.Driver.Found {
+		fmt.Fprintf(&b, "%s: %s\n", ErrNoDriver, t.Driver.Error)
+	} else {
+		ver := t.Driver.Version
+		if ver == "" {
+			ver = "version unknown (no NVML)"
+		}
+		fmt.Fprintf(&b, "NVIDIA driver %s, CUDA %s\n", ver, t.Driver.CUDAVersion)
+		if !t.Driver.NVML {
+			fmt.Fprintf(&b, "NVML not available (%s): links shown as ?, no UUIDs or affinities\n", t.Driver.NVMLError)
+		}
+	}
+	if len(t.Devices) > 0 {
+		b.WriteString("\n")
+		tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "GPU\tname\tmemory\tPCI bus id\tCC\tNUMA\tCPUs\tVMM\tPOSIX fd\tfabric\tRDMA+VMM\tmulticast\tUUID")
+		for _, d := range t.Devices {
+			c := d.Capabilities
+			numa := "?"
+			if d.NUMANode >= 0 {
+				numa = fmt.Sprint(d.NUMANode)
+			}
+			mc := "no"
+			if c.MulticastHardware {
+				mc = "hardware yes, libsymm off"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%.1f GiB\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Index, d.Name,
+				float64(d.MemoryBytes)/(1<<30), d.PCIBusID, d.ComputeCapability, numa, orUnknown(d.CPUAffinity),
+				yes(c.VMM), yes(c.PosixFD), yes(c.Fabric), yes(c.GPUDirectRDMAWithVMM), mc, orUnknown(d.UUID))
+		}
+		tw.Flush()
+
+		b.WriteString("\nlinks (X itself, NV<n> n NVLinks, PIX/PXB PCIe switches, PHB host bridge, NODE one NUMA node, SYS across NUMA nodes)\n")
+		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		for i := range t.Devices {
+			fmt.Fprintf(tw, "\tGPU%d", i)
+		}
+		fmt.Fprintln(tw, "\t")
+		var noP2P []string
+		for i, row := range t.Links {
+			fmt.Fprintf(tw, "GPU%d", i)
+			for j, l := range row {
+				fmt.Fprintf(tw, "\t%s", l.Kind)
+				if !l.P2P {
+					noP2P = append(noP2P, fmt.Sprintf("GPU%d->GPU%d", i, j))
+				}
+			}
+			fmt.Fprintln(tw, "\t")
+		}
+		tw.Flush()
+		if len(noP2P) == 0 {
+			b.WriteString("peer access: every GPU can map every other's memory\n")
+		} else {
+			fmt.Fprintf(&b, "no peer access (symmetric memory cannot join these): %s\n", strings.Join(noP2P, " "))
+		}
+	}
+	b.WriteString("\nlibraries\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, l := range t.Libraries {
+		if l.Found {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", l.Name, orUnknown(l.Version), l.Path)
+		} else {
+			fmt.Fprintf(tw, "  %s\tnot found\t%s\n", l.Name, l.Error)
+		}
+	}
+	tw.Flush()
+	b.WriteString("\nbackends\n")
+	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, be := range t.Backends {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", be.Name, yes(be.Available), be.Reason)
+	}
+	tw.Flush()
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func yes(v bool) string {
+	if v {
+		return "yes"
+	}
+	return "no"
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "?"
+	}
+	return s
+}
