@@ -80,6 +80,7 @@ device: all $(BUILD)/bench/bench_threads $(BUILD)/tests/gpu_symm
 	@mkdir -p $(BUILD)/device
 	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
+	$(GO) test -c -o $(BUILD)/device/topology.test ./topology
 
 # C programs for the GPU machine (tests/device/run.sh runs build/tests/gpu_*).
 $(BUILD)/tests/gpu_%: tests/device/gpu_%.c include/symm.h $(LIB)

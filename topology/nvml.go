@@ -50,6 +50,9 @@ static inline nvmlReturn_t symm_nvml_pair_uint(void *fn, uintptr_t a, uintptr_t 
 static inline nvmlReturn_t symm_nvml_cpus(void *fn, uintptr_t d, unsigned n, unsigned long *set) {
   return ((nvmlReturn_t(*)(nvmlDevice_t, unsigned, unsigned long *))fn)((nvmlDevice_t)d, n, set);
 }
+static inline nvmlReturn_t symm_nvml_nodes(void *fn, uintptr_t d, unsigned n, unsigned long *set) {
+  return ((nvmlReturn_t(*)(nvmlDevice_t, unsigned, unsigned long *, int))fn)((nvmlDevice_t)d, n, set, 0); // NVML_AFFINITY_SCOPE_NODE
+}
 static inline const char *symm_nvml_error(void *fn, nvmlReturn_t r) {
   return ((const char *(*)(nvmlReturn_t))fn)(r);
 }
@@ -87,7 +90,7 @@ var nvmlSymbols = []string{
 	"nvmlInit_v2", "nvmlShutdown", "nvmlErrorString",
 	"nvmlSystemGetDriverVersion", "nvmlSystemGetCudaDriverVersion_v2", "nvmlSystemGetNVMLVersion",
 	"nvmlDeviceGetCount_v2", "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetName", "nvmlDeviceGetUUID",
-	"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCpuAffinity", "nvmlDeviceGetNumaNodeId",
+	"nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCpuAffinity", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetMemoryAffinity",
 	"nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetNvLinkRemoteDeviceType",
 	"nvmlDeviceGetTopologyCommonAncestor",
 }
@@ -226,13 +229,17 @@ func (l *nvmlLib) device(h uintptr) nvmlDevice {
 			d.NUMA = int(v)
 		}
 	}
-	if f := l.fn["nvmlDeviceGetCpuAffinity"]; f != nil {
-		const words = 64 // 4096 CPUs
-		set := (*C.ulong)(C.calloc(words, C.size_t(unsafe.Sizeof(C.ulong(0)))))
-		if C.symm_nvml_cpus(f, C.uintptr_t(h), words, set) == nvmlSuccess {
-			d.CPUs = cpuList(unsafe.Slice((*uint64)(unsafe.Pointer(set)), words))
+	const words = 64 // 4096 CPUs or NUMA nodes
+	set := (*C.ulong)(C.calloc(words, C.size_t(unsafe.Sizeof(C.ulong(0)))))
+	defer C.free(unsafe.Pointer(set))
+	if f := l.fn["nvmlDeviceGetCpuAffinity"]; f != nil && C.symm_nvml_cpus(f, C.uintptr_t(h), words, set) == nvmlSuccess {
+		d.CPUs = cpuList(unsafe.Slice((*uint64)(unsafe.Pointer(set)), words))
+	}
+	if f := l.fn["nvmlDeviceGetMemoryAffinity"]; f != nil {
+		C.memset(unsafe.Pointer(set), 0, words*C.size_t(unsafe.Sizeof(C.ulong(0))))
+		if C.symm_nvml_nodes(f, C.uintptr_t(h), words, set) == nvmlSuccess {
+			d.Nodes = cpuList(unsafe.Slice((*uint64)(unsafe.Pointer(set)), words))
 		}
-		C.free(unsafe.Pointer(set))
 	}
 	state, remote, kind := l.fn["nvmlDeviceGetNvLinkState"], l.fn["nvmlDeviceGetNvLinkRemotePciInfo_v2"], l.fn["nvmlDeviceGetNvLinkRemoteDeviceType"]
 	if state != nil && remote != nil {

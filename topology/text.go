@@ -29,16 +29,16 @@ func WriteText(w io.Writer, t *Topology) error {
 		fmt.Fprintln(tw, "GPU\tname\tmemory\tPCI bus id\tCC\tNUMA\tCPUs\tVMM\tPOSIX fd\tfabric\tRDMA+VMM\tmulticast\tUUID")
 		for _, d := range t.Devices {
 			c := d.Capabilities
-			numa := "?"
+			numa := d.NUMAAffinity
 			if d.NUMANode >= 0 {
-				numa = fmt.Sprint(d.NUMANode)
+				numa += fmt.Sprintf(" (GPU memory: node %d)", d.NUMANode)
 			}
 			mc := "no"
 			if c.MulticastHardware {
 				mc = "hardware yes, libsymm off"
 			}
 			fmt.Fprintf(tw, "%d\t%s\t%.1f GiB\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Index, d.Name,
-				float64(d.MemoryBytes)/(1<<30), d.PCIBusID, d.ComputeCapability, numa, orUnknown(d.CPUAffinity),
+				float64(d.MemoryBytes)/(1<<30), d.PCIBusID, d.ComputeCapability, orUnknown(numa), orUnknown(d.CPUAffinity),
 				yes(c.VMM), yes(c.PosixFD), yes(c.Fabric), yes(c.GPUDirectRDMAWithVMM), mc, orUnknown(d.UUID))
 		}
 		tw.Flush()

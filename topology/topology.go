@@ -49,7 +49,8 @@ type Device struct {
 	MemoryBytes       uint64       `json:"memory_bytes"`
 	ComputeCapability string       `json:"compute_capability"` // "9.0"
 	CPUAffinity       string       `json:"cpu_affinity"`       // CPUs near the device, "0-31,64-95"; "" unknown
-	NUMANode          int          `json:"numa_node"`          // -1: unknown
+	NUMAAffinity      string       `json:"numa_affinity"`      // NUMA nodes near the device (nvidia-smi's "NUMA Affinity"), "0"; "" unknown
+	NUMANode          int          `json:"numa_node"`          // the GPU memory's own NUMA node (nvidia-smi's "GPU NUMA ID"); -1: none or unknown
 	Capabilities      Capabilities `json:"capabilities"`
 }
 
@@ -128,6 +129,7 @@ type nvmlDevice struct {
 	BusID  string
 	Memory uint64
 	CPUs   string
+	Nodes  string // NUMA nodes near the device
 	NUMA   int
 	Links  []nvLink // active NVLinks
 }
@@ -247,7 +249,7 @@ func discover(cu cudaFacts, nv nvmlFacts, nvErr error) (*Topology, error) {
 			MulticastHardware:    attr(i, attrMulticast) != 0,
 		}
 		if nd, ok := nvDevs[d.PCIBusID]; ok {
-			d.UUID, d.CPUAffinity, d.NUMANode = nd.UUID, nd.CPUs, nd.NUMA
+			d.UUID, d.CPUAffinity, d.NUMAAffinity, d.NUMANode = nd.UUID, nd.CPUs, nd.Nodes, nd.NUMA
 		}
 		t.Devices = append(t.Devices, d)
 	}

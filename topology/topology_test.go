@@ -48,7 +48,7 @@ func newFakeNVML() *fakeNVML {
 	f := &fakeNVML{}
 	for i := 0; i < 4; i++ {
 		d := nvmlDevice{handle: uintptr(i + 1), Name: "NVIDIA H200", UUID: fmt.Sprintf("GPU-%d", i), BusID: bus(i),
-			Memory: 140 << 30, CPUs: "0-31", NUMA: i / 2}
+			Memory: 140 << 30, CPUs: "0-31", Nodes: fmt.Sprint(i / 2), NUMA: i / 2}
 		switch i {
 		case 0, 1:
 			for k := 0; k < 4; k++ {
@@ -96,6 +96,7 @@ func TestDiscoverMatrix(t *testing.T) {
 	require.Equal(t, "GPU-2", d.UUID)
 	require.Equal(t, "00000000:1a:00.0", d.PCIBusID)
 	require.Equal(t, 1, d.NUMANode)
+	require.Equal(t, "1", d.NUMAAffinity)
 	require.Equal(t, "9.0", d.ComputeCapability)
 	require.True(t, d.Capabilities.MulticastHardware)
 	require.False(t, d.Capabilities.MulticastEnabled, "libsymm never uses multicast")
@@ -163,7 +164,7 @@ func TestJSONSchema(t *testing.T) {
 	require.ElementsMatch(t, []string{"found", "version", "cuda_version", "nvml"}, keys(m["driver"]))
 	dev := m["devices"].([]any)[0]
 	require.ElementsMatch(t, []string{"index", "name", "uuid", "pci_bus_id", "memory_bytes", "compute_capability",
-		"cpu_affinity", "numa_node", "capabilities"}, keys(dev))
+		"cpu_affinity", "numa_affinity", "numa_node", "capabilities"}, keys(dev))
 	require.ElementsMatch(t, []string{"vmm", "posix_fd", "fabric", "gpu_direct_rdma_with_vmm", "multicast_hardware",
 		"multicast_enabled"}, keys(dev.(map[string]any)["capabilities"]))
 	link := m["links"].([]any)[0].([]any)[1]

@@ -68,6 +68,10 @@ def main():
     check("signal pads zero after use", int(pads[world: 2 * world].sum()) == 0, f"{pads[:2 * world].tolist()}")
     check("same tensor and group: same handle", symm.rendezvous(t, group).handle == h.handle)
     check("no multicast", not symm.has_multicast_support(rank))
+    check("world within direct access", symm.world_within_direct_access(group) and h.world_within_direct_access())
+    topo = symm.topology()
+    check("topology: driver, devices, peer access", topo["driver"]["found"] and len(topo["devices"]) >= world
+          and all(l["p2p"] for row in topo["links"] for l in row), str(topo["links"])[:200])
 
     # A tensor inside a MemPool block (the second small tensor shares the
     # first's segment): host and device pointer arrays both start at it.
