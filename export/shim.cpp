@@ -291,6 +291,34 @@ int symm_world_within_direct_access(symm_store_t store, const char *group, int r
   return goWorldWithinDirectAccess(store, (char *)group, rank, world_size, device, out);
 }
 
+int symm_set_backend(const char *name) {
+  SYMM_GUARD("symm_set_backend");
+  if (name == nullptr) {
+    set_error_c(SYMM_ERR_INVALID, "symm_set_backend: name is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  return goSetBackend((char *)name);
+}
+
+int symm_get_backend(char *buf, size_t cap) {
+  SYMM_GUARD("symm_get_backend");
+  if (buf == nullptr || cap < 8) {
+    set_error_c(SYMM_ERR_INVALID, "symm_get_backend: buf is NULL or shorter than 8 bytes");
+    return SYMM_ERR_INVALID;
+  }
+  return goGetBackend(buf, cap);
+}
+
+int symm_nvshmem_available(void) {
+  if (forked("symm_nvshmem_available")) return 0;
+  return goNVSHMEMAvailable();
+}
+
+int symm_backend_init(symm_store_t store, int rank, int world_size, int device) {
+  SYMM_GUARD("symm_backend_init");
+  return goBackendInit(store, rank, world_size, device);
+}
+
 int symm_topology(const char *lib_dirs, char *buf, size_t cap, size_t *len) {
   SYMM_GUARD("symm_topology");
   if (len == nullptr) {

@@ -19,10 +19,11 @@ import (
 )
 
 // Symmetric memory: the manager is made on first use, over the provider of
-// the backend SYMM_DEVICE selects.
+// the backend symm_set_backend chose, else SYMM_BACKEND, else SYMM_DEVICE's.
 var symmLib struct {
-	mu  sync.Mutex
-	mgr *symmetric.Manager
+	mu      sync.Mutex
+	mgr     *symmetric.Manager
+	backend string // set by symm_set_backend before the manager exists
 }
 
 func getManager() (*symmetric.Manager, error) {
@@ -31,7 +32,16 @@ func getManager() (*symmetric.Manager, error) {
 	if symmLib.mgr != nil {
 		return symmLib.mgr, nil
 	}
-	prov, err := newProvider(getenv)
+	env := getenv
+	if symmLib.backend != "" {
+		env = func(k string) string {
+			if k == "SYMM_BACKEND" {
+				return symmLib.backend
+			}
+			return getenv(k)
+		}
+	}
+	prov, err := newProvider(env)
 	if err != nil {
 		return nil, err
 	}
@@ -407,13 +417,38 @@ func goBarrier(hid C.int64_t, channel C.int, stream C.uintptr_t, timeoutMS C.int
 
 // newProvider picks the symmetric provider of the backend SYMM_DEVICE names.
 func newProvider(getenv func(string) string) (symmetric.Provider, error) {
-	switch dev := getenv("SYMM_DEVICE"); dev {
-	case "host":
-		return symmetric.NewHostProvider(), nil
-	case "", "cuda":
-		return newCUDAProvider()
+	dev := getenv("SYMM_DEVICE")
+	switch dev {
+	case "", "cuda", "host":
 	default:
 		return nil, fmt.Errorf("%w: SYMM_DEVICE=%q: want \"cuda\" or \"host\"", symmetric.ErrInvalid, dev)
+	}
+	backend := getenv("SYMM_BACKEND")
+	if backend == "" {
+		backend = dev
+	}
+	switch backend {
+	case "host":
+		if dev != "" && dev != "host" {
+			return nil, fmt.Errorf("%w: SYMM_BACKEND=host with SYMM_DEVICE=%s: host memory needs SYMM_DEVICE=host", symmetric.ErrInvalid, dev)
+		}
+		return symmetric.NewHostProvider(), nil
+	case "", "cuda":
+		if dev == "host" {
+			return symmetric.NewHostProvider(), nil // SYMM_DEVICE=host alone
+		}
+		return newCUDAProvider()
+	case "nvshmem":
+		if dev == "host" {
+			return nil, fmt.Errorf("%w: SYMM_BACKEND=nvshmem needs GPUs, not SYMM_DEVICE=host", symmetric.ErrInvalid)
+		}
+		p, err := symmetric.NewNVSHMEMProvider(nil)
+		if err != nil {
+			return nil, noDevice{err}
+		}
+		return p, nil
+	default:
+		return nil, fmt.Errorf("%w: SYMM_BACKEND=%q: want \"cuda\", \"nvshmem\" or \"host\"", symmetric.ErrInvalid, backend)
 	}
 }
 
@@ -423,4 +458,80 @@ func newCUDAProvider() (symmetric.Provider, error) {
 		return nil, noDevice{err}
 	}
 	return p, nil
+}
+
+// ---- backend choice -----------------------------------------------------------
+
+//export goSetBackend
+func goSetBackend(name *C.char) (code C.int) {
+	defer guard("symm_set_backend", &code)
+	n := C.GoString(name)
+	switch n {
+	case "cuda", "nvshmem", "host":
+	default:
+		return failSymm("symm_set_backend", fmt.Errorf("%w: backend %q: want \"cuda\", \"nvshmem\" or \"host\"", symmetric.ErrInvalid, n))
+	}
+	symmLib.mu.Lock()
+	defer symmLib.mu.Unlock()
+	if symmLib.mgr != nil {
+		if cur := symmLib.mgr.ProviderName(); cur != n {
+			return failSymm("symm_set_backend", fmt.Errorf("%w: symmetric memory already runs on the %s backend (it is chosen once, before the first symmetric allocation or rendezvous)", symmetric.ErrInvalid, cur))
+		}
+		return C.SYMM_OK
+	}
+	symmLib.backend = n
+	return C.SYMM_OK
+}
+
+// goGetBackend writes the backend's name ("cuda", "nvshmem", "host"): the
+// one in use, else the one that will be used.
+//
+//export goGetBackend
+func goGetBackend(buf *C.char, capacity C.size_t) (code C.int) {
+	defer guard("symm_get_backend", &code)
+	symmLib.mu.Lock()
+	name := symmLib.backend
+	if symmLib.mgr != nil {
+		name = symmLib.mgr.ProviderName()
+	}
+	symmLib.mu.Unlock()
+	if name == "" {
+		name = getenv("SYMM_BACKEND")
+	}
+	if name == "" {
+		name = "cuda"
+		if getenv("SYMM_DEVICE") == "host" {
+			name = "host"
+		}
+	}
+	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(capacity))
+	dst[copy(dst[:len(dst)-1], name)] = 0
+	return C.SYMM_OK
+}
+
+//export goNVSHMEMAvailable
+func goNVSHMEMAvailable() (code C.int) {
+	defer guard("symm_nvshmem_available", &code)
+	if err := symmetric.IsNVSHMEMAvailable(nil); err != nil {
+		failSymm("symm_nvshmem_available", err)
+		return 0
+	}
+	return 1
+}
+
+//export goBackendInit
+func goBackendInit(s C.int64_t, rank, world, device C.int) (code C.int) {
+	defer guard("symm_backend_init", &code)
+	m, err := getManager()
+	if err != nil {
+		return failSymm("symm_backend_init", err)
+	}
+	e, err := stores.get(int64(s))
+	if err != nil {
+		return failSymm("symm_backend_init", err)
+	}
+	if err := m.Bootstrap(e.s, int(rank), int(world), int(device)); err != nil {
+		return failSymm("symm_backend_init", err)
+	}
+	return C.SYMM_OK
 }

@@ -33,7 +33,8 @@ enum {
   SYMM_OK = 0,
   SYMM_ERR_INVALID = 1,        /* bad argument: device out of range, bad fraction, ... */
   SYMM_ERR_OUT_OF_MEMORY = 2,  /* device out of memory or pool limit reached (after one retry) */
-  SYMM_ERR_NO_DEVICE = 3,      /* no CUDA driver / no GPU, and SYMM_DEVICE=host not set */
+  SYMM_ERR_NO_DEVICE = 3,      /* no CUDA driver / no GPU, and SYMM_DEVICE=host not set; or the chosen
+                                  symmetric backend cannot run here (NVSHMEM missing or unsupported) */
   SYMM_ERR_UNKNOWN_POINTER = 4,/* free/record_stream of a pointer this pool did not hand out (or already freed) */
   SYMM_ERR_FORKED = 5,         /* called from a forked child */
   SYMM_ERR_DRIVER = 6,         /* the CUDA driver returned an error; the message has its name */
@@ -144,6 +145,27 @@ void symm_free(void *ptr, size_t size, int device, void *stream);
 /* Always 0: libsymm never creates multicast objects. */
 int symm_has_multicast_support(int device);
 
+/* ---- symmetric backends ----------------------------------------------------
+ *
+ * "cuda" (default: VMM + file descriptors over Unix sockets), "nvshmem"
+ * (NVSHMEM's symmetric heap; libnvshmem_host.so.3 from SYMM_NVSHMEM_LIB or
+ * the loader path; NVSHMEM 3.x) or "host" (with SYMM_DEVICE=host).
+ * symm_set_backend chooses before the first symmetric call (SYMM_BACKEND
+ * does the same); afterwards only the backend in use is accepted.
+ *
+ * The NVSHMEM backend must be initialized by every rank with
+ * symm_backend_init before its first symm_alloc (rank 0's unique id goes
+ * through the store). Under it symm_alloc and symm_free are collective, as
+ * nvshmem_malloc and nvshmem_free are: every rank calls them with the same
+ * sizes in the same order (PyTorch's NVSHMEM backend has the same rule). For
+ * the other backends symm_backend_init only checks its arguments. */
+int symm_set_backend(const char *name);
+/* Writes the backend's name (in use, else chosen) into buf (NUL-terminated). */
+int symm_get_backend(char *buf, size_t cap);
+/* 1 when NVSHMEM's host library loads and is a supported version; else 0,
+ * and the last error says why. Initializes nothing. */
+int symm_nvshmem_available(void);
+
 /* ---- topology --------------------------------------------------------------
  *
  * symm_topology writes what `symm info --json` prints: devices, the link
@@ -190,6 +212,10 @@ typedef int64_t symm_handle_t;
  * for the peers at most SYMM_RENDEZVOUS_TIMEOUT. The same block and group
  * again gives the same handle. */
 int symm_rendezvous(void *ptr, symm_store_t store, const char *group, int rank, int world_size, symm_handle_t *out);
+
+/* Joins the backend's world (NVSHMEM: bootstrap by unique id through store,
+ * collective, once per process, on device). */
+int symm_backend_init(symm_store_t store, int rank, int world_size, int device);
 
 typedef struct {
   int rank, world_size;

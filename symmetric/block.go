@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/libsymm/libsymm/store"
 )
 
 // SignalPadSize is the size of each block's signal pad: 512 uint32 slots,
@@ -170,6 +172,22 @@ func (m *Manager) zeroPad(b *Block) error {
 		Zero(dev int, ptr uintptr, n uint64) error
 	}); ok {
 		return z.Zero(b.mem.Dev, b.PadPtr(), SignalPadSize)
+	}
+	return nil
+}
+
+// ProviderName is the name of the backend blocks come from ("cuda", "nvshmem", "host").
+func (m *Manager) ProviderName() string { return m.prov.Name() }
+
+// Bootstrap joins the provider's world when it has one (NVSHMEM: every rank
+// calls it once before allocating); for the others it only checks its
+// arguments.
+func (m *Manager) Bootstrap(st store.Store, rank, world, dev int) error {
+	if world < 1 || rank < 0 || rank >= world || st == nil {
+		return fmt.Errorf("%w: backend init needs 0 <= rank < world and a store (rank %d, world %d)", ErrInvalid, rank, world)
+	}
+	if b, ok := m.prov.(Bootstrapper); ok {
+		return b.Bootstrap(st, rank, world, dev, m.cfg.Timeout)
 	}
 	return nil
 }

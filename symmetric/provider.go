@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/libsymm/libsymm/store"
 )
 
 // Provider makes exportable memory and maps peers' memory. One per backend:
@@ -56,6 +58,26 @@ type Mem struct {
 	// provider-specific: a memfd (host) or a CUmemGenericAllocationHandle (cuda).
 	fd     int
 	handle uint64
+	// view: a peer's memory seen through a mapping its owner made (NVSHMEM's
+	// heap): there is nothing of ours to release.
+	view bool
+}
+
+// PeerMapper is implemented by providers whose blocks every peer has mapped
+// already (NVSHMEM's symmetric heap): a rendezvous asks for a peer's address
+// instead of exchanging descriptors.
+type PeerMapper interface {
+	// PeerID is this process's id in the provider's world (its PE).
+	PeerID() (int, error)
+	// PeerPtr is where the block of peer id that matches m is mapped here,
+	// or an error when it cannot be reached with loads and stores.
+	PeerPtr(m *Mem, id int) (uintptr, error)
+}
+
+// Bootstrapper is implemented by providers that must join their world
+// before the first allocation (NVSHMEM). Every rank calls Bootstrap once.
+type Bootstrapper interface {
+	Bootstrap(st store.Store, rank, world, dev int, timeout time.Duration) error
 }
 
 // ErrSignalTimeout marks a wait_signal or barrier that did not complete.

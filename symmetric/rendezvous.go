@@ -37,6 +37,7 @@ type meta struct {
 	Size     uint64 `json:"size"`
 	Block    uint64 `json:"block"`
 	Socket   string `json:"socket"`
+	PE       int    `json:"pe"` // PeerMapper.PeerID (NVSHMEM's PE); 0 otherwise
 }
 
 // Rendezvous maps every rank's block of group g into this process and
@@ -105,7 +106,8 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 		err error
 	}
 	exp := make(chan exported, 1)
-	if b.exportFD >= 0 {
+	pm, mapped := m.prov.(PeerMapper) // peers are mapped already: nothing to export
+	if b.exportFD >= 0 || mapped {
 		exp <- exported{fd: b.exportFD}
 	} else {
 		go func() {
@@ -126,6 +128,11 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	if p, ok := m.prov.(Peering); ok {
 		if me.DevID, err = p.DeviceID(b.Dev()); err != nil {
 			return nil, fmt.Errorf("naming device %d: %w", b.Dev(), err)
+		}
+	}
+	if mapped {
+		if me.PE, err = pm.PeerID(); err != nil {
+			return nil, err
 		}
 	}
 
@@ -177,21 +184,11 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 			h.release()
 		}
 	}()
-	// Send while receiving: a peer's queue may be full until it reads.
-	sent := make(chan error, 1)
-	go func() {
-		var errs []error
-		payload := []byte(fmt.Sprint(g.Rank))
-		for j := 0; j < g.World; j++ {
-			if j != g.Rank {
-				if err := mb.SendTo(metas[j].Socket, payload, []int{e.fd}, time.Until(deadline)); err != nil {
-					errs = append(errs, fmt.Errorf("sending our block to rank %d (pid %d): %w", j, metas[j].PID, err))
-				}
-			}
-		}
-		sent <- errors.Join(errs...)
-	}()
-	err = errors.Join(h.receive(mb, metas, deadline), <-sent)
+	if mapped {
+		err = h.mapViews(pm, metas)
+	} else {
+		err = h.exchange(mb, metas, e.fd, g, deadline)
+	}
 	tr.mark(fmt.Sprintf("exchange descriptors + map (of which import+map %.3fms)", float64(h.importTime.Load())/1e6))
 
 	// Done only when every rank has mapped every peer, so that all ranks
@@ -251,6 +248,42 @@ func (t *tracer) done() {
 		fmt.Fprintf(os.Stderr, "symm: rendezvous %q rank %d/%d: %.3fms: %s\n", t.g.Name, t.g.Rank, t.g.World,
 			float64(time.Since(t.start).Microseconds())/1e3, strings.Join(t.phases, ", "))
 	}
+}
+
+// exchange sends our block's descriptor fd to every peer's mailbox while
+// taking and mapping theirs from mb.
+func (h *Handle) exchange(mb *ipc.Mailbox, metas []meta, fd int, g Group, deadline time.Time) error {
+	// Send while receiving: a peer's queue may be full until it reads.
+	sent := make(chan error, 1)
+	go func() {
+		var errs []error
+		payload := []byte(fmt.Sprint(g.Rank))
+		for j := 0; j < g.World; j++ {
+			if j != g.Rank {
+				if err := mb.SendTo(metas[j].Socket, payload, []int{fd}, time.Until(deadline)); err != nil {
+					errs = append(errs, fmt.Errorf("sending our block to rank %d (pid %d): %w", j, metas[j].PID, err))
+				}
+			}
+		}
+		sent <- errors.Join(errs...)
+	}()
+	return errors.Join(h.receive(mb, metas, deadline), <-sent)
+}
+
+// mapViews finds every peer's block through the provider (NVSHMEM's
+// nvshmem_ptr on our symmetric address): no descriptor changes hands.
+func (h *Handle) mapViews(pm PeerMapper, metas []meta) error {
+	for j, p := range metas {
+		if j == h.rank {
+			continue
+		}
+		ptr, err := pm.PeerPtr(h.b.mem, p.PE)
+		if err != nil {
+			return fmt.Errorf("rank %d (pid %d, PE %d): %w", j, p.PID, p.PE, err)
+		}
+		h.peers[j] = &Mem{Ptr: ptr, Size: h.b.mem.Size, Dev: h.b.Dev(), fd: -1, view: true}
+	}
+	return nil
 }
 
 // failurePrefix starts a mailbox message that reports a rank's failure

@@ -234,6 +234,67 @@ _mempools: dict = {}
 _stores: dict = {}
 
 
+def _nvshmem_from_site_packages() -> None:
+    """Points SYMM_NVSHMEM_LIB at pip's NVSHMEM (nvidia/nvshmem/lib) unless
+    it is set already: libsymm also tries the loader path."""
+    import site
+
+    if os.environ.get("SYMM_NVSHMEM_LIB"):
+        return
+    try:
+        dirs = site.getsitepackages() + [site.getusersitepackages()]
+    except AttributeError:
+        dirs = []
+    for d in dirs:
+        lib = os.path.join(d, "nvidia", "nvshmem", "lib", "libnvshmem_host.so.3")
+        if os.path.exists(lib):
+            os.environ["SYMM_NVSHMEM_LIB"] = lib
+            return
+
+
+def set_backend(name: str) -> None:
+    """Chooses the symmetric-memory backend: "cuda" (default), "nvshmem" or
+    "host", before the first symmetric allocation (as SYMM_BACKEND does)."""
+    if name == "nvshmem":
+        _nvshmem_from_site_packages()
+    _call_rc(load().symm_set_backend, name.encode())
+
+
+def get_backend() -> str:
+    """The symmetric-memory backend in use (or that will be used)."""
+    buf = ctypes.create_string_buffer(32)
+    _call_rc(load().symm_get_backend, buf, len(buf))
+    return buf.value.decode()
+
+
+def is_nvshmem_available() -> bool:
+    """Whether NVSHMEM's host library (3.x) can be loaded here."""
+    _nvshmem_from_site_packages()
+    return bool(load().symm_nvshmem_available())
+
+
+def backend_init(store: Store, rank: int, world_size: int, device: int = 0) -> None:
+    """Joins the backend's world (NVSHMEM: collective bootstrap through store)."""
+    _call_rc(load().symm_backend_init, store.handle, int(rank), int(world_size), int(device))
+
+
+_backend_ready: dict = {}
+
+
+def _ensure_backend(dev: int) -> None:
+    """Under NVSHMEM, initializes it once with the default process group."""
+    if _backend_ready.get(dev) or get_backend() != "nvshmem":
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise SymmError(ErrorCode.INVALID, "the NVSHMEM backend needs torch.distributed initialized "
+                        "(it bootstraps through the default process group's store)")
+    group = dist.group.WORLD
+    backend_init(_group_store(group), dist.get_rank(group), dist.get_world_size(group), dev)
+    _backend_ready[dev] = True
+
+
 def get_mempool_allocator(device: Any = 0):
     """A CUDAPluggableAllocator over symm_alloc/symm_free, for torch.cuda.MemPool."""
     import torch
@@ -253,6 +314,7 @@ def empty(*size, dtype=None, device="cuda"):
     dev = torch.device(device)
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
+    _ensure_backend(dev.index)
     if dev.index not in _mempools:
         _mempools[dev.index] = torch.cuda.MemPool(get_mempool_allocator(dev.index))
     with torch.cuda.use_mem_pool(_mempools[dev.index], device=dev):

@@ -98,6 +98,10 @@ static int child(int rank, int world, int dev, const char *addr) {
   if (cuDevicePrimaryCtxRetain(&ctx, dev) != 0 || cuCtxSetCurrent(ctx) != 0) return 2;
   symm_store_t st;
   if (symm_store_connect(addr, "", 10000, &st) != SYMM_OK) return 2;
+  /* NVSHMEM (SYMM_BACKEND=nvshmem) joins its world here; for the CUDA backend this only checks. */
+  CHECK(symm_backend_init(st, rank, world, dev) == SYMM_OK, "backend init");
+  char backend[32];
+  CHECK(symm_get_backend(backend, sizeof backend) == SYMM_OK, "backend name");
   const size_t size = 64 << 20, n = size / 4;
   uint32_t *host = malloc(size);
   int next = (rank + 1) % world, prev = (rank + world - 1) % world;
@@ -164,7 +168,7 @@ static int child(int rank, int world, int dev, const char *addr) {
   symm_store_close(st);
   free(host);
   if (failures) fprintf(stderr, "rank %d: %d checks failed\n", rank, failures);
-  printf("rank %d (device %d): %d checks passed, %d failed\n", rank, dev, passes, failures);
+  printf("rank %d (device %d, %s backend): %d checks passed, %d failed\n", rank, dev, backend, passes, failures);
   return failures != 0;
 }
 

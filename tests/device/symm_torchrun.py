@@ -124,15 +124,75 @@ def timed(fn, reps=1):
 bench_rows = []
 
 
+# SYMM_BENCH_SIDES: "both" (default), "ours" or "theirs": with NVSHMEM on both
+# sides, libsymm and PyTorch would each initialize NVSHMEM in one process, so
+# symm_gpus.sh runs the two sides in two torchruns of one job.
+SIDES = os.environ.get("SYMM_BENCH_SIDES", "both")
+
+
 def bench(rank, world, dev, group):
     import torch.distributed._symmetric_memory as tsm
     from symm._symmetric import _group_store
 
+    if os.environ.get("TORCH_SYMMMEM") == "NVSHMEM":
+        # PyTorch registers its NVSHMEM allocator when asked whether NVSHMEM is there.
+        ok = tsm.is_nvshmem_available() if hasattr(tsm, "is_nvshmem_available") else False
+        if rank == 0:
+            print(f"torch NVSHMEM available: {ok}", flush=True)
+        try:
+            cur = tsm.get_backend(dev) if hasattr(tsm, "get_backend") else None
+            if cur != "NVSHMEM" and hasattr(tsm, "set_backend"):
+                tsm.set_backend("NVSHMEM")
+        except RuntimeError as e:
+            if rank == 0:
+                print(f"torch NVSHMEM backend: {e} (get_backend: {cur})", flush=True)
+            raise
+        if rank == 0:
+            print(f"torch symmetric memory backend: {tsm.get_backend(dev)}", flush=True)
     try:
         tsm.enable_symm_mem_for_group(group.group_name)
     except Exception:  # newer torch needs no opt-in
         pass
     st = _group_store(group)
+    nan = float("nan")
+    if SIDES != "both":
+        # One side only: time it, leave the other column empty.
+        for size in (MiB, 256 * MiB, 1024 * MiB):
+            n = size // 4
+
+            def ours():
+                p = symm.symm_alloc(size, rank)
+                symm.rendezvous_ptr(p, st, f"bench{size}", rank, world, dev)
+                symm.symm_free(p)
+
+            def theirs():
+                x = tsm.empty(n, dtype=torch.float32, device=dev)
+                tsm.rendezvous(x, group.group_name)
+
+            fn = ours if SIDES == "ours" else theirs
+            fn()
+            t = timed(fn) * 1e3
+            bench_rows.append((f"rendezvous {size // MiB} MiB, {world} GPUs (ms)", t if SIDES == "ours" else nan,
+                               t if SIDES == "theirs" else nan))
+        n = 256 * MiB // 4
+        src = torch.randn(n, device=dev)
+        if SIDES == "ours":
+            hx = symm.rendezvous(symm.empty(n, dtype=torch.float32, device=dev), group)
+            peer = hx.get_buffer((rank + 1) % world, (n,), torch.float32)
+            sym_barrier = lambda: hx.barrier(channel=0)  # noqa: E731
+        else:
+            tx = tsm.empty(n, dtype=torch.float32, device=dev)
+            th = tsm.rendezvous(tx, group.group_name)
+            peer = th.get_buffer((rank + 1) % world, (n,), torch.float32)
+            sym_barrier = lambda: th.barrier(channel=0)  # noqa: E731
+        peer.copy_(src)
+        bw = 256 * MiB / timed(lambda: peer.copy_(src), reps=20) / 1e9
+        bench_rows.append(("write 256 MiB into the peer, all ranks at once (GB/s)", bw if SIDES == "ours" else nan,
+                           bw if SIDES == "theirs" else nan))
+        t = timed(sym_barrier, reps=200) * 1e6
+        bench_rows.append((f"barrier, {world} GPUs (µs, host-timed, 200 back to back)", t if SIDES == "ours" else nan,
+                           t if SIDES == "theirs" else nan))
+        return
     for size in (MiB, 256 * MiB, 1024 * MiB):
         n = size // 4
 
@@ -191,7 +251,9 @@ def report(rank, world):
         for name, ok, detail in res:
             bad += not ok
             lines.append(f"{'PASS' if ok else 'FAIL'}  rank {r}  {name}  {detail}")
-    lines += ["", f"| {world} × {torch.cuda.get_device_name(0)} | libsymm | torch symmetric memory (CUDA) | ratio |",
+    ours_b = symm.get_backend()
+    theirs_b = "NVSHMEM" if os.environ.get("TORCH_SYMMMEM") == "NVSHMEM" else "CUDA"
+    lines += ["", f"| {world} × {torch.cuda.get_device_name(0)} | libsymm ({ours_b}) | torch symmetric memory ({theirs_b}) | ratio |",
               "| --- | ---: | ---: | ---: |"]
     for name, a, b in bench_rows:
         lines.append(f"| {name} | {a:.3f} | {b:.3f} | {a / b:.2f}× |")
@@ -199,7 +261,8 @@ def report(rank, world):
     text = "\n".join(lines)
     print(text, flush=True)
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], f"symm_gpu_{world}.md"), "w") as f:
+        tag = os.environ.get("SYMM_RUN_TAG", "")
+        with open(os.path.join(os.environ["OUT"], f"symm_gpu_{world}{tag}.md"), "w") as f:
             f.write(text + "\n")
     if bad:
         sys.exit(1)

@@ -149,3 +149,67 @@ def test_bad_symmetric_input():
         st.close()
     finally:
         symm.symm_free(p)
+
+
+NVSHMEM_CHILD = textwrap.dedent(
+    """
+    import json, sys, symm
+    out = {"available": symm.is_nvshmem_available()}
+    try:
+        symm.set_backend("nvshmem")
+        out["backend"] = symm.get_backend()
+        symm.symm_alloc(1 << 20)
+        out["alloc"] = "succeeded"
+    except symm.SymmError as e:
+        out["alloc"] = [int(e.code), str(e)]
+    try:
+        symm.set_backend("tpu")
+    except symm.SymmError as e:
+        out["bad_name"] = [int(e.code), str(e)]
+    print(json.dumps(out))
+    """
+)
+
+
+def _nvshmem_child(tmp_path, lib_path):
+    env = child_env({"SYMM_NVSHMEM_LIB": str(lib_path)})
+    env.pop("SYMM_DEVICE", None)  # NVSHMEM needs GPUs: the error must be about the library, not the device
+    proc = run_python(NVSHMEM_CHILD, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_nvshmem_missing_library_is_a_clear_error(tmp_path):
+    r = _nvshmem_child(tmp_path, tmp_path / "nowhere" / "libnvshmem_host.so.3")
+    assert r["available"] is False
+    assert r["backend"] == "nvshmem"
+    code, msg = r["alloc"]
+    assert code == 3 and "libnvshmem_host.so.3 not found" in msg and "SYMM_NVSHMEM_LIB" in msg, msg
+    assert r["bad_name"][0] == 1 and "tpu" in r["bad_name"][1]
+
+
+@pytest.mark.parametrize("version,symbols,want", [
+    ((2, 11, 0), True, "NVSHMEM 2.11.0 at"),
+    ((3, 4, 5), False, "lacks nvshmemx_get_uniqueid"),
+])
+def test_nvshmem_unsupported_library_is_a_clear_error(tmp_path, version, symbols, want):
+    import shutil
+    import subprocess
+
+    if shutil.which("cc") is None:
+        pytest.fail("a C compiler is needed to build the fake library")
+    src = ("void nvshmemx_vendor_get_version_info(int *a, int *b, int *c) { *a = %d; *b = %d; *c = %d; }\n" % version)
+    if symbols:
+        for fn in ["nvshmemx_get_uniqueid", "nvshmemx_set_attr_uniqueid_args", "nvshmemx_hostlib_init_attr",
+                   "nvshmemx_hostlib_finalize", "nvshmemx_init_status", "nvshmem_my_pe", "nvshmem_n_pes",
+                   "nvshmem_malloc", "nvshmem_align", "nvshmem_free", "nvshmem_ptr"]:
+            src += "int %s(void) { return 0; }\n" % fn
+    (tmp_path / "fake.c").write_text(src)
+    lib = tmp_path / "libnvshmem_host.so.3"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "fake.c")], check=True)
+    r = _nvshmem_child(tmp_path, lib)
+    assert r["available"] is False
+    code, msg = r["alloc"]
+    assert code == 3 and want in msg, msg
+    if version[0] != 3:
+        assert "not supported" in msg and "3.x" in msg
