@@ -314,6 +314,16 @@ int symm_nvshmem_available(void) {
   return goNVSHMEMAvailable();
 }
 
+int symm_nccl_available(void) {
+  if (forked("symm_nccl_available")) return 0;
+  return goNCCLAvailable();
+}
+
+int symm_nccl_adopt_comm(void *comm, int device) {
+  SYMM_GUARD("symm_nccl_adopt_comm");
+  return goNCCLAdoptComm((uintptr_t)comm, device);
+}
+
 int symm_backend_init(symm_store_t store, int rank, int world_size, int device) {
   SYMM_GUARD("symm_backend_init");
   return goBackendInit(store, rank, world_size, device);

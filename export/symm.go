@@ -438,17 +438,21 @@ func newProvider(getenv func(string) string) (symmetric.Provider, error) {
 			return symmetric.NewHostProvider(), nil // SYMM_DEVICE=host alone
 		}
 		return newCUDAProvider()
-	case "nvshmem":
+	case "nvshmem", "nccl":
 		if dev == "host" {
-			return nil, fmt.Errorf("%w: SYMM_BACKEND=nvshmem needs GPUs, not SYMM_DEVICE=host", symmetric.ErrInvalid)
+			return nil, fmt.Errorf("%w: SYMM_BACKEND=%s needs GPUs, not SYMM_DEVICE=host", symmetric.ErrInvalid, backend)
 		}
-		p, err := symmetric.NewNVSHMEMProvider(nil)
+		newP := symmetric.NewNVSHMEMProvider
+		if backend == "nccl" {
+			newP = symmetric.NewNCCLProvider
+		}
+		p, err := newP(nil)
 		if err != nil {
 			return nil, noDevice{err}
 		}
 		return p, nil
 	default:
-		return nil, fmt.Errorf("%w: SYMM_BACKEND=%q: want \"cuda\", \"nvshmem\" or \"host\"", symmetric.ErrInvalid, backend)
+		return nil, fmt.Errorf("%w: SYMM_BACKEND=%q: want \"cuda\", \"nvshmem\", \"nccl\" or \"host\"", symmetric.ErrInvalid, backend)
 	}
 }
 
@@ -467,9 +471,9 @@ func goSetBackend(name *C.char) (code C.int) {
 	defer guard("symm_set_backend", &code)
 	n := C.GoString(name)
 	switch n {
-	case "cuda", "nvshmem", "host":
+	case "cuda", "nvshmem", "nccl", "host":
 	default:
-		return failSymm("symm_set_backend", fmt.Errorf("%w: backend %q: want \"cuda\", \"nvshmem\" or \"host\"", symmetric.ErrInvalid, n))
+		return failSymm("symm_set_backend", fmt.Errorf("%w: backend %q: want \"cuda\", \"nvshmem\", \"nccl\" or \"host\"", symmetric.ErrInvalid, n))
 	}
 	symmLib.mu.Lock()
 	defer symmLib.mu.Unlock()
@@ -517,6 +521,29 @@ func goNVSHMEMAvailable() (code C.int) {
 		return 0
 	}
 	return 1
+}
+
+//export goNCCLAvailable
+func goNCCLAvailable() (code C.int) {
+	defer guard("symm_nccl_available", &code)
+	if err := symmetric.IsNCCLAvailable(nil); err != nil {
+		failSymm("symm_nccl_available", err)
+		return 0
+	}
+	return 1
+}
+
+//export goNCCLAdoptComm
+func goNCCLAdoptComm(comm C.uintptr_t, device C.int) (code C.int) {
+	defer guard("symm_nccl_adopt_comm", &code)
+	m, err := getManager()
+	if err != nil {
+		return failSymm("symm_nccl_adopt_comm", err)
+	}
+	if err := m.AdoptNCCLComm(uintptr(comm), int(device)); err != nil {
+		return failSymm("symm_nccl_adopt_comm", err)
+	}
+	return C.SYMM_OK
 }
 
 //export goBackendInit

@@ -149,7 +149,9 @@ int symm_has_multicast_support(int device);
  *
  * "cuda" (default: VMM + file descriptors over Unix sockets), "nvshmem"
  * (NVSHMEM's symmetric heap; libnvshmem_host.so.3 from SYMM_NVSHMEM_LIB or
- * the loader path; NVSHMEM 3.x) or "host" (with SYMM_DEVICE=host).
+ * the loader path; NVSHMEM 3.x), "nccl" (ncclMemAlloc memory registered as
+ * NCCL symmetric windows; libnccl.so.2 from SYMM_NCCL_LIB or the loader
+ * path; NCCL 2.27 or later) or "host" (with SYMM_DEVICE=host).
  * symm_set_backend chooses before the first symmetric call (SYMM_BACKEND
  * does the same); afterwards only the backend in use is accepted.
  *
@@ -158,13 +160,25 @@ int symm_has_multicast_support(int device);
  * through the store). Under it symm_alloc and symm_free are collective, as
  * nvshmem_malloc and nvshmem_free are: every rank calls them with the same
  * sizes in the same order (PyTorch's NVSHMEM backend has the same rule). For
- * the other backends symm_backend_init only checks its arguments. */
+ * the other backends symm_backend_init only checks its arguments.
+ *
+ * The NCCL backend needs a communicator: symm_backend_init makes one over
+ * the store (ncclCommInitRank, NCCL_NVLS_ENABLE=0 forced), or
+ * symm_nccl_adopt_comm takes the caller's (an ncclComm_t of the same
+ * libnccl.so.2, e.g. PyTorch's). A rendezvous over the communicator's whole
+ * world registers the block as a symmetric window (collective); freeing
+ * such a block deregisters it, so that symm_free is collective too. */
 int symm_set_backend(const char *name);
 /* Writes the backend's name (in use, else chosen) into buf (NUL-terminated). */
 int symm_get_backend(char *buf, size_t cap);
 /* 1 when NVSHMEM's host library loads and is a supported version; else 0,
  * and the last error says why. Initializes nothing. */
 int symm_nvshmem_available(void);
+/* 1 when an NCCL with symmetric windows (2.27+) loads; else 0, and the last
+ * error says why. Creates nothing. */
+int symm_nccl_available(void);
+/* The NCCL backend uses comm (an ncclComm_t) on device instead of making one. */
+int symm_nccl_adopt_comm(void *comm, int device);
 
 /* ---- topology --------------------------------------------------------------
  *

@@ -61,6 +61,16 @@ type Mem struct {
 	// view: a peer's memory seen through a mapping its owner made (NVSHMEM's
 	// heap): there is nothing of ours to release.
 	view bool
+	// ncclOwned: made by ncclMemAlloc here; handle is a retained reference.
+	ncclOwned bool
+}
+
+// Registrar is implemented by providers that register a block with their
+// collective library once every rank of a group has mapped it (NCCL's
+// symmetric windows). Register is collective over the group; the returned
+// function undoes it (collective too) and runs when the handle is released.
+type Registrar interface {
+	Register(m *Mem, rank, world int) (undo func() error, err error)
 }
 
 // PeerMapper is implemented by providers whose blocks every peer has mapped

@@ -213,6 +213,11 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 		}
 	}
 	tr.mark("completion")
+	if r, ok := m.prov.(Registrar); ok { // every rank got here: the collective cannot hang on a failed one
+		if h.unregister, err = r.Register(b.mem, g.Rank, g.World); err != nil {
+			return nil, fmt.Errorf("registering the block with %s: %w", m.prov.Name(), err)
+		}
+	}
 	if err := h.buildArrays(); err != nil {
 		return nil, err
 	}
@@ -457,6 +462,7 @@ type Handle struct {
 	freeDev         func() error
 
 	importTime atomic.Int64 // ns spent importing and mapping peers (trace)
+	unregister func() error // undoes Registrar.Register (NCCL window)
 }
 
 func (h *Handle) Rank() int          { return h.rank }
@@ -515,6 +521,10 @@ func (h *Handle) buildArrays() error {
 // release unmaps every peer and frees the arrays. Called with b.mu held.
 func (h *Handle) release() error {
 	var errs []error
+	if h.unregister != nil {
+		errs = append(errs, h.unregister())
+		h.unregister = nil
+	}
 	for j, p := range h.peers {
 		if p != nil {
 			errs = append(errs, h.m.prov.Release(p))

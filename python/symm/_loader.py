@@ -88,6 +88,8 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_set_backend": ([ctypes.c_char_p], _c_int),
     "symm_get_backend": ([ctypes.c_char_p, _c_size_t], _c_int),
     "symm_nvshmem_available": ([], _c_int),
+    "symm_nccl_available": ([], _c_int),
+    "symm_nccl_adopt_comm": ([_c_void_p, _c_int], _c_int),
     "symm_backend_init": ([ctypes.c_int64, _c_int, _c_int, _c_int], _c_int),
     "symm_topology": ([ctypes.c_char_p, ctypes.c_char_p, _c_size_t, ctypes.POINTER(_c_size_t)], _c_int),
     "symm_put_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p], _c_int),

@@ -154,9 +154,10 @@ def test_bad_symmetric_input():
 NVSHMEM_CHILD = textwrap.dedent(
     """
     import json, sys, symm
-    out = {"available": symm.is_nvshmem_available()}
+    name = sys.argv[1] if len(sys.argv) > 1 else "nvshmem"
+    out = {"available": symm.is_nvshmem_available() if name == "nvshmem" else symm.is_nccl_available()}
     try:
-        symm.set_backend("nvshmem")
+        symm.set_backend(name)
         out["backend"] = symm.get_backend()
         symm.symm_alloc(1 << 20)
         out["alloc"] = "succeeded"
@@ -171,10 +172,11 @@ NVSHMEM_CHILD = textwrap.dedent(
 )
 
 
-def _nvshmem_child(tmp_path, lib_path):
-    env = child_env({"SYMM_NVSHMEM_LIB": str(lib_path)})
-    env.pop("SYMM_DEVICE", None)  # NVSHMEM needs GPUs: the error must be about the library, not the device
-    proc = run_python(NVSHMEM_CHILD, env=env)
+def _nvshmem_child(tmp_path, lib_path, backend="nvshmem"):
+    var = "SYMM_NVSHMEM_LIB" if backend == "nvshmem" else "SYMM_NCCL_LIB"
+    env = child_env({var: str(lib_path)})
+    env.pop("SYMM_DEVICE", None)  # these backends need GPUs: the error must be about the library, not the device
+    proc = run_python(NVSHMEM_CHILD, backend, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -213,3 +215,29 @@ def test_nvshmem_unsupported_library_is_a_clear_error(tmp_path, version, symbols
     assert code == 3 and want in msg, msg
     if version[0] != 3:
         assert "not supported" in msg and "3.x" in msg
+
+
+def test_nccl_missing_library_is_a_clear_error(tmp_path):
+    r = _nvshmem_child(tmp_path, tmp_path / "nowhere" / "libnccl.so.2", backend="nccl")
+    assert r["available"] is False and r["backend"] == "nccl"
+    code, msg = r["alloc"]
+    assert code == 3 and "libnccl.so.2 not found" in msg and "SYMM_NCCL_LIB" in msg, msg
+
+
+@pytest.mark.parametrize("code_,want", [
+    (22600, "NCCL 2.26.0 at"),   # memory, no windows
+    (2708, "NCCL 2.7.8 at"),     # the old version encoding
+])
+def test_nccl_too_old_is_a_clear_error(tmp_path, code_, want):
+    import shutil
+    import subprocess
+
+    if shutil.which("cc") is None:
+        pytest.fail("a C compiler is needed to build the fake library")
+    (tmp_path / "fake.c").write_text("int ncclGetVersion(int *v) { *v = %d; return 0; }\n" % code_)
+    lib = tmp_path / "libnccl.so.2"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "fake.c")], check=True)
+    r = _nvshmem_child(tmp_path, lib, backend="nccl")
+    assert r["available"] is False
+    code, msg = r["alloc"]
+    assert code == 3 and want in msg and "2.27 or later" in msg, msg
