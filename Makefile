@@ -60,10 +60,10 @@ test-python: lib
 
 # Short fuzzing of every fuzz target (longer: make fuzz FUZZTIME=10m).
 fuzz:
-	$(GO) test ./allocator -run '^$$' -fuzz '^FuzzPoolOps$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./allocator -run '^$$' -fuzz '^FuzzParseSize$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./store -run '^$$' -fuzz '^FuzzDecodeFrame$$' -fuzztime $(FUZZTIME)
-	$(GO) test ./topology -run '^$$' -fuzz '^FuzzNormalizeBusID$$' -fuzztime $(FUZZTIME)
+	@bash tests/fuzz.sh ./allocator FuzzPoolOps $(FUZZTIME)
+	@bash tests/fuzz.sh ./allocator FuzzParseSize $(FUZZTIME)
+	@bash tests/fuzz.sh ./store FuzzDecodeFrame $(FUZZTIME)
+	@bash tests/fuzz.sh ./topology FuzzNormalizeBusID $(FUZZTIME)
 
 # The demo: on a machine with an NVIDIA GPU and PyTorch it trains a small
 # model on the pool; otherwise it runs on the host backend.
