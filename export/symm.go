@@ -49,7 +49,13 @@ func getManager() (*symmetric.Manager, error) {
 		AllowOverlappingDevices: getenv("SYMM_ALLOW_OVERLAPPING_DEVICES") == "1",
 		Trace:                   getenv("SYMM_TRACE_RENDEZVOUS") == "1",
 	}
-	if v := getenv("SYMM_RENDEZVOUS_TIMEOUT"); v != "" {
+	if v := getenv("SYMM_TIMEOUT_MS"); v != "" {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || ms <= 0 {
+			return nil, fmt.Errorf("%w: SYMM_TIMEOUT_MS=%q: want a positive number of milliseconds", symmetric.ErrInvalid, v)
+		}
+		cfg.Timeout = time.Duration(ms) * time.Millisecond
+	} else if v := getenv("SYMM_RENDEZVOUS_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
 			if s, e2 := strconv.ParseFloat(v, 64); e2 == nil && s > 0 {
