@@ -9,6 +9,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -48,6 +49,12 @@ func getManager() (*symmetric.Manager, error) {
 	cfg := symmetric.Config{
 		AllowOverlappingDevices: getenv("SYMM_ALLOW_OVERLAPPING_DEVICES") == "1",
 		Trace:                   getenv("SYMM_TRACE_RENDEZVOUS") == "1",
+		CrashAt:                 getenv("SYMM_FAULT_CRASH_AT"),
+	}
+	switch cfg.CrashAt {
+	case "", "publish", "gathered", "sent", "mapped":
+	default:
+		return nil, fmt.Errorf("%w: SYMM_FAULT_CRASH_AT=%q: want publish, gathered, sent or mapped", symmetric.ErrInvalid, cfg.CrashAt)
 	}
 	if v := getenv("SYMM_TIMEOUT_MS"); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
@@ -137,8 +144,10 @@ func errCodeSymm(err error) C.int {
 		return C.SYMM_ERR_UNKNOWN_POINTER
 	case errors.Is(err, symmetric.ErrInvalid):
 		return C.SYMM_ERR_INVALID
-	case errors.Is(err, store.ErrTimeout), errors.Is(err, symmetric.ErrSignalTimeout):
+	case errors.Is(err, store.ErrTimeout), errors.Is(err, symmetric.ErrSignalTimeout), errors.Is(err, os.ErrDeadlineExceeded):
 		return C.SYMM_ERR_TIMEOUT
+	case errors.Is(err, symmetric.ErrPeerFailed), errors.Is(err, store.ErrClosed):
+		return C.SYMM_ERR_PEER
 	}
 	return errCode(err)
 }

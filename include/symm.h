@@ -39,7 +39,9 @@ enum {
   SYMM_ERR_FORKED = 5,         /* called from a forked child */
   SYMM_ERR_DRIVER = 6,         /* the CUDA driver returned an error; the message has its name */
   SYMM_ERR_INTERNAL = 7,       /* a bug in libsymm (a recovered panic); the message says where */
-  SYMM_ERR_TIMEOUT = 8         /* a store read, rendezvous or signal wait did not complete in time */
+  SYMM_ERR_TIMEOUT = 8,        /* a store read, rendezvous or signal wait did not complete in time */
+  SYMM_ERR_PEER = 9            /* another rank of the group failed or died, or the store server went away;
+                                  the message names it */
 };
 
 /* ---- library ---------------------------------------------------------- */

@@ -28,6 +28,10 @@ type Mailbox struct {
 	closed   bool
 }
 
+// ErrNoMailbox is wrapped by SendTo's error when nobody holds the name: the
+// receiver has exited (or has not opened its mailbox yet).
+var ErrNoMailbox = errors.New("no such mailbox")
+
 // ErrBadMessage is wrapped by the error of a Recv that refused one message
 // (and closed its descriptors); the mailbox can go on receiving.
 var ErrBadMessage = errors.New("message refused")
@@ -128,7 +132,7 @@ func (m *Mailbox) SendTo(to string, payload []byte, fds []int, timeout time.Dura
 		case serr == nil:
 			return nil
 		case errors.Is(serr, unix.ECONNREFUSED):
-			return fmt.Errorf("ipc: send to %s: no process holds that mailbox (gone, or not opened yet): %w", to, serr)
+			return fmt.Errorf("ipc: send to %s: %w: no process holds that mailbox (gone, or not opened yet): %v", to, ErrNoMailbox, serr)
 		case errors.Is(serr, unix.EAGAIN): // the receiver's queue is full
 			if time.Now().Add(backoff).After(deadline) {
 				return &errTimeout{fmt.Sprintf("ipc: send to %s: its queue stayed full for %v", to, max(timeout, 0))}

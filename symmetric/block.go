@@ -21,6 +21,9 @@ const SignalPadSize = 2048
 var (
 	ErrInvalid        = errors.New("invalid argument")
 	ErrUnknownPointer = errors.New("unknown pointer")
+	// ErrPeerFailed is wrapped by a rendezvous error caused by another rank:
+	// it reported a failure, or died.
+	ErrPeerFailed = errors.New("peer failed")
 )
 
 // Block is one symmetric allocation: buffer then signal pad.
@@ -60,8 +63,11 @@ type Manager struct {
 
 // Config holds the rendezvous settings.
 type Config struct {
-	// Timeout bounds every wait of a rendezvous (SYMM_RENDEZVOUS_TIMEOUT).
+	// Timeout bounds every wait of a rendezvous (SYMM_TIMEOUT_MS).
 	Timeout time.Duration
+	// CrashAt, for fault-injection tests only, kills the process at that
+	// phase of every rendezvous (see crashAt; SYMM_FAULT_CRASH_AT).
+	CrashAt string
 	// AllowOverlappingDevices lets two ranks use one device
 	// (SYMM_ALLOW_OVERLAPPING_DEVICES=1).
 	AllowOverlappingDevices bool

@@ -1,6 +1,8 @@
 package symmetric
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -124,7 +126,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	prefix := fmt.Sprintf("symm/%s/%d/", g.Name, seq)
 	host, _ := os.Hostname()
 	me := meta{PID: os.Getpid(), UID: os.Getuid(), Host: host, Provider: m.prov.Name(), Dev: b.Dev(),
-		Size: b.bufSize, Block: b.mem.Size, Socket: fmt.Sprintf("%s-%d", socketBase(os.Getpid(), g.Name, seq), g.Rank)}
+		Size: b.bufSize, Block: b.mem.Size}
 	if p, ok := m.prov.(Peering); ok {
 		if me.DevID, err = p.DeviceID(b.Dev()); err != nil {
 			return nil, fmt.Errorf("naming device %d: %w", b.Dev(), err)
@@ -138,17 +140,29 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 
 	// Open our mailbox before publishing, so that a peer that reads our
 	// metadata can send at once. Descriptors in messages still queued when
-	// it closes are closed by the kernel.
-	mb, err := ipc.OpenMailbox(me.Socket)
+	// it closes are closed by the kernel. The name ends in a random nonce
+	// (peers learn it from the metadata), so another process cannot take
+	// it ahead of us; a name taken all the same is replaced by a new one.
+	var mb *ipc.Mailbox
+	for attempt := 0; ; attempt++ {
+		me.Socket = fmt.Sprintf("%s-%d-%s", socketBase(os.Getpid(), g.Name, seq), g.Rank, mailboxNonce())
+		if mb, err = ipc.OpenMailbox(me.Socket); err == nil || !errors.Is(err, unix.EADDRINUSE) || attempt == 2 {
+			break
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
 	defer mb.Close()
+	m.crashAt("publish")
 	raw, _ := json.Marshal(me)
 	vals, err := store.AllGather(g.Store, prefix+"meta/", g.Rank, g.World, raw, time.Until(deadline))
 	if err != nil {
 		var ge *store.GatherError
-		if errors.As(err, &ge) {
+		switch {
+		case errors.Is(err, store.ErrClosed):
+			return nil, fmt.Errorf("the store went away while gathering the ranks' metadata: %w", err)
+		case errors.As(err, &ge):
 			return nil, fmt.Errorf("rank %d did not publish its metadata within %v (did it die, or not call rendezvous?): %w",
 				ge.Rank, m.cfg.Timeout, ge.Err)
 		}
@@ -168,6 +182,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 		return nil, err
 	}
 	tr.mark("listen+gather metadata")
+	m.crashAt("gathered")
 
 	e := <-exp
 	exp <- e // for the deferred hand-over to the block
@@ -190,6 +205,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 		err = h.exchange(mb, metas, e.fd, g, deadline)
 	}
 	tr.mark(fmt.Sprintf("exchange descriptors + map (of which import+map %.3fms)", float64(h.importTime.Load())/1e6))
+	m.crashAt("mapped")
 
 	// Done only when every rank has mapped every peer, so that all ranks
 	// succeed or all fail, and a failure is told to every rank at once.
@@ -199,17 +215,22 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 		g.Store.Set(fmt.Sprintf("%sdone/%d", prefix, g.Rank), status) // best effort: the peers time out otherwise
 		return nil, err
 	}
-	vals, err = store.AllGather(g.Store, prefix+"done/", g.Rank, g.World, status, time.Until(deadline))
+	vals, err = gatherWatching(g, prefix+"done/", status, deadline, metas)
 	if err != nil {
 		var ge *store.GatherError
-		if errors.As(err, &ge) {
+		switch {
+		case errors.As(err, &ge):
 			return nil, fmt.Errorf("rank %d (pid %d) did not finish mapping within %v: %w", ge.Rank, metas[ge.Rank].PID, m.cfg.Timeout, ge.Err)
+		case errors.Is(err, ErrPeerFailed):
+			return nil, err
+		case errors.Is(err, store.ErrClosed):
+			return nil, fmt.Errorf("the store went away while gathering the ranks' completion: %w", err)
 		}
 		return nil, fmt.Errorf("publishing completion: %w", err)
 	}
 	for j, v := range vals {
 		if len(v) > 0 {
-			return nil, fmt.Errorf("rank %d (pid %d) failed: %s", j, metas[j].PID, v)
+			return nil, fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, metas[j].PID, v)
 		}
 	}
 	tr.mark("completion")
@@ -260,19 +281,32 @@ func (t *tracer) done() {
 func (h *Handle) exchange(mb *ipc.Mailbox, metas []meta, fd int, g Group, deadline time.Time) error {
 	// Send while receiving: a peer's queue may be full until it reads.
 	sent := make(chan error, 1)
+	gone := make(chan error, g.World) // peers found dead while sending
 	go func() {
 		var errs []error
 		payload := []byte(fmt.Sprint(g.Rank))
 		for j := 0; j < g.World; j++ {
 			if j != g.Rank {
 				if err := mb.SendTo(metas[j].Socket, payload, []int{fd}, time.Until(deadline)); err != nil {
-					errs = append(errs, fmt.Errorf("sending our block to rank %d (pid %d): %w", j, metas[j].PID, err))
+					if errors.Is(err, ipc.ErrNoMailbox) { // its process has exited
+						err = fmt.Errorf("%w: rank %d (pid %d) is gone: %w", ErrPeerFailed, j, metas[j].PID, err)
+						gone <- err
+					} else {
+						err = fmt.Errorf("sending our block to rank %d (pid %d): %w", j, metas[j].PID, err)
+					}
+					errs = append(errs, err)
 				}
 			}
 		}
 		sent <- errors.Join(errs...)
+		h.m.crashAt("sent")
 	}()
-	return errors.Join(h.receive(mb, metas, deadline), <-sent)
+	rerr := h.receive(mb, metas, deadline, gone)
+	serr := <-sent
+	if rerr != nil && serr != nil && errors.Is(serr, ipc.ErrNoMailbox) {
+		return rerr // the same failure, said once
+	}
+	return errors.Join(rerr, serr)
 }
 
 // mapViews finds every peer's block through the provider (NVSHMEM's
@@ -312,14 +346,31 @@ func tellFailure(mb *ipc.Mailbox, g Group, metas []meta, err error, deadline tim
 // deadline. A message is taken only from the process that published rank
 // j's metadata and runs as our uid; anything else is closed and ignored.
 // Peers are mapped as their messages come, in parallel.
-func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time) error {
+func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time, gone <-chan error) error {
 	var wg sync.WaitGroup
 	errs := make([]error, h.world)
 	got := make([]bool, h.world)
 	missing, ignored := h.world-1, 0
 	var lastErr error
 	for missing > 0 {
-		msg, err := mb.Recv(1, time.Until(deadline))
+		// Wait in short slices, so that a peer found dead by the sender
+		// (its mailbox is gone) ends the wait at once.
+		msg, err := mb.Recv(1, min(time.Until(deadline), 50*time.Millisecond))
+		if errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(deadline) {
+			select {
+			case e := <-gone:
+				wg.Wait()
+				return errors.Join(append(errs, e)...)
+			default:
+			}
+			for j := range got {
+				if !got[j] && j != h.rank && !processAlive(metas[j].PID) {
+					wg.Wait()
+					return errors.Join(append(errs, fmt.Errorf("%w: rank %d (pid %d) exited before sending its block", ErrPeerFailed, j, metas[j].PID))...)
+				}
+			}
+			continue
+		}
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			var who []string
 			for j := range got {
@@ -343,7 +394,7 @@ func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time) erro
 			rank, text, _ := strings.Cut(strings.TrimPrefix(string(msg.Payload), failurePrefix), ":")
 			if j, perr := strconv.Atoi(rank); perr == nil && j >= 0 && j < h.world && msg.PID == metas[j].PID && msg.UID == os.Getuid() {
 				wg.Wait()
-				return fmt.Errorf("rank %d (pid %d) failed: %s", j, msg.PID, text)
+				return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, msg.PID, text)
 			}
 		}
 		j, perr := strconv.Atoi(string(msg.Payload))
@@ -365,6 +416,7 @@ func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time) erro
 			continue
 		}
 		ignored++
+		strayMessages.Add(1)
 		for _, fd := range msg.FDs {
 			unix.Close(fd)
 		}
@@ -647,3 +699,82 @@ func (m *Manager) WorldWithinDirectAccess(dev int, g Group) (bool, error) {
 	}
 	return true, nil
 }
+
+// crashAt kills this process with SIGKILL when Config.CrashAt names phase:
+// fault injection for the tests of a peer dying in the middle of a
+// rendezvous (SYMM_FAULT_CRASH_AT). The phases, in order: "publish" (mailbox
+// open, metadata not yet published), "gathered" (every rank's metadata
+// read, nothing sent), "sent" (our descriptor sent to every peer, before
+// the completion step), "mapped" (every peer mapped, completion not
+// published).
+func (m *Manager) crashAt(phase string) {
+	if m.cfg.CrashAt == phase {
+		unix.Kill(os.Getpid(), unix.SIGKILL)
+		select {} // the signal is on its way
+	}
+}
+
+// gatherWatching is store.AllGather while watching the peers' processes
+// (one host: their pids came with the metadata): a peer that has exited
+// ends the wait at once instead of at the deadline. The gather left behind
+// ends at the deadline on its own.
+func gatherWatching(g Group, prefix string, value []byte, deadline time.Time, metas []meta) ([][]byte, error) {
+	type result struct {
+		vals [][]byte
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := store.AllGather(g.Store, prefix, g.Rank, g.World, value, time.Until(deadline))
+		done <- result{v, err}
+	}()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			return r.vals, r.err
+		case <-tick.C:
+			var dead []string
+			for j, p := range metas {
+				if j != g.Rank && !processAlive(p.PID) {
+					dead = append(dead, fmt.Sprintf("rank %d (pid %d)", j, p.PID))
+				}
+			}
+			if len(dead) > 0 {
+				return nil, fmt.Errorf("%w: %s exited before finishing", ErrPeerFailed, strings.Join(dead, ", "))
+			}
+		}
+	}
+}
+
+// processAlive reports whether pid is a live process (a zombie, exited but
+// not yet reaped by its parent, counts as dead).
+func processAlive(pid int) bool {
+	if err := unix.Kill(pid, 0); err != nil && err != unix.EPERM {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and may hold anything.
+	if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2] != 'Z' && b[i+2] != 'X'
+	}
+	return true
+}
+
+// mailboxNonce makes the random end of a mailbox name (a variable: tests
+// make it predictable).
+var mailboxNonce = func() string {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return fmt.Sprint(time.Now().UnixNano())
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// strayMessages counts mailbox messages refused over the process's life
+// (not from the expected peer process, malformed, or duplicates).
+var strayMessages atomic.Int64

@@ -22,6 +22,7 @@ class ErrorCode(enum.IntEnum):
     DRIVER = 6
     INTERNAL = 7
     TIMEOUT = 8
+    PEER = 9
 
 
 class SymmError(RuntimeError):

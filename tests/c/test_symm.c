@@ -4,6 +4,7 @@
  *   test_symm                 the parent: starts a store and runs every scenario
  *   test_symm child SCENARIO RANK WORLD ADDR    one rank */
 #include <errno.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -187,10 +188,38 @@ static int child_killed(int rank, int world, symm_store_t st) {
   return 0;
 }
 
+/* A peer killed (SIGKILL) at a phase of the rendezvous (SYMM_FAULT_CRASH_AT
+ * in rank 2's environment): the survivors fail within the timeout with an
+ * error naming rank 2, and their descriptors and mappings are back where
+ * they were. */
+static int child_crash(int rank, int world, symm_store_t st, const char *phase) {
+  int fds0 = count_dir("/proc/self/fd"), maps0 = count_maps();
+  void *p = symm_alloc(MiB, 0, NULL);
+  CHECK(p != NULL, "alloc");
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  symm_handle_t h;
+  char group[64];
+  snprintf(group, sizeof group, "crash-%s", phase);
+  int rc = symm_rendezvous(p, st, group, rank, world, &h);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  CHECK(rank != world - 1, "rank %d lived through SYMM_FAULT_CRASH_AT=%s", rank, phase);
+  CHECK(rc == SYMM_ERR_TIMEOUT || rc == SYMM_ERR_PEER, "a peer killed at %s: rc %d", phase, rc);
+  CHECK(strstr(symm_last_error(), "rank 2") != NULL, "the message names rank 2: %s", symm_last_error());
+  CHECK(secs < 3.0 + 2.0, "failed within the timeout (%.2f s)", secs);
+  symm_free(p, 0, 0, NULL);
+  CHECK(count_dir("/proc/self/fd") == fds0, "descriptors back to %d (now %d)", fds0, count_dir("/proc/self/fd"));
+  CHECK(count_maps() == maps0, "mappings back to %d (now %d)", maps0, count_maps());
+  printf("  crash at %-8s rank %d: rc %d after %.2f s: %.90s\n", phase, rank, rc, secs, symm_last_error());
+  return 0;
+}
+
 static int child_main(char **argv) {
   const char *scenario = argv[2];
   int rank = atoi(argv[3]), world = atoi(argv[4]);
   my_rank = rank;
+  if (!strncmp(scenario, "crash-", 6) && rank == world - 1) setenv("SYMM_FAULT_CRASH_AT", scenario + 6, 1);
   symm_store_t st;
   if (symm_store_connect(argv[5], "", 10000, &st) != SYMM_OK) {
     fprintf(stderr, "rank %d: connect: %s\n", rank, symm_last_error());
@@ -201,6 +230,7 @@ static int child_main(char **argv) {
   if (!strcmp(scenario, "cycles")) rc = child_cycles(rank, world, st);
   if (!strcmp(scenario, "mismatch")) rc = child_mismatch(rank, world, st);
   if (!strcmp(scenario, "killed")) rc = child_killed(rank, world, st);
+  if (!strncmp(scenario, "crash-", 6)) rc = child_crash(rank, world, st, scenario + 6);
   symm_store_close(st);
   if (failures) fprintf(stderr, "rank %d: %d checks failed\n", rank, failures);
   return rc || failures;
@@ -219,7 +249,10 @@ static int run(const char *self, const char *scenario, int world, const char *ad
   for (int i = 0; i < world; i++) {
     int status;
     waitpid(pids[i], &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) bad++;
+    /* In a crash scenario the last rank is meant to die of SIGKILL. */
+    int crashed = !strncmp(scenario, "crash-", 6) && i == world - 1;
+    if (crashed ? !(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) : (!WIFEXITED(status) || WEXITSTATUS(status) != 0))
+      bad++;
   }
   return bad;
 }
@@ -227,14 +260,16 @@ static int run(const char *self, const char *scenario, int world, const char *ad
 int main(int argc, char **argv) {
   if (argc >= 6 && !strcmp(argv[1], "child")) return child_main(argv);
   setenv("SYMM_DEVICE", "host", 0);
-  setenv("SYMM_RENDEZVOUS_TIMEOUT", "3s", 1);
+  setenv("SYMM_TIMEOUT_MS", "3000", 1);
   symm_store_t st;
   char addr[64];
   if (symm_store_server("", "", &st, addr, sizeof addr) != SYMM_OK) {
     fprintf(stderr, "store server: %s\n", symm_last_error());
     return 2;
   }
-  const struct { const char *name; int world; } sc[] = {{"basic", 4}, {"cycles", 4}, {"mismatch", 3}, {"killed", 3}};
+  const struct { const char *name; int world; } sc[] = {
+      {"basic", 4},         {"cycles", 4},         {"mismatch", 3},    {"killed", 3},      {"crash-publish", 3},
+      {"crash-gathered", 3}, {"crash-sent", 3}, {"crash-mapped", 3}};
   for (size_t i = 0; i < sizeof sc / sizeof sc[0]; i++) {
     int bad = run(argv[0], sc[i].name, sc[i].world, addr);
     CHECK(bad == 0, "scenario %s: %d of %d ranks failed", sc[i].name, bad, sc[i].world);
