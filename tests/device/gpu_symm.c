@@ -38,6 +38,7 @@ static CUresult (*cuCtxSetCurrent)(CUcontext);
 static CUresult (*cuCtxSynchronize)(void);
 static CUresult (*cuMemsetD32)(CUdeviceptr, unsigned, size_t);
 static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+static CUresult (*cuMemGetInfo)(size_t *, size_t *);
 
 static int failures = 0, passes = 0, my_rank = -1;
 #define CHECK(cond, ...)                                                                     \
@@ -67,6 +68,7 @@ static int load_driver(void) {
   SYM(cuCtxSynchronize, "cuCtxSynchronize");
   SYM(cuMemsetD32, "cuMemsetD32_v2");
   SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
+  SYM(cuMemGetInfo, "cuMemGetInfo_v2");
 #undef SYM
   return cuInit(0) == 0 ? 0 : -1;
 }
@@ -151,20 +153,33 @@ static int child(int rank, int world, int dev, const char *addr) {
   symm_free((void *)p, size, dev, NULL);
   CHECK(symm_last_error_code() == SYMM_OK, "free");
 
-  /* Cycles leave nothing behind (the first one may open lasting descriptors). */
-  int fds = -1;
-  for (int c = 0; c < 20; c++) {
+  /* Cycles leave nothing behind (the first one may open lasting descriptors):
+   * 20 by default, SYMM_GPU_CYCLES for a soak; device free memory must come
+   * back within 64 MiB of where it was after the first cycle. */
+  int fds = -1, cycles = getenv("SYMM_GPU_CYCLES") ? atoi(getenv("SYMM_GPU_CYCLES")) : 20;
+  size_t free0 = 0, free1 = 0, total = 0;
+  for (int c = 0; c < cycles; c++) {
     char group[32];
     snprintf(group, sizeof group, "cycle%d", c);
+    if (c > 0 && c % 100 == 0 && rank == 0) fprintf(stderr, "rank 0: cycle %d\n", c);
     CUdeviceptr q = (CUdeviceptr)symm_alloc(2 << 20, dev, NULL);
     symm_handle_t hc = 0;
     CHECK(q && symm_rendezvous((void *)q, st, group, rank, world, &hc) == SYMM_OK, "cycle %d rendezvous", c);
     CHECK(symm_barrier(hc, 0, NULL, 10000) == SYMM_OK, "cycle %d barrier", c);
     CHECK(cuCtxSynchronize() == 0, "sync");
     symm_free((void *)q, 2 << 20, dev, NULL);
-    if (c == 0) fds = count_fds();
+    if (c == 0) {
+      fds = count_fds();
+      cuMemGetInfo(&free0, &total);
+    }
   }
-  CHECK(count_fds() == fds, "descriptors after 20 cycles: %d, after the first: %d", count_fds(), fds);
+  cuMemGetInfo(&free1, &total);
+  CHECK(count_fds() == fds, "descriptors after %d cycles: %d, after the first: %d", cycles, count_fds(), fds);
+  CHECK(free1 + (64 << 20) >= free0, "device free memory after %d cycles: %zu MiB, after the first: %zu MiB", cycles,
+        free1 >> 20, free0 >> 20);
+  if (rank == 0)
+    printf("rank 0: %d cycles; device free memory %zu MiB after the first, %zu MiB after the last\n", cycles, free0 >> 20,
+           free1 >> 20);
   symm_store_close(st);
   free(host);
   if (failures) fprintf(stderr, "rank %d: %d checks failed\n", rank, failures);
