@@ -48,6 +48,11 @@ type device struct {
 	limit     atomic.Uint64 // 0: none
 	total     atomic.Uint64 // device memory, read once when a fraction is set
 	reserveMu sync.Mutex    // serializes limit checks with reservations
+	// committed is reserved bytes plus those of segments being asked of the
+	// backend (under reserveMu): what the limit is checked against. The
+	// reserved statistics count a segment only once the backend gave it, so
+	// a refused one leaves no trace in their peak or totals.
+	committed uint64
 
 	hot          hotStats
 	segments     [numStatTypes]atomicStat
@@ -77,8 +82,9 @@ type shard struct {
 
 // pendingFree is a freed block waiting for an event on a record_stream stream.
 type pendingFree struct {
-	b  *block
-	ev Event
+	b      *block
+	ev     Event   // 0: not recorded yet (creating or recording it failed)
+	stream uintptr // the record_stream stream ev is recorded on
 }
 
 // New creates a pool over b, sized for b's devices.
@@ -671,9 +677,10 @@ func (s *shard) newSegment(r uint64, k poolKind) (*block, error) {
 	}
 	ptr, err := d.pool.backend.Alloc(d.idx, size)
 	if err != nil {
-		d.unreserve(size)
+		d.unreserve(size, false)
 		return nil, err
 	}
+	d.reserved[stAll].add(int64(size))
 	d.numDeviceAlloc.Add(1)
 	t := statType(k)
 	d.segments[stAll].add(1)
@@ -716,15 +723,23 @@ func (d *device) allocatedBytes(held *shard) int64 {
 func (d *device) reserve(size uint64) error {
 	d.reserveMu.Lock()
 	defer d.reserveMu.Unlock()
-	cur := uint64(d.reserved[stAll].cur.Load())
-	if l := d.limit.Load(); l > 0 && cur+size > l {
-		return &limitErr{want: size, reserved: cur, limit: l}
+	if l := d.limit.Load(); l > 0 && d.committed+size > l {
+		return &limitErr{want: size, reserved: d.committed, limit: l}
 	}
-	d.reserved[stAll].add(int64(size))
+	d.committed += size
 	return nil
 }
 
-func (d *device) unreserve(size uint64) { d.reserved[stAll].add(-int64(size)) }
+// unreserve gives back a reservation: of a segment the backend refused
+// (counted=false) or of one released (counted=true, in the statistics too).
+func (d *device) unreserve(size uint64, counted bool) {
+	d.reserveMu.Lock()
+	d.committed -= size
+	d.reserveMu.Unlock()
+	if counted {
+		d.reserved[stAll].add(-int64(size))
+	}
+}
 
 // releaseSegment returns idle segment seg of s to the backend.
 func (s *shard) releaseSegment(seg *segment) error {
@@ -738,7 +753,7 @@ func (s *shard) releaseSegment(seg *segment) error {
 	s.recycle(seg.head)
 	seg.head = nil
 	t := statType(seg.kind)
-	d.unreserve(seg.size)
+	d.unreserve(seg.size, true)
 	d.reserved[t].add(-int64(seg.size))
 	d.segments[stAll].add(-1)
 	d.segments[t].add(-1)
@@ -828,8 +843,9 @@ func (o *shard) segmentQuiet(seg *segment) bool {
 }
 
 // deferFree parks b until events recorded now on its record_stream streams
-// have completed. If an event cannot be recorded (the context is broken), the
-// block stays parked for good: never reused unsafely.
+// have completed. If an event cannot be recorded now, processPending records
+// it later (an event recorded later on the stream covers the work queued
+// before the free too); until then the block is never reused.
 func (s *shard) deferFree(b *block) {
 	d := s.dev
 	b.state = blockPending
@@ -844,7 +860,7 @@ func (s *shard) deferFree(b *block) {
 			ev = 0
 		}
 		b.waiting++
-		s.pending = append(s.pending, pendingFree{b: b, ev: ev})
+		s.pending = append(s.pending, pendingFree{b: b, ev: ev, stream: st})
 	})
 }
 
@@ -856,6 +872,16 @@ func (s *shard) processPending(wait bool) error {
 	keep := s.pending[:0]
 	for _, pf := range s.pending {
 		done := false
+		if pf.ev == 0 { // recording failed at free time: try again
+			if ev, err := d.getEvent(); err != nil {
+				errs = append(errs, err)
+			} else if err := d.pool.backend.Record(d.idx, ev, pf.stream); err != nil {
+				d.putEvent(ev)
+				errs = append(errs, err)
+			} else {
+				pf.ev = ev
+			}
+		}
 		if pf.ev != 0 {
 			var err error
 			if wait {

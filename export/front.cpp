@@ -220,6 +220,12 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
   return true;
 }
 
+bool any_cached() {
+  for (Cpu &c : g_cpus)
+    if (__atomic_load_n(&c.n, __ATOMIC_RELAXED) > 0) return true;
+  return false;
+}
+
 void mark_record_stream(uintptr_t base) {
   Stripe &s = stripe_of(base);
   Guard g(s.lk);

@@ -25,6 +25,9 @@ void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t 
 // free returns true if it took care of the free (cached it or reported an
 // error); false means: hand it to Go (the record, if any, is already gone).
 bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream);
+// any_cached reports whether some CPU's slots hold a block (a hint, read
+// without the CPUs' locks: the caller's own frees are always seen).
+bool any_cached();
 // mark_record_stream flags block base: its frees go to Go (events).
 void mark_record_stream(uintptr_t base);
 // drain hands every cached block of dev (-1: all devices) back to Go.

@@ -23,6 +23,7 @@ import (
 	"github.com/libsymm/libsymm/allocator"
 	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/host"
+	"github.com/libsymm/libsymm/symmetric"
 )
 
 func main() {}
@@ -146,11 +147,46 @@ func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
 			capacity = c
 		}
 		b, err := host.New(n, capacity)
-		return b, 2, err
+		if err != nil {
+			return nil, 0, err
+		}
+		// SYMM_HOST_FAULTS: backend allocations and event creations fail at
+		// random (fault-injection tests).
+		if v := getenv(host.EnvFaults); v != "" {
+			rate, seed, err := host.ParseFaults(v)
+			if err != nil {
+				return nil, 0, err
+			}
+			if err := b.WithFaults(rate, seed, hostFaultOps); err != nil {
+				return nil, 0, err
+			}
+		}
+		return b, 2, nil
 	default:
 		return nil, 0, fmt.Errorf("%w: SYMM_DEVICE=%q: want \"cuda\" or \"host\"", allocator.ErrInvalid, dev)
 	}
 }
+
+// newHostProvider is the symmetric host provider (newProvider in symm.go
+// calls it for SYMM_DEVICE=host), with SYMM_HOST_FAULTS's fault
+// injection (Create, Export and Import fail at random) when it is set.
+func newHostProvider(getenv func(string) string) (symmetric.Provider, error) {
+	v := getenv(host.EnvFaults)
+	if v == "" {
+		return symmetric.NewHostProvider(), nil
+	}
+	rate, seed, err := host.ParseFaults(v)
+	if err != nil {
+		return nil, err
+	}
+	p, _, err := symmetric.NewHostProviderWithFaults(rate, seed)
+	return p, err
+}
+
+// hostFaultOps are the pool backend's operations SYMM_HOST_FAULTS fails:
+// segment allocations and event creations (a block whose event could not be
+// recorded at free time waits until processPending records one).
+const hostFaultOps = host.FaultAlloc | host.FaultEvents
 
 // errCode maps an error to its SYMM_ERR_* code.
 func errCode(err error) C.int {
@@ -165,6 +201,10 @@ func errCode(err error) C.int {
 	case errors.Is(err, allocator.ErrInvalid):
 		return C.SYMM_ERR_INVALID
 	case errors.As(err, &r):
+		return C.SYMM_ERR_DRIVER
+	case errors.Is(err, host.ErrInjectedFault):
+		// SYMM_HOST_FAULTS stands for a failing backend (as a CUDA
+		// driver error would be), not a bug in libsymm (SYMM_ERR_INTERNAL).
 		return C.SYMM_ERR_DRIVER
 	}
 	return C.SYMM_ERR_INTERNAL

@@ -61,11 +61,18 @@ func poolFree(ptr uintptr, size uint64, device int, stream uintptr) {
 	}
 }
 
+// goPoolInit is symm_pool_init, or symm_torch_init when torch is 1 (the
+// name its errors carry).
+//
 //export goPoolInit
-func goPoolInit(deviceCount C.int) {
-	defer func() { recovered("symm_pool_init", recover()) }()
+func goPoolInit(deviceCount C.int, torch C.int) {
+	fn := "symm_pool_init"
+	if torch != 0 {
+		fn = "symm_torch_init"
+	}
+	defer func() { recovered(fn, recover()) }()
 	if _, err := getPool(); err != nil {
-		fail("symm_pool_init", err)
+		fail(fn, err)
 	}
 }
 

@@ -136,13 +136,13 @@ void symm_pool_free(void *ptr, size_t size, int device, void *stream) {
 
 void symm_pool_init(int device_count) {
   if (forked("symm_pool_init")) return;
-  goPoolInit(device_count);
+  goPoolInit(device_count, 0);
 }
 
 void symm_torch_init(int device_count) {
   if (forked("symm_torch_init")) return;
   g_throw = 1;
-  goPoolInit(device_count);
+  goPoolInit(device_count, 1);
 }
 
 void symm_pool_empty_cache(void) {
@@ -163,6 +163,13 @@ int symm_pool_set_limit(int device, uint64_t bytes) {
 
 void symm_pool_record_stream(void *ptr, void *stream) {
   if (forked("symm_pool_record_stream")) return;
+  // A block in the front cache was freed by the caller but is still
+  // allocated to the pool: give the cached blocks back first, so that the
+  // pool answers SYMM_ERR_UNKNOWN_POINTER for them as it does without the
+  // front cache, instead of recording a stream on a freed block. Only when
+  // something is cached: record_stream is rare next to alloc and free
+  // (PyTorch avoids it for NCCL), and a drain costs the cached blocks.
+  if (front::enabled() && front::any_cached()) front::drain(-1);
   uintptr_t base = goPoolRecordStream((uintptr_t)ptr, (uintptr_t)stream);
   // Its next free must reach the pool, which waits for the stream's events.
   if (base != 0 && front::enabled()) front::mark_record_stream(base);

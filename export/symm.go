@@ -9,12 +9,15 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
+	"github.com/libsymm/libsymm/allocator"
 	"github.com/libsymm/libsymm/store"
 	"github.com/libsymm/libsymm/symmetric"
 )
@@ -148,8 +151,69 @@ func errCodeSymm(err error) C.int {
 		return C.SYMM_ERR_TIMEOUT
 	case errors.Is(err, symmetric.ErrPeerFailed), errors.Is(err, store.ErrClosed):
 		return C.SYMM_ERR_PEER
+	case errors.Is(err, syscall.ENOMEM):
+		return C.SYMM_ERR_OUT_OF_MEMORY // mmap of a block the host cannot back
 	}
 	return errCode(err)
+}
+
+// failStore is failSymm for the store calls. The store marks only a timeout
+// and a closed store; what else it returns refuses the caller's arguments (an
+// address that does not parse or cannot be listened on, a wrong or too long
+// token, a key too long or not UTF-8, a value too large, an add to a value
+// that is not an int64 or past its range): SYMM_ERR_INVALID, not
+// SYMM_ERR_INTERNAL, which says libsymm has a bug. A connect that found no
+// server listening by its timeout is SYMM_ERR_TIMEOUT.
+func failStore(fn string, err error) C.int {
+	code := errCodeSymm(err)
+	if code == C.SYMM_ERR_INTERNAL {
+		var ae *net.AddrError
+		var oe *net.OpError
+		switch {
+		case errors.As(err, &ae):
+			code = C.SYMM_ERR_INVALID
+		case errors.As(err, &oe) && oe.Op == "dial":
+			code = C.SYMM_ERR_TIMEOUT
+		default:
+			code = C.SYMM_ERR_INVALID
+		}
+	}
+	setError(code, fn+": "+err.Error())
+	return code
+}
+
+// cBytes is the C buffer p of capacity n as a Go slice, without copying, cut
+// to the most bytes the caller will write: a capacity beyond what an int
+// holds (SIZE_MAX from C) would make unsafe.Slice panic, and no more than
+// most bytes are ever touched.
+func cBytes(p unsafe.Pointer, n C.size_t, most int) []byte {
+	if uint64(n) > uint64(most) {
+		n = C.size_t(most)
+	}
+	return unsafe.Slice((*byte)(p), int(n))
+}
+
+// checkHostDevice applies to the host provider's blocks what the host pool
+// applies to its segments: the device is one of SYMM_HOST_DEVICES and a
+// block fits in SYMM_HOST_MEMORY (the provider maps a sparse memfd, which
+// would otherwise take any device label and any size). Other providers
+// check the device with the driver.
+func checkHostDevice(m *symmetric.Manager, dev int, size uint64) error {
+	if m.ProviderName() != "host" {
+		return nil
+	}
+	p, err := getPool()
+	if err != nil {
+		return err
+	}
+	if dev < 0 || dev >= p.DeviceCount() {
+		return fmt.Errorf("%w: device %d out of range [0, %d)", symmetric.ErrInvalid, dev, p.DeviceCount())
+	}
+	if _, total, err := p.Backend().MemInfo(dev); err == nil && size > total {
+		return fmt.Errorf("%w: symmetric allocation of %d bytes on host device %d: larger than the device (%d bytes, SYMM_HOST_MEMORY)",
+			allocator.ErrOutOfMemory, size, dev, total)
+	}
+	return nil
 }
 
 func failSymm(fn string, err error) C.int {
@@ -176,6 +240,9 @@ func goSymmAlloc(size C.size_t, device C.int) (ptr C.uintptr_t) {
 		}
 	}()
 	m, err := getManager()
+	if err == nil {
+		err = checkHostDevice(m, int(device), uint64(size))
+	}
 	if err != nil {
 		failSymm("symm_alloc", err)
 		return 0
@@ -222,7 +289,7 @@ func goStoreServer(addr, token *C.char, out *C.int64_t, bound *C.char, boundLen 
 	tok := storeToken(token)
 	srv, err := store.NewServer(C.GoString(addr), tok)
 	if err != nil {
-		return failSymm("symm_store_server", err)
+		return failStore("symm_store_server", err)
 	}
 	cl, err := store.Dial(srv.Addr(), tok, 10*time.Second)
 	if err != nil {
@@ -231,7 +298,7 @@ func goStoreServer(addr, token *C.char, out *C.int64_t, bound *C.char, boundLen 
 	}
 	*out = C.int64_t(stores.put(&storeEntry{s: cl, server: srv}))
 	if bound != nil && boundLen > 0 {
-		dst := unsafe.Slice((*byte)(unsafe.Pointer(bound)), int(boundLen))
+		dst := cBytes(unsafe.Pointer(bound), boundLen, len(srv.Addr())+1)
 		n := copy(dst[:len(dst)-1], srv.Addr())
 		dst[n] = 0
 	}
@@ -243,7 +310,7 @@ func goStoreConnect(addr, token *C.char, timeoutMS C.int, out *C.int64_t) (code 
 	defer guard("symm_store_connect", &code)
 	cl, err := store.Dial(C.GoString(addr), storeToken(token), ms(timeoutMS))
 	if err != nil {
-		return failSymm("symm_store_connect", err)
+		return failStore("symm_store_connect", err)
 	}
 	*out = C.int64_t(stores.put(&storeEntry{s: cl}))
 	return C.SYMM_OK
@@ -252,12 +319,15 @@ func goStoreConnect(addr, token *C.char, timeoutMS C.int, out *C.int64_t) (code 
 //export goStoreSet
 func goStoreSet(s C.int64_t, key *C.char, val unsafe.Pointer, n C.size_t) (code C.int) {
 	defer guard("symm_store_set", &code)
+	if uint64(n) > 1<<31-1 { // C.GoBytes takes a C int: a larger length would wrap
+		return failSymm("symm_store_set", fmt.Errorf("%w: value of %d bytes: too large for the store", symmetric.ErrInvalid, uint64(n)))
+	}
 	e, err := stores.get(int64(s))
 	if err == nil {
 		err = e.s.Set(C.GoString(key), C.GoBytes(val, C.int(n)))
 	}
 	if err != nil {
-		return failSymm("symm_store_set", err)
+		return failStore("symm_store_set", err)
 	}
 	return C.SYMM_OK
 }
@@ -271,11 +341,11 @@ func goStoreGet(s C.int64_t, key *C.char, buf unsafe.Pointer, capacity C.size_t,
 		v, err = e.s.Get(C.GoString(key), ms(timeoutMS))
 	}
 	if err != nil {
-		return failSymm("symm_store_get", err)
+		return failStore("symm_store_get", err)
 	}
 	*n = C.size_t(len(v))
 	if capacity > 0 {
-		copy(unsafe.Slice((*byte)(buf), int(capacity)), v)
+		copy(cBytes(buf, capacity, len(v)), v)
 	}
 	return C.SYMM_OK
 }
@@ -289,7 +359,7 @@ func goStoreAdd(s C.int64_t, key *C.char, delta C.int64_t, out *C.int64_t) (code
 		v, err = e.s.Add(C.GoString(key), int64(delta))
 	}
 	if err != nil {
-		return failSymm("symm_store_add", err)
+		return failStore("symm_store_add", err)
 	}
 	if out != nil {
 		*out = C.int64_t(v)
@@ -411,6 +481,9 @@ func goWaitSignal(hid C.int64_t, src, channel C.int, stream C.uintptr_t, timeout
 	if h == nil {
 		return code
 	}
+	if timeoutMS < 0 {
+		return failSymm("symm_wait_signal", fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
+	}
 	if err := h.WaitSignal(int(src), int(channel), uintptr(stream), ms(timeoutMS)); err != nil {
 		return failSymm("symm_wait_signal", err)
 	}
@@ -423,6 +496,15 @@ func goBarrier(hid C.int64_t, channel C.int, stream C.uintptr_t, timeoutMS C.int
 	h, code := liveHandle("symm_barrier", hid)
 	if h == nil {
 		return code
+	}
+	// Checked here too: with a world of one there is no peer to signal, and
+	// a bad channel would pass unnoticed.
+	if channel < 0 || (int(channel)+1)*h.World()*4 > symmetric.SignalPadSize {
+		return failSymm("symm_barrier", fmt.Errorf("%w: channel %d outside [0, %d) for world size %d",
+			symmetric.ErrInvalid, int(channel), symmetric.SignalPadSize/4/h.World(), h.World()))
+	}
+	if timeoutMS < 0 {
+		return failSymm("symm_barrier", fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
 	}
 	if err := h.Barrier(int(channel), uintptr(stream), ms(timeoutMS)); err != nil {
 		return failSymm("symm_barrier", err)
@@ -447,10 +529,10 @@ func newProvider(getenv func(string) string) (symmetric.Provider, error) {
 		if dev != "" && dev != "host" {
 			return nil, fmt.Errorf("%w: SYMM_BACKEND=host with SYMM_DEVICE=%s: host memory needs SYMM_DEVICE=host", symmetric.ErrInvalid, dev)
 		}
-		return symmetric.NewHostProvider(), nil
+		return newHostProvider(getenv)
 	case "", "cuda":
 		if dev == "host" {
-			return symmetric.NewHostProvider(), nil // SYMM_DEVICE=host alone
+			return newHostProvider(getenv) // SYMM_DEVICE=host alone
 		}
 		return newCUDAProvider()
 	case "nvshmem", "nccl":
@@ -523,7 +605,7 @@ func goGetBackend(buf *C.char, capacity C.size_t) (code C.int) {
 			name = "host"
 		}
 	}
-	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(capacity))
+	dst := cBytes(unsafe.Pointer(buf), capacity, len(name)+1)
 	dst[copy(dst[:len(dst)-1], name)] = 0
 	return C.SYMM_OK
 }
@@ -532,7 +614,7 @@ func goGetBackend(buf *C.char, capacity C.size_t) (code C.int) {
 func goNVSHMEMAvailable() (code C.int) {
 	defer guard("symm_nvshmem_available", &code)
 	if err := symmetric.IsNVSHMEMAvailable(nil); err != nil {
-		failSymm("symm_nvshmem_available", err)
+		failSymm("symm_nvshmem_available", noDevice{err}) // the backend cannot run here
 		return 0
 	}
 	return 1
@@ -542,7 +624,7 @@ func goNVSHMEMAvailable() (code C.int) {
 func goNCCLAvailable() (code C.int) {
 	defer guard("symm_nccl_available", &code)
 	if err := symmetric.IsNCCLAvailable(nil); err != nil {
-		failSymm("symm_nccl_available", err)
+		failSymm("symm_nccl_available", noDevice{err}) // the backend cannot run here
 		return 0
 	}
 	return 1
@@ -569,6 +651,9 @@ func goBackendInit(s C.int64_t, rank, world, device C.int) (code C.int) {
 		return failSymm("symm_backend_init", err)
 	}
 	e, err := stores.get(int64(s))
+	if err == nil {
+		err = checkHostDevice(m, int(device), 0)
+	}
 	if err != nil {
 		return failSymm("symm_backend_init", err)
 	}

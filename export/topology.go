@@ -37,7 +37,7 @@ func goTopology(libDirs *C.char, buf *C.char, capacity C.size_t, n *C.size_t) (c
 	if uint64(capacity) < uint64(len(raw))+1 {
 		return failSymm("symm_topology", fmt.Errorf("%w: the buffer holds %d bytes; the topology needs %d (and a NUL)", symmetric.ErrInvalid, capacity, len(raw)))
 	}
-	dst := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(capacity))
+	dst := cBytes(unsafe.Pointer(buf), capacity, len(raw)+1)
 	dst[copy(dst, raw)] = 0
 	return C.SYMM_OK
 }
@@ -50,6 +50,9 @@ func goWorldWithinDirectAccess(s C.int64_t, group *C.char, rank, world, device C
 		return failSymm("symm_world_within_direct_access", err)
 	}
 	e, err := stores.get(int64(s))
+	if err == nil {
+		err = checkHostDevice(m, int(device), 0)
+	}
 	if err != nil {
 		return failSymm("symm_world_within_direct_access", err)
 	}

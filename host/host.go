@@ -7,9 +7,14 @@
 //
 // Streams and events: host memory has no asynchronous work, so every event
 // is complete as soon as it is recorded.
+//
+// Fault injection (Backend.WithFaults, Faults; SYMM_HOST_FAULTS in the C
+// library) makes operations fail at random, to test that a failing backend
+// loses and leaks nothing.
 package host
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -29,6 +34,45 @@ type Backend struct {
 	segs map[uintptr]uint64 // base -> size, per live segment
 
 	nextEvent atomic.Uintptr
+
+	// Fault injection (WithFaults): nil, or set once before first use.
+	faults   *Faults
+	faultOps FaultOps
+}
+
+// FaultOps chooses the operations that fault injection may fail.
+type FaultOps uint8
+
+const (
+	FaultAlloc  FaultOps = 1 << iota // Alloc, at any of its steps (before, or after the memfd or the mapping is made)
+	FaultEvents                      // NewEvent
+)
+
+// WithFaults makes the operations in ops fail at random with probability
+// rate, deterministically from seed (see Faults), with an error wrapping
+// ErrInjectedFault: "host: injected fault (SYMM_HOST_FAULTS): ...". A failed
+// Alloc leaves nothing behind: no mapping, no descriptor, no bytes counted.
+// It is for tests (and SYMM_HOST_FAULTS); call it before the backend is used.
+func (h *Backend) WithFaults(rate float64, seed uint64, ops FaultOps) error {
+	f, err := NewFaults(rate, seed)
+	if err != nil {
+		return err
+	}
+	h.faults, h.faultOps = f, ops
+	return nil
+}
+
+// Faults is the backend's fault source (nil without WithFaults), to count
+// the failures injected.
+func (h *Backend) Faults() *Faults { return h.faults }
+
+// pick decides whether an operation of kind op fails, and at which of its
+// n steps (-1: it does not).
+func (h *Backend) pick(op FaultOps, n int) int {
+	if h.faultOps&op == 0 {
+		return -1
+	}
+	return h.faults.Pick(n)
 }
 
 // New returns a host backend of devices devices, each holding at most
@@ -89,6 +133,10 @@ func (h *Backend) Alloc(dev int, size uint64) (uintptr, error) {
 	if err := h.check(dev); err != nil {
 		return 0, err
 	}
+	failAt := h.pick(FaultAlloc, 3) // 0: at once; 1: after the memfd is made; 2: after it is mapped
+	if failAt == 0 {
+		return 0, h.faults.Err(fmt.Sprintf("alloc of %d bytes on device %d", size, dev))
+	}
 	h.mu.Lock()
 	if h.used[dev]+size > h.capacity || size > h.capacity {
 		e := &OutOfMemoryError{Dev: dev, Want: size, Used: h.used[dev], Cap: h.capacity}
@@ -98,11 +146,15 @@ func (h *Backend) Alloc(dev int, size uint64) (uintptr, error) {
 	h.used[dev] += size
 	h.mu.Unlock()
 
-	ptr, err := mapMemfd(size)
+	ptr, err := mapMemfd(size, failAt-1)
 	if err != nil {
 		h.mu.Lock()
 		h.used[dev] -= size
 		h.mu.Unlock()
+		var step faultStep
+		if errors.As(err, &step) {
+			return 0, h.faults.Err(fmt.Sprintf("alloc of %d bytes on device %d (%s)", size, dev, step))
+		}
 		if err == unix.ENOMEM || err == unix.ENOSPC {
 			return 0, &OutOfMemoryError{Dev: dev, Want: size, Cause: err}
 		}
@@ -114,7 +166,15 @@ func (h *Backend) Alloc(dev int, size uint64) (uintptr, error) {
 	return ptr, nil
 }
 
-func mapMemfd(size uint64) (uintptr, error) {
+// faultStep is the step of mapMemfd at which an injected fault hit.
+type faultStep string
+
+func (s faultStep) Error() string { return string(s) }
+
+// mapMemfd makes and maps a memfd of size bytes. failAt (fault injection)
+// fails it after making the memfd (0) or after mapping it (1), undoing what
+// was done as a real failure there would; -1: no fault.
+func mapMemfd(size uint64, failAt int) (uintptr, error) {
 	fd, err := unix.MemfdCreate("symm-pool", unix.MFD_CLOEXEC)
 	if err != nil {
 		return 0, err
@@ -123,11 +183,20 @@ func mapMemfd(size uint64) (uintptr, error) {
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		return 0, err
 	}
+	if failAt == 0 {
+		return 0, faultStep("after memfd_create")
+	}
 	// unix.Mmap returns a []byte we never index: use the raw syscall so no
 	// Go slice header pretends to own the memory.
 	ptr, _, errno := unix.Syscall6(unix.SYS_MMAP, 0, uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED, uintptr(fd), 0)
 	if errno != 0 {
 		return 0, errno
+	}
+	if failAt == 1 {
+		if _, _, errno := unix.Syscall(unix.SYS_MUNMAP, ptr, uintptr(size), 0); errno != 0 {
+			return 0, fmt.Errorf("munmap after an injected fault: %w", errno)
+		}
+		return 0, faultStep("after mmap")
 	}
 	return ptr, nil
 }
@@ -156,6 +225,9 @@ func (h *Backend) Free(dev int, ptr uintptr, size uint64) error {
 func (h *Backend) NewEvent(dev int) (allocator.Event, error) {
 	if err := h.check(dev); err != nil {
 		return 0, err
+	}
+	if h.pick(FaultEvents, 1) >= 0 {
+		return 0, h.faults.Err(fmt.Sprintf("new event on device %d", dev))
 	}
 	return allocator.Event(h.nextEvent.Add(1)), nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libsymm/libsymm/host"
 	"github.com/libsymm/libsymm/store"
 )
 
@@ -96,14 +97,38 @@ var ErrSignalTimeout = errors.New("signal wait timed out")
 // NewHostProvider returns the host-memory provider.
 func NewHostProvider() Provider { return hostProvider{} }
 
+// NewHostProviderWithFaults returns the host-memory provider with fault
+// injection (tests, SYMM_HOST_FAULTS): Create, Export and Import fail at
+// random with probability rate, deterministically from seed, with an error
+// wrapping host.ErrInjectedFault ("host: injected fault (SYMM_HOST_FAULTS)").
+// Each fails at one of its steps, after undoing what the earlier steps made,
+// so a failed call leaves no descriptor and no mapping behind. The second
+// result counts the failures injected.
+func NewHostProviderWithFaults(rate float64, seed uint64) (Provider, *host.Faults, error) {
+	f, err := host.NewFaults(rate, seed)
+	if err != nil {
+		return nil, nil, err
+	}
+	return hostProvider{faults: f}, f, nil
+}
+
 // hostProvider serves blocks from memfd mappings. Its "devices" are labels:
 // every block is host memory, visible to every process that maps it.
-type hostProvider struct{}
+type hostProvider struct {
+	faults *host.Faults // nil: no fault injection
+}
 
 func (hostProvider) Name() string                    { return "host" }
 func (hostProvider) Granularity(int) (uint64, error) { return uint64(unix.Getpagesize()), nil }
 
-func (hostProvider) Create(dev int, size uint64) (*Mem, error) {
+func (p hostProvider) Create(dev int, size uint64) (*Mem, error) {
+	failAt := p.faults.Pick(3) // 0: at once; 1: after memfd_create; 2: after mmap
+	fault := func() error {
+		return p.faults.Err(fmt.Sprintf("create of %d bytes on device %d%s", size, dev, [...]string{"", " (after memfd_create)", " (after mmap)"}[failAt]))
+	}
+	if failAt == 0 {
+		return nil, fault()
+	}
 	fd, err := unix.MemfdCreate("symm-block", unix.MFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("memfd_create: %w", err)
@@ -112,23 +137,45 @@ func (hostProvider) Create(dev int, size uint64) (*Mem, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("ftruncate memfd to %d bytes: %w", size, err)
 	}
+	if failAt == 1 {
+		unix.Close(fd)
+		return nil, fault()
+	}
 	ptr, err := mmapFD(fd, size)
 	if err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
-	return &Mem{Ptr: ptr, Size: size, Dev: dev, fd: fd}, nil
+	m := &Mem{Ptr: ptr, Size: size, Dev: dev, fd: fd}
+	if failAt == 2 {
+		return nil, errors.Join(fault(), hostProvider{}.Release(m))
+	}
+	return m, nil
 }
 
-func (hostProvider) Export(m *Mem) (int, error) {
+func (p hostProvider) Export(m *Mem) (int, error) {
+	failAt := p.faults.Pick(2) // 0: at once; 1: after the dup
+	if failAt == 0 {
+		return -1, p.faults.Err(fmt.Sprintf("export of the %d-byte block at %#x", m.Size, m.Ptr))
+	}
 	fd, err := unix.FcntlInt(uintptr(m.fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("dup block descriptor: %w", err)
 	}
+	if failAt == 1 {
+		return -1, errors.Join(p.faults.Err(fmt.Sprintf("export of the %d-byte block at %#x (after the dup)", m.Size, m.Ptr)), unix.Close(fd))
+	}
 	return fd, nil
 }
 
-func (hostProvider) Import(dev int, fd int, size uint64) (*Mem, error) {
+func (p hostProvider) Import(dev int, fd int, size uint64) (*Mem, error) {
+	failAt := p.faults.Pick(2) // 0: at once; 1: after mmap
+	fault := func() error {
+		return p.faults.Err(fmt.Sprintf("import of %d bytes on device %d%s", size, dev, [...]string{"", " (after mmap)"}[failAt]))
+	}
+	if failAt == 0 {
+		return nil, fault()
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("fstat peer descriptor: %w", err)
@@ -140,7 +187,11 @@ func (hostProvider) Import(dev int, fd int, size uint64) (*Mem, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Mem{Ptr: ptr, Size: size, Dev: dev, fd: -1}, nil
+	m := &Mem{Ptr: ptr, Size: size, Dev: dev, fd: -1}
+	if failAt == 1 {
+		return nil, errors.Join(fault(), hostProvider{}.Release(m))
+	}
+	return m, nil
 }
 
 func (hostProvider) Release(m *Mem) error {

@@ -596,10 +596,23 @@ func (h *Handle) release() error {
 	return errors.Join(errs...)
 }
 
+// hostBound turns "no timeout" into the manager's timeout on the host
+// backend: there a signal is waited for by the calling thread, not queued on
+// a stream, so waiting for ever would hang the caller.
+func (h *Handle) hostBound(timeout time.Duration) time.Duration {
+	if timeout <= 0 && h.m.prov.Name() == "host" {
+		return h.m.cfg.Timeout
+	}
+	return timeout
+}
+
 // slotAddr is the address of slot (channel, src) in rank dst's pad.
 func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
-	if dst < 0 || dst >= h.world || src < 0 || src >= h.world {
-		return 0, fmt.Errorf("%w: rank %d or %d outside [0, %d)", ErrInvalid, dst, src, h.world)
+	switch {
+	case dst < 0 || dst >= h.world:
+		return 0, fmt.Errorf("%w: destination rank %d outside [0, %d)", ErrInvalid, dst, h.world)
+	case src < 0 || src >= h.world:
+		return 0, fmt.Errorf("%w: source rank %d outside [0, %d)", ErrInvalid, src, h.world)
 	}
 	i := channel*h.world + src
 	if channel < 0 || (i+1)*4 > SignalPadSize {
@@ -612,6 +625,7 @@ func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
 // once dst has consumed our previous signal on it (the slot is 0 again), so
 // that back-to-back signals are never merged into one.
 func (h *Handle) PutSignal(dst, channel int, stream uintptr, timeout time.Duration) error {
+	timeout = h.hostBound(timeout)
 	a, err := h.slotAddr(dst, h.rank, channel)
 	if err != nil {
 		return err
@@ -625,6 +639,7 @@ func (h *Handle) PutSignal(dst, channel int, stream uintptr, timeout time.Durati
 
 // WaitSignal waits for rank src's signal on channel and resets the slot.
 func (h *Handle) WaitSignal(src, channel int, stream uintptr, timeout time.Duration) error {
+	timeout = h.hostBound(timeout)
 	a, err := h.slotAddr(h.rank, src, channel)
 	if err != nil {
 		return err

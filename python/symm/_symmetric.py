@@ -138,7 +138,7 @@ class Handle:
         _call_rc(load().symm_barrier, self._h, int(channel), self._stream(stream), int(timeout_ms))
 
     def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
-        del timeout_ms  # a put never waits
+        del timeout_ms  # the C call has none: on GPUs the put is queued on the stream; on host it waits at most SYMM_TIMEOUT_MS
         _call_rc(load().symm_put_signal, self._h, int(dst_rank), int(channel), self._stream(stream))
 
     def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:

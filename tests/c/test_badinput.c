@@ -1,0 +1,1088 @@
+/* Bad input at every function of include/symm.h, on the host backend: each
+ * bad call returns the documented error code, symm_last_error_code() agrees,
+ * symm_last_error() starts with the function's name and names what was wrong,
+ * and nothing changed: both devices' pool statistics, the open descriptors and
+ * the library's mappings (memfd "symm-pool"/"symm-block") are the same before
+ * and after every bad call, and at the end. A few bad environments run in
+ * child processes (spawned, not forked: Go does not survive fork).
+ *   test_badinput                 every area
+ *   test_badinput child CASE      one bad environment (the parent sets it) */
+#include <ctype.h>
+#include <dirent.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "symm.h"
+
+extern char **environ;
+
+static int failures = 0, passes = 0;
+static int verbose; /* SYMM_TEST_VERBOSE=1: print every call and its message */
+#define CHECK(cond, ...)                                                                     \
+  do {                                                                                       \
+    if (cond) {                                                                              \
+      passes++;                                                                              \
+    } else {                                                                                 \
+      failures++;                                                                            \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+      fprintf(stderr, __VA_ARGS__);                                                          \
+      fprintf(stderr, " (last error %d: %s)\n", symm_last_error_code(), symm_last_error()); \
+    }                                                                                        \
+  } while (0)
+
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+#define NDEV 2          /* SYMM_HOST_DEVICES */
+#define STATS_MAX 512
+
+/* ---- what exists: descriptors, mappings, statistics ---------------------- */
+
+static int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+/* Mappings of the library's memory: pool segments and symmetric blocks. */
+static int count_maps(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  char line[512];
+  int n = 0;
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f)) n += strstr(line, "symm-pool") != NULL || strstr(line, "symm-block") != NULL;
+  fclose(f);
+  return n;
+}
+
+typedef struct {
+  int n;
+  const char *name[STATS_MAX];
+  int64_t v[NDEV][STATS_MAX];
+} snap_t;
+
+static void snap(snap_t *s) {
+  symm_stat_t st[STATS_MAX];
+  s->n = 0;
+  for (int d = 0; d < NDEV; d++) {
+    int n = symm_pool_stats(d, st, STATS_MAX);
+    if (n < 0 || n > STATS_MAX) {
+      fprintf(stderr, "symm_pool_stats(%d) = %d: %s\n", d, n, symm_last_error());
+      failures++;
+      return;
+    }
+    s->n = n;
+    for (int i = 0; i < n; i++) {
+      s->name[i] = st[i].name;
+      s->v[d][i] = st[i].value;
+    }
+  }
+}
+
+static int64_t stat_of(const snap_t *s, int dev, const char *name) {
+  for (int i = 0; i < s->n; i++)
+    if (strcmp(s->name[i], name) == 0) return s->v[dev][i];
+  fprintf(stderr, "no statistic %s\n", name);
+  failures++;
+  return INT64_MIN;
+}
+
+static int64_t stat_now(int dev, const char *name) {
+  snap_t s;
+  snap(&s);
+  return stat_of(&s, dev, name);
+}
+
+/* An out-of-memory answer counts itself (PyTorch's num_ooms) after one retry
+ * that synchronizes and releases the cache: those counters may move. A
+ * segment the device refused leaves no trace in the reserved statistics
+ * (their peak and totals included). */
+static int oom_counter(const char *name) {
+  return !strcmp(name, "num_alloc_retries") || !strcmp(name, "num_ooms") || !strcmp(name, "num_sync_all_streams");
+}
+
+/* ---- one bad call ---------------------------------------------------------- */
+
+enum { F_OOM = 1, F_NOSTATE = 2 };
+
+typedef struct {
+  snap_t s;
+  int fds, maps;
+} state_t;
+
+static void state(state_t *st) {
+  snap(&st->s);
+  st->fds = count_fds();
+  st->maps = count_maps();
+}
+
+/* Functions a check has exercised (every function of the header must be). */
+static char covered[64][48];
+static int ncovered;
+
+static void cover(const char *fn) {
+  for (int i = 0; i < ncovered; i++)
+    if (!strcmp(covered[i], fn)) return;
+  if (ncovered < 64) snprintf(covered[ncovered++], sizeof covered[0], "%s", fn);
+}
+
+/* The function a call's text starts with ("symm_pool_free(p, ...)"). */
+static void fn_of(const char *call, char *fn, size_t len) {
+  while (*call == '(' || isspace((unsigned char)*call)) call++;
+  size_t k = 0;
+  while (call[k] && (isalnum((unsigned char)call[k]) || call[k] == '_') && k + 1 < len) k++;
+  memcpy(fn, call, k);
+  fn[k] = 0;
+}
+
+static void finish(int line, const char *call, const state_t *before, long long rc, long long want_rc, int code,
+                   const char *msg, int want_code, const char *word, int flags) {
+  char fn[48];
+  fn_of(call, fn, sizeof fn);
+  cover(fn);
+  if (verbose) printf("  %s -> %lld, code %d: %s\n", call, rc, code, msg);
+  int bad = 0;
+#define EXPECT(cond, ...)                                              \
+  do {                                                                 \
+    if (cond) {                                                        \
+      passes++;                                                        \
+    } else {                                                           \
+      failures++, bad++;                                               \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, line, call);       \
+      fprintf(stderr, __VA_ARGS__);                                    \
+      fprintf(stderr, " (last error %d: %s)\n", code, msg);            \
+    }                                                                  \
+  } while (0)
+  EXPECT(rc == want_rc, "returned %lld, want %lld", rc, want_rc);
+  EXPECT(code == want_code, "code %d, want %d", code, want_code);
+  if (want_code == SYMM_OK) {
+    EXPECT(msg[0] == 0, "an error message after a call that should not fail");
+  } else {
+    size_t n = strlen(fn);
+    EXPECT(msg[0] != 0, "empty message");
+    EXPECT(strncmp(msg, fn, n) == 0 && msg[n] == ':', "the message does not start with \"%s: \"", fn);
+    EXPECT(word == NULL || strstr(msg, word) != NULL, "the message does not name \"%s\"", word);
+  }
+  if (!(flags & F_NOSTATE)) {
+    state_t after;
+    state(&after);
+    /* The other end of a refused connection to one of our own servers is
+     * closed by the server's goroutine, a moment later: wait for it. */
+    for (int i = 0; i < 100 && after.fds != before->fds; i++) {
+      usleep(5000);
+      after.fds = count_fds();
+    }
+    EXPECT(after.fds == before->fds, "descriptors %d before, %d after", before->fds, after.fds);
+    EXPECT(after.maps == before->maps, "mappings %d before, %d after", before->maps, after.maps);
+    for (int d = 0; d < NDEV; d++)
+      for (int i = 0; i < after.s.n && i < before->s.n; i++)
+        if (after.s.v[d][i] != before->s.v[d][i] && !((flags & F_OOM) && oom_counter(after.s.name[i])))
+          EXPECT(0, "device %d %s: %lld before, %lld after", d, after.s.name[i], (long long)before->s.v[d][i],
+                 (long long)after.s.v[d][i]);
+  }
+#undef EXPECT
+}
+
+/* CALL(flags, want_rc, want_code, word, call): run call between two states. */
+#define CALL(flags, want_rc, want_code, word, call)                                     \
+  do {                                                                                  \
+    state_t b_;                                                                         \
+    if ((flags) & F_NOSTATE)                                                            \
+      memset(&b_, 0, sizeof b_);                                                        \
+    else                                                                                \
+      state(&b_);                                                                       \
+    symm_clear_error();                                                                 \
+    long long rc_ = (long long)(intptr_t)(call);                                        \
+    int code_ = symm_last_error_code();                                                 \
+    char msg_[2048];                                                                    \
+    symm_copy_last_error(msg_, sizeof msg_);                                            \
+    finish(__LINE__, #call, &b_, rc_, (long long)(want_rc), code_, msg_, want_code, word, flags); \
+  } while (0)
+
+/* Functions returning their code. */
+#define BAD(code, word, call) CALL(0, code, code, word, call)
+/* Functions returning a value (-1, NULL, 0) and setting code. */
+#define BADR(rc, code, word, call) CALL(0, rc, code, word, call)
+/* void functions: only the last error tells. */
+#define BADV(code, word, call) CALL(0, 0, code, word, ((call), 0))
+/* Calls that must succeed and change nothing (size 0, NULL free, ...). */
+#define NOOP(rc, call) CALL(0, rc, SYMM_OK, NULL, call)
+
+static int area_failures;
+static void area(const char *name, int checks0) {
+  printf("%-28s %4d checks: %s\n", name, passes + failures - checks0, failures == area_failures ? "ok" : "FAILED");
+  area_failures = failures;
+}
+
+static char hexbuf[8][32];
+static int hexi;
+/* The pointer as the library's messages print it (%#x). */
+static const char *hex(const void *p) {
+  char *b = hexbuf[hexi++ % 8];
+  snprintf(b, sizeof hexbuf[0], "%#lx", (unsigned long)(uintptr_t)p);
+  return b;
+}
+
+static const int bad_devs[] = {-1, NDEV, 1000, INT_MIN, INT_MAX};
+#define NBAD_DEVS (int)(sizeof bad_devs / sizeof bad_devs[0])
+
+/* ---- the last error -------------------------------------------------------- */
+
+static void *thread_errors(void *arg) {
+  (void)arg;
+  /* A new thread starts with no error, whatever the others have. */
+  int ok = symm_last_error_code() == SYMM_OK && symm_last_error()[0] == 0;
+  symm_pool_set_memory_fraction(-1, 0);
+  ok = ok && symm_last_error_code() == SYMM_ERR_INVALID;
+  return (void *)(intptr_t)ok;
+}
+
+static void test_errors(void) {
+  int c0 = passes + failures;
+  const char *v = symm_version();
+  CHECK(v != NULL && isdigit((unsigned char)v[0]) && strchr(v, '.') != NULL, "version %s", v ? v : "(null)");
+  cover("symm_version");
+  symm_clear_error();
+  cover("symm_clear_error");
+  CHECK(symm_last_error() != NULL && symm_last_error()[0] == 0, "no error: \"\", never NULL");
+  CHECK(symm_last_error_code() == SYMM_OK, "no error: SYMM_OK");
+  cover("symm_last_error");
+  cover("symm_last_error_code");
+
+  /* A known failure: the size query gives its length however the buffer is. */
+  CHECK(symm_pool_stats(-1, NULL, 0) == -1, "stats of device -1");
+  const char *m = symm_last_error();
+  size_t n = strlen(m);
+  CHECK(n > 10 && symm_last_error_code() == SYMM_ERR_INVALID, "a message: %s", m);
+  char buf[4096];
+  memset(buf, 'x', sizeof buf);
+  CHECK(symm_copy_last_error(NULL, 0) == n, "NULL, 0: the length");
+  CHECK(symm_copy_last_error(NULL, 5) == n, "NULL, 5: the length, nothing written");
+  CHECK(symm_copy_last_error(buf, 0) == n && buf[0] == 'x', "cap 0: nothing written");
+  CHECK(symm_copy_last_error(buf, 1) == n && buf[0] == 0 && buf[1] == 'x', "cap 1: only the NUL");
+  CHECK(symm_copy_last_error(buf, 8) == n && strlen(buf) == 7 && buf[8] == 'x', "cap 8: 7 bytes and the NUL");
+  CHECK(symm_copy_last_error(buf, n) == n && strlen(buf) == n - 1, "cap n: truncated by one");
+  CHECK(symm_copy_last_error(buf, SIZE_MAX) == n && strcmp(buf, m) == 0, "cap SIZE_MAX: the message");
+  cover("symm_copy_last_error");
+
+  /* A success does not clear it; another thread does not see it. */
+  CHECK(symm_pool_device_count() == NDEV, "device count");
+  CHECK(symm_last_error_code() == SYMM_ERR_INVALID && strcmp(symm_last_error(), buf) == 0, "kept after a success");
+  pthread_t t;
+  void *ok = NULL;
+  pthread_create(&t, NULL, thread_errors, NULL);
+  pthread_join(t, &ok);
+  CHECK(ok == (void *)1, "a new thread has its own last error");
+  CHECK(strcmp(symm_last_error(), buf) == 0, "and its failures do not reach this thread");
+  symm_clear_error();
+  CHECK(symm_last_error_code() == SYMM_OK && symm_last_error()[0] == 0, "cleared");
+  CHECK(symm_copy_last_error(buf, sizeof buf) == 0 && buf[0] == 0, "copy of no error");
+  area("last error", c0);
+}
+
+/* ---- the pool ---------------------------------------------------------------- */
+
+#define SA ((void *)0xA000) /* a stream only block a uses: its segment holds only a */
+#define SB ((void *)0xB000)
+
+static unsigned char *pa, *pb; /* live through the pool areas: a on device 0, b on device 1 */
+
+static void test_pool_alloc(void) {
+  int c0 = passes + failures;
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BADR(0, SYMM_ERR_INVALID, word, symm_pool_alloc(4096, bad_devs[i], NULL));
+    BADR(0, SYMM_ERR_INVALID, word, symm_pool_alloc(SIZE_MAX, bad_devs[i], SB));
+  }
+  BADR(0, SYMM_ERR_OUT_OF_MEMORY, "requested 18446744073709551615 bytes", symm_pool_alloc(SIZE_MAX, 0, NULL));
+  BADR(0, SYMM_ERR_OUT_OF_MEMORY, "requested 9223372036854775808 bytes", symm_pool_alloc(1ull << 63, 1, NULL));
+  /* Larger than the device (SYMM_HOST_MEMORY=1GiB): one retry, then refused. */
+  symm_pool_empty_cache();
+  int64_t ooms = stat_now(0, "num_ooms");
+  CALL(F_OOM, 0, SYMM_ERR_OUT_OF_MEMORY, "requested 2147483648 bytes", symm_pool_alloc(2 * GiB, 0, NULL));
+  CALL(F_OOM, 0, SYMM_ERR_OUT_OF_MEMORY, "device 0", symm_pool_alloc(GiB + 1, 0, SB));
+  CALL(F_OOM, 0, SYMM_ERR_OUT_OF_MEMORY, "device 1", symm_pool_alloc(GiB + 1, 1, SB));
+  CHECK(stat_now(0, "num_ooms") == ooms + 2, "num_ooms counts each refusal");
+  /* Size 0: NULL and no error (PyTorch asks for 0 bytes), whatever the device. */
+  NOOP(0, symm_pool_alloc(0, 0, NULL));
+  NOOP(0, symm_pool_alloc(0, -1, SB));
+  NOOP(0, symm_pool_alloc(0, INT_MIN, NULL));
+  /* The pool still serves. */
+  void *p = symm_pool_alloc(GiB / 2, 0, SB);
+  CHECK(p != NULL, "half the device after the refusals");
+  symm_pool_free(p, GiB / 2, 0, SB);
+  symm_pool_empty_cache();
+  area("symm_pool_alloc", c0);
+}
+
+static void test_pool_free(void) {
+  int c0 = passes + failures;
+  NOOP(0, (symm_pool_free(NULL, 16, 0, NULL), 0));
+  NOOP(0, (symm_pool_free(NULL, 16, -1, NULL), 0));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, "0xdead000", symm_pool_free((void *)0xdead000, 16, 0, NULL));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, "0xfffffffffffff000", symm_pool_free((void *)~0xfffull, 0, 1, SA));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(pa + 512), symm_pool_free(pa + 512, 0, 0, SA));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(pa + 1), symm_pool_free(pa + 1, 4096, 0, SA));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(pb + 4096), symm_pool_free(pb + 4096, 0, 1, SB));
+  /* Size or device not those of the allocation. */
+  BADV(SYMM_ERR_INVALID, "size 4095", symm_pool_free(pa, 4095, 0, SA));
+  BADV(SYMM_ERR_INVALID, "size 18446744073709551615", symm_pool_free(pa, SIZE_MAX, 0, SA));
+  BADV(SYMM_ERR_INVALID, "not device 1", symm_pool_free(pa, 4096, 1, SA));
+  BADV(SYMM_ERR_INVALID, "not device 0", symm_pool_free(pb, 3 * MiB, 0, SB));
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BADV(SYMM_ERR_INVALID, word, symm_pool_free(pa, 4096, bad_devs[i], SA));
+  }
+  /* Double free: once in the front cache (when on), once back in the pool. */
+  int64_t allocs = stat_now(0, "allocation.all.current");
+  unsigned char *c = symm_pool_alloc(1000, 0, NULL);
+  CHECK(c != NULL, "alloc");
+  symm_pool_free(c, 1000, 0, NULL);
+  symm_clear_error();
+  symm_pool_free(c, 1000, 0, NULL); /* no state read in between: the front cache holds it */
+  CHECK(symm_last_error_code() == SYMM_ERR_UNKNOWN_POINTER && strstr(symm_last_error(), hex(c)),
+        "a double free straight after the free");
+  CHECK(stat_now(0, "allocation.all.current") == allocs, "nothing freed twice");
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(c), symm_pool_free(c, 1000, 0, NULL));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(c), symm_pool_free(c, 0, 0, (void *)2));
+  /* A block over the front cache's size goes to the pool at once. */
+  unsigned char *big = symm_pool_alloc(65 * MiB, 1, NULL);
+  CHECK(big != NULL, "65 MiB");
+  symm_pool_free(big, 65 * MiB, 1, NULL);
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(big), symm_pool_free(big, 65 * MiB, 1, NULL));
+  /* pa and pb are still allocated: none of the above freed them. */
+  CHECK(stat_now(0, "allocated_bytes.all.current") == 4096 && stat_now(1, "allocated_bytes.all.current") == 3 * MiB,
+        "the live blocks are still allocated");
+  symm_pool_empty_cache();
+  area("symm_pool_free", c0);
+}
+
+static void test_pool_record_stream(void) {
+  int c0 = passes + failures;
+  BADV(SYMM_ERR_UNKNOWN_POINTER, "0x0", symm_pool_record_stream(NULL, (void *)7));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, "0xdead000", symm_pool_record_stream((void *)0xdead000, NULL));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, "0xfffffffffffffe00", symm_pool_record_stream((void *)~0x1ffull, (void *)1));
+  /* Past the end of a, in its segment (a is alone there): free memory of the pool. */
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(pa + 4096), symm_pool_record_stream(pa + 4096, (void *)7));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(pa + MiB), symm_pool_record_stream(pa + MiB, (void *)7));
+  /* A freed block, straight after its free (in the front cache when on) and later. */
+  int64_t allocs = stat_now(0, "allocation.all.current");
+  unsigned char *c = symm_pool_alloc(2048, 0, NULL);
+  symm_pool_free(c, 2048, 0, NULL);
+  symm_clear_error();
+  symm_pool_record_stream(c, (void *)7);
+  CHECK(symm_last_error_code() == SYMM_ERR_UNKNOWN_POINTER && strstr(symm_last_error(), hex(c)),
+        "record_stream of a block just freed");
+  CHECK(stat_now(0, "allocation.all.current") == allocs, "the freed block stays freed");
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(c + 100), symm_pool_record_stream(c + 100, (void *)7));
+  /* Inside a live block, on its own stream: allowed, and no effect. */
+  NOOP(0, (symm_pool_record_stream(pa + 100, SA), 0));
+  area("symm_pool_record_stream", c0);
+}
+
+static void test_pool_stats(void) {
+  int c0 = passes + failures;
+  symm_stat_t st[8];
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BADR(-1, SYMM_ERR_INVALID, word, symm_pool_stats(bad_devs[i], st, 8));
+    BADR(-1, SYMM_ERR_INVALID, word, symm_pool_stats(bad_devs[i], NULL, 0));
+    BAD(SYMM_ERR_INVALID, word, symm_pool_reset_peak(bad_devs[i]));
+  }
+  BADR(-1, SYMM_ERR_INVALID, "out is NULL", symm_pool_stats(0, NULL, 5));
+  BADR(-1, SYMM_ERR_INVALID, "cap is negative", symm_pool_stats(0, st, -1));
+  BADR(-1, SYMM_ERR_INVALID, "cap is negative", symm_pool_stats(1, NULL, INT_MIN));
+  /* Too small a buffer is not an error: the count, and only cap entries written. */
+  int n = symm_pool_stats(0, NULL, 0);
+  CHECK(n > 8 && n <= STATS_MAX, "size query: %d statistics", n);
+  memset(st, 0x5a, sizeof st);
+  NOOP(n, symm_pool_stats(0, st, 3));
+  CHECK(st[2].name != NULL && st[3].value == 0x5a5a5a5a5a5a5a5aLL, "only 3 written");
+  area("symm_pool_stats/reset_peak", c0);
+}
+
+static void test_pool_limits(void) {
+  int c0 = passes + failures;
+  /* A valid cap first, then bad calls that must not change it. */
+  symm_clear_error();
+  symm_pool_set_memory_fraction(0.5, 0);
+  CHECK(symm_last_error_code() == SYMM_OK, "fraction 0.5 of device 0");
+  const double bad_fractions[] = {-1, 0, -0.0, 1.0000001, 2, NAN, INFINITY, -INFINITY, 1e300};
+  for (size_t i = 0; i < sizeof bad_fractions / sizeof bad_fractions[0]; i++)
+    BADV(SYMM_ERR_INVALID, "fraction", symm_pool_set_memory_fraction(bad_fractions[i], 0));
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BADV(SYMM_ERR_INVALID, word, symm_pool_set_memory_fraction(0.5, bad_devs[i]));
+    BADV(SYMM_ERR_INVALID, word, symm_pool_set_memory_fraction(NAN, bad_devs[i]));
+    BAD(SYMM_ERR_INVALID, word, symm_pool_set_limit(bad_devs[i], 0));
+    BAD(SYMM_ERR_INVALID, word, symm_pool_set_limit(bad_devs[i], 1));
+  }
+  symm_clear_error();
+  void *p = symm_pool_alloc(600 * MiB, 0, NULL);
+  CHECK(p == NULL && symm_last_error_code() == SYMM_ERR_OUT_OF_MEMORY, "the 512 MiB cap held through the bad calls");
+  CHECK(symm_pool_set_limit(0, 8 * MiB) == SYMM_OK, "limit 8 MiB");
+  BAD(SYMM_ERR_INVALID, "device -1", symm_pool_set_limit(-1, 0));
+  symm_clear_error();
+  p = symm_pool_alloc(16 * MiB, 0, NULL);
+  CHECK(p == NULL && symm_last_error_code() == SYMM_ERR_OUT_OF_MEMORY, "the 8 MiB limit held");
+  CHECK(symm_pool_set_limit(0, 0) == SYMM_OK, "no limit");
+  p = symm_pool_alloc(600 * MiB, 0, NULL);
+  CHECK(p != NULL, "600 MiB without a limit");
+  symm_pool_free(p, 600 * MiB, 0, NULL);
+  symm_pool_empty_cache();
+  area("symm_pool_set_*", c0);
+}
+
+static void test_pool_misc(void) {
+  int c0 = passes + failures;
+  /* device_count is advisory: any value, no error, nothing changes. */
+  NOOP(0, (symm_pool_init(-1), 0));
+  NOOP(0, (symm_pool_init(INT_MIN), 0));
+  NOOP(0, (symm_pool_init(1000), 0));
+  NOOP(NDEV, symm_pool_device_count());
+  CHECK(strcmp(symm_pool_backend(), "host") == 0, "backend %s", symm_pool_backend());
+  cover("symm_pool_backend");
+  /* Emptying the cache leaves live blocks alone. */
+  symm_clear_error();
+  symm_pool_empty_cache();
+  symm_pool_empty_cache();
+  CHECK(symm_last_error_code() == SYMM_OK, "empty_cache");
+  CHECK(stat_now(0, "allocated_bytes.all.current") == 4096 && stat_now(1, "allocated_bytes.all.current") == 3 * MiB,
+        "live blocks untouched by empty_cache");
+  cover("symm_pool_empty_cache");
+  /* symm_torch_init makes a failed alloc throw, which C cannot catch: it
+   * runs in the children (test_children). */
+  area("symm_pool_init/count/backend", c0);
+}
+
+/* ---- symmetric memory ------------------------------------------------------- */
+
+static symm_store_t st_main; /* the store of every area below */
+static char st_addr[64];
+
+static void test_symm_alloc_free(void) {
+  int c0 = passes + failures;
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BADR(0, SYMM_ERR_INVALID, word, symm_alloc(4096, bad_devs[i], NULL));
+    BADR(0, SYMM_ERR_INVALID, word, symm_alloc(SIZE_MAX, bad_devs[i], NULL));
+  }
+  BADR(0, SYMM_ERR_OUT_OF_MEMORY, "18446744073709551615 bytes", symm_alloc(SIZE_MAX, 0, NULL));
+  BADR(0, SYMM_ERR_OUT_OF_MEMORY, "18446744073709551600 bytes", symm_alloc(SIZE_MAX - 15, 1, NULL));
+  BADR(0, SYMM_ERR_OUT_OF_MEMORY, "2147483648 bytes", symm_alloc(2 * GiB, 0, NULL));
+  BADR(0, SYMM_ERR_OUT_OF_MEMORY, "1073741825 bytes", symm_alloc(GiB + 1, 1, NULL));
+  NOOP(0, symm_alloc(0, 0, NULL));
+  NOOP(0, symm_alloc(0, -1, NULL));
+
+  unsigned char *p = symm_alloc(64 * 1024, 1, NULL);
+  CHECK(p != NULL, "symm_alloc on device 1");
+  NOOP(0, (symm_free(NULL, 0, 0, NULL), 0));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, "0xdead000", symm_free((void *)0xdead000, 0, 0, NULL));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(p + 64), symm_free(p + 64, 64 * 1024, 1, NULL));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(p - 4096), symm_free(p - 4096, 0, 0, NULL));
+  /* Each allocator refuses the other's pointers. */
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(pa), symm_free(pa, 4096, 0, NULL));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_pool_free(p, 64 * 1024, 1, NULL));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_pool_record_stream(p, NULL));
+  /* The block survived all that: it rendezvouses. */
+  symm_handle_t h = 0;
+  CHECK(symm_rendezvous(p, st_main, "alive", 0, 1, &h) == SYMM_OK, "the block is still live");
+  symm_clear_error();
+  symm_free(p, 64 * 1024, 1, NULL);
+  CHECK(symm_last_error_code() == SYMM_OK, "free");
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_free(p, 64 * 1024, 1, NULL));
+
+  /* Multicast: always 0, whatever the device. */
+  for (int i = 0; i < NBAD_DEVS; i++) NOOP(0, symm_has_multicast_support(bad_devs[i]));
+  NOOP(0, symm_has_multicast_support(0));
+  area("symm_alloc/free/multicast", c0);
+}
+
+/* Before the first symmetric call: the backend can still be chosen. */
+static void test_backend_before_use(void) {
+  int c0 = passes + failures;
+  char buf[64];
+  BAD(SYMM_ERR_INVALID, "name is NULL", symm_set_backend(NULL));
+  BAD(SYMM_ERR_INVALID, "\"tpu\"", symm_set_backend("tpu"));
+  BAD(SYMM_ERR_INVALID, "backend \"\"", symm_set_backend(""));
+  BAD(SYMM_ERR_INVALID, "\"CUDA\"", symm_set_backend("CUDA"));
+  BAD(SYMM_ERR_INVALID, "\"host \"", symm_set_backend("host "));
+  char longname[5000];
+  memset(longname, 'n', sizeof longname - 1);
+  longname[sizeof longname - 1] = 0;
+  BAD(SYMM_ERR_INVALID, "backend", symm_set_backend(longname));
+  CHECK(symm_get_backend(buf, sizeof buf) == SYMM_OK && strcmp(buf, "host") == 0, "still host: %s", buf);
+  NOOP(SYMM_OK, symm_set_backend("host"));
+  area("symm_set_backend (before)", c0);
+}
+
+static void test_backends(void) {
+  int c0 = passes + failures;
+  char buf[64];
+  /* Chosen once: after the first symmetric call only the one in use. */
+  BAD(SYMM_ERR_INVALID, "already runs on the host backend", symm_set_backend("cuda"));
+  BAD(SYMM_ERR_INVALID, "already runs on the host backend", symm_set_backend("nvshmem"));
+  BAD(SYMM_ERR_INVALID, "already runs on the host backend", symm_set_backend("nccl"));
+  BAD(SYMM_ERR_INVALID, "\"tpu\"", symm_set_backend("tpu"));
+  NOOP(SYMM_OK, symm_set_backend("host"));
+
+  memset(buf, 'x', sizeof buf);
+  BAD(SYMM_ERR_INVALID, "buf is NULL", symm_get_backend(NULL, 64));
+  BAD(SYMM_ERR_INVALID, "8 bytes", symm_get_backend(buf, 0));
+  BAD(SYMM_ERR_INVALID, "8 bytes", symm_get_backend(buf, 7));
+  CHECK(buf[0] == 'x', "nothing written into a buffer refused");
+  NOOP(SYMM_OK, symm_get_backend(buf, 8));
+  CHECK(strcmp(buf, "host") == 0, "host: %s", buf);
+  memset(buf, 'x', sizeof buf);
+  NOOP(SYMM_OK, symm_get_backend(buf, SIZE_MAX)); /* only the name and its NUL are written */
+  CHECK(strcmp(buf, "host") == 0 && buf[5] == 'x', "host, 5 bytes: %.8s", buf);
+
+  /* NVSHMEM and NCCL are not installed here: 0, SYMM_ERR_NO_DEVICE, and why. */
+  if (symm_nvshmem_available() == 0)
+    CALL(0, 0, SYMM_ERR_NO_DEVICE, "NVSHMEM", symm_nvshmem_available());
+  else
+    printf("  (NVSHMEM is available here: its refusal is not tested)\n");
+  if (symm_nccl_available() == 0)
+    CALL(0, 0, SYMM_ERR_NO_DEVICE, "NCCL", symm_nccl_available());
+  else
+    printf("  (NCCL is available here: its refusal is not tested)\n");
+  cover("symm_nvshmem_available");
+  cover("symm_nccl_available");
+
+  /* Wrong order: there is no NCCL backend to hand a communicator to. */
+  BAD(SYMM_ERR_INVALID, "host backend", symm_nccl_adopt_comm(NULL, 0));
+  BAD(SYMM_ERR_INVALID, "host backend", symm_nccl_adopt_comm((void *)0x1234, 0));
+  BAD(SYMM_ERR_INVALID, "host backend", symm_nccl_adopt_comm((void *)0x1234, -1));
+  BAD(SYMM_ERR_INVALID, "host backend", symm_nccl_adopt_comm(NULL, INT_MIN));
+
+  /* backend_init only checks its arguments here. */
+  BAD(SYMM_ERR_INVALID, "0 is not a live store handle", symm_backend_init(0, 0, 1, 0));
+  BAD(SYMM_ERR_INVALID, "-1 is not a live store handle", symm_backend_init(-1, 0, 1, 0));
+  BAD(SYMM_ERR_INVALID, "store handle", symm_backend_init(st_main + 1000, 0, 1, 0));
+  BAD(SYMM_ERR_INVALID, "rank -1", symm_backend_init(st_main, -1, 1, 0));
+  BAD(SYMM_ERR_INVALID, "rank 1, world 1", symm_backend_init(st_main, 1, 1, 0));
+  BAD(SYMM_ERR_INVALID, "world 0", symm_backend_init(st_main, 0, 0, 0));
+  BAD(SYMM_ERR_INVALID, "world -4", symm_backend_init(st_main, 0, -4, 0));
+  BAD(SYMM_ERR_INVALID, "rank -2147483648", symm_backend_init(st_main, INT_MIN, INT_MIN, 0));
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BAD(SYMM_ERR_INVALID, word, symm_backend_init(st_main, 0, 1, bad_devs[i]));
+  }
+  NOOP(SYMM_OK, symm_backend_init(st_main, 0, 1, 1));
+  area("backends", c0);
+}
+
+static void test_topology(void) {
+  int c0 = passes + failures;
+  size_t n = 0, got = 12345;
+  NOOP(SYMM_OK, symm_topology(NULL, NULL, 0, &n));
+  CHECK(n > 20, "size query: %zu", n);
+  char *buf = malloc(n + 64);
+  BAD(SYMM_ERR_INVALID, "len is NULL", symm_topology(NULL, NULL, 0, NULL));
+  BAD(SYMM_ERR_INVALID, "len is NULL", symm_topology(NULL, buf, n + 1, NULL));
+  memset(buf, 'x', n + 64);
+  BAD(SYMM_ERR_INVALID, "needs", symm_topology(NULL, buf, 1, &got));
+  BAD(SYMM_ERR_INVALID, "needs", symm_topology(NULL, buf, n, &got)); /* no room for the NUL */
+  CHECK(buf[0] == 'x' && buf[n - 1] == 'x', "nothing written into a buffer too small");
+  /* A size query, not an error: buf NULL with a capacity, or capacity 0. */
+  NOOP(SYMM_OK, symm_topology(NULL, NULL, 100, &got));
+  NOOP(SYMM_OK, symm_topology(NULL, buf, 0, &got));
+  CHECK(buf[0] == 'x', "nothing written by a size query");
+  /* Directories that do not exist or are not directories are just not searched. */
+  const char *dirs = "::/nonexistent:/dev/null:\x01:";
+  size_t nd = 0;
+  NOOP(SYMM_OK, symm_topology(dirs, NULL, 0, &nd));
+  char *bd = malloc(nd + 1);
+  NOOP(SYMM_OK, symm_topology(dirs, bd, nd + 1, &got));
+  CHECK(got == nd && strlen(bd) == nd, "JSON of %zu bytes", nd);
+  free(bd);
+  /* Only the JSON and its NUL are written, whatever the capacity claims. */
+  memset(buf, 'x', n + 64);
+  NOOP(SYMM_OK, symm_topology(NULL, buf, SIZE_MAX, &got));
+  CHECK(got == n && buf[n] == 0 && buf[n + 1] == 'x', "JSON of %zu bytes and a NUL", got);
+  free(buf);
+  area("symm_topology", c0);
+}
+
+/* ---- stores ------------------------------------------------------------------ */
+
+static void test_stores(void) {
+  int c0 = passes + failures;
+  symm_store_t s = 777, closed = 0;
+  char bound[64];
+  size_t len = 777;
+
+  /* A store handle after close. */
+  CHECK(symm_store_server("", "", &closed, bound, sizeof bound) == SYMM_OK, "a server to close");
+  char closed_addr[64];
+  snprintf(closed_addr, sizeof closed_addr, "%s", bound);
+  CHECK(symm_store_close(closed) == SYMM_OK, "close");
+  /* Nobody listens there any more (tried before another server may take the port). */
+  BAD(SYMM_ERR_TIMEOUT, closed_addr, symm_store_connect(closed_addr, "", 100, &s));
+  BAD(SYMM_ERR_TIMEOUT, closed_addr, symm_store_connect(closed_addr, NULL, -5, &s));
+  BAD(SYMM_ERR_TIMEOUT, closed_addr, symm_store_connect(closed_addr, NULL, INT_MIN, &s));
+
+  /* symm_store_server */
+  BAD(SYMM_ERR_INVALID, "out is NULL", symm_store_server("", "", NULL, bound, sizeof bound));
+  BAD(SYMM_ERR_INVALID, "bogus:addr:99", symm_store_server("bogus:addr:99", "", &s, bound, sizeof bound));
+  BAD(SYMM_ERR_INVALID, "99999", symm_store_server("127.0.0.1:99999", "", &s, bound, sizeof bound));
+  BAD(SYMM_ERR_INVALID, "in use", symm_store_server(st_addr, "", &s, bound, sizeof bound));
+  static char longtok[10000];
+  memset(longtok, 't', sizeof longtok - 1);
+  BAD(SYMM_ERR_INVALID, "token", symm_store_server("", longtok, &s, bound, sizeof bound));
+  CHECK(s == 777, "*out untouched by a refused server");
+  /* bound: NULL, one byte, or a capacity beyond the buffer: only the address is written. */
+  symm_store_t t = 0;
+  CHECK(symm_store_server("", "", &t, NULL, 100) == SYMM_OK && symm_store_close(t) == SYMM_OK, "bound NULL");
+  memset(bound, 'x', sizeof bound);
+  CHECK(symm_store_server("", "", &t, bound, 1) == SYMM_OK && bound[0] == 0 && bound[1] == 'x', "bound of one byte");
+  CHECK(symm_store_close(t) == SYMM_OK, "close");
+  memset(bound, 'x', sizeof bound);
+  symm_clear_error();
+  CHECK(symm_store_server("", "", &t, bound, SIZE_MAX) == SYMM_OK && strchr(bound, ':') != NULL,
+        "bound with capacity SIZE_MAX: %.20s", bound);
+  CHECK(symm_store_close(t) == SYMM_OK, "close");
+
+  /* symm_store_connect */
+  BAD(SYMM_ERR_INVALID, "addr or out is NULL", symm_store_connect(NULL, "", 100, &s));
+  BAD(SYMM_ERR_INVALID, "addr or out is NULL", symm_store_connect(st_addr, "", 100, NULL));
+  BAD(SYMM_ERR_INVALID, "no server address", symm_store_connect("", "", 100, &s));
+  BAD(SYMM_ERR_INVALID, "missing port", symm_store_connect("nonsense", "", 100, &s));
+  BAD(SYMM_ERR_INVALID, "token", symm_store_connect(st_addr, longtok, 100, &s));
+  symm_store_t locked = 0;
+  char locked_addr[64];
+  CHECK(symm_store_server("", "secret", &locked, locked_addr, sizeof locked_addr) == SYMM_OK, "a server with a token");
+  BAD(SYMM_ERR_INVALID, "authentication failed", symm_store_connect(locked_addr, "wrong", 1000, &s));
+  BAD(SYMM_ERR_INVALID, "authentication failed", symm_store_connect(locked_addr, NULL, 1000, &s));
+  CHECK(s == 777, "*out untouched by a refused connect");
+  CHECK(symm_store_close(locked) == SYMM_OK, "close");
+
+  /* set / get / add on handles that are not live */
+  const symm_store_t dead[] = {0, -1, 12345, closed, INT64_MIN, INT64_MAX};
+  for (size_t i = 0; i < sizeof dead / sizeof dead[0]; i++) {
+    char word[64];
+    snprintf(word, sizeof word, "%lld is not a live store handle", (long long)dead[i]);
+    int64_t out = 5;
+    BAD(SYMM_ERR_INVALID, word, symm_store_set(dead[i], "k", "v", 1));
+    BAD(SYMM_ERR_INVALID, word, symm_store_get(dead[i], "k", bound, sizeof bound, &len, 10));
+    BAD(SYMM_ERR_INVALID, word, symm_store_add(dead[i], "k", 1, &out));
+    BAD(SYMM_ERR_INVALID, word, symm_store_close(dead[i]));
+    CHECK(out == 5 && len == 777, "outputs untouched");
+  }
+
+  /* symm_store_set */
+  CHECK(symm_store_set(st_main, "k", "old", 3) == SYMM_OK, "set k");
+  static char longkey[5000];
+  memset(longkey, 'k', sizeof longkey - 1);
+  BAD(SYMM_ERR_INVALID, "key or value is NULL", symm_store_set(st_main, NULL, "v", 1));
+  BAD(SYMM_ERR_INVALID, "key or value is NULL", symm_store_set(st_main, "k", NULL, 3));
+  BAD(SYMM_ERR_INVALID, "4999 bytes", symm_store_set(st_main, longkey, "v", 1));
+  BAD(SYMM_ERR_INVALID, "UTF-8", symm_store_set(st_main, "\xff\xfe", "v", 1));
+  BAD(SYMM_ERR_INVALID, "18446744073709551615 bytes", symm_store_set(st_main, "k", "new", SIZE_MAX));
+  BAD(SYMM_ERR_INVALID, "4294967297 bytes", symm_store_set(st_main, "k", "new", (1ull << 32) + 1));
+  size_t huge = 64 * MiB + 1;
+  char *hv = calloc(1, huge);
+  BAD(SYMM_ERR_INVALID, "67108865 bytes", symm_store_set(st_main, "k", hv, huge));
+  free(hv);
+  char got[64] = {0};
+  CHECK(symm_store_get(st_main, "k", got, sizeof got, &len, 1000) == SYMM_OK && len == 3 && !memcmp(got, "old", 3),
+        "k unchanged by the refused sets: %.*s", (int)len, got);
+  NOOP(SYMM_OK, symm_store_set(st_main, "empty", NULL, 0)); /* an empty value is a value */
+
+  /* symm_store_get */
+  len = 777;
+  BAD(SYMM_ERR_INVALID, "key, len or buf is NULL", symm_store_get(st_main, NULL, got, sizeof got, &len, 10));
+  BAD(SYMM_ERR_INVALID, "key, len or buf is NULL", symm_store_get(st_main, "k", got, sizeof got, NULL, 10));
+  BAD(SYMM_ERR_INVALID, "key, len or buf is NULL", symm_store_get(st_main, "k", NULL, 4, &len, 10));
+  BAD(SYMM_ERR_INVALID, "4999 bytes", symm_store_get(st_main, longkey, got, sizeof got, &len, 10));
+  BAD(SYMM_ERR_TIMEOUT, "\"missing\"", symm_store_get(st_main, "missing", got, sizeof got, &len, 20));
+  BAD(SYMM_ERR_TIMEOUT, "\"missing\"", symm_store_get(st_main, "missing", got, sizeof got, &len, 0));
+  BAD(SYMM_ERR_TIMEOUT, "\"missing\"", symm_store_get(st_main, "missing", got, sizeof got, &len, -1));
+  BAD(SYMM_ERR_TIMEOUT, "\"missing\"", symm_store_get(st_main, "missing", got, sizeof got, &len, INT_MIN));
+  CHECK(len == 777, "*len untouched by a failed get");
+  /* A buffer too small is not an error: cap bytes, and the full length. */
+  memset(got, 'x', sizeof got);
+  NOOP(SYMM_OK, symm_store_get(st_main, "k", got, 2, &len, 10));
+  CHECK(len == 3 && got[0] == 'o' && got[1] == 'l' && got[2] == 'x', "2 of 3 bytes, len 3");
+  NOOP(SYMM_OK, symm_store_get(st_main, "k", NULL, 0, &len, 10));
+  memset(got, 'x', sizeof got);
+  NOOP(SYMM_OK, symm_store_get(st_main, "k", got, SIZE_MAX, &len, 10)); /* only the value is written */
+  CHECK(len == 3 && !memcmp(got, "old", 3) && got[3] == 'x', "the value and nothing after it");
+
+  /* symm_store_add */
+  int64_t out = 5;
+  BAD(SYMM_ERR_INVALID, "key is NULL", symm_store_add(st_main, NULL, 1, &out));
+  BAD(SYMM_ERR_INVALID, "4999 bytes", symm_store_add(st_main, longkey, 1, &out));
+  BAD(SYMM_ERR_INVALID, "not a decimal int64", symm_store_add(st_main, "k", 1, &out));
+  BAD(SYMM_ERR_INVALID, "not a decimal int64", symm_store_add(st_main, "empty", 1, &out));
+  CHECK(symm_store_set(st_main, "n", "9223372036854775807", 19) == SYMM_OK, "n = INT64_MAX");
+  BAD(SYMM_ERR_INVALID, "overflows", symm_store_add(st_main, "n", 1, &out));
+  CHECK(symm_store_add(st_main, "m", -1, NULL) == SYMM_OK, "m = -1, out NULL");
+  BAD(SYMM_ERR_INVALID, "overflows", symm_store_add(st_main, "m", INT64_MIN, &out));
+  CHECK(out == 5, "*out untouched by a failed add");
+  CHECK(symm_store_add(st_main, "n", 0, &out) == SYMM_OK && out == INT64_MAX, "n unchanged");
+  CHECK(symm_store_get(st_main, "k", got, sizeof got, &len, 10) == SYMM_OK && len == 3 && !memcmp(got, "old", 3),
+        "k unchanged by the refused adds");
+  area("symm_store_*", c0);
+}
+
+/* ---- rendezvous and signals ------------------------------------------------- */
+
+static void test_rendezvous(unsigned char *p, symm_handle_t h) {
+  int c0 = passes + failures;
+  symm_handle_t out = 777;
+  BAD(SYMM_ERR_INVALID, "group or out is NULL", symm_rendezvous(p, st_main, NULL, 0, 1, &out));
+  BAD(SYMM_ERR_INVALID, "group or out is NULL", symm_rendezvous(p, st_main, "solo", 0, 1, NULL));
+  BAD(SYMM_ERR_INVALID, "group \"\"", symm_rendezvous(p, st_main, "", 0, 1, &out));
+  BAD(SYMM_ERR_INVALID, "rank -1, world 1", symm_rendezvous(p, st_main, "g", -1, 1, &out));
+  BAD(SYMM_ERR_INVALID, "rank 1, world 1", symm_rendezvous(p, st_main, "g", 1, 1, &out));
+  BAD(SYMM_ERR_INVALID, "rank 0, world 0", symm_rendezvous(p, st_main, "g", 0, 0, &out));
+  BAD(SYMM_ERR_INVALID, "world -3", symm_rendezvous(p, st_main, "g", 0, -3, &out));
+  BAD(SYMM_ERR_INVALID, "rank -2147483648", symm_rendezvous(p, st_main, "g", INT_MIN, INT_MAX, &out));
+  BAD(SYMM_ERR_INVALID, "world size 513", symm_rendezvous(p, st_main, "g", 0, 513, &out));
+  BAD(SYMM_ERR_INVALID, "0 is not a live store handle", symm_rendezvous(p, 0, "g", 0, 1, &out));
+  BAD(SYMM_ERR_INVALID, "store handle", symm_rendezvous(p, st_main + 1000, "g", 0, 1, &out));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0x0", symm_rendezvous(NULL, st_main, "g", 0, 1, &out));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0xdead000", symm_rendezvous((void *)0xdead000, st_main, "g", 0, 1, &out));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, hex(pa), symm_rendezvous(pa, st_main, "g", 0, 1, &out));
+  /* The block again with its group, as another rank or world. */
+  BAD(SYMM_ERR_INVALID, "\"solo\"", symm_rendezvous(p, st_main, "solo", 0, 2, &out));
+  BAD(SYMM_ERR_INVALID, "\"solo\"", symm_rendezvous(p + 100, st_main, "solo", 1, 2, &out));
+  CHECK(out == 777, "*out untouched by a refused rendezvous");
+  /* A peer that never comes: the timeout (SYMM_TIMEOUT_MS=300), naming it. */
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  BAD(SYMM_ERR_TIMEOUT, "rank 1", symm_rendezvous(p, st_main, "nobody", 0, 2, &out));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  CHECK(secs < 5, "within the timeout: %.2f s", secs);
+  /* The same block and group: the same handle, from any address inside. */
+  NOOP(SYMM_OK, symm_rendezvous(p + 100, st_main, "solo", 0, 1, &out));
+  CHECK(out == h, "the same handle");
+
+  /* symm_handle_info */
+  symm_handle_info_t info;
+  memset(&info, 0x5a, sizeof info);
+  BAD(SYMM_ERR_INVALID, "out is NULL", symm_handle_info(h, NULL));
+  const symm_handle_t bogus[] = {0, -1, 12345, h + 1000, INT64_MIN, INT64_MAX};
+  for (size_t i = 0; i < sizeof bogus / sizeof bogus[0]; i++) {
+    char word[80];
+    snprintf(word, sizeof word, "%lld is not a live symmetric-memory handle", (long long)bogus[i]);
+    BAD(SYMM_ERR_INVALID, word, symm_handle_info(bogus[i], &info));
+  }
+  CHECK(info.rank == 0x5a5a5a5a, "info untouched by a refused call");
+
+  /* symm_world_within_direct_access */
+  int d = 7;
+  BAD(SYMM_ERR_INVALID, "group or out is NULL", symm_world_within_direct_access(st_main, NULL, 0, 1, 0, &d));
+  BAD(SYMM_ERR_INVALID, "group or out is NULL", symm_world_within_direct_access(st_main, "g", 0, 1, 0, NULL));
+  BAD(SYMM_ERR_INVALID, "group \"\"", symm_world_within_direct_access(st_main, "", 0, 1, 0, &d));
+  BAD(SYMM_ERR_INVALID, "rank -1", symm_world_within_direct_access(st_main, "g", -1, 1, 0, &d));
+  BAD(SYMM_ERR_INVALID, "rank 2, world 2", symm_world_within_direct_access(st_main, "g", 2, 2, 0, &d));
+  BAD(SYMM_ERR_INVALID, "world 0", symm_world_within_direct_access(st_main, "g", 0, 0, 0, &d));
+  BAD(SYMM_ERR_INVALID, "world -2147483648", symm_world_within_direct_access(st_main, "g", 0, INT_MIN, 0, &d));
+  BAD(SYMM_ERR_INVALID, "0 is not a live store handle", symm_world_within_direct_access(0, "g", 0, 1, 0, &d));
+  BAD(SYMM_ERR_INVALID, "store handle", symm_world_within_direct_access(st_main + 1000, "g", 0, 1, 0, &d));
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BAD(SYMM_ERR_INVALID, word, symm_world_within_direct_access(st_main, "g", 0, 1, bad_devs[i], &d));
+  }
+  CHECK(d == 7, "*out untouched by a refused call");
+  NOOP(SYMM_OK, symm_world_within_direct_access(st_main, "g", 0, 1, 0, &d));
+  CHECK(d == 1, "host memory: direct access");
+  area("symm_rendezvous/handle_info/...", c0);
+}
+
+static void test_signals(unsigned char *p, symm_handle_t h) {
+  int c0 = passes + failures;
+  /* h: a world of one, rank 0. */
+  const int bad_ranks[] = {-1, 1, INT_MIN, INT_MAX};
+  const int bad_channels[] = {-1, 512, INT_MAX, INT_MIN};
+  for (int i = 0; i < 4; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "destination rank %d outside", bad_ranks[i]);
+    BAD(SYMM_ERR_INVALID, word, symm_put_signal(h, bad_ranks[i], 0, NULL));
+    snprintf(word, sizeof word, "source rank %d outside", bad_ranks[i]);
+    BAD(SYMM_ERR_INVALID, word, symm_wait_signal(h, bad_ranks[i], 0, NULL, 10));
+    snprintf(word, sizeof word, "channel %d", bad_channels[i]);
+    BAD(SYMM_ERR_INVALID, word, symm_put_signal(h, 0, bad_channels[i], NULL));
+    BAD(SYMM_ERR_INVALID, word, symm_wait_signal(h, 0, bad_channels[i], NULL, 10));
+    BAD(SYMM_ERR_INVALID, word, symm_barrier(h, bad_channels[i], NULL, 10));
+  }
+  /* A negative timeout is refused (0 means: no timeout on GPUs, SYMM_TIMEOUT_MS on host). */
+  BAD(SYMM_ERR_INVALID, "timeout_ms -1 is negative", symm_wait_signal(h, 0, 3, NULL, -1));
+  BAD(SYMM_ERR_INVALID, "timeout_ms -5 is negative", symm_barrier(h, 0, NULL, -5));
+  /* A second put that nobody takes does not hang on the host backend: the
+   * first one fills the slot, the second waits at most SYMM_TIMEOUT_MS (set
+   * to 300 ms for this program) and reports it; the waits then clear it. */
+  NOOP(SYMM_OK, symm_put_signal(h, 0, 7, NULL));
+  BAD(SYMM_ERR_TIMEOUT, "has not taken our previous signal", symm_put_signal(h, 0, 7, NULL));
+  NOOP(SYMM_OK, symm_wait_signal(h, 0, 7, NULL, 1000));
+  /* A signal nobody sent: the timeout, naming the rank and channel. */
+  BAD(SYMM_ERR_TIMEOUT, "rank 0 on channel 3", symm_wait_signal(h, 0, 3, NULL, 20));
+  BAD(SYMM_ERR_TIMEOUT, "timed out", symm_wait_signal(h, 0, 511, (void *)2, 1));
+  /* The pads are as they were: a signal goes round. */
+  symm_handle_info_t info;
+  CHECK(symm_handle_info(h, &info) == SYMM_OK && info.world_size == 1 && info.rank == 0, "info");
+  uint32_t *pad = ((uint32_t **)info.signal_pad_ptrs)[0];
+  int zero = 1;
+  for (size_t i = 0; i < info.signal_pad_size / 4; i++) zero &= pad[i] == 0;
+  CHECK(zero, "every slot still 0");
+  NOOP(SYMM_OK, symm_put_signal(h, 0, 511, NULL));
+  NOOP(SYMM_OK, symm_wait_signal(h, 0, 511, NULL, 1000));
+  NOOP(SYMM_OK, symm_barrier(h, 0, NULL, 1000));
+  /* After the block is freed its handle is dead everywhere. */
+  symm_clear_error();
+  symm_free(p, 0, 0, NULL);
+  CHECK(symm_last_error_code() == SYMM_OK, "free");
+  char word[80];
+  snprintf(word, sizeof word, "%lld is not a live symmetric-memory handle", (long long)h);
+  BAD(SYMM_ERR_INVALID, word, symm_handle_info(h, &info));
+  BAD(SYMM_ERR_INVALID, word, symm_put_signal(h, 0, 0, NULL));
+  BAD(SYMM_ERR_INVALID, word, symm_wait_signal(h, 0, 0, NULL, 10));
+  BAD(SYMM_ERR_INVALID, word, symm_barrier(h, 0, NULL, 10));
+  symm_handle_t out = 777;
+  BAD(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_rendezvous(p, st_main, "solo", 0, 1, &out));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_free(p, 0, 0, NULL));
+  area("symm_put/wait_signal/barrier", c0);
+}
+
+/* ---- bad environments, in children ------------------------------------------- */
+
+static int child_main(const char *name) {
+  if (!strcmp(name, "bad-device")) { /* SYMM_DEVICE=tpu */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_DEVICE=\"tpu\"", (symm_pool_init(0), 0));
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_DEVICE", symm_pool_alloc(16, 0, NULL));
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_DEVICE", (symm_pool_free((void *)0xdead000, 16, 0, NULL), 0));
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_DEVICE", (symm_pool_record_stream((void *)0xdead000, NULL), 0));
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_DEVICE", (symm_pool_set_memory_fraction(0.5, 0), 0));
+    CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_DEVICE", symm_pool_set_limit(0, 1));
+    CALL(F_NOSTATE, -1, SYMM_ERR_INVALID, "SYMM_DEVICE", symm_pool_stats(0, NULL, 0));
+    CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_DEVICE", symm_pool_reset_peak(0));
+    CALL(F_NOSTATE, -1, SYMM_ERR_INVALID, "SYMM_DEVICE", symm_pool_device_count());
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_DEVICE", symm_alloc(4096, 0, NULL));
+    CALL(F_NOSTATE, 0, SYMM_OK, NULL, (symm_pool_empty_cache(), 0));
+    CHECK(strcmp(symm_pool_backend(), "") == 0, "no backend: %s", symm_pool_backend());
+    /* PyTorch's init: the error is recorded (nothing throws before an alloc). */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_DEVICE=\"tpu\"", (symm_torch_init(1), 0));
+  } else if (!strcmp(name, "bad-host-devices")) { /* SYMM_HOST_DEVICES=0 */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_DEVICES", symm_pool_alloc(16, 0, NULL));
+    /* Last: after it a failed alloc throws. */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_DEVICES", (symm_torch_init(-1), 0));
+  } else if (!strcmp(name, "bad-host-memory")) { /* SYMM_HOST_MEMORY=lots */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_MEMORY", symm_pool_alloc(16, 0, NULL));
+  } else if (!strcmp(name, "bad-front-cache")) { /* SYMM_POOL_FRONT_CACHE=2 */
+    CALL(F_NOSTATE, -1, SYMM_ERR_INVALID, "SYMM_POOL_FRONT_CACHE", symm_pool_device_count());
+  } else if (!strcmp(name, "bad-backend")) { /* SYMM_BACKEND=quantum: the pool still works */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_BACKEND=\"quantum\"", symm_alloc(4096, 0, NULL));
+    CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_BACKEND", symm_nccl_adopt_comm(NULL, 0));
+    void *p = symm_pool_alloc(16, 0, NULL);
+    CHECK(p != NULL, "the pool does not depend on SYMM_BACKEND");
+    symm_pool_free(p, 16, 0, NULL);
+  } else if (!strcmp(name, "bad-timeout")) { /* SYMM_TIMEOUT_MS=-5 */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_TIMEOUT_MS", symm_alloc(4096, 0, NULL));
+  } else if (!strcmp(name, "nvshmem-on-host")) { /* SYMM_BACKEND=nvshmem with SYMM_DEVICE=host */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "needs GPUs", symm_alloc(4096, 0, NULL));
+  } else if (!strcmp(name, "nccl-on-host")) { /* chosen with symm_set_backend, SYMM_DEVICE=host */
+    CHECK(symm_set_backend("nccl") == SYMM_OK, "nccl may be chosen before the first symmetric call");
+    CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "needs GPUs", symm_nccl_adopt_comm((void *)0x1234, 0));
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "needs GPUs", symm_alloc(4096, 0, NULL));
+  } else if (!strcmp(name, "no-driver")) { /* SYMM_DEVICE unset, no NVIDIA driver here */
+    size_t n = 0;
+    CHECK(symm_topology(NULL, NULL, 0, &n) == SYMM_OK, "topology");
+    char *buf = malloc(n + 1);
+    int driver = symm_topology(NULL, buf, n + 1, &n) == SYMM_OK && strstr(buf, "\"found\":false") == NULL;
+    free(buf);
+    if (!driver) {
+      CALL(F_NOSTATE, 0, SYMM_ERR_NO_DEVICE, NULL, symm_pool_alloc(16, 0, NULL));
+      CALL(F_NOSTATE, -1, SYMM_ERR_NO_DEVICE, NULL, symm_pool_device_count());
+      CALL(F_NOSTATE, 0, SYMM_ERR_NO_DEVICE, NULL, symm_alloc(4096, 0, NULL));
+    }
+  } else {
+    fprintf(stderr, "unknown child %s\n", name);
+    return 2;
+  }
+  return failures != 0;
+}
+
+static int spawn_child(const char *self, const char *name, const char *const *env) {
+  /* The parent's environment, with env's NAME=VALUE entries replacing (or,
+   * VALUE empty after '=', removing) its own. */
+  int n = 0;
+  while (environ[n]) n++;
+  char **envp = calloc(n + 16, sizeof *envp);
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    int drop = 0;
+    for (const char *const *e = env; *e; e++) {
+      size_t l = strchr(*e, '=') - *e + 1;
+      drop |= strncmp(environ[i], *e, l) == 0;
+    }
+    if (!drop) envp[k++] = environ[i];
+  }
+  for (const char *const *e = env; *e; e++)
+    if (strchr(*e, '=')[1] != 0) envp[k++] = (char *)*e;
+  char *args[] = {(char *)self, "child", (char *)name, NULL};
+  pid_t pid;
+  int status = -1;
+  if (posix_spawn(&pid, self, NULL, NULL, args, envp) == 0) waitpid(pid, &status, 0);
+  free(envp);
+  return status;
+}
+
+static void test_children(const char *self) {
+  int c0 = passes + failures;
+  const struct {
+    const char *name;
+    const char *env[4];
+  } cases[] = {
+      {"bad-device", {"SYMM_DEVICE=tpu", NULL}},
+      {"bad-host-devices", {"SYMM_HOST_DEVICES=0", NULL}},
+      {"bad-host-memory", {"SYMM_HOST_MEMORY=lots", NULL}},
+      {"bad-front-cache", {"SYMM_POOL_FRONT_CACHE=2", NULL}},
+      {"bad-backend", {"SYMM_BACKEND=quantum", NULL}},
+      {"bad-timeout", {"SYMM_TIMEOUT_MS=-5", NULL}},
+      {"nvshmem-on-host", {"SYMM_BACKEND=nvshmem", NULL}},
+      {"nccl-on-host", {"SYMM_BACKEND=", NULL}},
+      {"no-driver", {"SYMM_DEVICE=", "SYMM_CUDA_LIB=/nonexistent/libcuda.so.1", NULL}},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int status = spawn_child(self, cases[i].name, cases[i].env);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child %s: status %#x", cases[i].name, status);
+  }
+  cover("symm_torch_init");
+  area("bad environments (children)", c0);
+}
+
+/* ---- every function of the header -------------------------------------------- */
+
+static void check_coverage(void) {
+  static const char *all[] = {
+      "symm_version", "symm_last_error", "symm_last_error_code", "symm_clear_error", "symm_copy_last_error",
+      "symm_pool_alloc", "symm_pool_free", "symm_pool_init", "symm_torch_init", "symm_pool_empty_cache",
+      "symm_pool_set_memory_fraction", "symm_pool_set_limit", "symm_pool_record_stream", "symm_pool_stats",
+      "symm_pool_reset_peak", "symm_pool_device_count", "symm_pool_backend", "symm_alloc", "symm_free",
+      "symm_has_multicast_support", "symm_set_backend", "symm_get_backend", "symm_nvshmem_available",
+      "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_store_server", "symm_store_connect",
+      "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
+      "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
+      "symm_wait_signal", "symm_barrier"};
+  int missing = 0;
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    int found = 0;
+    for (int j = 0; j < ncovered; j++) found |= !strcmp(all[i], covered[j]);
+    if (!found) fprintf(stderr, "not exercised: %s\n", all[i]);
+    missing += !found;
+  }
+  CHECK(missing == 0, "%d functions of the header not exercised", missing);
+  /* The header may have grown: every function it declares must be here. */
+  FILE *f = fopen("include/symm.h", "r");
+  if (f == NULL) return; /* run from elsewhere: the list above is the check */
+  char line[512];
+  while (fgets(line, sizeof line, f)) {
+    for (char *s = strstr(line, "symm_"); s; s = strstr(s + 1, "symm_")) {
+      if (s > line && (isalnum((unsigned char)s[-1]) || s[-1] == '_')) continue;
+      char fn[64];
+      fn_of(s, fn, sizeof fn);
+      const char *after = s + strlen(fn);
+      while (*after == ' ') after++;
+      if (*after != '(') continue;
+      int found = 0;
+      for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) found |= !strcmp(all[i], fn);
+      CHECK(found, "include/symm.h declares %s, which this test does not know", fn);
+    }
+  }
+  fclose(f);
+}
+
+int main(int argc, char **argv) {
+  /* A child has the parent's environment, with its case's changes. */
+  if (argc >= 3 && !strcmp(argv[1], "child")) return child_main(argv[2]);
+  setenv("SYMM_DEVICE", "host", 0);
+  setenv("SYMM_HOST_MEMORY", "1GiB", 1);
+  setenv("SYMM_HOST_DEVICES", "2", 1);
+  setenv("SYMM_TIMEOUT_MS", "300", 1);
+
+  verbose = getenv("SYMM_TEST_VERBOSE") && !strcmp(getenv("SYMM_TEST_VERBOSE"), "1");
+  /* Before anything is initialized. */
+  int c0 = passes + failures;
+  CHECK(strcmp(symm_pool_backend(), "") == 0, "no backend before init: %s", symm_pool_backend());
+  symm_clear_error();
+  symm_pool_empty_cache();
+  CHECK(symm_last_error_code() == SYMM_OK, "empty_cache before init does nothing");
+  /* The first call initializes the pool; a bad free must still be refused. */
+  CALL(F_NOSTATE, 0, SYMM_ERR_UNKNOWN_POINTER, "0xdead000", (symm_pool_free((void *)0xdead000, 16, 0, NULL), 0));
+  area("before init", c0);
+  test_backend_before_use();
+
+  test_errors();
+  /* The store every symmetric area uses, then the baseline. */
+  if (symm_store_server("", "", &st_main, st_addr, sizeof st_addr) != SYMM_OK) {
+    fprintf(stderr, "store server: %s\n", symm_last_error());
+    return 2;
+  }
+  void *warm = symm_alloc(4096, 0, NULL);
+  symm_handle_t wh;
+  CHECK(warm && symm_rendezvous(warm, st_main, "warm", 0, 1, &wh) == SYMM_OK, "warm-up rendezvous");
+  symm_free(warm, 0, 0, NULL);
+  int fds0 = count_fds(), maps0 = count_maps();
+
+  pa = symm_pool_alloc(4096, 0, SA);
+  pb = symm_pool_alloc(3 * MiB, 1, SB);
+  CHECK(pa && pb, "live blocks");
+  test_pool_alloc();
+  test_pool_free();
+  test_pool_record_stream();
+  test_pool_stats();
+  test_pool_limits();
+  test_pool_misc();
+
+  test_symm_alloc_free();
+  test_backends();
+  test_topology();
+  test_stores();
+  unsigned char *p = symm_alloc(64 * 1024, 0, NULL);
+  symm_handle_t h = 0;
+  CHECK(p && symm_rendezvous(p, st_main, "solo", 0, 1, &h) == SYMM_OK, "a block and its handle");
+  test_rendezvous(p, h);
+  test_signals(p, h); /* frees p */
+  test_children(argv[0]);
+
+  /* Nothing leaked: the live blocks were never freed by a bad call. */
+  c0 = passes + failures;
+  symm_clear_error();
+  symm_pool_free(pa, 4096, 0, SA);
+  symm_pool_free(pb, 3 * MiB, 1, SB);
+  CHECK(symm_last_error_code() == SYMM_OK, "the live blocks free once");
+  symm_pool_empty_cache();
+  for (int d = 0; d < NDEV; d++) {
+    CHECK(stat_now(d, "allocated_bytes.all.current") == 0, "device %d: nothing allocated", d);
+    CHECK(stat_now(d, "reserved_bytes.all.current") == 0, "device %d: nothing reserved", d);
+  }
+  CHECK(count_fds() == fds0, "descriptors: %d at the start, %d at the end", fds0, count_fds());
+  CHECK(count_maps() == maps0, "mappings: %d at the start, %d at the end", maps0, count_maps());
+  check_coverage();
+  CHECK(symm_store_close(st_main) == SYMM_OK, "close the store");
+  area("leaks and coverage", c0);
+
+  printf("test_badinput: %d passed, %d failed\n", passes, failures);
+  return failures != 0;
+}
