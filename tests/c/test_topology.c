@@ -29,7 +29,7 @@ int main(void) {
   CHECK(strstr(buf, "\"schema\":1") != NULL, "schema version in %.80s", buf);
   CHECK(strstr(buf, "\"devices\":") && strstr(buf, "\"links\":") && strstr(buf, "\"backends\":"), "fields");
   CHECK(strstr(buf, "\"name\":\"host\",\"available\":true") != NULL, "the host backend is available");
-  if (strstr(buf, "\"found\":false")) /* no driver here */
+  if (strstr(buf, "\"driver\":{\"found\":false")) /* no driver here */
     CHECK(strstr(buf, "\"reason\":\"no NVIDIA driver found\"") != NULL, "the cuda backend says why it cannot run");
 
   char small[8];
