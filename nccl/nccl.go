@@ -57,7 +57,6 @@ import "C"
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"unsafe"
 
@@ -91,26 +90,16 @@ type Lib struct {
 // Open opens the first candidate NCCL that loads and checks that it has
 // symmetric windows (2.27 or later).
 func Open(dirs []string) (*Lib, error) {
-	var errs []string
-	for _, path := range topology.Candidates("nccl", dirs) {
-		if filepath.IsAbs(path) {
-			if _, err := os.Stat(path); err != nil {
-				continue
-			}
-		}
-		l, err := dl.Open(path)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		n, err := newLib(l, path)
-		if err != nil {
-			l.Close()
-			return nil, err
-		}
-		return n, nil
+	l, path, err := topology.OpenFirst("nccl", dirs)
+	if err != nil {
+		return nil, fmt.Errorf("NCCL: %w (set SYMM_NCCL_LIB, or pip install nvidia-nccl-cu13)", err)
 	}
-	return nil, fmt.Errorf("NCCL: libnccl.so.2 not found (set SYMM_NCCL_LIB, or pip install nvidia-nccl-cu13): %s", strings.Join(errs, "; "))
+	n, err := newLib(l, path)
+	if err != nil {
+		l.Close() // found, but unusable: say so rather than look further
+		return nil, err
+	}
+	return n, nil
 }
 
 // VersionString writes an NCCL version code: 22809 is 2.28.9 (before

@@ -85,7 +85,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"unsafe"
 
@@ -121,27 +120,16 @@ type Lib struct {
 // topology.Candidates; dirs are searched as site-packages), checks its
 // version and that it exports every function used.
 func Open(dirs []string) (*Lib, error) {
-	var errs []string
-	for _, path := range topology.Candidates("nvshmem", dirs) {
-		if filepath.IsAbs(path) {
-			if _, err := os.Stat(path); err != nil {
-				continue
-			}
-		}
-		l, err := dl.Open(path)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		n, err := newLib(l, path)
-		if err != nil {
-			l.Close()
-			return nil, err // found, but unusable: say so rather than look further
-		}
-		return n, nil
+	l, path, err := topology.OpenFirst("nvshmem", dirs)
+	if err != nil {
+		return nil, fmt.Errorf("NVSHMEM: %w (set SYMM_NVSHMEM_LIB, or pip install nvidia-nvshmem-cu13)", err)
 	}
-	return nil, fmt.Errorf("NVSHMEM: libnvshmem_host.so.3 not found (set SYMM_NVSHMEM_LIB, or pip install nvidia-nvshmem-cu13): %s",
-		strings.Join(errs, "; "))
+	n, err := newLib(l, path)
+	if err != nil {
+		l.Close() // found, but unusable: say so rather than look further
+		return nil, err
+	}
+	return n, nil
 }
 
 func newLib(l *dl.Lib, path string) (*Lib, error) {

@@ -53,37 +53,54 @@ func Candidates(name string, dirs []string) []string {
 	return nil
 }
 
+// OpenFirst opens the first of Candidates(name, dirs) that loads, and
+// returns it with its path. A candidate path that does not exist is skipped
+// quietly; when none loads, the error lists why each that exists did not.
+func OpenFirst(name string, dirs []string) (*dl.Lib, string, error) {
+	var errs []error
+	for _, path := range Candidates(name, dirs) {
+		if filepath.IsAbs(path) {
+			if _, err := os.Stat(path); err != nil {
+				continue // not there: no need to say so for every directory
+			}
+		}
+		l, err := dl.Open(path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		return l, path, nil
+	}
+	soname := ""
+	for _, s := range libSpecs {
+		if s.name == name {
+			soname = s.soname
+		}
+	}
+	err := fmt.Errorf("%s not found (looked on the loader path and in %d more directories)", soname, len(dirs))
+	if len(errs) > 0 {
+		err = fmt.Errorf("%w: %w", err, errors.Join(errs...))
+	}
+	return nil, "", err
+}
+
 func findLibraries(dirs []string) []Library {
 	var out []Library
 	for _, s := range libSpecs {
 		lib := Library{Name: s.name}
-		var errs []error
-		for _, path := range Candidates(s.name, dirs) {
-			if filepath.IsAbs(path) {
-				if _, err := os.Stat(path); err != nil {
-					continue // not there: no need to say so for every directory
-				}
-			}
-			l, err := dl.Open(path)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			lib.Found, lib.Path = true, path
-			if v, err := s.version(l); err == nil {
-				lib.Version = v
-			} else {
-				lib.Error = err.Error()
-			}
-			l.Close()
-			break
+		l, path, err := OpenFirst(s.name, dirs)
+		if err != nil {
+			lib.Error = err.Error()
+			out = append(out, lib)
+			continue
 		}
-		if !lib.Found {
-			lib.Error = fmt.Sprintf("not found (looked for %s on the loader path and in %d more directories)", s.soname, len(dirs))
-			if len(errs) > 0 {
-				lib.Error += ": " + errors.Join(errs...).Error()
-			}
+		lib.Found, lib.Path = true, path
+		if v, err := s.version(l); err == nil {
+			lib.Version = v
+		} else {
+			lib.Error = err.Error()
 		}
+		l.Close()
 		out = append(out, lib)
 	}
 	return out
