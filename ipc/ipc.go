@@ -84,6 +84,24 @@ func wait(f *os.File, rc syscall.RawConn, timeout time.Duration, op func(fd int)
 	return rc.Read(func(fd uintptr) bool { return op(int(fd)) })
 }
 
+// recvmsg receives one message into buf and oob (descriptors arrive
+// close-on-exec), waiting at most timeout.
+func recvmsg(f *os.File, rc syscall.RawConn, timeout time.Duration, buf, oob []byte) (n, oobn, flags int, err error) {
+	var rerr error
+	err = wait(f, rc, timeout, func(fd int) bool {
+		for {
+			n, oobn, flags, _, rerr = unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+			if rerr != unix.EINTR {
+				return rerr != unix.EAGAIN
+			}
+		}
+	})
+	if err == nil {
+		err = rerr
+	}
+	return n, oobn, flags, err
+}
+
 func isTimeout(err error) bool {
 	return errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, errWouldBlock)
 }
@@ -347,19 +365,7 @@ func (c *Conn) Recv(maxFDs int, timeout time.Duration) ([]byte, []int, error) {
 	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
-	var n, oobn, flags int
-	var rerr error
-	err := wait(c.f, c.rc, timeout, func(fd int) bool {
-		for {
-			n, oobn, flags, _, rerr = unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
-			if rerr != unix.EINTR {
-				return rerr != unix.EAGAIN
-			}
-		}
-	})
-	if err == nil {
-		err = rerr
-	}
+	n, oobn, flags, err := recvmsg(c.f, c.rc, timeout, buf, oob)
 	if err != nil {
 		if c.closed.Load() {
 			return nil, nil, fmt.Errorf("ipc: recv from pid %d on %s: connection closed: %w", c.pid, c.name, os.ErrClosed)

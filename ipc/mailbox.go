@@ -156,19 +156,7 @@ func (m *Mailbox) Recv(maxFDs int, timeout time.Duration) (Message, error) {
 	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(4*max(maxFDs, 1)))
 	m.rmu.Lock()
 	defer m.rmu.Unlock()
-	var n, oobn, flags int
-	var rerr error
-	err := wait(m.f, m.rc, timeout, func(fd int) bool {
-		for {
-			n, oobn, flags, _, rerr = unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
-			if rerr != unix.EINTR {
-				return rerr != unix.EAGAIN
-			}
-		}
-	})
-	if err == nil {
-		err = rerr
-	}
+	n, oobn, flags, err := recvmsg(m.f, m.rc, timeout, buf, oob)
 	if err != nil {
 		if m.isClosed() {
 			return Message{}, fmt.Errorf("ipc: recv on %s: mailbox closed: %w", m.name, os.ErrClosed)
