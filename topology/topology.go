@@ -333,14 +333,26 @@ func backends(t *Topology) []Backend {
 	}
 	out := []Backend{cudaB, {Name: "host", Available: true, Reason: "memfd + mmap (SYMM_DEVICE=host)"}}
 	for _, name := range []string{"nvshmem", "nccl"} {
-		b := Backend{Name: name, Reason: "not built into this libsymm yet"}
+		b := Backend{Name: name, Reason: "library not found"}
 		for _, l := range t.Libraries {
-			if l.Name == name {
-				if l.Found {
-					b.Reason = fmt.Sprintf("library %s found, backend not built into this libsymm yet", l.Version)
-				} else {
-					b.Reason = "library not found; backend not built into this libsymm yet"
-				}
+			if l.Name != name || !l.Found {
+				continue
+			}
+			var major, minor int
+			fmt.Sscanf(l.Version, "%d.%d", &major, &minor)
+			supported := major == 3 // NVSHMEM: the 3.x ABI
+			need := "NVSHMEM 3.x"
+			if name == "nccl" {
+				supported, need = major > 2 || major == 2 && minor >= 27, "NCCL 2.27 or later (symmetric windows)"
+			}
+			switch {
+			case !supported:
+				b.Reason = fmt.Sprintf("library %s found; the backend needs %s", l.Version, need)
+			case !cudaB.Available:
+				b.Reason = fmt.Sprintf("library %s found, but the cuda backend cannot run (%s)", l.Version, cudaB.Reason)
+			default:
+				b.Available = true
+				b.Reason = fmt.Sprintf("library %s (SYMM_BACKEND=%s; every rank calls symm_backend_init)", l.Version, name)
 			}
 		}
 		out = append(out, b)

@@ -211,3 +211,24 @@ func FuzzNormalizeBusID(f *testing.F) {
 		require.Equal(t, once, normalizeBusID(once), "input %q", s)
 	})
 }
+
+func TestBackendsFromLibraries(t *testing.T) {
+	top, err := discover(fakeCUDA{n: 2}, newFakeNVML(), nil)
+	require.NoError(t, err)
+	top.Libraries = append(top.Libraries, Library{Name: "nvshmem", Found: true, Version: "3.4.5"},
+		Library{Name: "nccl", Found: true, Version: "2.26.0"})
+	by := map[string]Backend{}
+	for _, b := range backends(top) {
+		by[b.Name] = b
+	}
+	require.True(t, by["cuda"].Available)
+	require.True(t, by["nvshmem"].Available, by["nvshmem"].Reason)
+	require.False(t, by["nccl"].Available)
+	require.Contains(t, by["nccl"].Reason, "needs NCCL 2.27 or later")
+	top.Libraries[len(top.Libraries)-1].Version = "2.28.9"
+	for _, b := range backends(top) {
+		if b.Name == "nccl" {
+			require.True(t, b.Available, b.Reason)
+		}
+	}
+}
