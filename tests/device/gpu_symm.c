@@ -174,7 +174,9 @@ static int child(int rank, int world, int dev, const char *addr) {
     }
   }
   cuMemGetInfo(&free1, &total);
-  CHECK(count_fds() == fds, "descriptors after %d cycles: %d, after the first: %d", cycles, count_fds(), fds);
+  /* No growth (NCCL opens and closes descriptors of its own as it goes, so
+   * the count may also drop). */
+  CHECK(count_fds() <= fds, "descriptors after %d cycles: %d, after the first: %d", cycles, count_fds(), fds);
   CHECK(free1 + (64 << 20) >= free0, "device free memory after %d cycles: %zu MiB, after the first: %zu MiB", cycles,
         free1 >> 20, free0 >> 20);
   if (rank == 0)
