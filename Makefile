@@ -36,7 +36,7 @@ check-header: $(LIB)
 
 ctests: $(CTESTS)
 
-$(BUILD)/tests/%: tests/c/%.c include/symm.h $(LIB)
+$(BUILD)/tests/%: tests/c/%.c tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CC) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
 
@@ -83,7 +83,7 @@ device: all $(BUILD)/bench/bench_threads $(BUILD)/tests/gpu_symm
 	$(GO) test -c -o $(BUILD)/device/topology.test ./topology
 
 # C programs for the GPU machine (tests/device/run.sh runs build/tests/gpu_*).
-$(BUILD)/tests/gpu_%: tests/device/gpu_%.c include/symm.h $(LIB)
+$(BUILD)/tests/gpu_%: tests/device/gpu_%.c tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CC) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -ldl -lpthread -o $@
 

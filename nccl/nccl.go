@@ -37,7 +37,6 @@ static inline ncclResult_t symm_nccl_init_rank(void *fn, uintptr_t *comm, int nr
   memcpy(&u, id, sizeof u);
   return ((ncclResult_t(*)(void **, int, symm_ncclUniqueId, int))fn)((void **)comm, nranks, u, rank);
 }
-static inline ncclResult_t symm_nccl_comm(void *fn, uintptr_t comm) { return ((ncclResult_t(*)(void *))fn)((void *)comm); }
 static inline ncclResult_t symm_nccl_comm_int(void *fn, uintptr_t comm, int *v) {
   return ((ncclResult_t(*)(void *, int *))fn)((void *)comm, v);
 }
@@ -74,7 +73,7 @@ const WinCollSymmetric = 0x01
 const minWindowVersion = 22700
 
 var required = []string{
-	"ncclGetVersion", "ncclGetUniqueId", "ncclCommInitRank", "ncclCommDestroy", "ncclCommCount", "ncclCommUserRank",
+	"ncclGetVersion", "ncclGetUniqueId", "ncclCommInitRank", "ncclCommCount", "ncclCommUserRank",
 	"ncclMemAlloc", "ncclMemFree", "ncclGetErrorString", "ncclCommWindowRegister", "ncclCommWindowDeregister",
 }
 
@@ -154,9 +153,8 @@ func newLib(l *dl.Lib, path string) (*Lib, error) {
 	return n, nil
 }
 
-func (n *Lib) Path() string     { return n.path }
-func (n *Lib) Version() string  { return n.version }
-func (n *Lib) Features() string { return Features(n.code) }
+func (n *Lib) Path() string    { return n.path }
+func (n *Lib) Version() string { return n.version }
 
 func (n *Lib) err(call string, r C.ncclResult_t, comm uintptr) error {
 	if r == 0 {
@@ -207,11 +205,6 @@ func (n *Lib) CommRankCount(comm uintptr) (rank, count int, err error) {
 		return 0, 0, err
 	}
 	return int(r), int(c), nil
-}
-
-// CommDestroy frees a communicator this package made.
-func (n *Lib) CommDestroy(comm uintptr) error {
-	return n.err("ncclCommDestroy", C.symm_nccl_comm(n.fn["ncclCommDestroy"], C.uintptr_t(comm)), 0)
 }
 
 // MemAlloc allocates size bytes with ncclMemAlloc on the current device.

@@ -26,7 +26,6 @@ type ncclProvider struct {
 	comm        uintptr
 	rank, world int
 	dev         int // -1 before Bootstrap or Adopt
-	own         bool
 }
 
 // NewNCCLProvider opens NCCL (2.27 or later) and the CUDA driver.
@@ -45,7 +44,8 @@ func NewNCCLProvider(dirs []string) (Provider, error) {
 func (p *ncclProvider) Name() string { return "nccl" }
 
 // Bootstrap makes the world communicator: rank 0's unique id goes through
-// the store, every rank calls ncclCommInitRank on dev.
+// the store, every rank calls ncclCommInitRank on dev. It lives as long as
+// the process, as PyTorch's do.
 func (p *ncclProvider) Bootstrap(st store.Store, rank, world, dev int, timeout time.Duration) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -71,7 +71,7 @@ func (p *ncclProvider) Bootstrap(st store.Store, rank, world, dev int, timeout t
 	if err := onDevice(dev, func() (err error) { comm, err = p.lib.CommInitRank(rank, world, ids[0]); return err }); err != nil {
 		return fmt.Errorf("NCCL %s: %w", p.lib.Version(), err)
 	}
-	p.comm, p.rank, p.world, p.dev, p.own = comm, rank, world, dev, true
+	p.comm, p.rank, p.world, p.dev = comm, rank, world, dev
 	return nil
 }
 
@@ -93,7 +93,7 @@ func (p *ncclProvider) Adopt(comm uintptr, dev int) error {
 	if err != nil {
 		return fmt.Errorf("adopting NCCL communicator %#x: %w", comm, err)
 	}
-	p.comm, p.rank, p.world, p.dev, p.own = comm, rank, world, dev, false
+	p.comm, p.rank, p.world, p.dev = comm, rank, world, dev
 	return nil
 }
 

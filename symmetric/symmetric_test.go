@@ -13,10 +13,10 @@ import (
 	"github.com/libsymm/libsymm/store"
 )
 
-// ranks runs fn as world ranks in goroutines of this process, each with its
-// own Manager (as separate processes would have), over one in-memory store.
-func ranks(t *testing.T, world int, fn func(rank int, m *Manager, st store.Store) error) {
-	t.Helper()
+// runRanks runs fn as world ranks in goroutines of this process, each with
+// its own Manager (as separate processes would have) over prov(rank), all
+// sharing one in-memory store, and returns each rank's error.
+func runRanks(world int, prov func(rank int) Provider, cfg Config, fn func(rank int, m *Manager, st store.Store) error) []error {
 	st := store.NewMemory()
 	defer st.Close()
 	errs := make([]error, world)
@@ -25,13 +25,36 @@ func ranks(t *testing.T, world int, fn func(rank int, m *Manager, st store.Store
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()
-			errs[r] = fn(r, NewManager(NewHostProvider(), Config{Timeout: 5 * time.Second}), st)
+			errs[r] = fn(r, NewManager(prov(r), cfg), st)
 		}(r)
 	}
 	wg.Wait()
+	return errs
+}
+
+// ranks is runRanks over host providers, each rank required to succeed.
+func ranks(t *testing.T, world int, fn func(rank int, m *Manager, st store.Store) error) {
+	t.Helper()
+	errs := runRanks(world, func(int) Provider { return NewHostProvider() }, Config{Timeout: 5 * time.Second}, fn)
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 	}
+}
+
+// timedRendezvous allocates a 4 KiB block, rendezvouses it with group name
+// as rank of world and frees it; took is how long the rendezvous ran.
+func timedRendezvous(m *Manager, st store.Store, name string, rank, world int, took *time.Duration) error {
+	b, err := m.Alloc(0, 4096)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	_, err = m.Rendezvous(b.Ptr(), Group{Name: name, Rank: rank, World: world, Store: st})
+	*took = time.Since(start)
+	if ferr := m.Free(b.Ptr()); ferr != nil {
+		return fmt.Errorf("free after the rendezvous: %w (%v)", ferr, err)
+	}
+	return err
 }
 
 func TestRegistryFindsInteriorPointers(t *testing.T) {
@@ -161,34 +184,15 @@ func (failingImport) Import(int, int, uint64) (*Mem, error) {
 // once (not at the timeout), with the failing rank named; nothing stays mapped.
 func TestRendezvousFailureReachesEveryRank(t *testing.T) {
 	const world = 3
-	st := store.NewMemory()
-	defer st.Close()
-	errs := make([]error, world)
 	took := make([]time.Duration, world)
-	var wg sync.WaitGroup
-	for r := 0; r < world; r++ {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			var p Provider = NewHostProvider()
-			if r == 2 {
-				p = failingImport{p}
-			}
-			m := NewManager(p, Config{Timeout: 10 * time.Second})
-			b, err := m.Alloc(0, 4096)
-			if err != nil {
-				errs[r] = err
-				return
-			}
-			start := time.Now()
-			_, errs[r] = m.Rendezvous(b.Ptr(), Group{Name: "f", Rank: r, World: world, Store: st})
-			took[r] = time.Since(start)
-			if err := m.Free(b.Ptr()); err != nil {
-				errs[r] = fmt.Errorf("free after the failure: %w (%v)", err, errs[r])
-			}
-		}(r)
-	}
-	wg.Wait()
+	errs := runRanks(world, func(r int) Provider {
+		if r == 2 {
+			return failingImport{NewHostProvider()}
+		}
+		return NewHostProvider()
+	}, Config{Timeout: 10 * time.Second}, func(r int, m *Manager, st store.Store) error {
+		return timedRendezvous(m, st, "f", r, world, &took[r])
+	})
 	for r := 0; r < world; r++ {
 		require.ErrorContains(t, errs[r], "injected import failure", "rank %d", r)
 		require.Less(t, took[r], 5*time.Second, "rank %d waited for the timeout", r)
@@ -222,32 +226,16 @@ func TestRendezvousRefusesUnmappablePeers(t *testing.T) {
 	}{{"every rank sees it", map[int]bool{0: true, 1: true, 2: true}}, {"only rank 2 sees it", map[int]bool{2: true}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			const world = 3
-			st := store.NewMemory()
-			defer st.Close()
-			errs := make([]error, world)
 			took := make([]time.Duration, world)
-			var wg sync.WaitGroup
-			for r := 0; r < world; r++ {
-				wg.Add(1)
-				go func(r int) {
-					defer wg.Done()
-					p := peeringHost{Provider: NewHostProvider(), id: fmt.Sprintf("bus%d", r), refuse: map[string]bool{}}
-					if tc.judges[r] {
-						p.refuse["bus0>bus2"] = true
-					}
-					m := NewManager(p, Config{Timeout: 10 * time.Second})
-					b, err := m.Alloc(0, 4096)
-					if err != nil {
-						errs[r] = err
-						return
-					}
-					defer m.Free(b.Ptr())
-					start := time.Now()
-					_, errs[r] = m.Rendezvous(b.Ptr(), Group{Name: "p", Rank: r, World: world, Store: st})
-					took[r] = time.Since(start)
-				}(r)
-			}
-			wg.Wait()
+			errs := runRanks(world, func(r int) Provider {
+				p := peeringHost{Provider: NewHostProvider(), id: fmt.Sprintf("bus%d", r), refuse: map[string]bool{}}
+				if tc.judges[r] {
+					p.refuse["bus0>bus2"] = true
+				}
+				return p
+			}, Config{Timeout: 10 * time.Second}, func(r int, m *Manager, st store.Store) error {
+				return timedRendezvous(m, st, "p", r, world, &took[r])
+			})
 			for r := 0; r < world; r++ {
 				require.ErrorContains(t, errs[r], "GPU bus0 cannot map memory of GPU bus2: no peer-to-peer path", "rank %d", r)
 				require.ErrorContains(t, errs[r], "rank 0 cannot map rank 2's block", "rank %d", r)
@@ -265,26 +253,21 @@ func TestWorldWithinDirectAccess(t *testing.T) {
 	}{{"all paths", nil, true}, {"one rank sees a missing path", map[int]bool{1: true}, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			const world = 3
-			st := store.NewMemory()
-			defer st.Close()
 			got := make([]bool, world)
-			errs := make([]error, world)
-			var wg sync.WaitGroup
-			for r := 0; r < world; r++ {
-				wg.Add(1)
-				go func(r int) {
-					defer wg.Done()
-					p := peeringHost{Provider: NewHostProvider(), id: fmt.Sprintf("bus%d", r), refuse: map[string]bool{}}
-					if tc.judges[r] {
-						p.refuse["bus2>bus0"] = true
+			errs := runRanks(world, func(r int) Provider {
+				p := peeringHost{Provider: NewHostProvider(), id: fmt.Sprintf("bus%d", r), refuse: map[string]bool{}}
+				if tc.judges[r] {
+					p.refuse["bus2>bus0"] = true
+				}
+				return p
+			}, Config{Timeout: 5 * time.Second}, func(r int, m *Manager, st store.Store) (err error) {
+				for k := 0; k < 2; k++ { // twice: calls of one group do not mix
+					if got[r], err = m.WorldWithinDirectAccess(0, Group{Name: "w", Rank: r, World: world, Store: st}); err != nil {
+						return err
 					}
-					m := NewManager(p, Config{Timeout: 5 * time.Second})
-					for k := 0; k < 2; k++ { // twice: calls of one group do not mix
-						got[r], errs[r] = m.WorldWithinDirectAccess(0, Group{Name: "w", Rank: r, World: world, Store: st})
-					}
-				}(r)
-			}
-			wg.Wait()
+				}
+				return nil
+			})
 			for r := 0; r < world; r++ {
 				require.NoError(t, errs[r])
 				require.Equal(t, tc.want, got[r], "rank %d", r)

@@ -21,23 +21,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "symm.h"
 
 extern char **environ;
 
-static int failures = 0, passes = 0;
 static int verbose; /* SYMM_TEST_VERBOSE=1: print every call and its message */
-#define CHECK(cond, ...)                                                                     \
-  do {                                                                                       \
-    if (cond) {                                                                              \
-      passes++;                                                                              \
-    } else {                                                                                 \
-      failures++;                                                                            \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
-      fprintf(stderr, __VA_ARGS__);                                                          \
-      fprintf(stderr, " (last error %d: %s)\n", symm_last_error_code(), symm_last_error()); \
-    }                                                                                        \
-  } while (0)
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
@@ -46,25 +35,7 @@ static int verbose; /* SYMM_TEST_VERBOSE=1: print every call and its message */
 
 /* ---- what exists: descriptors, mappings, statistics ---------------------- */
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (!d) return -1;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n;
-}
 
-/* Mappings of the library's memory: pool segments and symmetric blocks. */
-static int count_maps(void) {
-  FILE *f = fopen("/proc/self/maps", "r");
-  char line[512];
-  int n = 0;
-  if (!f) return -1;
-  while (fgets(line, sizeof line, f)) n += strstr(line, "symm-pool") != NULL || strstr(line, "symm-block") != NULL;
-  fclose(f);
-  return n;
-}
 
 typedef struct {
   int n;

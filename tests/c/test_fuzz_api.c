@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#define SYMM_TEST_OWN_CHECK
+#include "check.h"
 #include "symm.h"
 
 #define MiB (1ull << 20)
@@ -836,24 +838,7 @@ static void op_misc(void) {
 
 /* ---- descriptors, mappings, statistics ---------------------------------------------- */
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (!d) return -1;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n;
-}
 
-static int count_maps(void) {
-  FILE *f = fopen("/proc/self/maps", "r");
-  char line[512];
-  int n = 0;
-  if (!f) return -1;
-  while (fgets(line, sizeof line, f)) n += strstr(line, "symm-pool") != NULL || strstr(line, "symm-block") != NULL;
-  fclose(f);
-  return n;
-}
 
 static int64_t stat_of(int dev, const char *name) {
   symm_stat_t st[256];

@@ -8,20 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "symm.h"
 
-static int failures = 0, passes = 0;
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (cond) {                                                 \
-      passes++;                                                 \
-    } else {                                                    \
-      failures++;                                               \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                             \
-      fprintf(stderr, " (last error: %s)\n", symm_last_error()); \
-    }                                                           \
-  } while (0)
 
 static int64_t stat(int dev, const char *name) {
   symm_stat_t st[512];

@@ -15,44 +15,15 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include "check.h"
 #include "symm.h"
 
 extern char **environ;
 
-static int failures = 0, passes = 0, my_rank = -1;
-#define CHECK(cond, ...)                                                            \
-  do {                                                                              \
-    if (cond) {                                                                     \
-      passes++;                                                                     \
-    } else {                                                                        \
-      failures++;                                                                   \
-      fprintf(stderr, "FAIL rank %d %s:%d: %s: ", my_rank, __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                                 \
-      fprintf(stderr, " (last error %d: %s)\n", symm_last_error_code(), symm_last_error()); \
-    }                                                                               \
-  } while (0)
 
 #define MiB (1 << 20)
 
-static int count_dir(const char *path) {
-  DIR *d = opendir(path);
-  int n = 0;
-  if (!d) return -1;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n;
-}
 
-/* Mappings of symmetric blocks (memfd "symm-block"), ours or peers'. */
-static int count_maps(void) {
-  FILE *f = fopen("/proc/self/maps", "r");
-  char line[512];
-  int n = 0;
-  if (!f) return -1;
-  while (fgets(line, sizeof line, f)) n += strstr(line, "symm-block") != NULL;
-  fclose(f);
-  return n;
-}
 
 static void check_peers(symm_handle_t h, int world, int (*rank_of)(int), const char *what) {
   symm_handle_info_t info;
@@ -139,7 +110,7 @@ static int child_basic(int rank, int world, symm_store_t st) {
 
 /* 100 alloc/rendezvous/free cycles leave no descriptor and no mapping. */
 static int child_cycles(int rank, int world, symm_store_t st) {
-  int fds0 = count_dir("/proc/self/fd"), maps0 = count_maps();
+  int fds0 = count_fds(), maps0 = count_maps();
   for (int i = 0; i < 100; i++) {
     unsigned char *p = symm_alloc(64 * 1024, 0, NULL);
     symm_handle_t h;
@@ -153,7 +124,7 @@ static int child_cycles(int rank, int world, symm_store_t st) {
     }
     symm_free(p, 0, 0, NULL);
   }
-  int fds1 = count_dir("/proc/self/fd"), maps1 = count_maps();
+  int fds1 = count_fds(), maps1 = count_maps();
   CHECK(fds1 == fds0, "descriptors: %d before, %d after 100 cycles", fds0, fds1);
   CHECK(maps1 == maps0, "block mappings: %d before, %d after 100 cycles", maps0, maps1);
   return 0;
@@ -193,7 +164,7 @@ static int child_killed(int rank, int world, symm_store_t st) {
  * error naming rank 2, and their descriptors and mappings are back where
  * they were. */
 static int child_crash(int rank, int world, symm_store_t st, const char *phase) {
-  int fds0 = count_dir("/proc/self/fd"), maps0 = count_maps();
+  int fds0 = count_fds(), maps0 = count_maps();
   void *p = symm_alloc(MiB, 0, NULL);
   CHECK(p != NULL, "alloc");
   struct timespec t0, t1;
@@ -209,7 +180,7 @@ static int child_crash(int rank, int world, symm_store_t st, const char *phase) 
   CHECK(strstr(symm_last_error(), "rank 2") != NULL, "the message names rank 2: %s", symm_last_error());
   CHECK(secs < 3.0 + 2.0, "failed within the timeout (%.2f s)", secs);
   symm_free(p, 0, 0, NULL);
-  CHECK(count_dir("/proc/self/fd") == fds0, "descriptors back to %d (now %d)", fds0, count_dir("/proc/self/fd"));
+  CHECK(count_fds() == fds0, "descriptors back to %d (now %d)", fds0, count_fds());
   CHECK(count_maps() == maps0, "mappings back to %d (now %d)", maps0, count_maps());
   printf("  crash at %-8s rank %d: rc %d after %.2f s: %.90s\n", phase, rank, rc, secs, symm_last_error());
   return 0;
@@ -218,7 +189,7 @@ static int child_crash(int rank, int world, symm_store_t st, const char *phase) 
 static int child_main(char **argv) {
   const char *scenario = argv[2];
   int rank = atoi(argv[3]), world = atoi(argv[4]);
-  my_rank = rank;
+  check_rank = rank;
   if (!strncmp(scenario, "crash-", 6) && rank == world - 1) setenv("SYMM_FAULT_CRASH_AT", scenario + 6, 1);
   symm_store_t st;
   if (symm_store_connect(argv[5], "", 10000, &st) != SYMM_OK) {

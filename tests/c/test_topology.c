@@ -4,20 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "symm.h"
 
-static int failures = 0, passes = 0;
-#define CHECK(cond, ...)                                                                     \
-  do {                                                                                       \
-    if (cond) {                                                                              \
-      passes++;                                                                              \
-    } else {                                                                                 \
-      failures++;                                                                            \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
-      fprintf(stderr, __VA_ARGS__);                                                          \
-      fprintf(stderr, " (last error %d: %s)\n", symm_last_error_code(), symm_last_error()); \
-    }                                                                                        \
-  } while (0)
 
 int main(void) {
   size_t n = 0;

@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../c/check.h"
 #include "symm.h"
 
 extern char **environ;
@@ -40,18 +41,6 @@ static CUresult (*cuMemsetD32)(CUdeviceptr, unsigned, size_t);
 static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
 static CUresult (*cuMemGetInfo)(size_t *, size_t *);
 
-static int failures = 0, passes = 0, my_rank = -1;
-#define CHECK(cond, ...)                                                                     \
-  do {                                                                                       \
-    if (cond) {                                                                              \
-      passes++;                                                                              \
-    } else {                                                                                 \
-      failures++;                                                                            \
-      fprintf(stderr, "FAIL rank %d %s:%d: %s: ", my_rank, __FILE__, __LINE__, #cond);        \
-      fprintf(stderr, __VA_ARGS__);                                                          \
-      fprintf(stderr, " (last error %d: %s)\n", symm_last_error_code(), symm_last_error()); \
-    }                                                                                        \
-  } while (0)
 
 static int load_driver(void) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -73,14 +62,6 @@ static int load_driver(void) {
   return cuInit(0) == 0 ? 0 : -1;
 }
 
-static int count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  int n = 0;
-  if (!d) return -1;
-  while (readdir(d)) n++;
-  closedir(d);
-  return n;
-}
 
 /* all_equal reads n uint32 at p (device memory, any rank's mapping) and
  * checks each is want. */
@@ -88,14 +69,14 @@ static int all_equal(CUdeviceptr p, size_t n, uint32_t want, uint32_t *host) {
   if (cuMemcpyDtoH(host, p, n * 4) != 0) return 0;
   for (size_t i = 0; i < n; i++)
     if (host[i] != want) {
-      fprintf(stderr, "rank %d: word %zu is %#x, expected %#x\n", my_rank, i, host[i], want);
+      fprintf(stderr, "rank %d: word %zu is %#x, expected %#x\n", check_rank, i, host[i], want);
       return 0;
     }
   return 1;
 }
 
 static int child(int rank, int world, int dev, const char *addr) {
-  my_rank = rank;
+  check_rank = rank;
   CUcontext ctx;
   if (cuDevicePrimaryCtxRetain(&ctx, dev) != 0 || cuCtxSetCurrent(ctx) != 0) return 2;
   symm_store_t st;

@@ -1,0 +1,58 @@
+/* check.h: what the C test programs share (tests/c/ and tests/device/).
+ *
+ *   CHECK(cond, fmt, ...)  counts a pass, or a failure printed with the
+ *                          condition, the file and line, check_rank when it
+ *                          is set (>= 0), and the library's last error;
+ *   count_fds()            open descriptors of this process;
+ *   count_maps()           mappings of the library's memory: pool segments
+ *                          ("symm-pool") and symmetric blocks ("symm-block").
+ *
+ * A program with its own CHECK defines SYMM_TEST_OWN_CHECK first and gets
+ * only the counters. */
+#ifndef SYMM_TEST_CHECK_H
+#define SYMM_TEST_CHECK_H
+
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "symm.h"
+
+#ifndef SYMM_TEST_OWN_CHECK
+static int failures = 0, passes = 0;
+static int check_rank = -1; /* the rank failures are printed with; -1: none */
+#define CHECK(cond, ...)                                                                     \
+  do {                                                                                       \
+    if (cond) {                                                                              \
+      passes++;                                                                              \
+    } else {                                                                                 \
+      failures++;                                                                            \
+      if (check_rank >= 0) fprintf(stderr, "FAIL rank %d ", check_rank);                    \
+      else fprintf(stderr, "FAIL ");                                                         \
+      fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond);                             \
+      fprintf(stderr, __VA_ARGS__);                                                          \
+      fprintf(stderr, " (last error %d: %s)\n", symm_last_error_code(), symm_last_error()); \
+    }                                                                                        \
+  } while (0)
+#endif
+
+static inline int count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  int n = 0;
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
+static inline int count_maps(void) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  char line[512];
+  int n = 0;
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f)) n += strstr(line, "symm-pool") != NULL || strstr(line, "symm-block") != NULL;
+  fclose(f);
+  return n;
+}
+
+#endif
