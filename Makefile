@@ -7,7 +7,9 @@ BUILD   := build
 LIB     := $(BUILD)/libsymm.so
 GOFILES := $(shell find . -name '*.go' -not -path './build/*') go.mod go.sum
 CSRC    := $(wildcard export/*.cpp export/*.h) include/symm.h export/symm.map
-CTESTS  := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
+CTESTS  := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c)) \
+           $(patsubst tests/c/%.cpp,$(BUILD)/tests/%,$(wildcard tests/c/*.cpp))
+CXX     ?= g++
 # Only the public ABI is exported (export/symm.map); the cgo flag check does
 # not allow a version script in #cgo LDFLAGS, so it is passed here.
 LDFLAGS := -extldflags=-Wl,--version-script=$(CURDIR)/export/symm.map
@@ -39,6 +41,11 @@ ctests: $(CTESTS)
 $(BUILD)/tests/%: tests/c/%.c tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CC) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
+
+# C++ tests: the PyTorch functors (symm_torch_*_pool) take std:: types.
+$(BUILD)/tests/%: tests/c/%.cpp tests/c/check.h include/symm.h $(LIB)
+	@mkdir -p $(BUILD)/tests
+	$(CXX) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
 
 test: all test-go test-c test-python fuzz
 

@@ -61,6 +61,20 @@ type device struct {
 
 	numAllocRetries, numOOMs, numSyncAll atomic.Int64
 	numDeviceAlloc, numDeviceFree        atomic.Int64
+
+	// Private pools (private.go). Lock order: privMu before mu.
+	privMu sync.Mutex
+	privs  map[PoolID]*privatePool // under privMu
+	direct *privatePool            // segment-serving pool (MemPool mode), under privMu
+	// routes counts allocations being routed to private pools (begun, not
+	// ended). While it is non-zero any stream of the device may be under
+	// CUDA graph capture, where recording or querying an event on a
+	// capturing stream would invalidate the capture: the pool then records
+	// and queries none, as PyTorch's allocator does while a capture is
+	// under way.
+	routes atomic.Int32
+
+	hist history
 }
 
 // shard is the pool state of one (device, stream): three pools of bins, the
@@ -78,6 +92,9 @@ type shard struct {
 	spare   *block   // recycled block structs
 	pending []pendingFree
 	stats   shardStats
+
+	pool   *privatePool // nil: the default pool
+	direct bool         // pool.direct: a segment per block, returned when freed
 }
 
 // pendingFree is a freed block waiting for an event on a record_stream stream.
@@ -208,7 +225,12 @@ func (p *Pool) freeSlow(d *device, ptr uintptr, size uint64) error {
 	if size != 0 && size != b.req {
 		return sizeMismatch(ptr, size, b.req)
 	}
+	seg := b.seg
 	s.free(b)
+	if s.direct && seg.idle {
+		// MemPool mode: PyTorch released this segment; it goes back now.
+		return s.releaseSegment(seg)
+	}
 	return nil
 }
 
@@ -379,9 +401,9 @@ func (d *device) newShard(stream uintptr) *shard {
 		return s
 	}
 	s := &shard{dev: d, stream: stream}
-	if first := *d.list.Load(); len(first) == 1 {
-		d.goMulti(first[0])
-	}
+	// On the list first: at the second shard the device switches to
+	// device-wide counters, before anyone can find s in the table.
+	d.appendShard(s)
 	t := d.table.Load()
 	if t == nil || 2*(t.n+1) > len(t.slots) {
 		size := 16
@@ -390,18 +412,14 @@ func (d *device) newShard(stream uintptr) *shard {
 		}
 		nt := &shardTable{slots: make([]atomic.Pointer[shard], size)}
 		for _, o := range *d.list.Load() {
-			nt.insert(o)
+			if o.pool == nil {
+				nt.insert(o) // s among them
+			}
 		}
-		nt.insert(s)
 		d.table.Store(nt)
 	} else {
 		t.insert(s)
 	}
-	old := *d.list.Load()
-	nl := make([]*shard, len(old), len(old)+1)
-	copy(nl, old)
-	nl = append(nl, s)
-	d.list.Store(&nl)
 	return s
 }
 
@@ -413,10 +431,13 @@ func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
 	r := roundSize(n)
 	k := kindFor(r, s.dev.pool.cfg.MaxSplit)
 	s.mu.Lock()
-	if len(s.pending) > 0 {
+	if len(s.pending) > 0 && s.dev.routes.Load() == 0 {
 		s.processPending(false)
 	}
-	b := s.findFree(r, k)
+	var b *block
+	if !s.direct {
+		b = s.findFree(r, k)
+	}
 	if b == nil {
 		var err error
 		if b, err = s.allocSlow(n, r, k); err != nil {
@@ -426,6 +447,7 @@ func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
 	}
 	s.take(b, r, n)
 	ptr, size := b.ptr, b.size
+	s.dev.hist.record(ActAlloc, ptr, size, s.stream)
 	s.mu.Unlock()
 	return ptr, size, nil
 }
@@ -471,6 +493,7 @@ func (s *shard) free(b *block) {
 	k := b.seg.kind
 	sz := int64(b.size)
 	pending := b.extraN > 0
+	s.dev.hist.record(ActFreeRequested, b.ptr, b.size, s.stream)
 	s.stats.free(k, sz, int64(b.req))
 	if s.dev.hot.multi.Load() {
 		s.dev.hot.free(sz, int64(b.req), pending)
@@ -480,6 +503,7 @@ func (s *shard) free(b *block) {
 		return
 	}
 	s.stats.done(k, sz)
+	s.dev.hist.record(ActFreeCompleted, b.ptr, b.size, s.stream)
 	s.release(b)
 }
 
@@ -617,8 +641,10 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	}
 	relErr := d.releaseCached()
 	s.mu.Lock()
-	if b := s.findFree(r, k); b != nil {
-		return b, nil
+	if !s.direct {
+		if b := s.findFree(r, k); b != nil {
+			return b, nil
+		}
 	}
 	if b := s.steal(r, k); b != nil {
 		return b, nil
@@ -640,6 +666,7 @@ func (d *device) oomError(held *shard, n, r uint64, k poolKind, cause, relErr er
 	if merr == nil {
 		dev = fmt.Sprintf("%d of %d bytes free", free, total)
 	}
+	d.hist.record(ActOOM, uintptr(free), n, held.stream)
 	lim := "none"
 	if l := d.limit.Load(); l > 0 {
 		lim = fmt.Sprintf("%d bytes", l)
@@ -672,6 +699,9 @@ func (e *limitErr) OutOfMemory() bool { return true }
 func (s *shard) newSegment(r uint64, k poolKind) (*block, error) {
 	d := s.dev
 	size := segmentSize(r, k)
+	if s.direct {
+		size = r // PyTorch's caching allocator above already chose the segment's size
+	}
 	if err := d.reserve(size); err != nil {
 		return nil, err
 	}
@@ -690,6 +720,7 @@ func (s *shard) newSegment(r uint64, k poolKind) (*block, error) {
 		d.oversizeSegs.add(1)
 	}
 	seg := &segment{ptr: ptr, size: size, kind: k}
+	d.hist.record(ActSegmentAlloc, ptr, size, s.stream)
 	s.addSeg(seg)
 	b := s.newBlock()
 	*b = block{ptr: ptr, size: size, seg: seg}
@@ -747,6 +778,7 @@ func (s *shard) releaseSegment(seg *segment) error {
 	if err := d.pool.backend.Free(d.idx, seg.ptr, seg.size); err != nil {
 		return fmt.Errorf("releasing a %d-byte segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
 	}
+	d.hist.record(ActSegmentFree, seg.ptr, seg.size, s.stream)
 	s.removeIdle(seg)
 	s.removeFree(seg.head)
 	s.removeSeg(seg)
@@ -768,9 +800,16 @@ func (s *shard) releaseSegment(seg *segment) error {
 // every idle segment to the backend.
 func (d *device) releaseCached() error {
 	var errs []error
+	// privMu keeps every private pool's released state put meanwhile.
+	d.privMu.Lock()
+	defer d.privMu.Unlock()
+	capturing := d.routes.Load() > 0
 	for _, s := range d.shardList() {
+		if s.pool != nil && !s.direct && !s.pool.released() {
+			continue // a live graph's memory stays with its pool
+		}
 		s.mu.Lock()
-		if len(s.pending) > 0 {
+		if len(s.pending) > 0 && !capturing {
 			if err := s.processPending(true); err != nil {
 				errs = append(errs, err)
 			}
@@ -784,6 +823,7 @@ func (d *device) releaseCached() error {
 		}
 		s.mu.Unlock()
 	}
+	d.forgetReleased()
 	d.numSyncAll.Add(1)
 	return errors.Join(errs...)
 }
@@ -795,8 +835,13 @@ func (d *device) releaseCached() error {
 // Called with s.mu held.
 func (s *shard) steal(r uint64, k poolKind) *block {
 	d := s.dev
+	if s.pool != nil || d.routes.Load() > 0 {
+		// Private pools take nothing from others; and while a capture may be
+		// under way, no event may be recorded or queried.
+		return nil
+	}
 	for _, o := range d.shardList() {
-		if o == s || !o.mu.TryLock() {
+		if o == s || o.pool != nil || !o.mu.TryLock() {
 			continue
 		}
 		seen := 0
@@ -849,7 +894,15 @@ func (o *shard) segmentQuiet(seg *segment) bool {
 func (s *shard) deferFree(b *block) {
 	d := s.dev
 	b.state = blockPending
+	capturing := d.routes.Load() > 0
 	b.streams(func(st uintptr) {
+		if capturing {
+			// The stream may be capturing: record the event once no
+			// capture is under way (processPending), as PyTorch defers it.
+			b.waiting++
+			s.pending = append(s.pending, pendingFree{b: b, stream: st})
+			return
+		}
 		ev, err := d.getEvent()
 		if err == nil {
 			if err = d.pool.backend.Record(d.idx, ev, st); err != nil {
@@ -905,6 +958,7 @@ func (s *shard) processPending(wait bool) error {
 			if d.hot.multi.Load() {
 				d.hot.done(int64(b.size))
 			}
+			d.hist.record(ActFreeCompleted, b.ptr, b.size, s.stream)
 			s.release(b)
 		}
 	}

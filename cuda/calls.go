@@ -230,7 +230,7 @@ func (d *driver) memAlloc(dev int, size uint64) (uintptr, error) {
 	if err != nil {
 		return 0, err
 	}
-	o := C.symm_cuMemAlloc(d.fn[fnMemAlloc], C.size_t(size))
+	o := C.symm_cuMemAlloc(d.fn[fnMemAlloc], d.fn[fnThreadExchangeStreamCaptureMode], C.size_t(size))
 	if o.r != 0 {
 		return 0, s.leave(fmt.Errorf("cuMemAlloc(%d bytes) on device %d: %w", size, dev, Result(o.r)))
 	}
@@ -248,7 +248,7 @@ func (d *driver) memFree(dev int, ptr uintptr) error {
 	if err != nil {
 		return err
 	}
-	if r := Result(C.symm_cuMemFree(d.fn[fnMemFree], C.uintptr_t(ptr))); r != Success {
+	if r := Result(C.symm_cuMemFree(d.fn[fnMemFree], d.fn[fnThreadExchangeStreamCaptureMode], C.uintptr_t(ptr))); r != Success {
 		err = fmt.Errorf("cuMemFree(%#x) on device %d: %w", ptr, dev, r)
 	}
 	return s.leave(err)

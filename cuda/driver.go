@@ -93,6 +93,7 @@ const (
 	fnStreamWaitValue32
 	fnStreamQuery
 	fnDeviceCanAccessPeer
+	fnThreadExchangeStreamCaptureMode
 
 	numFns
 )
@@ -105,12 +106,13 @@ type symbol struct {
 }
 
 const (
-	purposeCore   = "every CUDA backend operation"
-	purposeErrors = "error messages"
-	purposeVMM    = "virtual memory management (expandable segments, symmetric memory)"
-	purposeMemops = "stream memory operations (signal pads)"
-	purposeQuery  = "stream queries (detecting signal waits that do not complete)"
-	purposePeer   = "peer access queries (symmetric memory)"
+	purposeCore    = "every CUDA backend operation"
+	purposeErrors  = "error messages"
+	purposeVMM     = "virtual memory management (expandable segments, symmetric memory)"
+	purposeMemops  = "stream memory operations (signal pads)"
+	purposeQuery   = "stream queries (detecting signal waits that do not complete)"
+	purposePeer    = "peer access queries (symmetric memory)"
+	purposeCapture = "relaxed capture mode around allocations (CUDA graph capture)"
 )
 
 // symbols is the complete list of driver functions this package may resolve.
@@ -166,6 +168,9 @@ var symbols = [numFns]symbol{
 	fnStreamWaitValue32:            {"cuStreamWaitValue32", false, purposeMemops},
 	fnStreamQuery:                  {"cuStreamQuery", false, purposeQuery},
 	fnDeviceCanAccessPeer:          {"cuDeviceCanAccessPeer", false, purposePeer},
+	// Segments are allocated and freed in relaxed capture mode, so that a
+	// CUDA graph capture under way in the process is not invalidated.
+	fnThreadExchangeStreamCaptureMode: {"cuThreadExchangeStreamCaptureMode", false, purposeCapture},
 }
 
 // driver is an opened libcuda with its function table filled.

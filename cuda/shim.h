@@ -161,17 +161,38 @@ static inline CUresult symm_cuCtxSynchronize(void *fn) {
 /* ---- memory -------------------------------------------------------------- */
 
 /* cuMemAlloc_v2 */
-static inline symm_res_ptr symm_cuMemAlloc(void *fn, size_t size) {
+/* cuThreadExchangeStreamCaptureMode: CU_STREAM_CAPTURE_MODE_RELAXED is 2.
+ * A thread in global capture mode (PyTorch's default for torch.cuda.graph)
+ * may not call cuMemAlloc/cuMemFree while any capture is under way in the
+ * process: the call fails and invalidates the capture. PyTorch's allocator
+ * switches the thread to relaxed mode around its driver allocations; so do
+ * these, in one C call so the mode is restored on the same OS thread.
+ * xchg may be NULL (an old driver): then nothing is exchanged. */
+static inline int symm_capture_relax(void *xchg) {
+  int mode = 2;
+  if (xchg != NULL) ((CUresult(*)(int *))xchg)(&mode);
+  return mode;
+}
+static inline void symm_capture_restore(void *xchg, int mode) {
+  if (xchg != NULL) ((CUresult(*)(int *))xchg)(&mode);
+}
+
+static inline symm_res_ptr symm_cuMemAlloc(void *fn, void *xchg, size_t size) {
   CUdeviceptr p = 0;
   symm_res_ptr o;
+  int mode = symm_capture_relax(xchg);
   o.r = ((CUresult(*)(CUdeviceptr *, size_t))fn)(&p, size);
+  symm_capture_restore(xchg, mode);
   o.v = (uintptr_t)p;
   return o;
 }
 
 /* cuMemFree_v2 */
-static inline CUresult symm_cuMemFree(void *fn, uintptr_t ptr) {
-  return ((CUresult(*)(CUdeviceptr))fn)((CUdeviceptr)ptr);
+static inline CUresult symm_cuMemFree(void *fn, void *xchg, uintptr_t ptr) {
+  int mode = symm_capture_relax(xchg);
+  CUresult r = ((CUresult(*)(CUdeviceptr))fn)((CUdeviceptr)ptr);
+  symm_capture_restore(xchg, mode);
+  return r;
 }
 
 /* cuMemGetInfo_v2: a = free, b = total. */

@@ -198,6 +198,8 @@ func errCode(err error) C.int {
 		return C.SYMM_ERR_OUT_OF_MEMORY
 	case errors.Is(err, allocator.ErrUnknownPointer):
 		return C.SYMM_ERR_UNKNOWN_POINTER
+	case errors.Is(err, allocator.ErrBusy):
+		return C.SYMM_ERR_BUSY
 	case errors.Is(err, allocator.ErrInvalid):
 		return C.SYMM_ERR_INVALID
 	case errors.As(err, &r):

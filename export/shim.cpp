@@ -3,8 +3,15 @@
 // _cgo_export.h) and keep the per-thread last error. C++ only so that
 // symm_pool_alloc can throw in PyTorch's replace mode, after the Go call has
 // returned: no Go frame is ever between a throw and its catcher.
+#include <dlfcn.h>
 #include <pthread.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,9 +51,135 @@ LastError *err_slot() {
 
 void on_fork_child() { g_forked = 1; }
 
+// ---- how PyTorch uses us ------------------------------------------------------
+//
+// PyTorch calls symm_pool_alloc in two ways that need opposite answers:
+// replace mode (change_current_allocator: libsymm is the caching allocator,
+// and a failure must throw, since PyTorch turns NULL into a tensor at address
+// 0) and MemPool mode (PyTorch's own caching allocator is current and asks us
+// for segments: a failure must be NULL, which PyTorch turns into
+// torch.OutOfMemoryError after its own retry, and a segment it frees must go
+// back to the device, since it caches already). Both come through the same
+// CUDAPluggableAllocator object, with hooks or without (PyTorch's plain
+// recipe sets none), so the library looks: c10's current-allocator pointer
+// (c10::cuda::CUDACachingAllocator::allocator) names PyTorch's allocator
+// object; a CUDAPluggableAllocator over us holds symm_pool_alloc's address in
+// its alloc_fn_ std::function (the first member after the vtable pointer). A
+// call whose return address lies in a PyTorch library while another allocator
+// is current is a MemPool asking for a segment; every other caller (C, ctypes,
+// a C++ extension) gets the caching pool with NULL on failure.
+enum { kTorchNone = 0, kTorchReplace = 1, kTorchMemPool = 2 };
+std::atomic<void *> g_torch_current_var{nullptr};  // &c10::cuda::CUDACachingAllocator::allocator
+std::atomic<int> g_torch_replace{0};               // sticky: the allocator is swapped once per process
+
+void torch_resolve() {
+  if (g_torch_current_var.load(std::memory_order_acquire) != nullptr) return;
+  // RTLD_NOLOAD: only if PyTorch is already in the process; never load it.
+  void *h = dlopen("libc10_cuda.so", RTLD_LAZY | RTLD_NOLOAD);
+  if (h == nullptr) return;
+  void *var = dlsym(h, "_ZN3c104cuda20CUDACachingAllocator9allocatorE");
+  dlclose(h);  // still loaded: PyTorch holds it
+  if (var != nullptr) g_torch_current_var.store(var, std::memory_order_release);
+}
+
+// torch_current_is_ours reports whether PyTorch's current CUDA allocator is a
+// CUDAPluggableAllocator whose alloc function is symm_pool_alloc.
+bool torch_current_is_ours() {
+  void *var = g_torch_current_var.load(std::memory_order_acquire);
+  if (var == nullptr) return false;
+  void *cur = static_cast<std::atomic<void *> *>(var)->load(std::memory_order_acquire);
+  if (cur == nullptr) return false;
+  // Every CUDAAllocator object is far larger than these 8 words.
+  void *const *words = static_cast<void *const *>(cur);
+  void *mine = reinterpret_cast<void *>(&symm_pool_alloc);
+  for (int i = 1; i <= 8; i++)
+    if (words[i] == mine) return true;
+  return false;
+}
+
+// caller_is_torch reports whether code at return address ra belongs to a
+// PyTorch library, caching the answer for the few call sites there are.
+struct CallerEntry {
+  std::atomic<uintptr_t> ra{0};
+  std::atomic<int> torch{0};
+};
+CallerEntry g_callers[16];
+bool caller_is_torch(void *ra) {
+  uintptr_t a = (uintptr_t)ra;
+  for (CallerEntry &e : g_callers) {
+    uintptr_t v = e.ra.load(std::memory_order_acquire);
+    if (v == a) return e.torch.load(std::memory_order_relaxed) != 0;
+    if (v == 0) break;
+  }
+  Dl_info info;
+  bool torch = dladdr(ra, &info) != 0 && info.dli_fname != nullptr &&
+               (strstr(info.dli_fname, "libtorch") != nullptr || strstr(info.dli_fname, "libc10") != nullptr);
+  for (CallerEntry &e : g_callers) {
+    uintptr_t expect = 0;
+    e.torch.store(torch, std::memory_order_relaxed);
+    if (e.ra.compare_exchange_strong(expect, a, std::memory_order_release) || expect == a) break;
+  }
+  return torch;
+}
+
+int torch_mode_for(void *ra) {
+  if (g_torch_replace.load(std::memory_order_relaxed)) return kTorchReplace;
+  if (g_torch_current_var.load(std::memory_order_relaxed) == nullptr) return kTorchNone;
+  if (torch_current_is_ours()) {
+    g_torch_replace.store(1, std::memory_order_relaxed);
+    return kTorchReplace;
+  }
+  return caller_is_torch(ra) ? kTorchMemPool : kTorchNone;
+}
+
+// ---- routes to private pools (CUDA graphs) -------------------------------------
+struct Route {
+  int dev;
+  unsigned long long first, second;
+  bool by_stream;  // C API: one stream; PyTorch: its filter
+  uintptr_t stream;
+  std::function<bool(CUstream_st *)> filter;
+};
+std::mutex g_routes_mu;
+std::vector<Route> g_routes;        // under g_routes_mu, newest last
+std::atomic<int> g_nroutes{0};      // g_routes.size(), read without the lock
+
+// route_for finds the newest route of device that accepts stream.
+bool route_for(int dev, uintptr_t stream, unsigned long long *first, unsigned long long *second) {
+  std::lock_guard<std::mutex> g(g_routes_mu);
+  for (auto it = g_routes.rbegin(); it != g_routes.rend(); ++it) {
+    if (it->dev != dev) continue;
+    bool ok = it->by_stream ? it->stream == stream : (it->filter && it->filter((CUstream_st *)stream));
+    if (ok) {
+      *first = it->first;
+      *second = it->second;
+      return true;
+    }
+  }
+  return false;
+}
+
+void drop_routes(int dev, unsigned long long first, unsigned long long second, bool all) {
+  std::lock_guard<std::mutex> g(g_routes_mu);
+  for (size_t i = g_routes.size(); i-- > 0;) {
+    Route &r = g_routes[i];
+    if (r.dev == dev && r.first == first && r.second == second) {
+      g_routes.erase(g_routes.begin() + (long)i);
+      if (!all) break;
+    }
+  }
+  g_nroutes.store((int)g_routes.size(), std::memory_order_release);
+}
+
+// History on: every alloc and free reaches the pool so that each is recorded.
+std::atomic<int> g_history{0};
+
+inline bool front_on() { return front::enabled() && g_history.load(std::memory_order_relaxed) == 0; }
+
 __attribute__((constructor)) void install_handlers() {
   pthread_atfork(nullptr, nullptr, on_fork_child);
   pthread_key_create(&g_err_key, free);
+  torch_resolve();  // PyTorch's plain recipe loads us after torch
 }
 
 void set_error_c(int code, const char *msg) {
@@ -109,18 +242,32 @@ size_t symm_copy_last_error(char *buf, size_t len) {
 }
 
 void *symm_pool_alloc(size_t size, int device, void *stream) {
+  int mode = torch_mode_for(__builtin_return_address(0));
+  bool must_throw = g_throw || mode == kTorchReplace;
   if (forked("symm_pool_alloc")) {
-    if (g_throw) throw std::runtime_error(err_msg());
+    if (must_throw) throw std::runtime_error(err_msg());
     return nullptr;
   }
   if (size == 0) return nullptr;
-  if (front::enabled()) {
-    if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
-  }
   uint64_t bsize = 0;
-  uintptr_t p = goPoolAlloc(size, device, (uintptr_t)stream, &bsize);
-  if (p != 0 && front::enabled()) front::on_go_alloc(p, bsize, size, device, (uintptr_t)stream);
-  if (__builtin_expect(p == 0, 0) && g_throw) {
+  uintptr_t p;
+  unsigned long long first, second;
+  if (mode == kTorchMemPool) {
+    // PyTorch's caching allocator asks for a segment: no cache of ours
+    // under it, and NULL on failure (PyTorch raises OutOfMemoryError).
+    return (void *)goPoolAllocSegment(size, device, (uintptr_t)stream, &bsize);
+  }
+  if (__builtin_expect(g_nroutes.load(std::memory_order_acquire) > 0, 0) &&
+      route_for(device, (uintptr_t)stream, &first, &second)) {
+    p = goPoolAllocIn(size, device, (uintptr_t)stream, first, second, &bsize);
+  } else {
+    if (front_on()) {
+      if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
+    }
+    p = goPoolAlloc(size, device, (uintptr_t)stream, &bsize);
+    if (p != 0 && front_on()) front::on_go_alloc(p, bsize, size, device, (uintptr_t)stream);
+  }
+  if (__builtin_expect(p == 0, 0) && must_throw) {
     // PyTorch's replace mode cannot take NULL: throw, with the Go message.
     // pybind11/PyTorch turn std::runtime_error into a Python RuntimeError.
     throw std::runtime_error(err_msg());
@@ -130,7 +277,7 @@ void *symm_pool_alloc(size_t size, int device, void *stream) {
 
 void symm_pool_free(void *ptr, size_t size, int device, void *stream) {
   if (forked("symm_pool_free") || ptr == nullptr) return;
-  if (front::enabled() && front::free((uintptr_t)ptr, size, device, (uintptr_t)stream)) return;
+  if (front_on() && front::free((uintptr_t)ptr, size, device, (uintptr_t)stream)) return;
   goPoolFree((uintptr_t)ptr, size, device, (uintptr_t)stream);
 }
 
@@ -142,7 +289,62 @@ void symm_pool_init(int device_count) {
 void symm_torch_init(int device_count) {
   if (forked("symm_torch_init")) return;
   g_throw = 1;
+  torch_resolve();
   goPoolInit(device_count, 1);
+}
+
+int symm_torch_mode(void) {
+  if (g_forked) return kTorchNone;
+  torch_resolve();
+  if (g_torch_replace.load() || torch_current_is_ours()) return kTorchReplace;
+  return g_torch_current_var.load() != nullptr ? kTorchMemPool : kTorchNone;
+}
+
+int symm_pool_begin_allocate_to_pool(int device, symm_pool_id_t id, void *stream) {
+  if (forked("symm_pool_begin_allocate_to_pool")) return SYMM_ERR_FORKED;
+  std::lock_guard<std::mutex> g(g_routes_mu);
+  int rc = goPoolRoute((char *)"symm_pool_begin_allocate_to_pool", 0, device, id.first, id.second, 0, nullptr);
+  if (rc != SYMM_OK) return rc;
+  g_routes.push_back(Route{device, id.first, id.second, true, (uintptr_t)stream, nullptr});
+  g_nroutes.store((int)g_routes.size(), std::memory_order_release);
+  return SYMM_OK;
+}
+
+int symm_pool_end_allocate_to_pool(int device, symm_pool_id_t id) {
+  if (forked("symm_pool_end_allocate_to_pool")) return SYMM_ERR_FORKED;
+  int rc = goPoolRoute((char *)"symm_pool_end_allocate_to_pool", 1, device, id.first, id.second, 0, nullptr);
+  if (rc == SYMM_OK) drop_routes(device, id.first, id.second, false);
+  return rc;
+}
+
+int symm_pool_release_pool(int device, symm_pool_id_t id) {
+  if (forked("symm_pool_release_pool")) return SYMM_ERR_FORKED;
+  int dropped = 0;
+  int rc = goPoolRoute((char *)"symm_pool_release_pool", 2, device, id.first, id.second, 1, &dropped);
+  if (rc == SYMM_OK && dropped) drop_routes(device, id.first, id.second, true);
+  return rc;
+}
+
+int symm_pool_record_history(int enabled, size_t max_entries) {
+  if (forked("symm_pool_record_history")) return SYMM_ERR_FORKED;
+  if (enabled) {
+    g_history.store(1);
+    if (front::enabled()) front::drain(-1);  // its blocks were freed unseen
+  }
+  int rc = goPoolRecordHistory(enabled, max_entries);
+  if (!enabled || rc != SYMM_OK) g_history.store(0);
+  return rc;
+}
+
+int symm_pool_snapshot(char *buf, size_t cap, size_t *len) {
+  if (forked("symm_pool_snapshot")) return SYMM_ERR_FORKED;
+  if (len == nullptr) {
+    set_error_c(SYMM_ERR_INVALID, "symm_pool_snapshot: len is NULL");
+    return SYMM_ERR_INVALID;
+  }
+  // Front-cached blocks were freed by the caller: show them as free.
+  if (front::enabled()) front::drain(-1);
+  return goPoolSnapshot(buf, cap, len);
 }
 
 void symm_pool_empty_cache(void) {
@@ -370,3 +572,38 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms) {
 }
 
 }  // extern "C"
+
+// ---- PyTorch's CUDA-graph hooks ------------------------------------------------
+// C++ linkage types on C names: PyTorch calls them through std::function
+// objects made from these addresses (torch/csrc/cuda/Module.cpp).
+
+using TorchPoolId = std::pair<unsigned long long, unsigned long long>;
+
+extern "C" void symm_torch_begin_allocate_to_pool(int device, TorchPoolId id,
+                                                  std::function<bool(CUstream_st *)> filter) {
+  if (forked("symm_torch_begin_allocate_to_pool")) throw std::runtime_error(err_msg());
+  torch_resolve();
+  std::lock_guard<std::mutex> g(g_routes_mu);
+  int rc = goPoolRoute((char *)"symm_torch_begin_allocate_to_pool", 0, device, id.first, id.second, 0, nullptr);
+  // Called from CUDAGraph::capture_begin, which can report an exception; the
+  // capture would otherwise go on without a pool.
+  if (rc != SYMM_OK) throw std::runtime_error(err_msg());
+  g_routes.push_back(Route{device, id.first, id.second, false, 0, std::move(filter)});
+  g_nroutes.store((int)g_routes.size(), std::memory_order_release);
+}
+
+extern "C" void symm_torch_end_allocate_to_pool(int device, TorchPoolId id) {
+  if (forked("symm_torch_end_allocate_to_pool")) return;
+  // Never throws: an error stays in symm_last_error().
+  if (goPoolRoute((char *)"symm_torch_end_allocate_to_pool", 1, device, id.first, id.second, 0, nullptr) == SYMM_OK)
+    drop_routes(device, id.first, id.second, false);
+}
+
+extern "C" void symm_torch_release_pool(int device, TorchPoolId id) {
+  if (forked("symm_torch_release_pool")) return;
+  // Called from CUDAGraph::reset, inside a destructor: never throws.
+  int dropped = 0;
+  if (goPoolRoute((char *)"symm_torch_release_pool", 2, device, id.first, id.second, 0, &dropped) == SYMM_OK &&
+      dropped)
+    drop_routes(device, id.first, id.second, true);
+}

@@ -40,8 +40,10 @@ enum {
   SYMM_ERR_DRIVER = 6,         /* the CUDA driver returned an error; the message has its name */
   SYMM_ERR_INTERNAL = 7,       /* a bug in libsymm (a recovered panic); the message says where */
   SYMM_ERR_TIMEOUT = 8,        /* a store read, rendezvous or signal wait did not complete in time */
-  SYMM_ERR_PEER = 9            /* another rank of the group failed or died, or the store server went away;
+  SYMM_ERR_PEER = 9,           /* another rank of the group failed or died, or the store server went away;
                                   the message names it */
+  SYMM_ERR_BUSY = 10           /* a private pool released while blocks of it are still allocated:
+                                  nothing changed; the message says how many */
 };
 
 /* ---- library ---------------------------------------------------------- */
@@ -124,6 +126,75 @@ int symm_pool_device_count(void);
 
 /* Name of the active backend ("cuda", "host"), or "" before init. */
 const char *symm_pool_backend(void);
+
+/* ---- private pools (CUDA graphs) -------------------------------------------
+ *
+ * A private pool holds the memory of one or more CUDA graph captures, as
+ * PyTorch's graph pools do: while allocation to it is under way, allocations
+ * the route accepts come from it; its memory is never handed to allocations
+ * outside it; blocks freed into it are reused only by allocations routed to it
+ * again (a second graph sharing the pool). While any route is open on a
+ * device, the pool records and queries no CUDA event there and allocates with
+ * the thread in relaxed capture mode, so that nothing it does invalidates a
+ * capture. PyTorch reaches these through symm_torch_*_pool below, which
+ * symm.pool_allocator() attaches; C programs call these. */
+
+/* PyTorch's MempoolId_t. (0, 0) is the default pool and cannot be named. */
+typedef struct {
+  uint64_t first, second;
+} symm_pool_id_t;
+
+/* From now until symm_pool_end_allocate_to_pool, allocations on device for
+ * stream (exactly that stream value) come from private pool id, which is
+ * created or takes one more use. SYMM_ERR_INVALID: bad device, id (0, 0). */
+int symm_pool_begin_allocate_to_pool(int device, symm_pool_id_t id, void *stream);
+
+/* Ends the most recent route of id on device. The pool keeps its memory.
+ * SYMM_ERR_INVALID: unknown pool, or no route of it open. */
+int symm_pool_end_allocate_to_pool(int device, symm_pool_id_t id);
+
+/* Drops one use of pool id; when the last goes, its cached segments return to
+ * the driver at the next symm_pool_empty_cache (or out-of-memory retry).
+ * SYMM_ERR_BUSY when the last use would go while blocks of the pool are still
+ * allocated (nothing changes: free them first); SYMM_ERR_INVALID for an
+ * unknown pool or one already released. */
+int symm_pool_release_pool(int device, symm_pool_id_t id);
+
+/* ---- memory history and snapshots ------------------------------------------
+ *
+ * The data of PyTorch's torch.cuda.memory._snapshot(), as JSON with the same
+ * keys: {"segments": [{device, address, total_size, allocated_size,
+ * active_size, requested_size, stream, segment_type ("small"/"large"),
+ * segment_pool_id [first, second], is_expandable, frames, blocks: [{address,
+ * size, requested_size, state ("active_allocated", "active_pending_free",
+ * "inactive"), frames}]}], "device_traces": [[{action ("alloc",
+ * "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
+ * "snapshot"), addr (device_free for "oom"), size, stream, time_us, frames,
+ * compile_context, user_metadata}], ... one list per device],
+ * "allocator_settings": {...}}. frames are empty: C has no Python stack. */
+
+/* Turns the recording of alloc/free/segment/oom events on (enabled != 0) or
+ * off on every device. max_entries bounds each device's ring, oldest events
+ * overwritten (values above 2^31 mean 2^31); 0 with enabled is
+ * SYMM_ERR_INVALID. While recording, every alloc and free goes through the
+ * pool (the front cache is bypassed) so that each one is seen. Turning it off
+ * keeps what was recorded for the next snapshot. */
+int symm_pool_record_history(int enabled, size_t max_entries);
+
+/* Writes the snapshot JSON (see above) into buf with a NUL; *len receives its
+ * length without the NUL. buf NULL or cap 0: a size query. A cap too small is
+ * SYMM_ERR_INVALID (the snapshot may grow between two calls: retry). */
+int symm_pool_snapshot(char *buf, size_t cap, size_t *len);
+
+/* How PyTorch uses libsymm in this process, as symm_pool_alloc sees it:
+ * 0 PyTorch is not loaded (or not yet seen); 1 replace mode: libsymm's
+ * symm_pool_alloc is PyTorch's current CUDA allocator (a failed allocation
+ * throws a C++ exception, never NULL); 2 PyTorch is loaded and its own caching
+ * allocator is current: calls that come from PyTorch are a torch.cuda.MemPool
+ * asking for segments, which are served one segment each and go back to the
+ * device when PyTorch frees them (PyTorch caches above). Calls from any other
+ * code keep the caching pool and NULL on failure. */
+int symm_torch_mode(void);
 
 /* ---- symmetric memory ----------------------------------------------------
  *
@@ -267,6 +338,26 @@ int symm_wait_signal(symm_handle_t h, int src_rank, int channel, void *stream, i
 int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
 
 #ifdef __cplusplus
-}
+} /* extern "C" */
+
+/* ---- PyTorch's CUDA-graph hooks (C++ only) -----------------------------------
+ *
+ * Functors with the exact types of torch 2.11's CUDAPluggableAllocator
+ * (set_begin_allocate_to_pool, set_end_allocate_to_pool_fn,
+ * set_release_pool; MempoolId_t is std::pair<unsigned long long, unsigned long
+ * long>, cudaStream_t is CUstream_st *). symm.pool_allocator() attaches them;
+ * a program that builds its own CUDAPluggableAllocator over libsymm attaches
+ * them with allocator().set_begin_allocate_to_pool(address) and so on. They
+ * never throw, except begin when the pool cannot start (no device), which
+ * PyTorch reports from capture_begin. Release follows PyTorch: a graph may
+ * die before its output tensors, whose blocks stay valid and go back to the
+ * device once freed (and emptied). */
+#include <functional>
+#include <utility>
+struct CUstream_st;
+extern "C" void symm_torch_begin_allocate_to_pool(int device, std::pair<unsigned long long, unsigned long long> id,
+                                                  std::function<bool(CUstream_st *)> filter);
+extern "C" void symm_torch_end_allocate_to_pool(int device, std::pair<unsigned long long, unsigned long long> id);
+extern "C" void symm_torch_release_pool(int device, std::pair<unsigned long long, unsigned long long> id);
 #endif
 #endif /* SYMM_H */

@@ -23,6 +23,7 @@ class ErrorCode(enum.IntEnum):
     INTERNAL = 7
     TIMEOUT = 8
     PEER = 9
+    BUSY = 10
 
 
 class SymmError(RuntimeError):

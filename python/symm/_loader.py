@@ -50,6 +50,12 @@ class HandleInfo(ctypes.Structure):
     ]
 
 
+class PoolId(ctypes.Structure):
+    """symm_pool_id_t: PyTorch's MempoolId_t (first, second)."""
+
+    _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64)]
+
+
 _c_size_t = ctypes.c_size_t
 _c_int = ctypes.c_int
 _c_void_p = ctypes.c_void_p
@@ -73,6 +79,12 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_pool_reset_peak": ([_c_int], _c_int),
     "symm_pool_device_count": ([], _c_int),
     "symm_pool_backend": ([], ctypes.c_char_p),
+    "symm_pool_begin_allocate_to_pool": ([_c_int, PoolId, _c_void_p], _c_int),
+    "symm_pool_end_allocate_to_pool": ([_c_int, PoolId], _c_int),
+    "symm_pool_release_pool": ([_c_int, PoolId], _c_int),
+    "symm_pool_record_history": ([_c_int, _c_size_t], _c_int),
+    "symm_pool_snapshot": ([ctypes.c_char_p, _c_size_t, ctypes.POINTER(_c_size_t)], _c_int),
+    "symm_torch_mode": ([], _c_int),
     "symm_alloc": ([_c_size_t, _c_int, _c_void_p], _c_void_p),
     "symm_free": ([_c_void_p, _c_size_t, _c_int, _c_void_p], None),
     "symm_has_multicast_support": ([_c_int], _c_int),

@@ -223,7 +223,7 @@ def alloc(size: int, device: Any = 0, stream: Any = 0) -> int:
     size = int(size)
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size}")
-    if _torch_replace_mode:
+    if _torch_replace_mode or load().symm_torch_mode() == 1:
         raise SymmError(
             ErrorCode.INVALID,
             "symm.alloc() is disabled while libsymm is PyTorch's current allocator "
@@ -234,6 +234,8 @@ def alloc(size: int, device: Any = 0, stream: Any = 0) -> int:
     lib.symm_clear_error()
     ptr = lib.symm_pool_alloc(size, _device(device), _stream(stream))
     if ptr:
+        if _frames_on:
+            _record_frames(ptr)
         return ptr
     if lib.symm_last_error_code() != ErrorCode.OK:
         raise _last_error(lib)
@@ -252,3 +254,90 @@ def record_stream(ptr: int, stream: Any) -> None:
     """Marks the block holding ptr as used on stream, delaying its reuse elsewhere."""
     lib = load()
     _call_void(lib.symm_pool_record_stream, _pointer(ptr), _stream(stream))
+
+
+# ---- memory history and snapshots -------------------------------------------
+
+# Python frames of blocks allocated through alloc() while history is on,
+# keyed by address (PyTorch's snapshots carry frames; C has none to give).
+_frames: dict[int, list[dict]] = {}
+_frames_on = False
+_frames_max = 0
+
+
+def _record_frames(ptr: int) -> None:
+    import traceback
+
+    if len(_frames) >= _frames_max:
+        _frames.pop(next(iter(_frames)))
+    _frames[ptr] = [
+        {"filename": f.filename, "line": f.lineno or 0, "name": f.name}
+        for f in reversed(traceback.extract_stack()[:-2])
+    ]
+
+
+def record_memory_history(enabled: Any = "all", context: Any = "all", stacks: Any = "all",
+                          max_entries: int = 1 << 31, device: Any = None) -> None:
+    """Starts or stops recording alloc/free/segment/oom events, as
+    torch.cuda.memory._record_memory_history does (same arguments).
+
+    enabled: "all" (or True) records every event with its time; None, False
+    or "state" stop recording (a snapshot always shows the current state).
+    max_entries bounds each device's ring of events. Python frames are kept
+    for allocations made through symm.alloc() (context not None); events that
+    come from PyTorch or C carry none. device is accepted for PyTorch's
+    signature; history covers every device.
+    """
+    global _frames_on, _frames_max
+    on = enabled in ("all", True)
+    if not on and enabled not in (None, False, "state"):
+        raise ValueError(f"enabled must be 'all', 'state', None, True or False, not {enabled!r}")
+    max_entries = int(max_entries)
+    if on and max_entries <= 0:
+        raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+    lib = load()
+    _call_rc(lib.symm_pool_record_history, 1 if on else 0, min(max_entries, (1 << 63) - 1) if on else 0)
+    _frames_on = on and context is not None
+    _frames_max = min(max_entries, 1 << 16)
+    if on:
+        _frames.clear()
+
+
+def memory_snapshot() -> dict:
+    """Every segment with its blocks, and each device's recorded events, in
+    the structure of torch.cuda.memory._snapshot() ("segments",
+    "device_traces", "allocator_settings"), which PyTorch's memory viewer
+    (torch.cuda._memory_viz, pytorch.org/memory_viz) reads."""
+    import json
+
+    lib = load()
+    n = ctypes.c_size_t()
+    _call_rc(lib.symm_pool_snapshot, None, 0, ctypes.byref(n))
+    for _ in range(5):  # the pool may grow between the size query and the copy
+        buf = ctypes.create_string_buffer(n.value + 4096)
+        lib.symm_clear_error()
+        if lib.symm_pool_snapshot(buf, len(buf), ctypes.byref(n)) == 0:
+            break
+    else:
+        _call_rc(lib.symm_pool_snapshot, buf, len(buf), ctypes.byref(n))
+    snap = json.loads(buf.value.decode())
+    for seg in snap["segments"]:
+        seg["segment_pool_id"] = tuple(seg["segment_pool_id"])
+        for b in seg["blocks"]:
+            if b["state"] != "inactive" and b["address"] in _frames:
+                b["frames"] = _frames[b["address"]]
+    for trace in snap["device_traces"]:
+        for e in trace:
+            if e["action"] == "alloc" and e.get("addr") in _frames:
+                e["frames"] = _frames[e["addr"]]
+    return snap
+
+
+def dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickles memory_snapshot() to filename, as torch.cuda.memory._dump_snapshot
+    does; drag the file onto pytorch.org/memory_viz to see it."""
+    import pickle
+
+    snap = memory_snapshot()
+    with open(filename, "wb") as f:
+        pickle.dump(snap, f)

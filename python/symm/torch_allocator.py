@@ -39,11 +39,18 @@ _installed = False
 # (PyTorch hook setter, exported C function). Signatures, from Module.cpp:
 # set_init_fn: void(int), set_reset_fn: void(), set_memory_fraction_fn:
 # void(double, int), set_record_stream_fn: void(void*, cudaStream_t).
+# CUDA graphs (torch 2.11's _CUDAPluggableAllocator): set_begin_allocate_to_pool:
+# void(int, MempoolId_t, std::function<bool(cudaStream_t)>),
+# set_end_allocate_to_pool_fn and set_release_pool: void(int, MempoolId_t);
+# the C++ functors are in export/shim.cpp.
 _HOOKS = (
     ("set_init_fn", "symm_torch_init"),
     ("set_reset_fn", "symm_pool_empty_cache"),
     ("set_memory_fraction_fn", "symm_pool_set_memory_fraction"),
     ("set_record_stream_fn", "symm_pool_record_stream"),
+    ("set_begin_allocate_to_pool", "symm_torch_begin_allocate_to_pool"),
+    ("set_end_allocate_to_pool_fn", "symm_torch_end_allocate_to_pool"),
+    ("set_release_pool", "symm_torch_release_pool"),
 )
 
 
@@ -80,7 +87,14 @@ def pool_allocator():
             allocator = CUDAPluggableAllocator(library_path(), "symm_pool_alloc", "symm_pool_free")
             raw = allocator.allocator()
             for setter, c_name in _HOOKS:
+                if not hasattr(raw, setter):
+                    if setter in ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool"):
+                        continue  # torch < 2.3: no CUDA-graph hooks; graphs in replace mode fail there
+                    raise ImportError(f"torch {torch.__version__}'s CUDAPluggableAllocator has no {setter}")
                 getattr(raw, setter)(function_address(c_name))
+            # PyTorch is loaded now: let the library find its allocator pointer
+            # (MemPool mode hands segments back; replace mode throws on OOM).
+            _pool.load().symm_torch_mode()
             _allocator = allocator
         del torch
         return _allocator

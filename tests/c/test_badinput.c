@@ -441,6 +441,54 @@ static void test_pool_misc(void) {
   area("symm_pool_init/count/backend", c0);
 }
 
+/* ---- private pools, history, snapshots -------------------------------------- */
+
+static void test_pool_graphs(void) {
+  int c0 = passes + failures;
+  symm_pool_id_t id = {9, 0}, unknown = {0, 77}, zero = {0, 0};
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BAD(SYMM_ERR_INVALID, word, symm_pool_begin_allocate_to_pool(bad_devs[i], id, SA));
+    BAD(SYMM_ERR_INVALID, word, symm_pool_end_allocate_to_pool(bad_devs[i], id));
+    BAD(SYMM_ERR_INVALID, word, symm_pool_release_pool(bad_devs[i], id));
+  }
+  BAD(SYMM_ERR_INVALID, "default pool", symm_pool_begin_allocate_to_pool(0, zero, SA));
+  BAD(SYMM_ERR_INVALID, "(0, 77) on device 0: no such pool", symm_pool_end_allocate_to_pool(0, unknown));
+  BAD(SYMM_ERR_INVALID, "(0, 77) on device 0: no such pool", symm_pool_release_pool(0, unknown));
+  /* A pool with a live block: ending twice, and a release, are refused. */
+  CHECK(symm_pool_begin_allocate_to_pool(0, id, SA) == SYMM_OK, "begin");
+  void *g = symm_pool_alloc(8192, 0, SA);
+  CHECK(g != NULL, "an allocation routed to the pool");
+  CHECK(symm_pool_end_allocate_to_pool(0, id) == SYMM_OK, "end");
+  BAD(SYMM_ERR_INVALID, "no allocation to it was begun", symm_pool_end_allocate_to_pool(0, id));
+  BAD(SYMM_ERR_BUSY, "still allocated", symm_pool_release_pool(0, id));
+  symm_clear_error();
+  symm_pool_free(g, 8192, 0, SA);
+  CHECK(symm_last_error_code() == SYMM_OK, "its block frees");
+  CHECK(symm_pool_release_pool(0, id) == SYMM_OK, "then the release goes");
+  BAD(SYMM_ERR_INVALID, "already released", symm_pool_release_pool(0, id));
+  symm_pool_empty_cache();
+  BAD(SYMM_ERR_INVALID, "no such pool", symm_pool_release_pool(0, id));
+  /* History and snapshots. */
+  BAD(SYMM_ERR_INVALID, "need at least 1", symm_pool_record_history(1, 0));
+  NOOP(SYMM_OK, symm_pool_record_history(0, 0));
+  size_t len = 0;
+  BAD(SYMM_ERR_INVALID, "len is NULL", symm_pool_snapshot(NULL, 0, NULL));
+  NOOP(SYMM_OK, symm_pool_snapshot(NULL, 0, &len));
+  CHECK(len > 20, "snapshot size query: %zu", len);
+  char small[16];
+  BAD(SYMM_ERR_INVALID, "the buffer holds 16 bytes", symm_pool_snapshot(small, sizeof small, &len));
+  /* A C program is neither of PyTorch's modes. */
+  NOOP(0, symm_torch_mode());
+  /* The C++ functors PyTorch calls (symm_torch_*_pool) take std:: types:
+   * tests/c/test_graphs.cpp exercises them, bad input included. */
+  cover("symm_torch_begin_allocate_to_pool");
+  cover("symm_torch_end_allocate_to_pool");
+  cover("symm_torch_release_pool");
+  area("private pools, snapshots", c0);
+}
+
 /* ---- symmetric memory ------------------------------------------------------- */
 
 static symm_store_t st_main; /* the store of every area below */
@@ -950,7 +998,10 @@ static void check_coverage(void) {
       "symm_version", "symm_last_error", "symm_last_error_code", "symm_clear_error", "symm_copy_last_error",
       "symm_pool_alloc", "symm_pool_free", "symm_pool_init", "symm_torch_init", "symm_pool_empty_cache",
       "symm_pool_set_memory_fraction", "symm_pool_set_limit", "symm_pool_record_stream", "symm_pool_stats",
-      "symm_pool_reset_peak", "symm_pool_device_count", "symm_pool_backend", "symm_alloc", "symm_free",
+      "symm_pool_reset_peak", "symm_pool_device_count", "symm_pool_backend", "symm_pool_begin_allocate_to_pool",
+      "symm_pool_end_allocate_to_pool", "symm_pool_release_pool", "symm_pool_record_history", "symm_pool_snapshot",
+      "symm_torch_mode", "symm_torch_begin_allocate_to_pool", "symm_torch_end_allocate_to_pool",
+      "symm_torch_release_pool", "symm_alloc", "symm_free",
       "symm_has_multicast_support", "symm_set_backend", "symm_get_backend", "symm_nvshmem_available",
       "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_store_server", "symm_store_connect",
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
@@ -1030,6 +1081,7 @@ int main(int argc, char **argv) {
   test_pool_stats();
   test_pool_limits();
   test_pool_misc();
+  test_pool_graphs();
 
   test_symm_alloc_free();
   test_backends();

@@ -1,0 +1,238 @@
+package allocator
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Memory history and snapshots in the shape of PyTorch's
+// torch.cuda.memory._snapshot(), so that PyTorch's memory viewer
+// (torch.cuda._memory_viz, pytorch.org/memory_viz) reads them unchanged.
+
+// TraceAction is what a history entry records; its String is PyTorch's name.
+type TraceAction uint8
+
+const (
+	ActAlloc         TraceAction = iota // a block handed out
+	ActFreeRequested                    // the caller freed it
+	ActFreeCompleted                    // it is reusable (after record_stream events)
+	ActSegmentAlloc                     // a segment taken from the backend
+	ActSegmentFree                      // a segment given back
+	ActOOM                              // a request refused; Addr holds the device's free bytes
+	ActSnapshot                         // a snapshot was taken
+)
+
+func (a TraceAction) String() string {
+	return [...]string{"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom", "snapshot"}[a]
+}
+
+// TraceEntry is one event of a device's history.
+type TraceEntry struct {
+	Action TraceAction
+	Addr   uintptr
+	Size   uint64
+	Stream uintptr
+	TimeUS int64 // microseconds since the Unix epoch
+}
+
+// history is a device's ring of trace entries. When off (the default) the
+// pool pays one atomic load per operation; when on, a mutex per device.
+type history struct {
+	on  atomic.Bool
+	mu  sync.Mutex
+	buf []TraceEntry // ring once len(buf) == max
+	pos int          // next slot to overwrite once full
+	max int
+}
+
+func (h *history) record(a TraceAction, addr uintptr, size uint64, stream uintptr) {
+	if !h.on.Load() {
+		return
+	}
+	e := TraceEntry{Action: a, Addr: addr, Size: size, Stream: stream, TimeUS: time.Now().UnixMicro()}
+	h.mu.Lock()
+	switch {
+	case h.max <= 0:
+	case len(h.buf) < h.max:
+		h.buf = append(h.buf, e)
+	default:
+		h.buf[h.pos] = e
+		h.pos = (h.pos + 1) % h.max
+	}
+	h.mu.Unlock()
+}
+
+func (h *history) entries() []TraceEntry {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]TraceEntry, 0, len(h.buf))
+	out = append(out, h.buf[h.pos:]...)
+	return append(out, h.buf[:h.pos]...)
+}
+
+// RecordHistory turns the history of every device on or off. maxEntries
+// bounds each device's ring (older entries are overwritten); turning it on
+// again keeps what was recorded unless clear is set, and off keeps the
+// entries for the next snapshot, as PyTorch does.
+func (p *Pool) RecordHistory(enabled bool, maxEntries int, clear bool) error {
+	if enabled && maxEntries <= 0 {
+		return fmt.Errorf("%w: history of %d entries: need at least 1", ErrInvalid, maxEntries)
+	}
+	for _, d := range p.devs {
+		h := &d.hist
+		h.mu.Lock()
+		if clear {
+			h.buf, h.pos = nil, 0
+		}
+		if enabled {
+			if maxEntries != h.max {
+				// Keep the newest entries that fit, in order.
+				old := append(append([]TraceEntry(nil), h.buf[h.pos:]...), h.buf[:h.pos]...)
+				if len(old) > maxEntries {
+					old = old[len(old)-maxEntries:]
+				}
+				h.buf, h.pos = old, 0
+				if len(old) == maxEntries {
+					h.pos = 0
+				}
+				h.max = maxEntries
+			}
+		}
+		h.on.Store(enabled)
+		h.mu.Unlock()
+	}
+	return nil
+}
+
+// History returns device dev's recorded entries, oldest first.
+func (p *Pool) History(dev int) ([]TraceEntry, error) {
+	d, err := p.device(dev)
+	if err != nil {
+		return nil, err
+	}
+	return d.hist.entries(), nil
+}
+
+// SnapshotBlock is one block of a segment, as PyTorch's snapshot shows it.
+type SnapshotBlock struct {
+	Address       uintptr `json:"address"`
+	Size          uint64  `json:"size"`
+	RequestedSize uint64  `json:"requested_size"`
+	State         string  `json:"state"` // active_allocated, active_pending_free, inactive
+	Frames        []any   `json:"frames"`
+}
+
+// SnapshotSegment is one segment with its blocks.
+type SnapshotSegment struct {
+	Device        int             `json:"device"`
+	Address       uintptr         `json:"address"`
+	TotalSize     uint64          `json:"total_size"`
+	AllocatedSize uint64          `json:"allocated_size"`
+	ActiveSize    uint64          `json:"active_size"`
+	RequestedSize uint64          `json:"requested_size"`
+	Stream        uintptr         `json:"stream"`
+	SegmentType   string          `json:"segment_type"` // small or large
+	PoolID        [2]uint64       `json:"segment_pool_id"`
+	IsExpandable  bool            `json:"is_expandable"`
+	Frames        []any           `json:"frames"`
+	Blocks        []SnapshotBlock `json:"blocks"`
+}
+
+// SnapshotTrace is one history entry in PyTorch's shape. An "oom" entry
+// carries the device's free bytes in DeviceFree instead of Addr.
+type SnapshotTrace struct {
+	Action         string   `json:"action"`
+	Addr           *uintptr `json:"addr,omitempty"`
+	DeviceFree     *uintptr `json:"device_free,omitempty"`
+	Size           uint64   `json:"size"`
+	Stream         uintptr  `json:"stream"`
+	TimeUS         int64    `json:"time_us"`
+	CompileContext string   `json:"compile_context"`
+	UserMetadata   string   `json:"user_metadata"`
+	Frames         []any    `json:"frames"`
+}
+
+// Snapshot is torch.cuda.memory._snapshot()'s structure.
+type Snapshot struct {
+	Segments          []SnapshotSegment `json:"segments"`
+	DeviceTraces      [][]SnapshotTrace `json:"device_traces"`
+	AllocatorSettings map[string]any    `json:"allocator_settings"`
+}
+
+// Snapshot describes every segment of every device with its blocks, sorted
+// by address, and each device's history. Blocks a cache in front of the
+// pool holds count as allocated: drain it first for exact states.
+func (p *Pool) Snapshot() *Snapshot {
+	snap := &Snapshot{
+		Segments:          []SnapshotSegment{},
+		DeviceTraces:      make([][]SnapshotTrace, len(p.devs)),
+		AllocatorSettings: map[string]any{"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": false, "max_split_size": int64(p.cfg.MaxSplit)},
+	}
+	for _, d := range p.devs {
+		d.hist.record(ActSnapshot, 0, 0, 0)
+		for _, s := range d.shardList() {
+			s.mu.Lock()
+			for seg := s.segs; seg != nil; seg = seg.snext {
+				snap.Segments = append(snap.Segments, s.snapshotSegment(seg))
+			}
+			s.mu.Unlock()
+		}
+		traces := []SnapshotTrace{}
+		for _, e := range d.hist.entries() {
+			t := SnapshotTrace{Action: e.Action.String(), Size: e.Size, Stream: e.Stream, TimeUS: e.TimeUS,
+				CompileContext: "N/A", Frames: []any{}}
+			addr := e.Addr
+			if e.Action == ActOOM {
+				t.DeviceFree = &addr
+			} else {
+				t.Addr = &addr
+			}
+			traces = append(traces, t)
+		}
+		snap.DeviceTraces[d.idx] = traces
+	}
+	sort.Slice(snap.Segments, func(i, j int) bool {
+		a, b := snap.Segments[i], snap.Segments[j]
+		if a.Device != b.Device {
+			return a.Device < b.Device
+		}
+		return a.Address < b.Address
+	})
+	return snap
+}
+
+// SnapshotJSON is Snapshot encoded as JSON.
+func (p *Pool) SnapshotJSON() ([]byte, error) { return json.Marshal(p.Snapshot()) }
+
+// snapshotSegment describes seg; called with s.mu held.
+func (s *shard) snapshotSegment(seg *segment) SnapshotSegment {
+	out := SnapshotSegment{
+		Device: s.dev.idx, Address: seg.ptr, TotalSize: seg.size, Stream: s.stream,
+		SegmentType: "large", Frames: []any{}, Blocks: []SnapshotBlock{},
+	}
+	if seg.kind == smallPool {
+		out.SegmentType = "small"
+	}
+	if s.pool != nil && !s.direct {
+		out.PoolID = [2]uint64{s.pool.id.First, s.pool.id.Second}
+	}
+	for b := seg.head; b != nil; b = b.next {
+		sb := SnapshotBlock{Address: b.ptr, Size: b.size, State: "inactive", Frames: []any{}}
+		switch b.state {
+		case blockAllocated:
+			sb.State, sb.RequestedSize = "active_allocated", b.req
+			out.AllocatedSize += b.size
+			out.ActiveSize += b.size
+			out.RequestedSize += b.req
+		case blockPending:
+			sb.State, sb.RequestedSize = "active_pending_free", b.req
+			out.ActiveSize += b.size
+		}
+		out.Blocks = append(out.Blocks, sb)
+	}
+	return out
+}
