@@ -30,6 +30,31 @@
 // out-of-memory retry); the CUDA backend's cuMemFree orders the release after
 // all work queued on the device.
 //
+// # Private pools
+//
+// A private pool (PoolID, PyTorch's MempoolId_t) holds the memory of CUDA
+// graph captures. BeginAllocateToPool opens a route and takes a use,
+// EndAllocateToPool closes the route, ReleasePool drops the use; the caller
+// (export/'s shim, with PyTorch's capture filters) decides which allocations
+// go to AllocIn. Invariants: a private pool's segments serve only its own
+// allocations; its blocks freed are reused only by allocations routed to it
+// again; it goes back to the backend only once released (no use left), at
+// EmptyCache or the out-of-memory retry, segment by segment as its blocks are
+// freed. While any route is open on a device (a capture may be under way on
+// any of its streams) the device records and queries no event: no segment
+// moves across streams, pending record_stream frees wait, and event recording
+// for new ones is deferred until no route is open, as PyTorch's allocator
+// defers it while captures are under way.
+//
+// AllocSegment serves torch.cuda.MemPool: each request is a segment of its
+// own, exactly the size asked, returned to the backend when freed.
+//
+// # History
+//
+// RecordHistory keeps a ring of alloc/free/segment/oom events per device;
+// Snapshot describes every segment and block in the shape of PyTorch's
+// torch.cuda.memory._snapshot().
+//
 // # Failure
 //
 // Errors are values: ErrInvalid (bad device, size, fraction), ErrUnknownPointer

@@ -29,8 +29,29 @@ func FuzzPoolOps(f *testing.F) {
 			dev    int
 			stream uintptr
 			tag    byte
+			pool   PoolID // the private pool it came from; zero: the default pool
 		}
 		var live []liveBlock
+		// Private pools: uses and open routes per (device, id), as the
+		// model of what the pool must accept.
+		type pkey struct {
+			dev int
+			id  PoolID
+		}
+		uses, routes := map[pkey]int{}, map[pkey]int{}
+		poolIDs := []PoolID{{First: 1}, {Second: 2}}
+		// privateSpan reports whether [ptr, ptr+n) of dev lies in a segment of
+		// a private pool other than id: such memory must never be handed out.
+		privateSpan := func(dev int, ptr uintptr, n uint64, id PoolID) bool {
+			for _, seg := range p.Snapshot().Segments {
+				pid := PoolID{seg.PoolID[0], seg.PoolID[1]}
+				if seg.Device == dev && pid != (PoolID{}) && pid != id &&
+					ptr < seg.Address+uintptr(seg.TotalSize) && seg.Address < ptr+uintptr(n) {
+					return true
+				}
+			}
+			return false
+		}
 		streams := []uintptr{0, 0x1000, 0x2000}
 		tag := byte(1)
 		next := func(k int) uint64 {
@@ -44,7 +65,7 @@ func FuzzPoolOps(f *testing.F) {
 			return fb.mem(l.ptr, k), fb.mem(l.ptr+uintptr(l.n-k), k)
 		}
 		for steps := 0; len(data) > 0 && steps < 300; steps++ {
-			op := next(1) % 8
+			op := next(1) % 10
 			switch op {
 			case 0, 1, 2: // alloc
 				sel := next(1)
@@ -61,7 +82,15 @@ func FuzzPoolOps(f *testing.F) {
 				}
 				dev := int(sel/4) % 2
 				st := streams[(sel/8)%3]
-				ptr, err := p.Alloc(dev, st, n)
+				var id PoolID
+				var ptr uintptr
+				var err error
+				if k := (pkey{dev, poolIDs[sel/32%2]}); routes[k] > 0 && sel%64 < 32 {
+					id = k.id
+					ptr, _, err = p.AllocIn(dev, st, n, id)
+				} else {
+					ptr, err = p.Alloc(dev, st, n)
+				}
 				if n == 0 {
 					if ptr != 0 || err != nil {
 						t.Fatalf("size 0: %#x, %v", ptr, err)
@@ -77,8 +106,11 @@ func FuzzPoolOps(f *testing.F) {
 				if ptr%512 != 0 {
 					t.Fatalf("alloc %d: misaligned %#x", n, ptr)
 				}
-				l := liveBlock{ptr, n, dev, st, tag}
+				l := liveBlock{ptr, n, dev, st, tag, id}
 				tag++
+				if privateSpan(dev, ptr, n, id) {
+					t.Fatalf("block [%#x,+%d) for pool %v lies in another pool's memory", ptr, n, id)
+				}
 				for _, o := range live {
 					if o.dev == dev && ptr < o.ptr+uintptr(o.n) && o.ptr < ptr+uintptr(n) {
 						t.Fatalf("new block [%#x,+%d) overlaps live [%#x,+%d)", ptr, n, o.ptr, o.n)
@@ -129,9 +161,44 @@ func FuzzPoolOps(f *testing.F) {
 						t.Fatal("free of an unknown pointer succeeded")
 					}
 				}
+			case 8, 9: // private pools: begin, end, release
+				k := pkey{int(next(1) % 2), poolIDs[next(1)%2]}
+				switch next(1) % 3 {
+				case 0:
+					if err := p.BeginAllocateToPool(k.dev, k.id); err != nil {
+						t.Fatal(err)
+					}
+					uses[k]++
+					routes[k]++
+				case 1:
+					err := p.EndAllocateToPool(k.dev, k.id)
+					if (err == nil) != (routes[k] > 0) {
+						t.Fatalf("end of %v with %d routes: %v", k, routes[k], err)
+					}
+					if err == nil {
+						routes[k]--
+					}
+				default:
+					err := p.ReleasePool(k.dev, k.id, false)
+					if (err == nil) != (uses[k] > 0) {
+						t.Fatalf("release of %v with %d uses: %v", k, uses[k], err)
+					}
+					if err == nil {
+						if uses[k]--; uses[k] == 0 {
+							routes[k] = 0
+						}
+					}
+				}
 			}
 			if err := p.CheckInvariants(); err != nil {
 				t.Fatalf("step %d (op %d): %v", steps, op, err)
+			}
+		}
+		for k, n := range uses {
+			for ; n > 0; n-- {
+				if err := p.ReleasePool(k.dev, k.id, false); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 		for _, l := range live {
