@@ -1,7 +1,13 @@
 """Allocator benchmark inside PyTorch: native caching allocator vs libsymm vs
-plain cudaMalloc, timed in C++ so that Python does not drown the signal.
+RAPIDS RMM vs plain cudaMalloc, timed in C++ so that Python does not drown the signal.
 
     python3 bench/bench_torch.py            # on the GPU machine; writes $OUT/bench.md
+    python3 bench/bench_torch.py --configs native,rmm   # a subset
+
+The rmm configuration needs the rmm-cu13 wheels: on the GPU machine run
+``eval "$(bash bench/rmm_setup.sh)"`` first (it installs .whl/ into /tmp/site and
+prints the PYTHONPATH to export). Without them the rmm column says "skip" and a
+SKIP line names why; the other configurations run as usual.
 
 What is timed (std::chrono in C++ loops: 10 warm-up calls, then the median of
 REPS runs of N calls, N sized so that one run takes about TARGET_MS):
@@ -16,9 +22,12 @@ REPS runs of N calls, N sized so that one run takes about TARGET_MS):
 
 The process-wide allocator can be swapped only once, so each configuration
 runs in its own interpreter (``--child CONFIG``): ``native`` (no swap),
-``symm`` (symm.use_as_default()) and ``cudamalloc`` (a pluggable allocator of
-two extern "C" functions over cudaMalloc/cudaFree, compiled into the same
-extension). The parent only builds the extension and writes the table.
+``symm`` (symm.use_as_default()), ``rmm`` (RMM's
+``rmm.allocators.torch.rmm_torch_allocator`` over
+``rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource())``, set as the current
+device resource before torch touches CUDA) and ``cudamalloc`` (a pluggable
+allocator of two extern "C" functions over cudaMalloc/cudaFree, compiled into
+the same extension). The parent only builds the extension and writes the table.
 """
 
 from __future__ import annotations
@@ -35,7 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = Path(os.environ.get("SYMM_BENCH_BUILD", "/tmp/symm_bench_build"))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-CONFIGS = ("native", "symm", "cudamalloc", "noop")
+CONFIGS = ("native", "symm", "rmm", "cudamalloc", "noop")
+RMM_INITIAL_POOL = 1 << 30  # bytes the RMM pool takes from the device up front (it grows on demand)
 SIZES = (512, 1 << 20, 64 << 20)
 THREADS = (1, 4, 16)
 THREAD_SIZE = 1 << 20
@@ -309,9 +319,15 @@ def run_config(config: str, ext: Path) -> dict:
     except subprocess.TimeoutExpired:
         return {"config": config, "error": f"timed out after {CHILD_TIMEOUT_S} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
+    for ln in proc.stdout.splitlines():
+        if ln.startswith("SKIP "):
+            print(ln, flush=True)
+    if not lines:
         return {"config": config, "error": f"rc={proc.returncode}: {(proc.stdout + proc.stderr)[-3000:]}"}
     result = json.loads(lines[-1][len("RESULT "):])
+    if proc.returncode != 0:
+        # The figures were printed; the process failed afterwards (e.g. at exit).
+        result["exit_error"] = f"rc={proc.returncode} after its results: {(proc.stdout + proc.stderr)[-1500:]}"
     result["seconds"] = round(time.time() - start, 1)
     return result
 
@@ -324,6 +340,8 @@ def fmt_size(n: int) -> str:
 
 
 def fmt_ns(d) -> str:
+    if isinstance(d, str):  # "skip" or "error" of a whole configuration
+        return d
     if not d:
         return "–"
     ns = d["median_ns"]
@@ -331,11 +349,25 @@ def fmt_ns(d) -> str:
 
 
 def ratio(a, b) -> str:
+    if isinstance(a, str):
+        return a
+    if isinstance(b, str):
+        return "–"
     return f"{a / b:.2f}×" if a and b else "–"
 
 
+def med(d):
+    """median_ns of a measurement, or the "skip"/"error" marker as it is."""
+    return d if isinstance(d, str) else (d and d["median_ns"])
+
+
 def get(results: dict, config: str, *keys):
+    """results[config][keys...]; "skip" / "error" when the whole configuration was."""
     cur = results.get(config) or {}
+    if "skip" in cur:
+        return "skip"
+    if "error" in cur:
+        return "error"
     for k in keys:
         if not isinstance(cur, dict):
             return None
@@ -352,55 +384,68 @@ def render(results: dict, meta: dict) -> str:
         f"- device: {meta['device']}; torch {meta['torch']} (CUDA {meta['cuda']}); libsymm {meta['symm']}",
         f"- method: C++ loops, 10 warm-up calls, median of {REPS} runs of N calls (N sized to ~{TARGET_MS:.0f} ms); "
         f"threads: {THREAD_SECONDS} s fixed time, total pairs/s",
+        f"- rmm: {meta.get('rmm', '?')}; rmm_torch_allocator over PoolMemoryResource(CudaMemoryResource(), "
+        f"initial_pool_size={fmt_size(RMM_INITIAL_POOL)})",
         "",
-        "## alloc + free, ns per pair (median; cached path for native and symm)",
+        "## alloc + free, ns per pair (median; cached path for native, symm and rmm)",
         "",
-        "| operation | size | native | symm | symm/native | cudaMalloc | no-op pluggable |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| operation | size | native | symm | symm/native | rmm | rmm/native | symm/rmm | cudaMalloc | no-op pluggable |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for op, label in (("raw", "raw_alloc + raw_delete"), ("empty", "at::empty + destroy")):
         for size in SIZES:
             k = str(size)
-            n, s, c, z = (get(results, cfg, op, k) for cfg in CONFIGS)
+            n, s, r, c, z = (get(results, cfg, op, k) for cfg in CONFIGS)
             out.append(
-                f"| {label} | {fmt_size(size)} | {fmt_ns(n)} | {fmt_ns(s)} | "
-                f"{ratio(s and s['median_ns'], n and n['median_ns'])} | {fmt_ns(c)} | {fmt_ns(z)} |"
+                f"| {label} | {fmt_size(size)} | {fmt_ns(n)} | {fmt_ns(s)} | {ratio(med(s), med(n))} | "
+                f"{fmt_ns(r)} | {ratio(med(r), med(n))} | {ratio(med(s), med(r))} | {fmt_ns(c)} | {fmt_ns(z)} |"
             )
+    dash4 = "| – | – | – | – | – |"
     for size in SIZES:
         k = str(size)
         d, s = get(results, "symm", "direct", k), get(results, "symm", "raw", k)
-        wrapper = f"{s['median_ns'] - d['median_ns']:,.0f}" if d and s else "–"
+        wrapper = f"{s['median_ns'] - d['median_ns']:,.0f}" if isinstance(d, dict) and isinstance(s, dict) else "–"
         out.append(
-            f"| symm_pool_alloc + symm_pool_free, direct C call | {fmt_size(size)} | – | {fmt_ns(d)} | – | – | – |"
+            f"| symm_pool_alloc + symm_pool_free, direct C call | {fmt_size(size)} | – | {fmt_ns(d)} | – {dash4}"
         )
-        out.append(f"| PyTorch wrapper share of symm raw pair (raw − direct) | {fmt_size(size)} | – | {wrapper} | – | – | – |")
+        out.append(f"| PyTorch wrapper share of symm raw pair (raw − direct) | {fmt_size(size)} | – | {wrapper} | – {dash4}")
     for name in ("symm_pool_device_count", "symm_last_error_code"):
-        out.append(f"| one direct call of {name}() | – | – | {fmt_ns(get(results, 'symm', 'calls', name))} | – | – | – |")
+        out.append(f"| one direct call of {name}() | – | – | {fmt_ns(get(results, 'symm', 'calls', name))} | – {dash4}")
 
     out += [
         "",
         f"## {fmt_size(THREAD_SIZE)} raw_alloc + raw_delete from several threads, M pairs/s (total)",
         "",
-        "| threads | native | symm | symm/native | cudaMalloc | no-op pluggable | symm direct (no PyTorch) | current_device + getCurrentCUDAStream only (M calls/s) |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| threads | native | symm | symm/native | rmm | rmm/native | symm/rmm | cudaMalloc | no-op pluggable | symm direct (no PyTorch) | current_device + getCurrentCUDAStream only (M calls/s) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for t in THREADS:
         k = str(t)
-        n, s, c, z, d, c10 = (get(results, cfg, key, k) for cfg, key in
-                              (("native", "threads"), ("symm", "threads"), ("cudamalloc", "threads"),
-                               ("noop", "threads"), ("symm", "direct_threads"), ("noop", "c10_threads")))
+        n, s, r, c, z, d, c10 = (get(results, cfg, key, k) for cfg, key in
+                                 (("native", "threads"), ("symm", "threads"), ("rmm", "threads"),
+                                  ("cudamalloc", "threads"), ("noop", "threads"),
+                                  ("symm", "direct_threads"), ("noop", "c10_threads")))
 
         def mp(x):
+            if isinstance(x, str):
+                return x
             return f"{x / 1e6:.3f}" if x else "–"
 
-        out.append(f"| {t} | {mp(n)} | {mp(s)} | {ratio(s, n)} | {mp(c)} | {mp(z)} | {mp(d)} | {mp(c10)} |")
+        out.append(f"| {t} | {mp(n)} | {mp(s)} | {ratio(s, n)} | {mp(r)} | {ratio(r, n)} | {ratio(s, r)} | "
+                   f"{mp(c)} | {mp(z)} | {mp(d)} | {mp(c10)} |")
 
+    skipped = {cfg: r["skip"] for cfg, r in results.items() if "skip" in r}
+    if skipped:
+        out += ["", "## skipped", ""]
+        out += [f"- SKIP {cfg}: {why}" for cfg, why in skipped.items()]
     errors = {cfg: r["error"] for cfg, r in results.items() if "error" in r}
+    errors.update({f"{cfg} (after its results)": r["exit_error"] for cfg, r in results.items() if "exit_error" in r})
     if errors:
         out += ["", "## errors", ""]
         for cfg, err in errors.items():
             out += [f"- {cfg}:", "", "```", err.strip()[-1500:], "```"]
-    out += ["", "Lower ns is better; for throughput, higher is better (symm/native > 1 means symm is faster)."]
+    out += ["", "Lower ns is better (x/native < 1 means x is faster); for throughput, higher is better "
+            "(x/native > 1 means x is faster)."]
     return "\n".join(out) + "\n"
 
 
@@ -420,17 +465,25 @@ def metadata() -> dict:
         meta["symm"] = symm.version()
     except Exception as e:  # the table still says which library was missing
         meta["symm"] = f"unavailable ({e})"
+    try:
+        from importlib.metadata import version
+
+        meta["rmm"] = f"rmm-cu13 {version('rmm-cu13')}, librmm-cu13 {version('librmm-cu13')}"
+    except Exception as e:
+        meta["rmm"] = f"not installed ({type(e).__name__}: {e})"
     return meta
 
 
-def parent_main() -> int:
+def parent_main(configs) -> int:
     t0 = time.time()
     ext = build_extension()
     print(f"extension built: {ext} ({time.time() - t0:.0f} s)", flush=True)
     results = {}
-    for config in CONFIGS:
+    for config in configs:
         results[config] = run_config(config, ext)
-        status = "error" if "error" in results[config] else f"{results[config]['seconds']} s"
+        r = results[config]
+        status = ("error" if "error" in r else f"SKIP ({r['skip']})" if "skip" in r
+                  else f"{r['seconds']} s" + (", then failed" if "exit_error" in r else ""))
         print(f"  {config}: {status}", flush=True)
     report = render(results, metadata())
     out_dir = os.environ.get("OUT")
@@ -440,7 +493,7 @@ def parent_main() -> int:
         (Path(out_dir) / "bench.json").write_text(json.dumps(results, indent=1))
     print(report, flush=True)
     print(f"total {time.time() - t0:.0f} s", flush=True)
-    return 1 if any("error" in r for r in results.values()) else 0
+    return 1 if any("error" in r or "exit_error" in r for r in results.values()) else 0
 
 
 # ---- child: one allocator configuration -------------------------------------
@@ -457,11 +510,38 @@ def load_extension(path: Path):
     return module
 
 
+class Skip(Exception):
+    """The configuration cannot run on this machine (e.g. rmm not installed)."""
+
+
+_rmm_pool = None  # the RMM pool resource, kept alive for the process's lifetime
+
+
+def install_rmm(torch) -> None:
+    """RMM's pool as the device resource, then its torch allocator as torch's."""
+    global _rmm_pool
+    try:
+        import rmm
+        import rmm.mr
+        from rmm.allocators.torch import rmm_torch_allocator
+    except Exception as e:
+        raise Skip(f"cannot import rmm: {type(e).__name__}: {e} (on the GPU machine run "
+                   f'eval "$(bash bench/rmm_setup.sh)" first)') from e
+    if rmm_torch_allocator is None:
+        raise Skip(f"rmm {rmm.__version__}: rmm.allocators.torch.rmm_torch_allocator is None "
+                   "(torch.cuda.is_available() was False when rmm looked)")
+    _rmm_pool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=RMM_INITIAL_POOL)
+    rmm.mr.set_current_device_resource(_rmm_pool)
+    torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
+
+
 def install(config: str, ext: Path) -> None:
     """Swaps the process's allocator; must precede CUDA initialization."""
     import torch
 
-    if config == "symm":
+    if config == "rmm":
+        install_rmm(torch)
+    elif config == "symm":
         import symm
 
         symm.use_as_default()
@@ -476,7 +556,12 @@ def child_main(config: str, ext: Path) -> None:
     import torch  # noqa: F401  (loads libtorch before the extension)
 
     bench = load_extension(ext)
-    install(config, ext)
+    try:
+        install(config, ext)
+    except Skip as e:
+        print(f"SKIP {config}: {e}", flush=True)
+        print("RESULT " + json.dumps({"config": config, "skip": str(e)}), flush=True)
+        return
     res = {"config": config, "raw": {}, "empty": {}, "threads": {}}
     for size in SIZES:
         res["raw"][str(size)] = bench.raw_pair(size, TARGET_MS, REPS)
@@ -494,6 +579,11 @@ def child_main(config: str, ext: Path) -> None:
         res["calls"] = {n: bench.direct_int_call(lib, n, TARGET_MS, REPS)
                         for n in ("symm_pool_device_count", "symm_last_error_code")}
         res["symm_stats"] = {k: v for k, v in symm.memory_stats(0).items() if k.endswith(".current") or k.startswith("num_")}
+    if config == "rmm":
+        import rmm
+
+        res["rmm_version"] = rmm.__version__
+        res["rmm_pool_size"] = _rmm_pool.pool_size()
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -501,11 +591,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", choices=CONFIGS)
     ap.add_argument("--ext", type=Path)
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"comma-separated subset of {','.join(CONFIGS)} (default: all)")
     args = ap.parse_args()
     if args.child:
         child_main(args.child, args.ext)
         return 0
-    return parent_main()
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
+    return parent_main(configs)
 
 
 if __name__ == "__main__":

@@ -5,11 +5,11 @@
 # carry build/ along.
 #
 #   bash tests/device/run.sh                 # everything
-#   bash tests/device/run.sh go torch        # only some steps: env go c torch bench
+#   bash tests/device/run.sh go torch        # only some steps: env go c torch graphs bench
 #
 # Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
 # Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
-# SYMM_C_TIMEOUT, SYMM_TORCH_TIMEOUT and SYMM_BENCH_TIMEOUT.
+# SYMM_C_TIMEOUT, SYMM_TORCH_TIMEOUT, SYMM_GRAPHS_TIMEOUT and SYMM_BENCH_TIMEOUT.
 set -u -o pipefail
 
 cd "$(dirname "$0")/../.."
@@ -27,7 +27,7 @@ mkdir -p "$LOGS"
 SUMMARY=()
 FAILED=0
 
-STEPS=${*:-env go c torch bench}
+STEPS=${*:-env go c torch graphs bench}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # run_step NAME TIMEOUT CMD...: runs CMD with a time limit, tees its output to
@@ -111,16 +111,24 @@ if want torch; then
   run_step torch-pool "${SYMM_TORCH_TIMEOUT:-480}" python3 -m pytest tests/device/test_torch_pool.py -v -s -p no:cacheprovider
 fi
 
+if want graphs; then
+  # CUDA graphs, make_graphed_callables, torch.compile, plain-recipe OOM,
+  # MemPool release, memory snapshots (issue 11); one child per check and mode.
+  run_step torch-graphs "${SYMM_GRAPHS_TIMEOUT:-570}" python3 -m pytest tests/device/test_torch_graphs.py -v -s -p no:cacheprovider
+fi
+
 if want bench; then
   run_step bench-torch "${SYMM_BENCH_TIMEOUT:-300}" python3 bench/bench_torch.py
 fi
 
 echo
 echo "===== summary ($(date -u '+%H:%M:%S UTC'), logs in $LOGS)"
-if [[ -f "$LOGS/torch-pool.log" ]]; then
-  grep -E '^(PASS|FAIL)  ' "$LOGS/torch-pool.log" | sort -u -k2,3 || true
-  echo
-fi
+for log in "$LOGS/torch-pool.log" "$LOGS/torch-graphs.log"; do
+  if [[ -f "$log" ]]; then
+    grep -E '^(PASS|FAIL|SKIP)  ' "$log" | sort -u -k2,3 || true
+    echo
+  fi
+done
 printf '| %-34s | %-12s | %7s | %s |\n' step status time log
 printf '| %-34s | %-12s | %7s | %s |\n' "---" "---" "---" "---"
 printf '%s\n' "${SUMMARY[@]}"
