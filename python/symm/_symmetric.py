@@ -104,6 +104,7 @@ class Handle:
     def __init__(self, handle: int, device: Any = None):
         self._h = handle
         self._device = device
+        self.device = device  # PyTorch's handle has .device too
         info = HandleInfo()
         _call_rc(load().symm_handle_info, handle, ctypes.byref(info))
         self.rank = info.rank
@@ -116,6 +117,7 @@ class Handle:
         self.buffer_ptrs_dev = info.buffer_ptrs_dev
         self.signal_pad_ptrs_dev = info.signal_pad_ptrs_dev
         self.offset = 0  # of the buffers seen here from the start of each rank's block
+        self.multicast_ptr = 0  # libsymm never creates multicast objects
 
     @property
     def handle(self) -> int:
@@ -135,6 +137,10 @@ class Handle:
         return 0
 
     def barrier(self, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
+        """Every rank signals every other on channel, then waits for each
+        (queued on the current stream, as PyTorch's barrier). timeout_ms > 0:
+        the host also watches the stream and raises SymmError(TIMEOUT) naming
+        the rank and channel if it has not drained in time."""
         _call_rc(load().symm_barrier, self._h, int(channel), self._stream(stream), int(timeout_ms))
 
     def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
@@ -147,11 +153,12 @@ class Handle:
     # ---- tensors (torch) ----
 
     def get_buffer(self, rank: int, sizes: Sequence[int], dtype, storage_offset: int = 0):
-        """A tensor over rank's buffer, as mapped in this process."""
+        """A tensor over rank's buffer, as mapped in this process (any dtype)."""
         import torch
 
-        sizes = tuple(int(s) for s in (sizes if isinstance(sizes, (list, tuple)) else (sizes,)))
-        elem = torch.empty((), dtype=dtype).element_size()
+        _check_rank("get_buffer", rank, self.world_size)
+        sizes = _sizes(sizes)
+        elem = _elem_size(dtype)
         numel = 1
         for s in sizes:
             numel *= s
@@ -161,37 +168,65 @@ class Handle:
                              f"the buffer has {self.buffer_size}")
         return _tensor_at(self.buffer_ptrs[rank] + storage_offset * elem, sizes, dtype, self._device)
 
-    def get_signal_pad(self, rank: int, sizes: Sequence[int] | None = None, dtype=None, storage_offset: int = 0):
+    def get_signal_pad(self, rank: int, sizes: Sequence[int] | None = (), dtype=None, storage_offset: int = 0):
+        """A tensor over rank's signal pad (PyTorch's defaults: the whole pad
+        as uint32; any dtype)."""
         import torch
 
+        _check_rank("get_signal_pad", rank, self.world_size)
         dtype = dtype or torch.uint32
-        elem = torch.empty((), dtype=dtype).element_size()
-        if sizes is None:
-            sizes = (self.signal_pad_size // elem - storage_offset,)
-        return _tensor_at(self.signal_pad_ptrs[rank] + storage_offset * elem, tuple(sizes), dtype, self._device)
+        elem = _elem_size(dtype)
+        sizes = _sizes(sizes) if sizes else (self.signal_pad_size // elem - storage_offset,)
+        numel = 1
+        for n in sizes:
+            numel *= n
+        if storage_offset < 0 or (storage_offset + numel) * elem > self.signal_pad_size:
+            raise ValueError(f"get_signal_pad: {numel} elements of {dtype} at offset {storage_offset} do not fit "
+                             f"the {self.signal_pad_size}-byte signal pad")
+        return _tensor_at(self.signal_pad_ptrs[rank] + storage_offset * elem, sizes, dtype, self._device)
+
+    def get_remote_tensor(self, peer: int, sizes: Sequence[int], dtype):
+        """PyTorch's name for get_buffer(peer, sizes, dtype)."""
+        return self.get_buffer(peer, sizes, dtype)
+
+
+def _sizes(sizes) -> tuple:
+    if isinstance(sizes, int):
+        return (int(sizes),)
+    return tuple(int(n) for n in sizes)
+
+
+def _elem_size(dtype) -> int:
+    import torch
+
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, not {dtype!r}")
+    return dtype.itemsize
+
+
+def _check_rank(fn: str, rank: int, world: int) -> None:
+    if not 0 <= int(rank) < world:
+        raise ValueError(f"{fn}: rank {rank} outside [0, {world})")
 
 
 def _tensor_at(ptr: int, sizes: tuple, dtype, device):
-    """A tensor viewing memory at ptr (device memory through
-    __cuda_array_interface__; host memory through ctypes)."""
+    """A tensor of any dtype viewing memory at ptr: bytes through
+    __cuda_array_interface__ (device memory) or ctypes (host memory), then
+    reinterpreted as dtype, so unsigned, float8 and complex types work too."""
     import torch
 
-    typestr = {torch.float32: "<f4", torch.float16: "<f2", torch.bfloat16: "<V2", torch.float64: "<f8",
-               torch.int32: "<i4", torch.int64: "<i8", torch.uint8: "|u1", torch.int8: "|i1",
-               torch.uint32: "<u4", torch.int16: "<i2"}[dtype]
+    numel = 1
+    for s in sizes:
+        numel *= s
+    nbytes = numel * dtype.itemsize
     if device is None:
-        n = 1
-        for s in sizes:
-            n *= s
-        elem = torch.empty((), dtype=dtype).element_size()
-        raw = (ctypes.c_uint8 * (n * elem)).from_address(ptr)
-        return torch.frombuffer(raw, dtype=dtype).view(sizes)
+        raw = (ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr)
+        return torch.frombuffer(raw, dtype=torch.uint8)[:nbytes].view(dtype).view(sizes)
 
     class _View:
-        __cuda_array_interface__ = {"shape": sizes, "typestr": typestr, "data": (ptr, False), "version": 3}
+        __cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
 
-    t = torch.as_tensor(_View(), device=device)
-    return t.view(dtype) if dtype == torch.bfloat16 else t
+    return torch.as_tensor(_View(), device=device).view(dtype).view(sizes)
 
 
 def world_within_direct_access_store(store: Store, group_name: str, rank: int, world_size: int, device: int = 0) -> bool:
@@ -261,9 +296,14 @@ def _nccl_from_site_packages() -> None:
     _lib_from_site_packages("SYMM_NCCL_LIB", "nvidia/nccl/lib/libnccl.so.2")
 
 
+_TORCH_BACKEND_NAMES = {"cuda": "CUDA", "nvshmem": "NVSHMEM", "nccl": "NCCL"}
+
+
 def set_backend(name: str) -> None:
-    """Chooses the symmetric-memory backend: "cuda" (default), "nvshmem" or
-    "host", before the first symmetric allocation (as SYMM_BACKEND does)."""
+    """Chooses the symmetric-memory backend: "cuda" (default), "nvshmem",
+    "nccl" or "host", before the first symmetric allocation (as SYMM_BACKEND
+    does). PyTorch's spellings ("CUDA", "NVSHMEM", "NCCL") work too."""
+    name = str(name).lower()
     if name == "nvshmem":
         _nvshmem_from_site_packages()
     if name == "nccl":
@@ -271,11 +311,17 @@ def set_backend(name: str) -> None:
     _call_rc(load().symm_set_backend, name.encode())
 
 
-def get_backend() -> str:
-    """The symmetric-memory backend in use (or that will be used)."""
+def get_backend(device: Any = None) -> str:
+    """The symmetric-memory backend in use (or that will be used): libsymm's
+    name ("cuda", "nvshmem", "nccl", "host"); with a device argument, as
+    PyTorch's get_backend(device) is called, PyTorch's spelling ("CUDA",
+    "NVSHMEM", "NCCL"; "host" has none and stays "host")."""
     buf = ctypes.create_string_buffer(32)
     _call_rc(load().symm_get_backend, buf, len(buf))
-    return buf.value.decode()
+    name = buf.value.decode()
+    if device is not None:
+        return _TORCH_BACKEND_NAMES.get(name, name)
+    return name
 
 
 def is_nvshmem_available() -> bool:
@@ -357,20 +403,57 @@ def get_mempool_allocator(device: Any = 0):
     return _mempool_allocators[dev].allocator()
 
 
-def empty(*size, dtype=None, device="cuda"):
-    """A tensor whose storage is a symmetric block (rendezvous it with :func:`rendezvous`)."""
+def _cuda_device(device):
     import torch
 
-    if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        size = tuple(size[0])
-    dev = torch.device(device)
+    dev = torch.device("cuda" if device is None else device)
+    if isinstance(device, int):
+        dev = torch.device("cuda", device)
+    if dev.type != "cuda":
+        raise ValueError(f"symmetric memory lives on CUDA devices, not {dev}")
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _pool(dev, shared: bool):
+    """The device's MemPool over symm_alloc/symm_free: shared (get_mem_pool:
+    PyTorch splits segments, tensors share blocks and signal pads) or not
+    (empty: no_split, so each tensor is a block of its own with its own pad)."""
+    import torch
+
     _ensure_backend(dev.index)
-    if dev.index not in _mempools:
-        _mempools[dev.index] = torch.cuda.MemPool(get_mempool_allocator(dev.index))
-    with torch.cuda.use_mem_pool(_mempools[dev.index], device=dev):
-        return torch.empty(size, dtype=dtype or torch.float32, device=dev)
+    key = (dev.index, shared)
+    if key not in _mempools:
+        if shared:
+            _mempools[key] = torch.cuda.MemPool(get_mempool_allocator(dev.index))
+        else:
+            try:
+                _mempools[key] = torch.cuda.MemPool(get_mempool_allocator(dev.index), no_split=True)
+            except TypeError:  # torch < 2.9: no no_split; segments may then hold several tensors
+                _mempools[key] = torch.cuda.MemPool(get_mempool_allocator(dev.index))
+    return _mempools[key]
+
+
+def get_mem_pool(device: Any = None):
+    """The device's symmetric torch.cuda.MemPool (PyTorch's get_mem_pool):
+    tensors allocated under ``torch.cuda.use_mem_pool(pool)`` live in
+    symmetric blocks and may share one (and its signal pad); every rank must
+    allocate the same sequence."""
+    return _pool(_cuda_device(device), shared=True)
+
+
+def empty(*size, dtype=None, device=None):
+    """A tensor whose storage is a symmetric block of its own, with its own
+    signal pad (PyTorch's empty); rendezvous it with :func:`rendezvous`.
+    dtype defaults to torch's default dtype, device to the current CUDA device."""
+    import torch
+
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    dev = _cuda_device(device)
+    with torch.cuda.use_mem_pool(_pool(dev, shared=False), device=dev):
+        return torch.empty(size, dtype=dtype or torch.get_default_dtype(), device=dev)
 
 
 def _group_store(group) -> Store:
@@ -393,17 +476,69 @@ def _group_store(group) -> Store:
     return st
 
 
-def rendezvous(tensor, group):
-    """Maps every rank's block of tensor's storage; returns the Handle.
-    group: a ProcessGroup (or its name, for dist.group.WORLD use dist.group.WORLD)."""
+# Per block (its start on this rank): a finalizer of the tensor last
+# rendezvoused there. A MemPool hands a freed block out again without telling
+# libsymm; when that tensor is gone, the next rendezvous of the block zeroes
+# its signal pad on every rank first (pad hygiene: a dirty pad would make the
+# next barrier wait for ever).
+_block_owner: dict = {}  # block start -> {id(tensor): weakref.finalize}
+_reset_seq: dict = {}
+
+
+def _reset_pads(h: Handle, group, name: str) -> None:
+    """Zeroes this rank's signal pad of h's block once no work is left on
+    the device, then waits until every rank of the group has done the same."""
+    import time
+
+    import torch
     import torch.distributed as dist
 
+    torch.cuda.synchronize(h.device)
+    _tensor_at(h.signal_pad_ptrs[h.rank], (h.signal_pad_size,), torch.uint8, h.device).zero_()
+    torch.cuda.synchronize(h.device)
+    seq = _reset_seq[name] = _reset_seq.get(name, 0) + 1
+    store = dist.distributed_c10d._get_default_store()
+    # Ranks map the block at different addresses: the key is the group's
+    # count of resets, which every rank advances in the same order.
+    key = f"symm_pad_reset/{name}/{seq}"
+    deadline = time.monotonic() + int(os.environ.get("SYMM_TIMEOUT_MS", "60000")) / 1000
+    n = store.add(key, 1)
+    while n < h.world_size:
+        if time.monotonic() > deadline:
+            raise SymmError(ErrorCode.TIMEOUT, f"rendezvous: {h.world_size - n} rank(s) of group {name} did not "
+                            "reset the recycled block's signal pad in time")
+        time.sleep(50e-6)
+        n = store.add(key, 0)
+
+
+def rendezvous(tensor, group=None):
+    """Maps every rank's block of tensor's storage; returns the Handle.
+    group: a ProcessGroup or its name (PyTorch's group_name); None: the
+    default group. A block handed out again by a MemPool has its signal pad
+    zeroed on every rank before this returns."""
+    import weakref
+
+    import torch.distributed as dist
+
+    if group is None:
+        group = dist.group.WORLD
     if isinstance(group, str):
         group = dist.distributed_c10d._resolve_process_group(group)
     st = _group_store(group)
     name = getattr(group, "group_name", None) or "0"
     h = rendezvous_ptr(tensor.data_ptr(), st, f"torch-{name}", dist.get_rank(group),
                        dist.get_world_size(group), tensor.device)
+    base = h.buffer_ptrs[h.rank]
+    owners = _block_owner.setdefault(base, {})
+    if owners and not any(f.alive for f in owners.values()):
+        # Every tensor rendezvoused on this block is gone: the block was
+        # handed out again (or the program let go of it): start clean.
+        owners.clear()
+        _reset_pads(h, group, name)
+    for k in [k for k, f in owners.items() if not f.alive]:
+        del owners[k]  # some other tensor of the block still lives
+    if id(tensor) not in owners:
+        owners[id(tensor)] = weakref.finalize(tensor, lambda: None)
     # A MemPool hands out tensors inside larger blocks: every rank allocates
     # the same sequence, so the tensor sits at the same offset in each block,
     # and the buffers seen from Python (host and device arrays) start at the

@@ -73,10 +73,11 @@ def main():
     check("topology: driver, devices, peer access", topo["driver"]["found"] and len(topo["devices"]) >= world
           and all(l["p2p"] for row in topo["links"] for l in row), str(topo["links"])[:200])
 
-    # A tensor inside a MemPool block (the second small tensor shares the
-    # first's segment): host and device pointer arrays both start at it.
-    a = symm.empty(256, dtype=torch.float32, device=dev)
-    b = symm.empty(256, dtype=torch.float32, device=dev)
+    # A tensor inside a block of get_mem_pool (the second small tensor shares
+    # the first's segment): host and device pointer arrays both start at it.
+    with torch.cuda.use_mem_pool(symm.get_mem_pool(dev)):
+        a = torch.empty(256, dtype=torch.float32, device=dev)
+        b = torch.empty(256, dtype=torch.float32, device=dev)
     b.fill_(1000 + rank)
     hb = symm.rendezvous(b, group)
     dev_arr = symm._symmetric._tensor_at(hb.buffer_ptrs_dev, (world,), torch.int64, dev)

@@ -241,3 +241,61 @@ def test_nccl_too_old_is_a_clear_error(tmp_path, code_, want):
     assert r["available"] is False
     code, msg = r["alloc"]
     assert code == 3 and want in msg and "2.27 or later" in msg, msg
+
+
+RECYCLE_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, json, sys, symm
+    rank, world, addr = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    st = symm.Store.connect(addr, timeout_ms=20000)
+    out = {"rank": rank, "dirty": [], "clean": [], "barrier": []}
+    for cycle in range(3):
+        p = symm.symm_alloc(4096)
+        h = symm.rendezvous_ptr(p, st, "recycle", rank, world)
+        pads = [bytes((ctypes.c_uint8 * h.signal_pad_size).from_address(h.signal_pad_ptrs[r])) for r in range(world)]
+        out["clean"].append(all(not any(b) for b in pads))
+        st.set(f"read/{cycle}/{rank}", b"1")
+        for r in range(world):
+            st.get(f"read/{cycle}/{r}", timeout_ms=20000)  # nobody signals before everyone has looked
+        try:
+            h.barrier(timeout_ms=5000)
+            out["barrier"].append(True)
+        except symm.SymmError as e:
+            out["barrier"].append(str(e))
+        # Leave our pad dirty (42 in every slot), as the hanging sequence did.
+        ctypes.memset(h.signal_pad_ptrs[rank], 42, h.signal_pad_size)
+        out["dirty"].append(ctypes.c_uint8.from_address(h.signal_pad_ptrs[rank]).value)
+        st.set(f"freed/{cycle}/{rank}", b"1")
+        for r in range(world):
+            st.get(f"freed/{cycle}/{r}", timeout_ms=20000)  # every rank has dirtied before anyone frees
+        symm.symm_free(p)
+    print(json.dumps(out))
+    """
+)
+
+
+def test_recycled_block_has_a_zero_signal_pad(tmp_path):
+    """A block freed with a dirty signal pad and allocated again starts with a
+    zero pad on every rank before its rendezvous returns, and its barrier
+    returns (the sequence that hung for ever before issue 12)."""
+    import subprocess
+    import sys
+
+    import symm
+
+    server = symm.Store.server()
+    try:
+        script = tmp_path / "recycle.py"
+        script.write_text(RECYCLE_SCRIPT)
+        env = child_env({"SYMM_TIMEOUT_MS": "20000"})
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", server.address], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        server.close()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    for r in (json.loads(o.strip().splitlines()[-1]) for o, _ in outs):
+        assert r["dirty"] == [42, 42, 42], r
+        assert r["clean"] == [True, True, True], f"a recycled block's pad was not zero: {r}"
+        assert r["barrier"] == [True, True, True], r
