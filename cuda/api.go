@@ -395,3 +395,41 @@ func SetCurrentContext(ctx uintptr) error {
 	}
 	return d.setCurrentContext(ctx)
 }
+
+// EventCreate makes an event without timing on device dev (for ordering and
+// completion queries only).
+func EventCreate(dev int) (uintptr, error) {
+	d, err := loaded()
+	if err != nil {
+		return 0, err
+	}
+	return d.eventCreate(dev)
+}
+
+// EventRecord records ev after the work queued on stream so far.
+func EventRecord(dev int, ev, stream uintptr) error {
+	d, err := loaded()
+	if err != nil {
+		return err
+	}
+	return d.eventRecord(dev, ev, stream)
+}
+
+// EventQuery reports whether the work ev's last record captured has
+// completed, without waiting (an event never recorded counts as completed).
+func EventQuery(dev int, ev uintptr) (bool, error) {
+	d, err := loaded()
+	if err != nil {
+		return false, err
+	}
+	return d.eventQuery(dev, ev)
+}
+
+// EventDestroy releases ev; a pending record still completes.
+func EventDestroy(dev int, ev uintptr) error {
+	d, err := loaded()
+	if err != nil {
+		return err
+	}
+	return d.eventDestroy(dev, ev)
+}

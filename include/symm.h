@@ -327,12 +327,18 @@ int symm_world_within_direct_access(symm_store_t store, const char *group, int r
 /* Signals, in stream order (the stream is ignored on the host backend):
  * put_signal sets this rank's slot of channel in dst_rank's pad; wait_signal
  * waits for src_rank's slot to be set, then clears it; barrier does both with
- * every peer. timeout_ms > 0: SYMM_ERR_TIMEOUT if the wait has not completed
- * by then; 0: no timeout on GPUs (the wait is queued on the stream), the
- * peers' timeout (SYMM_TIMEOUT_MS) on the host backend, where the calling
- * thread itself waits; negative: SYMM_ERR_INVALID. put_signal first waits
- * until the peer has taken our previous signal on that channel (queued on
- * the stream on GPUs; on the host backend for at most SYMM_TIMEOUT_MS). */
+ * every peer. timeout_ms > 0: the calling thread watches the stream and
+ * returns SYMM_ERR_TIMEOUT, naming the rank and channel, if the wait has not
+ * completed by then. 0 (the default): on GPUs the call only queues the
+ * operations, and a watchdog checks in the background that the stream gets
+ * past them within SYMM_TIMEOUT_MS; if it does not, the handle fails: the
+ * message is printed to standard error once and every later signal call on
+ * the handle returns SYMM_ERR_TIMEOUT with it (a queued stream wait cannot be
+ * withdrawn: the stream stays blocked until the signal comes). On the host
+ * backend the calling thread waits, at most SYMM_TIMEOUT_MS. Negative:
+ * SYMM_ERR_INVALID. put_signal first waits until the peer has taken our
+ * previous signal on that channel (queued on the stream on GPUs; on the host
+ * backend for at most SYMM_TIMEOUT_MS). */
 int symm_put_signal(symm_handle_t h, int dst_rank, int channel, void *stream);
 int symm_wait_signal(symm_handle_t h, int src_rank, int channel, void *stream, int timeout_ms);
 int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);

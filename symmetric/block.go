@@ -59,6 +59,8 @@ type Manager struct {
 	mu     sync.RWMutex
 	blocks []*Block // sorted by address, disjoint: interval lookup by binary search
 	seq    map[string]int
+
+	dog watchdog // background watch of queued signals (watchdog.go)
 }
 
 // Config holds the rendezvous settings.

@@ -2,6 +2,7 @@ package symmetric
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/libsymm/libsymm/cuda"
@@ -14,6 +15,9 @@ import (
 // CUDASymmetricMemory does. Signals are stream memory operations.
 type cudaProvider struct {
 	arrays *cuda.Backend // device memory for the pointer arrays
+
+	evMu   sync.Mutex
+	events map[int][]uintptr // idle watchdog markers per device
 }
 
 // NewCUDAProvider loads the driver and checks that it has the VMM API.
@@ -143,4 +147,47 @@ func (p *cudaProvider) DeviceArray(dev int, vals []uint64) (uintptr, func() erro
 		return 0, nil, err
 	}
 	return ptr, func() error { return p.arrays.Free(dev, ptr, alloc) }, nil
+}
+
+// Mark records an event after the work queued on stream (streamMarker).
+func (p *cudaProvider) Mark(dev int, stream uintptr) (uintptr, error) {
+	p.evMu.Lock()
+	var ev uintptr
+	if n := len(p.events[dev]); n > 0 {
+		ev = p.events[dev][n-1]
+		p.events[dev] = p.events[dev][:n-1]
+	}
+	p.evMu.Unlock()
+	if ev == 0 {
+		var err error
+		if ev, err = cuda.EventCreate(dev); err != nil {
+			return 0, err
+		}
+	}
+	if err := cuda.EventRecord(dev, ev, stream); err != nil {
+		cuda.EventDestroy(dev, ev)
+		return 0, err
+	}
+	return ev, nil
+}
+
+// Passed reports whether the stream has run past marker.
+func (p *cudaProvider) Passed(dev int, marker uintptr) (bool, error) {
+	return cuda.EventQuery(dev, marker)
+}
+
+// Forget returns marker to the idle events. A marker whose stream is still
+// blocked is destroyed instead (its record completes on its own), so that a
+// reused event never reports another stream's progress.
+func (p *cudaProvider) Forget(dev int, marker uintptr) {
+	if done, err := cuda.EventQuery(dev, marker); err != nil || !done {
+		cuda.EventDestroy(dev, marker)
+		return
+	}
+	p.evMu.Lock()
+	if p.events == nil {
+		p.events = map[int][]uintptr{}
+	}
+	p.events[dev] = append(p.events[dev], marker)
+	p.evMu.Unlock()
 }

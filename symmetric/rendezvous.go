@@ -515,6 +515,10 @@ type Handle struct {
 
 	importTime atomic.Int64 // ns spent importing and mapping peers (trace)
 	unregister func() error // undoes Registrar.Register (NCCL window)
+
+	// asyncErr is the first signal the watchdog saw time out (watchdog.go):
+	// once set, every signal call on the handle fails with it.
+	asyncErr atomic.Pointer[error]
 }
 
 func (h *Handle) Rank() int          { return h.rank }
@@ -625,6 +629,19 @@ func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
 // once dst has consumed our previous signal on it (the slot is 0 again), so
 // that back-to-back signals are never merged into one.
 func (h *Handle) PutSignal(dst, channel int, stream uintptr, timeout time.Duration) error {
+	if err := h.putSignal(dst, channel, stream, timeout); err != nil {
+		return err
+	}
+	if timeout <= 0 {
+		return h.watchAsync(stream, fmt.Sprintf("put_signal to rank %d on channel %d of group %q (rank %d)", dst, channel, h.group, h.rank))
+	}
+	return nil
+}
+
+func (h *Handle) putSignal(dst, channel int, stream uintptr, timeout time.Duration) error {
+	if err := h.failed(); err != nil {
+		return err
+	}
 	timeout = h.hostBound(timeout)
 	a, err := h.slotAddr(dst, h.rank, channel)
 	if err != nil {
@@ -639,6 +656,19 @@ func (h *Handle) PutSignal(dst, channel int, stream uintptr, timeout time.Durati
 
 // WaitSignal waits for rank src's signal on channel and resets the slot.
 func (h *Handle) WaitSignal(src, channel int, stream uintptr, timeout time.Duration) error {
+	if err := h.waitSignal(src, channel, stream, timeout); err != nil {
+		return err
+	}
+	if timeout <= 0 {
+		return h.watchAsync(stream, fmt.Sprintf("wait_signal from rank %d on channel %d of group %q (rank %d)", src, channel, h.group, h.rank))
+	}
+	return nil
+}
+
+func (h *Handle) waitSignal(src, channel int, stream uintptr, timeout time.Duration) error {
+	if err := h.failed(); err != nil {
+		return err
+	}
 	timeout = h.hostBound(timeout)
 	a, err := h.slotAddr(h.rank, src, channel)
 	if err != nil {
@@ -652,19 +682,32 @@ func (h *Handle) WaitSignal(src, channel int, stream uintptr, timeout time.Durat
 
 // Barrier signals every peer on channel and waits for every peer's signal.
 func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) error {
+	if err := h.failed(); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
 	for r := 0; r < h.world; r++ {
 		if r != h.rank {
-			if err := h.PutSignal(r, channel, stream, timeout); err != nil {
+			if err := h.putSignal(r, channel, stream, timeout); err != nil {
 				return fmt.Errorf("barrier: %w", err)
 			}
 		}
 	}
 	for r := 0; r < h.world; r++ {
 		if r != h.rank {
-			if err := h.WaitSignal(r, channel, stream, timeout); err != nil {
+			if err := h.waitSignal(r, channel, stream, timeout); err != nil {
 				return fmt.Errorf("barrier: %w", err)
 			}
 		}
+	}
+	if timeout <= 0 && h.world > 1 {
+		peers := make([]int, 0, h.world-1)
+		for r := 0; r < h.world; r++ {
+			if r != h.rank {
+				peers = append(peers, r)
+			}
+		}
+		return h.watchAsync(stream, fmt.Sprintf("barrier on channel %d of group %q (rank %d): a signal from or to rank(s) %v",
+			channel, h.group, h.rank, peers))
 	}
 	return nil
 }

@@ -140,7 +140,9 @@ class Handle:
         """Every rank signals every other on channel, then waits for each
         (queued on the current stream, as PyTorch's barrier). timeout_ms > 0:
         the host also watches the stream and raises SymmError(TIMEOUT) naming
-        the rank and channel if it has not drained in time."""
+        the rank and channel if it has not drained in time. 0: a watchdog
+        checks it in the background for SYMM_TIMEOUT_MS; a barrier that never
+        completes fails the handle, and its next call raises SymmError(TIMEOUT)."""
         _call_rc(load().symm_barrier, self._h, int(channel), self._stream(stream), int(timeout_ms))
 
     def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:

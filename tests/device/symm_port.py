@@ -68,6 +68,7 @@ def main() -> int:
     torch.cuda.synchronize()
     ok = all(bool(h.get_buffer(r, (n,), torch.float32).eq(r + 1).all()) for r in range(world))
     check("get_buffer: every peer's values", ok)
+    h.barrier(channel=3, timeout_ms=TIMEOUT_MS)  # everyone has read before anyone writes
     h.get_buffer(nxt, (n // 2,), torch.float32, storage_offset=n // 2).fill_(100 + rank)
     h.barrier(channel=1, timeout_ms=TIMEOUT_MS)
     torch.cuda.synchronize()

@@ -24,4 +24,12 @@ for run in $RUNS; do
   echo "== $impl $backend: rc=$r"
   grep -E "^FAIL|passed, " "$log" | sort | uniq | head -20
 done
+# Nothing hangs for ever: signals nobody answers (libsymm only).
+for backend in ${SYMM_TIMEOUT_BACKENDS:-CUDA NVSHMEM NCCL}; do
+  log="$LOGS/timeout_${backend}.log"
+  SYMM_TIMEOUT_MS=3000 SYMM_PORT_BACKEND=$backend timeout 120 \
+    torchrun --nproc_per_node=2 tests/device/symm_timeout.py > "$log" 2>&1 || rc=1
+  echo "== timeout $backend"
+  grep -E "^(PASS|FAIL)|passed, " "$log" | sort | uniq | head -12
+done
 exit $rc
