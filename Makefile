@@ -10,12 +10,21 @@ CSRC    := $(wildcard export/*.cpp export/*.h) include/symm.h export/symm.map
 CTESTS  := $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c)) \
            $(patsubst tests/c/%.cpp,$(BUILD)/tests/%,$(wildcard tests/c/*.cpp))
 CXX     ?= g++
+VERSION := $(shell cat internal/version/VERSION)
 # Only the public ABI is exported (export/symm.map); the cgo flag check does
-# not allow a version script in #cgo LDFLAGS, so it is passed here.
-LDFLAGS := -extldflags=-Wl,--version-script=$(CURDIR)/export/symm.map
+# not allow a version script in #cgo LDFLAGS, so it is passed here, with the
+# soname that make install's links and programs linked with -lsymm use.
+LDFLAGS := -extldflags=-Wl,--version-script=$(CURDIR)/export/symm.map,-soname,libsymm.so.0
+# make install (PREFIX, DESTDIR as usual)
+PREFIX     ?= /usr/local
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+BINDIR     ?= $(PREFIX)/bin
+PCDIR      ?= $(LIBDIR)/pkgconfig
 FUZZTIME ?= 20s
 
-.PHONY: all lib cli check-header ctests test test-go test-c test-python fuzz run device bench clean fmt
+.PHONY: all lib cli check-header ctests test test-go test-c test-python test-packaging fuzz run device bench clean fmt \
+	wheel install uninstall set-version
 
 all: lib check-header cli ctests
 
@@ -27,9 +36,10 @@ $(BUILD)/symm: $(GOFILES)
 	@mkdir -p $(BUILD)
 	$(GO) build -trimpath -o $@ ./cmd/symm
 
-$(LIB): $(GOFILES) $(CSRC)
+$(LIB): $(GOFILES) $(CSRC) internal/version/VERSION
 	@mkdir -p $(BUILD)
 	$(GO) build -buildmode=c-shared -trimpath -ldflags '$(LDFLAGS)' -o $@ ./export
+	@ln -sf libsymm.so $(BUILD)/libsymm.so.0  # the soname, for programs linked here
 
 # Every exported symm_* symbol is declared in include/symm.h and vice versa;
 # no multicast entry point is referenced.
@@ -47,7 +57,7 @@ $(BUILD)/tests/%: tests/c/%.cpp tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CXX) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
 
-test: all test-go test-c test-python fuzz
+test: all test-go test-c test-python test-packaging fuzz
 
 test-go:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
@@ -64,6 +74,39 @@ test-c: ctests
 
 test-python: lib
 	SYMM_LIB=$(CURDIR)/$(LIB) PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
+
+# No tracked build output; the wheel installs and runs in a fresh venv;
+# make install + pkg-config build the C example.
+test-packaging: all
+	@bash tests/check_no_binaries.sh
+	$(MAKE) -s wheel
+	bash tests/wheel_smoke.sh
+	bash tests/install_smoke.sh
+
+# The platform wheel of the Python package with libsymm.so and the symm tool
+# inside (tools/build_wheel.py): build/dist/symm-VERSION-py3-none-manylinux_2_N_ARCH.whl.
+wheel: lib cli
+	$(PYTHON) tools/build_wheel.py --lib $(LIB) --tool $(BUILD)/symm --out $(BUILD)/dist
+
+install: lib cli
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(PCDIR)
+	install -m 0755 $(LIB) $(DESTDIR)$(LIBDIR)/libsymm.so.0
+	ln -sf libsymm.so.0 $(DESTDIR)$(LIBDIR)/libsymm.so
+	install -m 0644 include/symm.h $(DESTDIR)$(INCLUDEDIR)/symm.h
+	install -m 0755 $(BUILD)/symm $(DESTDIR)$(BINDIR)/symm
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+		-e 's|@VERSION@|$(VERSION)|' tools/symm.pc.in > $(DESTDIR)$(PCDIR)/symm.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libsymm.so.0 $(DESTDIR)$(LIBDIR)/libsymm.so $(DESTDIR)$(INCLUDEDIR)/symm.h \
+		$(DESTDIR)$(BINDIR)/symm $(DESTDIR)$(PCDIR)/symm.pc
+
+# The version is set in internal/version/VERSION; this also updates the
+# header's SYMM_VERSION (a test checks the two agree).
+set-version:
+	@test -n "$(V)" || { echo "usage: make set-version V=x.y.z"; exit 2; }
+	echo "$(V)" > internal/version/VERSION
+	sed -i 's/^#define SYMM_VERSION ".*"/#define SYMM_VERSION "$(V)"/' include/symm.h
 
 # Short fuzzing of every fuzz target (longer: make fuzz FUZZTIME=10m).
 fuzz:

@@ -23,6 +23,7 @@ import (
 	"github.com/libsymm/libsymm/allocator"
 	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/host"
+	"github.com/libsymm/libsymm/internal/version"
 	"github.com/libsymm/libsymm/symmetric"
 )
 
@@ -240,3 +241,10 @@ func recovered(fn string, r any) bool {
 	setError(C.SYMM_ERR_INTERNAL, fmt.Sprintf("%s: internal error (please report): %v", fn, r))
 	return true
 }
+
+// versionC is the version as a C string, made once and never freed:
+// symm_version() returns it.
+var versionC = C.CString(version.Version)
+
+//export goVersion
+func goVersion() *C.char { return versionC }

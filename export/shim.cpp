@@ -21,8 +21,6 @@
 #include "front.h"
 #include "shim.h"
 
-#define SYMM_VERSION_STRING "0.1.0"
-
 namespace {
 // Last error of the calling thread. Only a pointer is thread-local: Go's
 // c-shared libraries use the initial-exec TLS model, so every thread_local
@@ -220,7 +218,7 @@ void symmshim_set_error(int code, const char *msg, size_t len) {
 
 int symmshim_forked(void) { return g_forked; }
 
-const char *symm_version(void) { return SYMM_VERSION_STRING; }
+const char *symm_version(void) { return goVersion(); }  // internal/version/VERSION, embedded in Go
 const char *symm_last_error(void) { return err_msg(); }
 int symm_last_error_code(void) { return t_err ? t_err->code : SYMM_OK; }
 void symm_clear_error(void) {

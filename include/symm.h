@@ -48,6 +48,10 @@ enum {
 
 /* ---- library ---------------------------------------------------------- */
 
+/* The version of this header; symm_version() is the library's. Set in one
+ * place, internal/version/VERSION (`make set-version V=x.y.z`). */
+#define SYMM_VERSION "0.1.0"
+
 /* The library's version, e.g. "0.1.0". Never NULL; static storage. */
 const char *symm_version(void);
 

@@ -1,7 +1,18 @@
-// Package version holds libsymm's version, as the C library
-// (export/shim.cpp, symm_version) and the Python package
-// (python/pyproject.toml) also state it; a test keeps the three equal.
+// Package version holds libsymm's version. The number is set in one place,
+// the file VERSION beside this one (`make set-version V=x.y.z` changes it and
+// the header's SYMM_VERSION): Go embeds it, the C library's symm_version()
+// returns Go's, the Python package reads it (python/VERSION is a link to it),
+// and the wheel and symm.pc are stamped with it at build time. A test keeps
+// the header's copy equal.
 package version
 
-// Version of libsymm.
-const Version = "0.1.0"
+import (
+	_ "embed"
+	"strings"
+)
+
+//go:embed VERSION
+var raw string
+
+// Version of libsymm, e.g. "0.1.0".
+var Version = strings.TrimSpace(raw)

@@ -24,7 +24,33 @@ Failures raise SymmError (a RuntimeError) carrying the library's code and
 message; running out of memory raises OutOfMemoryError (also a MemoryError).
 """
 
-from ._errors import ErrorCode, LibraryNotFoundError, OutOfMemoryError, SymmError
+def _package_version() -> str:
+    """The package's version: its VERSION file (a link to the repository's
+    internal/version/VERSION in a checkout, a copy in a wheel)."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    # A wheel's copy first; then a checkout's python/VERSION link (never a
+    # stray VERSION of another package in site-packages: only beside a pyproject).
+    candidates = [here / "VERSION"]
+    if (here.parent / "pyproject.toml").is_file():
+        candidates.append(here.parent / "VERSION")
+    for path in candidates:
+        try:
+            return path.read_text().strip()
+        except OSError:
+            pass
+    try:
+        from importlib.metadata import version as _v
+
+        return _v("symm")
+    except Exception:  # noqa: BLE001 - not installed either
+        return "0+unknown"
+
+
+__version__ = _package_version()
+
+from ._errors import ErrorCode, LibraryNotFoundError, OutOfMemoryError, SymmError  # noqa: E402
 from ._loader import library_path
 from ._pool import (
     alloc,
