@@ -732,6 +732,13 @@ func (s *shard) newSegment(r uint64, k poolKind) (*block, error) {
 
 // allocatedBytes is allocated_bytes.all.current. held is a shard whose lock
 // the caller already holds (or nil).
+//
+// Lock order: it may take other shards' locks while holding held's, which
+// is safe only because it does so while the device is not multi, and a
+// device that is not multi has one shard: appendShard switches the device
+// to multi (goMulti) before it publishes a second shard, so two callers can
+// never each hold one shard's lock and wait for the other's. Once multi,
+// the device-wide counters answer and no lock is taken.
 func (d *device) allocatedBytes(held *shard) int64 {
 	if d.hot.multi.Load() {
 		return d.hot.allocBytes.Load()

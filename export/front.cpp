@@ -26,11 +26,25 @@ constexpr int kMaxDevices = 64;
 
 enum : uint8_t { kEmpty = 0, kLive = 1, kCached = 2 };
 
+// cpu_relax tells the core a spin-wait is under way (x86 PAUSE, Arm YIELD),
+// so that the other hyperthread or the lock holder gets on.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+  __asm__ __volatile__("yield" ::: "memory");
+#else
+  sched_yield();
+#endif
+}
+
+// Nothing that can block or allocate runs under a SpinLock (malloc may take
+// its own locks, page in, or call into the kernel).
 struct SpinLock {
   std::atomic<bool> v{false};
   void lock() {
     while (v.exchange(true, std::memory_order_acquire)) {
-      while (v.load(std::memory_order_relaxed)) __builtin_ia32_pause();
+      while (v.load(std::memory_order_relaxed)) cpu_relax();
     }
   }
   void unlock() { v.store(false, std::memory_order_release); }
@@ -73,10 +87,10 @@ Rec *find(Stripe &s, uintptr_t p) {
 
 void put(Stripe &s, const Rec &rec);
 
-bool grow(Stripe &s) {
-  uint32_t ncap = s.cap ? s.cap * 2 : 64;
-  Rec *nt = static_cast<Rec *>(calloc(ncap, sizeof(Rec)));
-  if (nt == nullptr) return false;
+// rehash moves s's records into nt (ncap slots, zeroed, allocated by the
+// caller outside the lock) and returns the old table for the caller to free
+// once the lock is released. Called with s.lk held.
+Rec *rehash(Stripe &s, Rec *nt, uint32_t ncap) {
   Rec *old = s.tab;
   uint32_t ocap = s.cap;
   s.tab = nt;
@@ -84,8 +98,7 @@ bool grow(Stripe &s) {
   s.n = 0;
   for (uint32_t i = 0; i < ocap; i++)
     if (old[i].state != kEmpty) put(s, old[i]);
-  ::free(old);
-  return true;
+  return old;
 }
 
 void put(Stripe &s, const Rec &rec) {
@@ -136,13 +149,26 @@ inline Cpu &my_cpu() {
 
 std::atomic<int> g_enabled{0};
 
+// give_back returns a cached block to the pool on behalf of nobody in
+// particular (an eviction, a drain): the calling thread's last error is
+// its own and stays as it was; a failure here (a bug: the block is the
+// pool's own) is printed instead.
 void give_back(const Entry &e) {
   Stripe &s = stripe_of(e.ptr);
   {
     Guard g(s.lk);
     if (Rec *r = find(s, e.ptr)) erase(s, r);
   }
+  int code = symm_last_error_code();
+  char msg[2048];
+  symm_copy_last_error(msg, sizeof msg);
+  symm_clear_error();
   goPoolFree(e.ptr, e.req, e.dev, e.stream);
+  if (symm_last_error_code() != SYMM_OK) fprintf(stderr, "symm: returning a cached block: %s\n", symm_last_error());
+  if (code == SYMM_OK)
+    symm_clear_error();
+  else
+    symmshim_set_error(code, msg, strlen(msg));
 }
 
 }  // namespace
@@ -173,10 +199,32 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
 
 void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream) {
   Stripe &s = stripe_of(ptr);
-  Guard g(s.lk);
-  if (Rec *r = find(s, ptr)) erase(s, r);  // a stale record: the pool is the authority
-  if (2 * (s.n + 1) > s.cap && !grow(s)) return;  // no memory: this block just bypasses the cache
-  put(s, Rec{ptr, bsize, size, stream, dev, kLive, 0});
+  Rec *spare = nullptr, *old = nullptr;
+  uint32_t spare_cap = 0;
+  for (;;) {
+    uint32_t need;
+    {
+      Guard g(s.lk);
+      if (Rec *r = find(s, ptr)) erase(s, r);  // a stale record: the pool is the authority
+      if (2 * (s.n + 1) > s.cap && spare != nullptr && spare_cap > s.cap) {
+        old = rehash(s, spare, spare_cap);
+        spare = nullptr;
+      }
+      if (2 * (s.n + 1) <= s.cap) {
+        put(s, Rec{ptr, bsize, size, stream, dev, kLive, 0});
+        break;
+      }
+      need = s.cap ? s.cap * 2 : 64;
+    }
+    // The table must grow: allocate with no lock held, then try again
+    // (another thread may have grown it meanwhile).
+    ::free(spare);
+    spare = static_cast<Rec *>(calloc(need, sizeof(Rec)));
+    spare_cap = need;
+    if (spare == nullptr) return;  // no memory: this block just bypasses the cache
+  }
+  ::free(spare);
+  ::free(old);
 }
 
 bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {

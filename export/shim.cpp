@@ -239,13 +239,13 @@ size_t symm_copy_last_error(char *buf, size_t len) {
   return n;
 }
 
-void *symm_pool_alloc(size_t size, int device, void *stream) {
-  int mode = torch_mode_for(__builtin_return_address(0));
-  bool must_throw = g_throw || mode == kTorchReplace;
-  if (forked("symm_pool_alloc")) {
-    if (must_throw) throw std::runtime_error(err_msg());
-    return nullptr;
-  }
+}  // extern "C"
+
+namespace {
+// pool_alloc is symm_pool_alloc without the throw: mode says how PyTorch
+// calls (torch_mode_for); NULL with the last error set on failure.
+void *pool_alloc(size_t size, int device, void *stream, int mode) {
+  if (forked("symm_pool_alloc")) return nullptr;
   if (size == 0) return nullptr;
   uint64_t bsize = 0;
   uintptr_t p;
@@ -265,12 +265,37 @@ void *symm_pool_alloc(size_t size, int device, void *stream) {
     p = goPoolAlloc(size, device, (uintptr_t)stream, &bsize);
     if (p != 0 && front_on()) front::on_go_alloc(p, bsize, size, device, (uintptr_t)stream);
   }
-  if (__builtin_expect(p == 0, 0) && must_throw) {
+  return (void *)p;
+}
+}  // namespace
+
+extern "C" {
+
+void *symm_pool_alloc(size_t size, int device, void *stream) {
+  int mode = torch_mode_for(__builtin_return_address(0));
+  void *p = pool_alloc(size, device, stream, mode);
+  if (__builtin_expect(p == nullptr, 0) && size != 0 && (g_throw || mode == kTorchReplace)) {
     // PyTorch's replace mode cannot take NULL: throw, with the Go message.
     // pybind11/PyTorch turn std::runtime_error into a Python RuntimeError.
+    // No Go frame is between here and PyTorch.
     throw std::runtime_error(err_msg());
   }
-  return (void *)p;
+  return p;
+}
+
+void *symm_pool_try_alloc(size_t size, int device, void *stream) {
+  // Never throws, whatever PyTorch's mode: for ctypes (Python's symm.alloc)
+  // and C++ callers, through which an exception would abort the process.
+  // Not a PyTorch caller: the caching pool, as for C.
+  int mode = g_torch_replace.load(std::memory_order_relaxed) ? kTorchReplace : kTorchNone;
+  void *p = pool_alloc(size, device, stream, mode);
+  if (p == nullptr && t_err != nullptr && strncmp(t_err->msg, "symm_pool_alloc:", 16) == 0) {
+    // The shared path names symm_pool_alloc: name the function called.
+    char msg[sizeof t_err->msg];
+    snprintf(msg, sizeof msg, "symm_pool_try_alloc:%s", t_err->msg + 16);
+    set_error_c(t_err->code, msg);
+  }
+  return p;
 }
 
 void symm_pool_free(void *ptr, size_t size, int device, void *stream) {

@@ -436,9 +436,11 @@ func goHandleInfo(hid C.int64_t, out *C.symm_handle_info_t) (code C.int) {
 	if err != nil {
 		return failSymm("symm_handle_info", err)
 	}
-	if h.Block().Freed() {
-		return failSymm("symm_handle_info", fmt.Errorf("%w: handle %d: its block was freed", symmetric.ErrUnknownPointer, int64(hid)))
+	release, err := h.Acquire() // the arrays stay mapped while they are copied out
+	if err != nil {
+		return failSymm("symm_handle_info", fmt.Errorf("handle %d: %w", int64(hid), err))
 	}
+	defer release()
 	out.rank = C.int(h.Rank())
 	out.world_size = C.int(h.World())
 	out.buffer_size = C.size_t(h.BufferSize())

@@ -62,11 +62,12 @@ const char *symm_last_error(void);
 /* The SYMM_ERR_* code of the calling thread's last failure, SYMM_OK if none. */
 int symm_last_error_code(void);
 
-/* Clears the calling thread's last failure. */
+/* Clears the calling thread's last failure. Never fails. */
 void symm_clear_error(void);
 
 /* Copies the last failure message into buf (always NUL-terminated when
- * len > 0). Returns the message's full length, as snprintf does. */
+ * len > 0). Returns the message's full length, as snprintf does. Never
+ * fails: buf NULL or len 0 only measures. */
 size_t symm_copy_last_error(char *buf, size_t len);
 
 /* ---- caching pool ------------------------------------------------------ */
@@ -77,6 +78,12 @@ size_t symm_copy_last_error(char *buf, size_t len);
  * Signature of PyTorch's CUDAPluggableAllocator alloc functor. */
 void *symm_pool_alloc(size_t size, int device, void *stream);
 
+/* symm_pool_alloc that never throws, whatever PyTorch's mode: NULL with the
+ * last error set on failure (SYMM_ERR_OUT_OF_MEMORY, SYMM_ERR_INVALID, ...).
+ * For callers through which a C++ exception cannot pass: ctypes (Python's
+ * symm.alloc uses it), C, C++ code that does not catch. */
+void *symm_pool_try_alloc(size_t size, int device, void *stream);
+
 /* Returns ptr to the pool. size, device and stream are those given at
  * allocation (PyTorch passes them). The block is reused on the same stream at
  * once and on other streams only after the work queued on its streams has
@@ -86,7 +93,10 @@ void *symm_pool_alloc(size_t size, int device, void *stream);
 void symm_pool_free(void *ptr, size_t size, int device, void *stream);
 
 /* Selects the backend and creates the per-device pools. Optional: the first
- * allocation does it too. device_count is advisory (PyTorch passes its own). */
+ * allocation does it too. device_count is advisory (PyTorch passes its own).
+ * No return value: a failure (SYMM_ERR_NO_DEVICE without a driver and
+ * without SYMM_DEVICE=host, SYMM_ERR_INVALID for a bad SYMM_* variable) is
+ * the last error, and every later pool call fails the same way. */
 void symm_pool_init(int device_count);
 
 /* symm_pool_init for PyTorch's replace mode (set_init_fn): besides init, it
@@ -95,19 +105,24 @@ void symm_pool_init(int device_count);
  * turns NULL into a tensor with a NULL data pointer. Never use it from C. */
 void symm_torch_init(int device_count);
 
-/* Returns every unused cached segment of every device to the driver. */
+/* Returns every unused cached segment of every device to the driver. A
+ * driver error freeing one is the last error (SYMM_ERR_DRIVER); before the
+ * pool exists it does nothing and sets no error. */
 void symm_pool_empty_cache(void);
 
 /* Caps device's reserved memory at fraction (0 < fraction <= 1) of its total
  * memory. A bad fraction or device sets SYMM_ERR_INVALID and changes nothing. */
 void symm_pool_set_memory_fraction(double fraction, int device);
 
-/* Caps device's reserved memory at bytes (0 removes the cap). */
+/* Caps device's reserved memory at bytes (0 removes the cap). Returns
+ * SYMM_OK, or SYMM_ERR_INVALID for a bad device, or the pool's
+ * initialization error (SYMM_ERR_NO_DEVICE); the cap is unchanged then. */
 int symm_pool_set_limit(int device, uint64_t bytes);
 
 /* Marks ptr (an allocated block, or any pointer inside one) as used on stream:
  * when it is freed it is reused only after the work queued on stream at free
- * time has completed. Same stream as the allocation: no effect. */
+ * time has completed. Same stream as the allocation: no effect. A pointer
+ * the pool does not hold sets SYMM_ERR_UNKNOWN_POINTER and changes nothing. */
 void symm_pool_record_stream(void *ptr, void *stream);
 
 /* One statistic: name as PyTorch's torch.cuda.memory_stats() keys it. */
@@ -121,14 +136,16 @@ typedef struct {
  * last error set (bad device). */
 int symm_pool_stats(int device, symm_stat_t *out, int cap);
 
-/* Resets every peak statistic of device to its current value. */
+/* Resets every peak statistic of device to its current value. Returns
+ * SYMM_OK, or SYMM_ERR_INVALID for a bad device (nothing reset). */
 int symm_pool_reset_peak(int device);
 
 /* Number of devices the pool serves (initializing the backend if needed),
  * or -1 with the last error set. */
 int symm_pool_device_count(void);
 
-/* Name of the active backend ("cuda", "host"), or "" before init. */
+/* Name of the active backend ("cuda", "host"), or "" before init (or after
+ * fork). Never NULL and never fails. */
 const char *symm_pool_backend(void);
 
 /* ---- private pools (CUDA graphs) -------------------------------------------
@@ -219,7 +236,7 @@ void *symm_alloc(size_t size, int device, void *stream);
  * invalid. An unknown pointer sets SYMM_ERR_UNKNOWN_POINTER. */
 void symm_free(void *ptr, size_t size, int device, void *stream);
 
-/* Always 0: libsymm never creates multicast objects. */
+/* Always 0: libsymm never creates multicast objects. Never fails. */
 int symm_has_multicast_support(int device);
 
 /* ---- symmetric backends ----------------------------------------------------
@@ -245,16 +262,21 @@ int symm_has_multicast_support(int device);
  * libnccl.so.2, e.g. PyTorch's). A rendezvous over the communicator's whole
  * world registers the block as a symmetric window (collective); freeing
  * such a block deregisters it, so that symm_free is collective too. */
+/* symm_set_backend: SYMM_OK; SYMM_ERR_INVALID for an unknown name, NULL, or
+ * another backend once one is in use. */
 int symm_set_backend(const char *name);
-/* Writes the backend's name (in use, else chosen) into buf (NUL-terminated). */
+/* Writes the backend's name (in use, else chosen) into buf (NUL-terminated).
+ * SYMM_ERR_INVALID when buf is NULL or cap is under 8. */
 int symm_get_backend(char *buf, size_t cap);
 /* 1 when NVSHMEM's host library loads and is a supported version; else 0,
  * and the last error says why. Initializes nothing. */
 int symm_nvshmem_available(void);
 /* 1 when an NCCL with symmetric windows (2.27+) loads; else 0, and the last
- * error says why. Creates nothing. */
+ * error says why (SYMM_ERR_NO_DEVICE). Creates nothing. */
 int symm_nccl_available(void);
-/* The NCCL backend uses comm (an ncclComm_t) on device instead of making one. */
+/* The NCCL backend uses comm (an ncclComm_t) on device instead of making one.
+ * SYMM_ERR_INVALID for a NULL comm, a bad device or another backend in use;
+ * SYMM_ERR_NO_DEVICE when NCCL cannot be loaded or is too old. */
 int symm_nccl_adopt_comm(void *comm, int device);
 
 /* ---- topology --------------------------------------------------------------
@@ -280,9 +302,14 @@ typedef int64_t symm_store_t;
  * present (NULL or "": SYMM_STORE_TOKEN, else none). */
 int symm_store_server(const char *addr, const char *token, symm_store_t *out, char *bound, size_t len);
 
-/* Connects to a store server, retrying for timeout_ms (ranks start in any order). */
+/* Connects to a store server, retrying for timeout_ms (ranks start in any
+ * order). SYMM_ERR_TIMEOUT when no server answered in time; SYMM_ERR_INVALID
+ * for a bad address, a wrong token or a NULL argument. */
 int symm_store_connect(const char *addr, const char *token, int timeout_ms, symm_store_t *out);
 
+/* Sets key to the len bytes at value. SYMM_ERR_INVALID for a bad handle, a
+ * NULL key or value, or a key or value over the store's bounds;
+ * SYMM_ERR_PEER when the server went away. */
 int symm_store_set(symm_store_t s, const char *key, const void *value, size_t len);
 
 /* Waits up to timeout_ms for key; copies at most cap bytes into buf and sets
@@ -292,7 +319,8 @@ int symm_store_get(symm_store_t s, const char *key, void *buf, size_t cap, size_
 /* Adds delta to the integer at key (missing = 0); *out (if not NULL) gets the result. */
 int symm_store_add(symm_store_t s, const char *key, int64_t delta, int64_t *out);
 
-/* Closes a store handle (and stops the server if it was made by symm_store_server). */
+/* Closes a store handle (and stops the server if it was made by
+ * symm_store_server). SYMM_ERR_INVALID for a bad or already closed handle. */
 int symm_store_close(symm_store_t s);
 
 /* A block joined with a group. */
@@ -300,12 +328,18 @@ typedef int64_t symm_handle_t;
 
 /* Every rank of the group calls it, with the same group name, in the same
  * order for its blocks; ptr is any address inside this rank's block. Waits
- * for the peers at most SYMM_RENDEZVOUS_TIMEOUT. The same block and group
- * again gives the same handle. */
+ * for the peers at most SYMM_TIMEOUT_MS. The same block and group again gives
+ * the same handle. Every rank succeeds or every rank fails: SYMM_ERR_TIMEOUT
+ * (a rank did not come, named), SYMM_ERR_PEER (a rank failed or died, named
+ * with its cause), SYMM_ERR_UNKNOWN_POINTER (ptr is not in a live block),
+ * SYMM_ERR_INVALID (bad rank, world, group, store, or ranks that disagree on
+ * sizes, hosts or devices); nothing stays mapped after a failure. */
 int symm_rendezvous(void *ptr, symm_store_t store, const char *group, int rank, int world_size, symm_handle_t *out);
 
 /* Joins the backend's world (NVSHMEM: bootstrap by unique id through store,
- * collective, once per process, on device). */
+ * collective, once per process, on device). SYMM_ERR_INVALID for bad
+ * arguments, SYMM_ERR_NO_DEVICE when the backend's library cannot run,
+ * SYMM_ERR_TIMEOUT/SYMM_ERR_PEER when a rank does not come or fails. */
 int symm_backend_init(symm_store_t store, int rank, int world_size, int device);
 
 typedef struct {
@@ -318,13 +352,17 @@ typedef struct {
   uintptr_t signal_pad_ptrs_dev;
 } symm_handle_info_t;
 
+/* Fills out for handle h; the arrays stay valid until the block is freed.
+ * SYMM_ERR_INVALID for a bad handle or NULL out, SYMM_ERR_UNKNOWN_POINTER
+ * when the handle's block was freed. */
 int symm_handle_info(symm_handle_t h, symm_handle_info_t *out);
 
 /* *out = 1 when every rank of the group, each on its device, can map every
  * other rank's device memory (peer access over NVLink or PCIe), so that a
  * rendezvous of the group can succeed; 0 otherwise. Every rank of the group
  * calls it (it goes through the store) and all get the same answer. The host
- * backend answers 1. */
+ * backend answers 1. SYMM_ERR_INVALID for bad arguments or a NULL out,
+ * SYMM_ERR_TIMEOUT when a rank does not come. */
 int symm_world_within_direct_access(symm_store_t store, const char *group, int rank, int world_size, int device,
                                     int *out);
 

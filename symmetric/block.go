@@ -32,6 +32,11 @@ type Block struct {
 	bufSize uint64 // bytes the caller asked for
 	padOff  uint64 // offset of the signal pad
 
+	// Lock order: life, then mu. life is read-held by every call on a
+	// handle of the block (signals, handle info: Handle.Acquire) and
+	// write-held by Free while it unmaps, so a handle is never used while
+	// its memory goes away; mu guards the fields below.
+	life     sync.RWMutex
 	mu       sync.Mutex
 	handles  map[string]*Handle // by group name
 	freed    bool
@@ -43,6 +48,14 @@ func (b *Block) Ptr() uintptr    { return b.mem.Ptr }
 func (b *Block) Dev() int        { return b.mem.Dev }
 func (b *Block) Size() uint64    { return b.bufSize }
 func (b *Block) PadPtr() uintptr { return b.mem.Ptr + uintptr(b.padOff) }
+
+// freedLocked is Freed for a caller holding life (which Free write-holds
+// while it sets freed).
+func (b *Block) freedLocked() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.freed
+}
 
 // Freed reports whether the block was freed (its handles are dead).
 func (b *Block) Freed() bool {
@@ -70,6 +83,11 @@ type Config struct {
 	// CrashAt, for fault-injection tests only, kills the process at that
 	// phase of every rendezvous (see crashAt; SYMM_FAULT_CRASH_AT).
 	CrashAt string
+	// FailAt, for fault-injection tests only, makes this process's
+	// rendezvous fail at that phase: "send" (instead of sending its
+	// descriptors), "arrays" (building the pointer arrays), "register"
+	// (the provider's collective registration, NCCL windows).
+	FailAt string
 	// AllowOverlappingDevices lets two ranks use one device
 	// (SYMM_ALLOW_OVERLAPPING_DEVICES=1).
 	AllowOverlappingDevices bool
@@ -149,6 +167,8 @@ func (m *Manager) Free(ptr uintptr) error {
 	m.blocks = append(m.blocks[:i], m.blocks[i+1:]...)
 	m.mu.Unlock()
 
+	b.life.Lock() // waits for the calls on its handles to return
+	defer b.life.Unlock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.freed = true

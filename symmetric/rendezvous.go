@@ -206,13 +206,24 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	}
 	tr.mark(fmt.Sprintf("exchange descriptors + map (of which import+map %.3fms)", float64(h.importTime.Load())/1e6))
 	m.crashAt("mapped")
+	if err == nil {
+		// Before the agreement below: a rank that cannot build its arrays
+		// fails together with every other.
+		if err = m.failAt("arrays"); err == nil {
+			err = h.buildArrays()
+		}
+		tr.mark("pointer arrays")
+	}
 
 	// Done only when every rank has mapped every peer, so that all ranks
-	// succeed or all fail, and a failure is told to every rank at once.
+	// succeed or all fail, and a failure is told to every rank at once:
+	// through the store (peers in the completion gather) and through the
+	// mailboxes (peers still waiting for our descriptor).
 	status := []byte{}
 	if err != nil {
 		status = []byte(err.Error())
 		g.Store.Set(fmt.Sprintf("%sdone/%d", prefix, g.Rank), status) // best effort: the peers time out otherwise
+		tellFailure(mb, g, metas, err, deadline)
 		return nil, err
 	}
 	vals, err = gatherWatching(g, prefix+"done/", status, deadline, metas)
@@ -235,15 +246,51 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	}
 	tr.mark("completion")
 	if r, ok := m.prov.(Registrar); ok { // every rank got here: the collective cannot hang on a failed one
-		if h.unregister, err = r.Register(b.mem, g.Rank, g.World); err != nil {
-			return nil, fmt.Errorf("registering the block with %s: %w", m.prov.Name(), err)
+		if err = m.failAt("register"); err == nil {
+			h.unregister, err = r.Register(b.mem, g.Rank, g.World)
+		}
+		if err != nil {
+			err = fmt.Errorf("registering the block with %s: %w", m.prov.Name(), err)
+		}
+		// A second agreement: the registration can fail on one rank after
+		// all agreed above; then every rank fails, naming it.
+		if err = m.agree(g, prefix+"registered/", err, deadline, metas); err != nil {
+			return nil, err
+		}
+		tr.mark("registration")
+	}
+	return h, nil
+}
+
+// agree all-gathers each rank's outcome of a step (nil: success) and
+// returns mine, or the first other rank's failure, so that every rank
+// succeeds or every rank fails with the same named cause.
+func (m *Manager) agree(g Group, prefix string, mine error, deadline time.Time, metas []meta) error {
+	status := []byte{}
+	if mine != nil {
+		status = []byte(mine.Error())
+	}
+	vals, err := gatherWatching(g, prefix, status, deadline, metas)
+	if mine != nil {
+		return mine
+	}
+	if err != nil {
+		return fmt.Errorf("agreeing on %s: %w", strings.TrimSuffix(prefix[strings.LastIndex(strings.TrimSuffix(prefix, "/"), "/")+1:], "/"), err)
+	}
+	for j, v := range vals {
+		if len(v) > 0 {
+			return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, metas[j].PID, v)
 		}
 	}
-	if err := h.buildArrays(); err != nil {
-		return nil, err
+	return nil
+}
+
+// failAt returns the injected failure of phase (Config.FailAt), or nil.
+func (m *Manager) failAt(phase string) error {
+	if m.cfg.FailAt == phase {
+		return fmt.Errorf("injected failure at %s (Config.FailAt)", phase)
 	}
-	tr.mark("pointer arrays")
-	return h, nil
+	return nil
 }
 
 // tracer prints phase durations of one rendezvous when enabled.
@@ -285,6 +332,10 @@ func (h *Handle) exchange(mb *ipc.Mailbox, metas []meta, fd int, g Group, deadli
 	go func() {
 		var errs []error
 		payload := []byte(fmt.Sprint(g.Rank))
+		if err := h.m.failAt("send"); err != nil {
+			sent <- err
+			return
+		}
 		for j := 0; j < g.World; j++ {
 			if j != g.Rank {
 				if err := mb.SendTo(metas[j].Socket, payload, []int{fd}, time.Until(deadline)); err != nil {
@@ -521,6 +572,26 @@ type Handle struct {
 	asyncErr atomic.Pointer[error]
 }
 
+// Acquire keeps the handle's block from being freed until release is
+// called, and fails (ErrUnknownPointer) if it was freed already. Every call
+// that touches the handle's mappings or arrays holds it; a free waits for
+// such calls to return.
+func (h *Handle) Acquire() (release func(), err error) {
+	h.b.life.RLock()
+	if h.b.freedLocked() {
+		h.b.life.RUnlock()
+		return nil, fmt.Errorf("%w: a handle of group %q whose block %#x was freed", ErrUnknownPointer, h.group, h.b.Ptr())
+	}
+	if testHookAcquired != nil {
+		testHookAcquired()
+	}
+	return h.b.life.RUnlock, nil
+}
+
+// testHookAcquired, set only by tests, runs inside Acquire's hold: it widens
+// the window in which a free racing the call would unmap what it uses.
+var testHookAcquired func()
+
 func (h *Handle) Rank() int          { return h.rank }
 func (h *Handle) World() int         { return h.world }
 func (h *Handle) BufferSize() uint64 { return h.b.bufSize }
@@ -629,6 +700,11 @@ func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
 // once dst has consumed our previous signal on it (the slot is 0 again), so
 // that back-to-back signals are never merged into one.
 func (h *Handle) PutSignal(dst, channel int, stream uintptr, timeout time.Duration) error {
+	release, err := h.Acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := h.putSignal(dst, channel, stream, timeout); err != nil {
 		return err
 	}
@@ -656,6 +732,11 @@ func (h *Handle) putSignal(dst, channel int, stream uintptr, timeout time.Durati
 
 // WaitSignal waits for rank src's signal on channel and resets the slot.
 func (h *Handle) WaitSignal(src, channel int, stream uintptr, timeout time.Duration) error {
+	release, err := h.Acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := h.waitSignal(src, channel, stream, timeout); err != nil {
 		return err
 	}
@@ -682,6 +763,11 @@ func (h *Handle) waitSignal(src, channel int, stream uintptr, timeout time.Durat
 
 // Barrier signals every peer on channel and waits for every peer's signal.
 func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) error {
+	release, err := h.Acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := h.failed(); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}

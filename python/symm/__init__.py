@@ -18,7 +18,7 @@ PyTorch part (imports torch lazily)::
 The library is found through $SYMM_LIB, else python/symm/libsymm.so, else the
 repository's build/libsymm.so, and loaded at the first call. libsymm reads its
 SYMM_* environment variables (e.g. SYMM_DEVICE=host for the host-memory
-backend) when it is loaded: set them before the first call.
+backend) at the first call that needs them: set them before that call.
 
 Failures raise SymmError (a RuntimeError) carrying the library's code and
 message; running out of memory raises OutOfMemoryError (also a MemoryError).

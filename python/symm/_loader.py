@@ -8,8 +8,10 @@ Why these choices:
   never be unloaded, and PyTorch's CUDAPluggableAllocator dlopens the same
   path again later, which must give back this very copy (one Go runtime,
   one pool).
-- libsymm's Go runtime reads SYMM_* environment variables when it starts,
-  i.e. when the library is loaded: set them before the first call.
+- libsymm reads its SYMM_* environment variables from the C environment at
+  the first call that needs them (the pool's at the first pool call, the
+  symmetric backend's at the first symmetric call), not when it is loaded:
+  set them before that call; later changes are not seen.
 - Every prototype of include/symm.h is declared here, so a wrong argument
   type is a ctypes error instead of a corrupted call.
 """
@@ -68,6 +70,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_clear_error": ([], None),
     "symm_copy_last_error": ([ctypes.c_char_p, _c_size_t], _c_size_t),
     "symm_pool_alloc": ([_c_size_t, _c_int, _c_void_p], _c_void_p),
+    "symm_pool_try_alloc": ([_c_size_t, _c_int, _c_void_p], _c_void_p),
     "symm_pool_free": ([_c_void_p, _c_size_t, _c_int, _c_void_p], None),
     "symm_pool_init": ([_c_int], None),
     "symm_torch_init": ([_c_int], None),

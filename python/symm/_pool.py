@@ -15,9 +15,8 @@ from typing import Any
 from ._errors import ErrorCode, SymmError, make_error
 from ._loader import Stat, load
 
-# Set by torch_allocator.use_as_default(): from then on PyTorch has called
-# symm_torch_init and a failing symm_pool_alloc throws a C++ exception, which
-# would abort the process if it unwound into ctypes.
+# Set by torch_allocator.use_as_default() (for is_default()); symm.alloc()
+# works in every mode: it calls symm_pool_try_alloc, which never throws.
 _torch_replace_mode = False
 
 
@@ -216,23 +215,16 @@ def alloc(size: int, device: Any = 0, stream: Any = 0) -> int:
     """Allocates size bytes from the pool and returns the address (0 for size 0).
 
     The block must go back through free() with the same size, device and
-    stream. Do not call this in a process where symm is PyTorch's current
-    allocator (use_as_default()): there a failing allocation throws a C++
-    exception, which cannot cross ctypes and aborts the process.
+    stream. Goes through symm_pool_try_alloc, which never throws: a failure
+    is an exception here (OutOfMemoryError, SymmError), whatever mode PyTorch
+    uses libsymm in, never a C++ exception through ctypes.
     """
     size = int(size)
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size}")
-    if _torch_replace_mode or load().symm_torch_mode() == 1:
-        raise SymmError(
-            ErrorCode.INVALID,
-            "symm.alloc() is disabled while libsymm is PyTorch's current allocator "
-            "(symm.use_as_default()): a failure there throws a C++ exception that would "
-            "abort the process through ctypes; allocate CUDA tensors with torch instead",
-        )
     lib = load()
     lib.symm_clear_error()
-    ptr = lib.symm_pool_alloc(size, _device(device), _stream(stream))
+    ptr = lib.symm_pool_try_alloc(size, _device(device), _stream(stream))
     if ptr:
         if _frames_on:
             _record_frames(ptr)
@@ -241,7 +233,7 @@ def alloc(size: int, device: Any = 0, stream: Any = 0) -> int:
         raise _last_error(lib)
     if size == 0:
         return 0
-    raise SymmError(ErrorCode.INTERNAL, f"symm_pool_alloc({size}) returned NULL without an error")
+    raise SymmError(ErrorCode.INTERNAL, f"symm_pool_try_alloc({size}) returned NULL without an error")
 
 
 def free(ptr: int, size: int = 0, device: Any = 0, stream: Any = 0) -> None:

@@ -286,6 +286,15 @@ static void test_pool_alloc(void) {
   CALL(F_OOM, 0, SYMM_ERR_OUT_OF_MEMORY, "device 0", symm_pool_alloc(GiB + 1, 0, SB));
   CALL(F_OOM, 0, SYMM_ERR_OUT_OF_MEMORY, "device 1", symm_pool_alloc(GiB + 1, 1, SB));
   CHECK(stat_now(0, "num_ooms") == ooms + 2, "num_ooms counts each refusal");
+  /* The non-throwing entry refuses the same way, under its own name. */
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BADR(0, SYMM_ERR_INVALID, word, symm_pool_try_alloc(4096, bad_devs[i], NULL));
+  }
+  BADR(0, SYMM_ERR_OUT_OF_MEMORY, "requested 18446744073709551615 bytes", symm_pool_try_alloc(SIZE_MAX, 0, NULL));
+  CALL(F_OOM, 0, SYMM_ERR_OUT_OF_MEMORY, "device 0", symm_pool_try_alloc(2 * GiB, 0, NULL));
+  NOOP(0, symm_pool_try_alloc(0, 0, NULL));
   /* Size 0: NULL and no error (PyTorch asks for 0 bytes), whatever the device. */
   NOOP(0, symm_pool_alloc(0, 0, NULL));
   NOOP(0, symm_pool_alloc(0, -1, SB));
@@ -996,7 +1005,7 @@ static void test_children(const char *self) {
 static void check_coverage(void) {
   static const char *all[] = {
       "symm_version", "symm_last_error", "symm_last_error_code", "symm_clear_error", "symm_copy_last_error",
-      "symm_pool_alloc", "symm_pool_free", "symm_pool_init", "symm_torch_init", "symm_pool_empty_cache",
+      "symm_pool_alloc", "symm_pool_try_alloc", "symm_pool_free", "symm_pool_init", "symm_torch_init", "symm_pool_empty_cache",
       "symm_pool_set_memory_fraction", "symm_pool_set_limit", "symm_pool_record_stream", "symm_pool_stats",
       "symm_pool_reset_peak", "symm_pool_device_count", "symm_pool_backend", "symm_pool_begin_allocate_to_pool",
       "symm_pool_end_allocate_to_pool", "symm_pool_release_pool", "symm_pool_record_history", "symm_pool_snapshot",

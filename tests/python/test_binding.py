@@ -61,3 +61,38 @@ def test_hook_functions_have_addresses():
     for name in ("symm_pool_alloc", "symm_pool_free", "symm_torch_init", "symm_pool_empty_cache",
                  "symm_pool_set_memory_fraction", "symm_pool_record_stream"):
         assert function_address(name) > 0
+
+
+ERROR_WORDS = re.compile(r"SYMM_ERR_|last error|\bNULL\b|-1\b|never fails|cannot fail|no error|throw", re.I)
+
+
+def documented_functions() -> dict[str, str]:
+    """Each C function of the header with the comment that documents it: the
+    comment right above its declaration, or above the run of declarations it
+    belongs to (put_signal, wait_signal and barrier share one)."""
+    text = HEADER.read_text().split('} /* extern "C" */')[0]
+    docs: dict[str, str] = {}
+    comment, last_kind = "", None
+    for block in re.split(r"(/\*.*?\*/)", text, flags=re.S):
+        if block.startswith("/*"):
+            comment, last_kind = block, "comment"
+            continue
+        for stmt in block.split(";"):
+            if re.search(r"^\s*#|typedef|enum\s*\{|\}", stmt):
+                if stmt.strip():
+                    comment = comment if last_kind == "decl" else ""
+                continue
+            m = re.search(r"\b(symm_\w+)\s*\(", stmt)
+            if m:
+                docs[m.group(1)] = comment
+                last_kind = "decl"
+            elif stmt.strip():
+                comment, last_kind = "", None
+    return docs
+
+
+def test_every_function_states_its_error_returns():
+    docs = documented_functions()
+    assert set(docs) == header_functions()
+    silent = sorted(f for f, c in docs.items() if not ERROR_WORDS.search(c))
+    assert not silent, f"functions whose comment says nothing of their errors: {silent}"

@@ -159,3 +159,32 @@ def test_error_types():
     assert issubclass(symm.OutOfMemoryError, MemoryError)
     e = symm.SymmError(4, "free of unknown pointer 0x10")
     assert str(e) == "free of unknown pointer 0x10" and e.code == symm.ErrorCode.UNKNOWN_POINTER
+
+
+def test_alloc_never_aborts_after_pytorch_init():
+    """PyTorch's init hook (symm_torch_init) makes symm_pool_alloc throw a C++
+    exception, for PyTorch's replace mode; a ctypes call that met it would
+    abort Python. symm.alloc() goes through symm_pool_try_alloc and raises a
+    Python exception instead, and the pool keeps working (the recipe of
+    change_current_allocator(pool_allocator()) done by hand, without torch)."""
+    from conftest import run_json
+
+    out = run_json(
+        """
+import json, symm
+from symm._loader import load
+lib = load()
+lib.symm_torch_init(1)          # what PyTorch's init does in replace mode
+try:
+    symm.alloc(1 << 50)
+    err = None
+except symm.OutOfMemoryError as e:
+    err = [int(e.code), str(e)]
+p = symm.alloc(4096)
+symm.free(p, 4096)
+print(json.dumps({"err": err, "ok": bool(p)}))
+"""
+    )
+    assert out["ok"]
+    assert out["err"] and out["err"][0] == 2 and out["err"][1].startswith("symm_pool_try_alloc: "), out
+    assert "1125899906842624" in out["err"][1], out
