@@ -24,7 +24,7 @@ PCDIR      ?= $(LIBDIR)/pkgconfig
 FUZZTIME ?= 20s
 
 .PHONY: all lib cli check-header ctests test test-go test-c test-python test-packaging fuzz run device bench clean fmt \
-	wheel install uninstall set-version
+	wheel install uninstall set-version cross-arm64
 
 all: lib check-header cli ctests
 
@@ -57,7 +57,7 @@ $(BUILD)/tests/%: tests/c/%.cpp tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CXX) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
 
-test: all test-go test-c test-python test-packaging fuzz
+test: all test-go test-c test-python test-packaging cross-arm64 fuzz
 
 test-go:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
@@ -82,6 +82,11 @@ test-packaging: all
 	$(MAKE) -s wheel
 	bash tests/wheel_smoke.sh
 	bash tests/install_smoke.sh
+
+# The library and the tool cross-compiled for linux/arm64 (GH200/GB200
+# hosts): build/arm64/. Installs the aarch64 cross compiler if missing.
+cross-arm64:
+	bash tests/cross_arm64.sh
 
 # The platform wheel of the Python package with libsymm.so and the symm tool
 # inside (tools/build_wheel.py): build/dist/symm-VERSION-py3-none-manylinux_2_N_ARCH.whl.
