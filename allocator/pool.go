@@ -22,6 +22,11 @@ type Config struct {
 	// retry releases the device's cached segments: a cache in front of the
 	// pool (the C front cache of export/) returns its blocks through Free.
 	Reclaim func(dev int)
+	// Parked, if set with Reclaim, reports whether that cache holds blocks
+	// of dev. Before the pool takes a new segment it reclaims them (and
+	// looks again), so that blocks parked in front never make the pool grow:
+	// its reserved memory is what it would be without the front cache.
+	Parked func(dev int) bool
 }
 
 // Pool is a caching allocator over a Backend, one set of pools per
@@ -629,6 +634,9 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	if b := s.steal(r, k); b != nil {
 		return b, nil
 	}
+	if b := s.reclaimParked(r, k); b != nil {
+		return b, nil
+	}
 	b, err := s.newSegment(r, k)
 	if err == nil || !IsOutOfMemory(err) {
 		return b, err
@@ -657,6 +665,24 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	}
 	d.numOOMs.Add(1)
 	return nil, d.oomError(s, n, r, k, err, relErr)
+}
+
+// reclaimParked takes back the blocks a cache in front of the pool holds
+// for this device, when it holds any, and looks for a fit again: the pool
+// grows only when even they would not do. Default-pool shards only (private
+// pools never see those blocks). Called and returns with s.mu held.
+func (s *shard) reclaimParked(r uint64, k poolKind) *block {
+	cfg := &s.dev.pool.cfg
+	if s.pool != nil || cfg.Reclaim == nil || cfg.Parked == nil || !cfg.Parked(s.dev.idx) {
+		return nil
+	}
+	s.mu.Unlock()
+	cfg.Reclaim(s.dev.idx)
+	s.mu.Lock()
+	if b := s.findFree(r, k); b != nil {
+		return b
+	}
+	return s.steal(r, k)
 }
 
 // oomError describes a refused request; called with held's lock held.

@@ -567,3 +567,35 @@ func TestReclaimRunsBeforeTheRetry(t *testing.T) {
 	require.NoError(t, p.Free(0, sA, b, 0))
 	check(t, p)
 }
+
+// Blocks parked in a cache in front of the pool never make it grow: before
+// a new segment, the pool takes them back and looks again.
+func TestParkedBlocksAreReclaimedBeforeGrowing(t *testing.T) {
+	var p *Pool
+	var parked []uintptr
+	reclaims := 0
+	p, f := newPool(t, Config{
+		Parked: func(dev int) bool { return len(parked) > 0 },
+		Reclaim: func(dev int) {
+			reclaims++
+			for _, ptr := range parked {
+				require.NoError(t, p.Free(dev, sA, ptr, 0))
+			}
+			parked = nil
+		},
+	})
+	a := mustAlloc(t, p, 0, sA, 12<<20) // one 12 MiB segment
+	parked = append(parked, a)          // "freed" into the front cache: still allocated to the pool
+	segs := f.allocs
+	b := mustAlloc(t, p, 0, sA, 12<<20)
+	require.Equal(t, segs, f.allocs, "the parked block served the request: no new segment")
+	require.Equal(t, a, b)
+	require.Equal(t, 1, reclaims)
+	// Nothing parked: no reclaim on the way to a new segment.
+	c := mustAlloc(t, p, 0, sA, 12<<20)
+	require.Equal(t, segs+1, f.allocs)
+	require.Equal(t, 1, reclaims)
+	require.NoError(t, p.Free(0, sA, b, 0))
+	require.NoError(t, p.Free(0, sA, c, 0))
+	check(t, p)
+}

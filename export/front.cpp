@@ -268,6 +268,16 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
   return true;
 }
 
+bool parked(int dev) {
+  for (Cpu &c : g_cpus) {
+    if (__atomic_load_n(&c.n, __ATOMIC_RELAXED) == 0) continue;
+    Guard g(c.lk);
+    for (int i = 0; i < c.n; i++)
+      if (c.e[i].dev == dev) return true;
+  }
+  return false;
+}
+
 bool any_cached() {
   for (Cpu &c : g_cpus)
     if (__atomic_load_n(&c.n, __ATOMIC_RELAXED) > 0) return true;
@@ -306,5 +316,7 @@ extern "C" {
 void symmshim_front_enable(int on) { front::g_enabled.store(on, std::memory_order_relaxed); }
 
 void symmshim_front_drain(int dev) { front::drain(dev); }
+
+int symmshim_front_parked(int dev) { return front::enabled() && front::parked(dev); }
 
 }

@@ -77,6 +77,7 @@ func initPool() (*allocator.Pool, error) {
 	if front {
 		// Before an out-of-memory retry, the front cache's blocks go back.
 		cfg.Reclaim = func(dev int) { C.symmshim_front_drain(C.int(dev)) }
+		cfg.Parked = func(dev int) bool { return C.symmshim_front_parked(C.int(dev)) != 0 }
 	}
 	p, err := allocator.New(b, cfg)
 	if err != nil {

@@ -14,6 +14,8 @@ int symmshim_forked(void);
 /* The front cache (front.cpp): switch it on; hand its blocks back to the pool. */
 void symmshim_front_enable(int on);
 void symmshim_front_drain(int dev);
+/* 1 if the front cache holds blocks of device dev. */
+int symmshim_front_parked(int dev);
 #ifdef __cplusplus
 }
 #endif

@@ -133,6 +133,22 @@ static void test_retry_reclaims_front_cache(void) {
   CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache includes the front cache");
 }
 
+/* Blocks parked in the front cache never make the pool grow: a request the
+ * cache cannot serve (another size) that would need a new segment takes the
+ * parked blocks back first and reuses their segment. */
+static void test_parked_blocks_do_not_grow_the_pool(void) {
+  symm_pool_empty_cache();
+  void *a = symm_pool_alloc(12 << 20, 0, NULL); /* one 12 MiB segment */
+  CHECK(a != NULL, "12 MiB");
+  symm_pool_free(a, 12 << 20, 0, NULL); /* parked in front (front cache on) */
+  void *b = symm_pool_alloc(11 << 20, 0, NULL); /* not the parked size: the pool's slow path */
+  CHECK(b == a, "the parked block's segment served 11 MiB (%p, %p)", b, a);
+  CHECK(stat(0, "reserved_bytes.all.current") == (12 << 20), "reserved stays 12 MiB: %lld",
+        (long long)stat(0, "reserved_bytes.all.current"));
+  symm_pool_free(b, 11 << 20, 0, NULL);
+  symm_pool_empty_cache();
+}
+
 static void *worker(void *arg) {
   uintptr_t id = (uintptr_t)arg;
   void *stream = (void *)((id % 4 + 1) << 12);
@@ -194,6 +210,7 @@ int main(void) {
   test_bad_input();
   test_limit();
   test_retry_reclaims_front_cache();
+  test_parked_blocks_do_not_grow_the_pool();
   test_threads();
   test_fork();
   printf("test_pool: %d passed, %d failed\n", passes, failures);
