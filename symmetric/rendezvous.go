@@ -354,10 +354,53 @@ func (h *Handle) exchange(mb *ipc.Mailbox, metas []meta, fd int, g Group, deadli
 	}()
 	rerr := h.receive(mb, metas, deadline, gone)
 	serr := <-sent
-	if rerr != nil && serr != nil && errors.Is(serr, ipc.ErrNoMailbox) {
-		return rerr // the same failure, said once
+	if serr != nil && errors.Is(serr, ipc.ErrNoMailbox) {
+		if rerr != nil {
+			return rerr // the same failure, said once
+		}
+		// A peer whose mailbox is gone either died or failed after telling
+		// us why (its message was sent before its mailbox closed): prefer
+		// the cause to "gone".
+		if cause := h.pendingFailure(mb, metas, 100*time.Millisecond); cause != nil {
+			return cause
+		}
 	}
 	return errors.Join(rerr, serr)
+}
+
+// failureIn returns the failure a peer reported in msg (tellFailure), or nil
+// if msg is not one, or not from the process that published that rank.
+func (h *Handle) failureIn(msg ipc.Message, metas []meta) error {
+	if !strings.HasPrefix(string(msg.Payload), failurePrefix) {
+		return nil
+	}
+	rank, text, _ := strings.Cut(strings.TrimPrefix(string(msg.Payload), failurePrefix), ":")
+	if j, err := strconv.Atoi(rank); err == nil && j >= 0 && j < h.world && msg.PID == metas[j].PID && msg.UID == os.Getuid() {
+		return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, msg.PID, text)
+	}
+	return nil
+}
+
+// pendingFailure reads what is left in mb for up to wait and returns the
+// first failure a peer reported there, or nil. Descriptors in other
+// messages are closed: the rendezvous is failing anyway.
+func (h *Handle) pendingFailure(mb *ipc.Mailbox, metas []meta, wait time.Duration) error {
+	until := time.Now().Add(wait)
+	for time.Now().Before(until) {
+		msg, err := mb.Recv(1, time.Until(until))
+		if err != nil && !errors.Is(err, ipc.ErrBadMessage) {
+			return nil
+		}
+		for _, fd := range msg.FDs {
+			unix.Close(fd)
+		}
+		if err == nil {
+			if cause := h.failureIn(msg, metas); cause != nil {
+				return cause
+			}
+		}
+	}
+	return nil
 }
 
 // mapViews finds every peer's block through the provider (NVSHMEM's
@@ -441,11 +484,10 @@ func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time, gone
 			wg.Wait()
 			return err
 		}
-		if err == nil && strings.HasPrefix(string(msg.Payload), failurePrefix) {
-			rank, text, _ := strings.Cut(strings.TrimPrefix(string(msg.Payload), failurePrefix), ":")
-			if j, perr := strconv.Atoi(rank); perr == nil && j >= 0 && j < h.world && msg.PID == metas[j].PID && msg.UID == os.Getuid() {
+		if err == nil {
+			if cause := h.failureIn(msg, metas); cause != nil {
 				wg.Wait()
-				return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, msg.PID, text)
+				return cause
 			}
 		}
 		j, perr := strconv.Atoi(string(msg.Payload))
