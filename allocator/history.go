@@ -88,19 +88,13 @@ func (p *Pool) RecordHistory(enabled bool, maxEntries int, clear bool) error {
 		if clear {
 			h.buf, h.pos = nil, 0
 		}
-		if enabled {
-			if maxEntries != h.max {
-				// Keep the newest entries that fit, in order.
-				old := append(append([]TraceEntry(nil), h.buf[h.pos:]...), h.buf[:h.pos]...)
-				if len(old) > maxEntries {
-					old = old[len(old)-maxEntries:]
-				}
-				h.buf, h.pos = old, 0
-				if len(old) == maxEntries {
-					h.pos = 0
-				}
-				h.max = maxEntries
+		if enabled && maxEntries != h.max {
+			// Keep the newest entries that fit, oldest first.
+			old := append(append([]TraceEntry(nil), h.buf[h.pos:]...), h.buf[:h.pos]...)
+			if len(old) > maxEntries {
+				old = old[len(old)-maxEntries:]
 			}
+			h.buf, h.pos, h.max = old, 0, maxEntries
 		}
 		h.on.Store(enabled)
 		h.mu.Unlock()

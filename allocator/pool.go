@@ -171,15 +171,23 @@ func (p *Pool) AllocBlock(dev int, stream uintptr, size uint64) (uintptr, uint64
 	if size == 0 {
 		return 0, 0, nil
 	}
-	if dev < 0 || dev >= len(p.devs) {
-		_, err := p.device(dev)
-		return 0, 0, err
-	}
-	if size > maxRequest {
-		return 0, 0, fmt.Errorf("%w: requested %d bytes on device %d: larger than any device (%d bytes at most)",
-			ErrOutOfMemory, size, dev, maxRequest)
+	if dev < 0 || dev >= len(p.devs) || size > maxRequest {
+		return 0, 0, p.badRequest(dev, size)
 	}
 	return p.devs[dev].shardFor(stream).alloc(size)
+}
+
+// badRequest says why a request of size bytes on device dev cannot be
+// served at all (a bad device, a size beyond any device), or returns nil.
+func (p *Pool) badRequest(dev int, size uint64) error {
+	if _, err := p.device(dev); err != nil {
+		return err
+	}
+	if size > maxRequest {
+		return fmt.Errorf("%w: requested %d bytes on device %d: larger than any device (%d bytes at most)",
+			ErrOutOfMemory, size, dev, maxRequest)
+	}
+	return nil
 }
 
 // Free returns ptr, allocated on device dev with size bytes for stream. size

@@ -82,9 +82,9 @@ func (p *Pool) EndAllocateToPool(dev int, id PoolID) error {
 	}
 	d.privMu.Lock()
 	defer d.privMu.Unlock()
-	pp := d.privs[id]
-	if pp == nil {
-		return fmt.Errorf("%w: end of allocation to pool %v on device %d: no such pool", ErrInvalid, id, dev)
+	pp, err := d.privatePool(id, "end of allocation to")
+	if err != nil {
+		return err
 	}
 	if pp.active == 0 {
 		return fmt.Errorf("%w: end of allocation to pool %v on device %d: no allocation to it was begun", ErrInvalid, id, dev)
@@ -109,9 +109,9 @@ func (p *Pool) ReleasePool(dev int, id PoolID, strict bool) error {
 	}
 	d.privMu.Lock()
 	defer d.privMu.Unlock()
-	pp := d.privs[id]
-	if pp == nil {
-		return fmt.Errorf("%w: release of pool %v on device %d: no such pool", ErrInvalid, id, dev)
+	pp, err := d.privatePool(id, "release of")
+	if err != nil {
+		return err
 	}
 	if pp.uses == 0 {
 		return fmt.Errorf("%w: release of pool %v on device %d: already released", ErrInvalid, id, dev)
@@ -130,6 +130,28 @@ func (p *Pool) ReleasePool(dev int, id PoolID, strict bool) error {
 		pp.active = 0
 	}
 	return nil
+}
+
+// privatePool returns pool id of the device, or an error naming what was
+// asked of it ("release of"). Called with privMu held.
+func (d *device) privatePool(id PoolID, what string) (*privatePool, error) {
+	if pp := d.privs[id]; pp != nil {
+		return pp, nil
+	}
+	return nil, fmt.Errorf("%w: %s pool %v on device %d: no such pool", ErrInvalid, what, id, d.idx)
+}
+
+// Routing reports whether allocations are being routed to pool id of device
+// dev (begun and not yet ended, nor released).
+func (p *Pool) Routing(dev int, id PoolID) bool {
+	d, err := p.device(dev)
+	if err != nil {
+		return false
+	}
+	d.privMu.Lock()
+	defer d.privMu.Unlock()
+	pp := d.privs[id]
+	return pp != nil && pp.active > 0
 }
 
 // liveBlocks counts the allocated and pending blocks of the pool. Called with
@@ -152,14 +174,10 @@ func (p *Pool) AllocIn(dev int, stream uintptr, size uint64, id PoolID) (uintptr
 	if size == 0 {
 		return 0, 0, nil
 	}
-	d, err := p.device(dev)
-	if err != nil {
+	if err := p.badRequest(dev, size); err != nil {
 		return 0, 0, err
 	}
-	if size > maxRequest {
-		return 0, 0, fmt.Errorf("%w: requested %d bytes on device %d: larger than any device (%d bytes at most)",
-			ErrOutOfMemory, size, dev, maxRequest)
-	}
+	d := p.devs[dev]
 	d.privMu.Lock()
 	pp := d.privs[id]
 	if pp == nil || pp.active == 0 {
@@ -179,14 +197,10 @@ func (p *Pool) AllocSegment(dev int, stream uintptr, size uint64) (uintptr, uint
 	if size == 0 {
 		return 0, 0, nil
 	}
-	d, err := p.device(dev)
-	if err != nil {
+	if err := p.badRequest(dev, size); err != nil {
 		return 0, 0, err
 	}
-	if size > maxRequest {
-		return 0, 0, fmt.Errorf("%w: requested %d bytes on device %d: larger than any device (%d bytes at most)",
-			ErrOutOfMemory, size, dev, maxRequest)
-	}
+	d := p.devs[dev]
 	d.privMu.Lock()
 	if d.direct == nil {
 		d.direct = &privatePool{direct: true, shards: map[uintptr]*shard{}}

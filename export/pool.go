@@ -7,6 +7,7 @@ package main
 import "C"
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/libsymm/libsymm/allocator"
@@ -15,9 +16,22 @@ import (
 // The //export functions below are called only by shim.cpp, which owns the
 // public symm_* names, the fork check and the size-0 shortcut.
 
+// The C functions an allocation can come through, by the api argument of
+// goPoolAlloc, goPoolAllocIn and goPoolAllocSegment: the name its errors carry.
+var allocAPIs = [...]string{"symm_pool_alloc", "symm_pool_try_alloc"}
+
+// Where an allocation comes from (poolAllocFrom).
+type allocSource int
+
+const (
+	fromPool    allocSource = iota // the caching pool
+	fromPrivate                    // a private pool (CUDA graph capture)
+	asSegment                      // a segment of its own (torch.cuda.MemPool)
+)
+
 //export goPoolAlloc
-func goPoolAlloc(size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t) C.uintptr_t {
-	ptr, n := poolAlloc(uint64(size), int(device), uintptr(stream))
+func goPoolAlloc(api C.int, size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t) C.uintptr_t {
+	ptr, n := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
 	*bsize = C.uint64_t(n)
 	return C.uintptr_t(ptr)
 }
@@ -31,19 +45,33 @@ func goPoolFree(ptr C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t
 // them (cgo is not allowed in tests): one atomic load for the pool, then the
 // pool's cached path; no heap allocation.
 func poolAlloc(size uint64, device int, stream uintptr) (ptr uintptr, bsize uint64) {
+	return poolAllocFrom(fromPool, 0, size, device, stream, allocator.PoolID{})
+}
+
+// poolAllocFrom serves every allocation entry: from the pool, a private
+// pool id, or as a segment of its own; errors carry allocAPIs[api].
+func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uintptr, id allocator.PoolID) (ptr uintptr, bsize uint64) {
+	fn := allocAPIs[api]
 	defer func() {
-		if recovered("symm_pool_alloc", recover()) {
+		if recovered(fn, recover()) {
 			ptr, bsize = 0, 0
 		}
 	}()
 	p, err := getPool()
-	if err != nil {
-		fail("symm_pool_alloc", err)
-		return 0, 0
+	if err == nil {
+		switch src {
+		case fromPool:
+			ptr, bsize, err = p.AllocBlock(device, stream, size)
+		case fromPrivate:
+			if ptr, bsize, err = p.AllocIn(device, stream, size, id); err != nil {
+				err = fmt.Errorf("in private pool %v: %w", id, err)
+			}
+		default:
+			ptr, bsize, err = p.AllocSegment(device, stream, size)
+		}
 	}
-	ptr, bsize, err = p.AllocBlock(device, stream, size)
 	if err != nil {
-		fail("symm_pool_alloc", err)
+		fail(fn, err)
 		return 0, 0
 	}
 	return ptr, bsize

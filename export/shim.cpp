@@ -157,6 +157,7 @@ bool route_for(int dev, uintptr_t stream, unsigned long long *first, unsigned lo
   return false;
 }
 
+// drop_routes forgets the newest route to the pool, or all of them.
 void drop_routes(int dev, unsigned long long first, unsigned long long second, bool all) {
   std::lock_guard<std::mutex> g(g_routes_mu);
   for (size_t i = g_routes.size(); i-- > 0;) {
@@ -167,6 +168,33 @@ void drop_routes(int dev, unsigned long long first, unsigned long long second, b
     }
   }
   g_nroutes.store((int)g_routes.size(), std::memory_order_release);
+}
+
+// begin_route opens a route to pool (first, second) in the pool (fn names the
+// caller in errors) and then here; returns the code.
+int begin_route(const char *fn, Route r) {
+  std::lock_guard<std::mutex> g(g_routes_mu);
+  int rc = goPoolRoute((char *)fn, 0, r.dev, r.first, r.second, 0, nullptr);
+  if (rc != SYMM_OK) return rc;
+  g_routes.push_back(std::move(r));
+  g_nroutes.store((int)g_routes.size(), std::memory_order_release);
+  return SYMM_OK;
+}
+
+// end_route closes the newest route to the pool; returns the code.
+int end_route(const char *fn, int dev, unsigned long long first, unsigned long long second) {
+  int rc = goPoolRoute((char *)fn, 1, dev, first, second, 0, nullptr);
+  if (rc == SYMM_OK) drop_routes(dev, first, second, false);
+  return rc;
+}
+
+// release_route drops a use of the pool, and its routes if the release
+// ended its routing; returns the code.
+int release_route(const char *fn, int dev, unsigned long long first, unsigned long long second, bool strict) {
+  int dropped = 0;
+  int rc = goPoolRoute((char *)fn, 2, dev, first, second, strict, &dropped);
+  if (rc == SYMM_OK && dropped) drop_routes(dev, first, second, true);
+  return rc;
 }
 
 // History on: every alloc and free reaches the pool so that each is recorded.
@@ -242,10 +270,15 @@ size_t symm_copy_last_error(char *buf, size_t len) {
 }  // extern "C"
 
 namespace {
+// The entry points of pool_alloc (export/pool.go's allocAPIs): the name its
+// errors carry.
+enum { kApiAlloc = 0, kApiTryAlloc = 1 };
+const char *const kApiNames[] = {"symm_pool_alloc", "symm_pool_try_alloc"};
+
 // pool_alloc is symm_pool_alloc without the throw: mode says how PyTorch
 // calls (torch_mode_for); NULL with the last error set on failure.
-void *pool_alloc(size_t size, int device, void *stream, int mode) {
-  if (forked("symm_pool_alloc")) return nullptr;
+void *pool_alloc(int api, size_t size, int device, void *stream, int mode) {
+  if (forked(kApiNames[api])) return nullptr;
   if (size == 0) return nullptr;
   uint64_t bsize = 0;
   uintptr_t p;
@@ -253,18 +286,18 @@ void *pool_alloc(size_t size, int device, void *stream, int mode) {
   if (mode == kTorchMemPool) {
     // PyTorch's caching allocator asks for a segment: no cache of ours
     // under it, and NULL on failure (PyTorch raises OutOfMemoryError).
-    return (void *)goPoolAllocSegment(size, device, (uintptr_t)stream, &bsize);
+    return (void *)goPoolAllocSegment(api, size, device, (uintptr_t)stream, &bsize);
   }
   if (__builtin_expect(g_nroutes.load(std::memory_order_acquire) > 0, 0) &&
       route_for(device, (uintptr_t)stream, &first, &second)) {
-    p = goPoolAllocIn(size, device, (uintptr_t)stream, first, second, &bsize);
-  } else {
-    if (front_on()) {
-      if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
-    }
-    p = goPoolAlloc(size, device, (uintptr_t)stream, &bsize);
-    if (p != 0 && front_on()) front::on_go_alloc(p, bsize, size, device, (uintptr_t)stream);
+    return (void *)goPoolAllocIn(api, size, device, (uintptr_t)stream, first, second, &bsize);
   }
+  bool front = front_on();
+  if (front) {
+    if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
+  }
+  p = goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
+  if (p != 0 && front) front::on_go_alloc(p, bsize, size, device, (uintptr_t)stream);
   return (void *)p;
 }
 }  // namespace
@@ -273,7 +306,7 @@ extern "C" {
 
 void *symm_pool_alloc(size_t size, int device, void *stream) {
   int mode = torch_mode_for(__builtin_return_address(0));
-  void *p = pool_alloc(size, device, stream, mode);
+  void *p = pool_alloc(kApiAlloc, size, device, stream, mode);
   if (__builtin_expect(p == nullptr, 0) && size != 0 && (g_throw || mode == kTorchReplace)) {
     // PyTorch's replace mode cannot take NULL: throw, with the Go message.
     // pybind11/PyTorch turn std::runtime_error into a Python RuntimeError.
@@ -288,14 +321,7 @@ void *symm_pool_try_alloc(size_t size, int device, void *stream) {
   // and C++ callers, through which an exception would abort the process.
   // Not a PyTorch caller: the caching pool, as for C.
   int mode = g_torch_replace.load(std::memory_order_relaxed) ? kTorchReplace : kTorchNone;
-  void *p = pool_alloc(size, device, stream, mode);
-  if (p == nullptr && t_err != nullptr && strncmp(t_err->msg, "symm_pool_alloc:", 16) == 0) {
-    // The shared path names symm_pool_alloc: name the function called.
-    char msg[sizeof t_err->msg];
-    snprintf(msg, sizeof msg, "symm_pool_try_alloc:%s", t_err->msg + 16);
-    set_error_c(t_err->code, msg);
-  }
-  return p;
+  return pool_alloc(kApiTryAlloc, size, device, stream, mode);
 }
 
 void symm_pool_free(void *ptr, size_t size, int device, void *stream) {
@@ -325,27 +351,18 @@ int symm_torch_mode(void) {
 
 int symm_pool_begin_allocate_to_pool(int device, symm_pool_id_t id, void *stream) {
   if (forked("symm_pool_begin_allocate_to_pool")) return SYMM_ERR_FORKED;
-  std::lock_guard<std::mutex> g(g_routes_mu);
-  int rc = goPoolRoute((char *)"symm_pool_begin_allocate_to_pool", 0, device, id.first, id.second, 0, nullptr);
-  if (rc != SYMM_OK) return rc;
-  g_routes.push_back(Route{device, id.first, id.second, true, (uintptr_t)stream, nullptr});
-  g_nroutes.store((int)g_routes.size(), std::memory_order_release);
-  return SYMM_OK;
+  return begin_route("symm_pool_begin_allocate_to_pool",
+                     Route{device, id.first, id.second, true, (uintptr_t)stream, nullptr});
 }
 
 int symm_pool_end_allocate_to_pool(int device, symm_pool_id_t id) {
   if (forked("symm_pool_end_allocate_to_pool")) return SYMM_ERR_FORKED;
-  int rc = goPoolRoute((char *)"symm_pool_end_allocate_to_pool", 1, device, id.first, id.second, 0, nullptr);
-  if (rc == SYMM_OK) drop_routes(device, id.first, id.second, false);
-  return rc;
+  return end_route("symm_pool_end_allocate_to_pool", device, id.first, id.second);
 }
 
 int symm_pool_release_pool(int device, symm_pool_id_t id) {
   if (forked("symm_pool_release_pool")) return SYMM_ERR_FORKED;
-  int dropped = 0;
-  int rc = goPoolRoute((char *)"symm_pool_release_pool", 2, device, id.first, id.second, 1, &dropped);
-  if (rc == SYMM_OK && dropped) drop_routes(device, id.first, id.second, true);
-  return rc;
+  return release_route("symm_pool_release_pool", device, id.first, id.second, true);
 }
 
 int symm_pool_record_history(int enabled, size_t max_entries) {
@@ -606,27 +623,21 @@ extern "C" void symm_torch_begin_allocate_to_pool(int device, TorchPoolId id,
                                                   std::function<bool(CUstream_st *)> filter) {
   if (forked("symm_torch_begin_allocate_to_pool")) throw std::runtime_error(err_msg());
   torch_resolve();
-  std::lock_guard<std::mutex> g(g_routes_mu);
-  int rc = goPoolRoute((char *)"symm_torch_begin_allocate_to_pool", 0, device, id.first, id.second, 0, nullptr);
   // Called from CUDAGraph::capture_begin, which can report an exception; the
   // capture would otherwise go on without a pool.
-  if (rc != SYMM_OK) throw std::runtime_error(err_msg());
-  g_routes.push_back(Route{device, id.first, id.second, false, 0, std::move(filter)});
-  g_nroutes.store((int)g_routes.size(), std::memory_order_release);
+  if (begin_route("symm_torch_begin_allocate_to_pool",
+                  Route{device, id.first, id.second, false, 0, std::move(filter)}) != SYMM_OK)
+    throw std::runtime_error(err_msg());
 }
 
 extern "C" void symm_torch_end_allocate_to_pool(int device, TorchPoolId id) {
   if (forked("symm_torch_end_allocate_to_pool")) return;
   // Never throws: an error stays in symm_last_error().
-  if (goPoolRoute((char *)"symm_torch_end_allocate_to_pool", 1, device, id.first, id.second, 0, nullptr) == SYMM_OK)
-    drop_routes(device, id.first, id.second, false);
+  end_route("symm_torch_end_allocate_to_pool", device, id.first, id.second);
 }
 
 extern "C" void symm_torch_release_pool(int device, TorchPoolId id) {
   if (forked("symm_torch_release_pool")) return;
   // Called from CUDAGraph::reset, inside a destructor: never throws.
-  int dropped = 0;
-  if (goPoolRoute((char *)"symm_torch_release_pool", 2, device, id.first, id.second, 0, &dropped) == SYMM_OK &&
-      dropped)
-    drop_routes(device, id.first, id.second, true);
+  release_route("symm_torch_release_pool", device, id.first, id.second, false);
 }

@@ -27,19 +27,29 @@ func goTopology(libDirs *C.char, buf *C.char, capacity C.size_t, n *C.size_t) (c
 	// No driver is an answer ("driver": {"found": false}), not an error.
 	t, _ := topology.Discover(topology.Options{LibraryDirs: dirs})
 	raw, err := json.Marshal(t)
+	if err == nil {
+		err = copyOut("topology", raw, buf, capacity, n)
+	}
 	if err != nil {
 		return failSymm("symm_topology", err)
 	}
+	return C.SYMM_OK
+}
+
+// copyOut hands raw (JSON) to C: its length into *n, and raw with a NUL into
+// buf when buf is not NULL and capacity not 0 (else a size query). A buffer
+// too small for both is symmetric.ErrInvalid naming what (the "topology").
+func copyOut(what string, raw []byte, buf *C.char, capacity C.size_t, n *C.size_t) error {
 	*n = C.size_t(len(raw))
 	if buf == nil || capacity == 0 {
-		return C.SYMM_OK // a size query
+		return nil
 	}
 	if uint64(capacity) < uint64(len(raw))+1 {
-		return failSymm("symm_topology", fmt.Errorf("%w: the buffer holds %d bytes; the topology needs %d (and a NUL)", symmetric.ErrInvalid, capacity, len(raw)))
+		return fmt.Errorf("%w: the buffer holds %d bytes; the %s needs %d (and a NUL)", symmetric.ErrInvalid, capacity, what, len(raw))
 	}
 	dst := cBytes(unsafe.Pointer(buf), capacity, len(raw)+1)
 	dst[copy(dst, raw)] = 0
-	return C.SYMM_OK
+	return nil
 }
 
 //export goWorldWithinDirectAccess

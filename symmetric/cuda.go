@@ -176,11 +176,11 @@ func (p *cudaProvider) Passed(dev int, marker uintptr) (bool, error) {
 	return cuda.EventQuery(dev, marker)
 }
 
-// Forget returns marker to the idle events. A marker whose stream is still
-// blocked is destroyed instead (its record completes on its own), so that a
-// reused event never reports another stream's progress.
-func (p *cudaProvider) Forget(dev int, marker uintptr) {
-	if done, err := cuda.EventQuery(dev, marker); err != nil || !done {
+// Forget returns a passed marker to the idle events. One whose stream is
+// still blocked is destroyed instead (its record completes on its own), so
+// that a reused event never reports another stream's progress.
+func (p *cudaProvider) Forget(dev int, marker uintptr, passed bool) {
+	if !passed {
 		cuda.EventDestroy(dev, marker)
 		return
 	}

@@ -26,7 +26,8 @@ import (
 type streamMarker interface {
 	Mark(dev int, stream uintptr) (uintptr, error)
 	Passed(dev int, marker uintptr) (bool, error)
-	Forget(dev int, marker uintptr)
+	// Forget is done with marker; passed says whether its stream got past it.
+	Forget(dev int, marker uintptr, passed bool)
 }
 
 type pendingWatch struct {
@@ -91,14 +92,14 @@ func (m *Manager) runWatchdog(sm streamMarker) {
 			passed, err := sm.Passed(x.dev, x.marker)
 			switch {
 			case err == nil && passed:
-				sm.Forget(x.dev, x.marker)
+				sm.Forget(x.dev, x.marker, true)
 			case err != nil || now.After(x.deadline):
 				cause := fmt.Sprintf("did not complete within %v (SYMM_TIMEOUT_MS); the stream stays blocked until the signal comes", m.cfg.Timeout)
 				if err != nil {
 					cause = fmt.Sprintf("cannot be watched: %v", err)
 				}
 				x.h.fail(fmt.Errorf("%w: %s %s", ErrSignalTimeout, x.what, cause))
-				sm.Forget(x.dev, x.marker)
+				sm.Forget(x.dev, x.marker, false)
 			default:
 				keep = append(keep, x)
 			}

@@ -44,7 +44,7 @@ func (p *streamProvider) Passed(_ int, m uintptr) (bool, error) {
 	return p.passed[m], nil
 }
 
-func (p *streamProvider) Forget(int, uintptr) {
+func (p *streamProvider) Forget(int, uintptr, bool) {
 	p.mu.Lock()
 	p.forgot++
 	p.mu.Unlock()

@@ -15,9 +15,6 @@ from typing import Any
 from ._errors import ErrorCode, SymmError, make_error
 from ._loader import Stat, load
 
-# Set by torch_allocator.use_as_default() (for is_default()); symm.alloc()
-# works in every mode: it calls symm_pool_try_alloc, which never throws.
-_torch_replace_mode = False
 
 
 # ---- error plumbing ---------------------------------------------------------

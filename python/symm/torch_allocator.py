@@ -121,7 +121,6 @@ def use_as_default():
                     "symm.pool_allocator().allocator()) instead"
                 ) from e
             _installed = True
-            _pool._torch_replace_mode = True
         return allocator
 
 
