@@ -65,11 +65,12 @@ test-go:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.6.1 ./...
 	$(GO) test -race -count=1 ./...
 
-# Each C test runs with the front cache on (the default) and off.
+# Each C test runs with the front cache on (the default) and off, and with
+# expandable segments.
 test-c: ctests
-	@for t in $(CTESTS); do for fc in 1 0; do \
-		echo "== $$t (SYMM_POOL_FRONT_CACHE=$$fc)"; \
-		SYMM_DEVICE=host SYMM_POOL_FRONT_CACHE=$$fc timeout 300 $$t || exit 1; \
+	@for t in $(CTESTS); do for mode in "1 0" "0 0" "1 1"; do set -- $$mode; \
+		echo "== $$t (SYMM_POOL_FRONT_CACHE=$$1 SYMM_POOL_EXPANDABLE=$$2)"; \
+		SYMM_DEVICE=host SYMM_POOL_FRONT_CACHE=$$1 SYMM_POOL_EXPANDABLE=$$2 timeout 300 $$t || exit 1; \
 	done; done
 
 test-python: lib
@@ -116,6 +117,7 @@ set-version:
 # Short fuzzing of every fuzz target (longer: make fuzz FUZZTIME=10m).
 fuzz:
 	@bash tests/fuzz.sh ./allocator FuzzPoolOps $(FUZZTIME)
+	@bash tests/fuzz.sh ./allocator FuzzPoolOpsExpandable $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzParseSize $(FUZZTIME)
 	@bash tests/fuzz.sh ./store FuzzDecodeFrame $(FUZZTIME)
 	@bash tests/fuzz.sh ./topology FuzzNormalizeBusID $(FUZZTIME)
@@ -136,6 +138,7 @@ device: all $(BUILD)/bench/bench_threads $(BUILD)/tests/gpu_symm
 	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
 	$(GO) test -c -o $(BUILD)/device/topology.test ./topology
+	$(GO) test -c -o $(BUILD)/device/symmetric.test ./symmetric
 
 # C programs for the GPU machine (tests/device/run.sh runs build/tests/gpu_*).
 $(BUILD)/tests/gpu_%: tests/device/gpu_%.c tests/c/check.h include/symm.h $(LIB)

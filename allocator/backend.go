@@ -9,9 +9,9 @@ import "errors"
 // Implementations: cuda.Backend (cuMemAlloc/cuMemFree on the device's context),
 // host.Backend (memfd + mmap), and fakes in tests.
 //
-// A future expandable-segment backend serves Alloc by reserving a large address
-// range once and mapping physical chunks into it as it grows; the pool only
-// sees segments, so its callers do not change.
+// A backend that also implements Expander can serve expandable segments
+// (Config.Expandable): a large reserved address range into which physical
+// chunks are mapped as the pool grows. The pool's callers do not change.
 type Backend interface {
 	// Name is a short word for messages: "cuda", "host".
 	Name() string
@@ -38,6 +38,33 @@ type Backend interface {
 	Sync(dev int, ev Event) error
 	// DestroyEvent releases ev.
 	DestroyEvent(dev int, ev Event) error
+}
+
+// Expander is the optional part of a Backend that expandable segments need:
+// address space reserved without memory behind it, and physical chunks mapped
+// into it and unmapped again. Like the rest of Backend, the pool calls it only
+// on slow paths (growth, release).
+//
+// Ranges given to MapChunks and UnmapChunks lie inside one range from
+// ReserveRange and start and end on multiples of Granularity from its base;
+// a range unmapped is one that was mapped (in one or several MapChunks calls).
+type Expander interface {
+	// Granularity is the size of the smallest physical chunk on dev (the
+	// driver's allocation granularity: 2 MiB on current GPUs); a power of
+	// two, at least 512.
+	Granularity(dev int) (uint64, error)
+	// ReserveRange reserves size bytes of address space on dev, aligned to
+	// Granularity, with nothing mapped. size is a multiple of Granularity.
+	ReserveRange(dev int, size uint64) (uintptr, error)
+	// FreeRange gives back a range from ReserveRange; nothing in it is mapped.
+	FreeRange(dev int, ptr uintptr, size uint64) error
+	// MapChunks backs [ptr, ptr+size) with new physical memory that dev can
+	// read and write. When the device is out of memory the error satisfies
+	// IsOutOfMemory. On any error nothing of the range is mapped.
+	MapChunks(dev int, ptr uintptr, size uint64) error
+	// UnmapChunks releases the memory of [ptr, ptr+size). The backend orders
+	// it after all work already submitted to the device, as Free does.
+	UnmapChunks(dev int, ptr uintptr, size uint64) error
 }
 
 // Event is a backend's event handle (a CUevent for CUDA).

@@ -80,6 +80,12 @@ type segment struct {
 	kind  poolKind
 	shard *shard
 	head  *block // lowest-address block
+	tail  *block // highest-address block
+
+	// vsize is the address space reserved for an expandable segment
+	// (expandable.go): [ptr, ptr+size) is mapped and tiled by blocks,
+	// [ptr+size, ptr+vsize) is reserved with nothing mapped. 0: a fixed segment.
+	vsize uint64
 
 	// all segments of the shard, for walks (invariant checks).
 	sprev, snext *segment

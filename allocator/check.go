@@ -19,7 +19,9 @@ func (p *Pool) CheckInvariants() error {
 		var allocs, allocBytes, reqBytes, pendN, pendBytes int64
 		for _, s := range d.shardList() {
 			s.mu.Lock()
-			err := s.check(func(seg *segment) { spans = append(spans, span{seg.ptr, seg.ptr + uintptr(seg.size)}) })
+			err := s.check(func(seg *segment) {
+				spans = append(spans, span{seg.ptr, seg.ptr + uintptr(max(seg.size, seg.vsize))})
+			})
 			c := &s.stats.c[stAll]
 			allocs += c.nAlloc - c.nFree
 			allocBytes += c.bAlloc - c.bFree
@@ -141,6 +143,9 @@ func (s *shard) check(visit func(*segment)) error {
 		if total != seg.size {
 			return fmt.Errorf("segment %#x: blocks add up to %d of %d bytes", seg.ptr, total, seg.size)
 		}
+		if err := s.checkShape(seg); err != nil {
+			return err
+		}
 		whole := seg.head.next == nil && seg.head.state == blockFree
 		if whole != idle[seg] {
 			return fmt.Errorf("segment %#x: wholly free %v but on idle list %v", seg.ptr, whole, idle[seg])
@@ -200,6 +205,30 @@ func (s *shard) check(visit func(*segment)) error {
 				return fmt.Errorf("%s.%s.current is %d, blocks add up to %d", familyNames[f], typeNames[t], g, want.st[f][t].cur)
 			}
 		}
+	}
+	return nil
+}
+
+// checkShape verifies seg's last-block link and, for an expandable segment,
+// its mapped size, a whole number of chunks (expandable.go).
+func (s *shard) checkShape(seg *segment) error {
+	last := seg.head
+	for last.next != nil {
+		last = last.next
+	}
+	if seg.tail != last {
+		return fmt.Errorf("segment %#x: tail names block %#x, the last block is %#x", seg.ptr, seg.tail.ptr, last.ptr)
+	}
+	if seg.vsize == 0 {
+		if s.grow[seg.kind] == seg {
+			return fmt.Errorf("fixed segment %#x is named as the growing one", seg.ptr)
+		}
+		return nil
+	}
+	c := s.dev.chunk
+	if !s.expandable || c == 0 || seg.size%c != 0 || seg.size > seg.vsize {
+		return fmt.Errorf("expandable segment %#x: %d of %d bytes mapped, chunk %d, shard expandable %v",
+			seg.ptr, seg.size, seg.vsize, c, s.expandable)
 	}
 	return nil
 }

@@ -74,10 +74,28 @@ func ParseLimit(s string) (bytes uint64, fraction float64, err error) {
 	return b, 0, err
 }
 
-// ConfigFromEnv builds a Config from SYMM_POOL_LIMIT and SYMM_POOL_MAX_SPLIT,
-// read through getenv (os.Getenv in the library, a map in tests).
+// ConfigFromEnv builds a Config from SYMM_POOL_LIMIT, SYMM_POOL_MAX_SPLIT,
+// SYMM_POOL_EXPANDABLE and SYMM_POOL_EXPANDABLE_CHUNK, read through getenv
+// (os.Getenv in the library, a map in tests).
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	var c Config
+	switch v := getenv("SYMM_POOL_EXPANDABLE"); v {
+	case "", "0":
+	case "1":
+		c.Expandable = true
+	default:
+		return c, fmt.Errorf("%w: SYMM_POOL_EXPANDABLE=%q: want 0 or 1", ErrInvalid, v)
+	}
+	if v := getenv("SYMM_POOL_EXPANDABLE_CHUNK"); v != "" {
+		b, err := ParseSize(v)
+		if err != nil {
+			return c, fmt.Errorf("SYMM_POOL_EXPANDABLE_CHUNK: %w", err)
+		}
+		if b == 0 || b > 1<<40 {
+			return c, fmt.Errorf("%w: SYMM_POOL_EXPANDABLE_CHUNK=%q: want a size from 1 byte to 1 TiB (rounded up to the driver's granularity)", ErrInvalid, v)
+		}
+		c.ExpandableChunk = b
+	}
 	if v := getenv("SYMM_POOL_LIMIT"); v != "" {
 		b, f, err := ParseLimit(v)
 		if err != nil {

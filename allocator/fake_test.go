@@ -21,8 +21,15 @@ type fakeBackend struct {
 	nextEv    Event
 	allocs    int
 	frees     int
-	failAlloc error // returned by the next Alloc if set
+	failAlloc error // returned by the next Alloc or MapChunks if set
+
+	// Expandable segments: reserved ranges backed by Go memory (only the
+	// chunks marked mapped may be touched) and the mapped chunks.
+	ranges map[uintptr][]byte
+	mapped map[uintptr]bool
 }
+
+const fakeGranularity = 2 << 20
 
 type fakeEvent struct {
 	stream   uintptr
@@ -34,6 +41,7 @@ func newFake(devices int) *fakeBackend {
 	return &fakeBackend{
 		devices: devices, used: make([]uint64, devices), segs: map[uintptr][]byte{},
 		submitted: map[uintptr]int{}, completed: map[uintptr]int{}, events: map[Event]fakeEvent{}, nextEv: 1,
+		ranges: map[uintptr][]byte{}, mapped: map[uintptr]bool{},
 	}
 }
 
@@ -63,15 +71,7 @@ func (f *fakeBackend) Alloc(dev int, size uint64) (uintptr, error) {
 	if f.capacity != 0 && f.used[dev]+size > f.capacity {
 		return 0, fakeOOM{}
 	}
-	buf := make([]byte, size+4096)
-	base := uintptr(0)
-	for i := range buf[:4096] {
-		if p := addrOf(buf[i:]); p%4096 == 0 {
-			base = p
-			buf = buf[i : i+int(size)]
-			break
-		}
-	}
+	base, buf := alignedBuf(size, 4096)
 	f.segs[base] = buf
 	f.used[dev] += size
 	f.allocs++
@@ -149,5 +149,106 @@ func (f *fakeBackend) mem(ptr uintptr, n uint64) []byte {
 			return b[off : off+uintptr(n)]
 		}
 	}
+	for base, b := range f.ranges {
+		if ptr >= base && ptr+uintptr(n) <= base+uintptr(len(b)) {
+			for c := ptr &^ (fakeGranularity - 1); c < ptr+uintptr(n); c += fakeGranularity {
+				if !f.mapped[c] {
+					panic(fmt.Sprintf("fake: %#x+%d touches chunk %#x, which is not mapped", ptr, n, c))
+				}
+			}
+			off := ptr - base
+			return b[off : off+uintptr(n)]
+		}
+	}
 	panic(fmt.Sprintf("fake: %#x+%d is not inside a live segment", ptr, n))
+}
+
+// alignedBuf returns Go memory of size bytes starting on a multiple of align.
+func alignedBuf(size, align uint64) (uintptr, []byte) {
+	buf := make([]byte, size+align)
+	off := (align - uint64(addrOf(buf))%align) % align
+	return addrOf(buf[off:]), buf[off : off+size]
+}
+
+func (f *fakeBackend) Granularity(int) (uint64, error) { return fakeGranularity, nil }
+
+func (f *fakeBackend) ReserveRange(dev int, size uint64) (uintptr, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if size%fakeGranularity != 0 {
+		return 0, fmt.Errorf("fake: reserve of %d bytes", size)
+	}
+	base, buf := alignedBuf(size, fakeGranularity)
+	f.ranges[base] = buf
+	return base, nil
+}
+
+func (f *fakeBackend) FreeRange(dev int, ptr uintptr, size uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.ranges[ptr]
+	if !ok || uint64(len(b)) != size {
+		return fmt.Errorf("fake: free of unknown range %#x/%d", ptr, size)
+	}
+	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
+		if f.mapped[c] {
+			return fmt.Errorf("fake: free of range %#x with chunk %#x mapped", ptr, c)
+		}
+	}
+	delete(f.ranges, ptr)
+	return nil
+}
+
+// chunks checks that [ptr, ptr+size) is whole chunks of one range, each
+// mapped (want) or not; called with f.mu held.
+func (f *fakeBackend) chunks(ptr uintptr, size uint64, want bool) error {
+	if size == 0 || size%fakeGranularity != 0 || ptr%fakeGranularity != 0 {
+		return fmt.Errorf("fake: range %#x/%d is not whole chunks", ptr, size)
+	}
+	for base, b := range f.ranges {
+		if ptr >= base && ptr+uintptr(size) <= base+uintptr(len(b)) {
+			for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
+				if f.mapped[c] != want {
+					return fmt.Errorf("fake: chunk %#x mapped %v, want %v", c, f.mapped[c], want)
+				}
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("fake: range %#x/%d is not reserved", ptr, size)
+}
+
+func (f *fakeBackend) MapChunks(dev int, ptr uintptr, size uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.failAlloc; err != nil {
+		f.failAlloc = nil
+		return err
+	}
+	if err := f.chunks(ptr, size, false); err != nil {
+		return err
+	}
+	if f.capacity != 0 && f.used[dev]+size > f.capacity {
+		return fakeOOM{}
+	}
+	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
+		f.mapped[c] = true
+	}
+	f.used[dev] += size
+	f.allocs++
+	return nil
+}
+
+func (f *fakeBackend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.chunks(ptr, size, true); err != nil {
+		return err
+	}
+	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
+		delete(f.mapped, c)
+	}
+	f.used[dev] -= size
+	f.frees++
+	return nil
 }

@@ -16,10 +16,26 @@ func FuzzPoolOps(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
 	f.Add([]byte("\x00\x10\x00\x00\x00\x01\x20\x00\x00\x01\x02\x00\x03\x01\x04\x05\x00\x00\x10\x00"))
 	f.Add([]byte("\x00\xff\xff\x0f\x00\x00\xff\xff\x0f\x01\x06\x00\x00\x01\x00\x01\x00\x07"))
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Fuzz(func(t *testing.T, data []byte) { fuzzPoolOps(t, data, false) })
+}
+
+// FuzzPoolOpsExpandable is FuzzPoolOps with expandable segments: the same
+// operations and checks, and bytes written into a block must survive the
+// growth, trimming and release of its segment's chunks (the fake backend
+// panics on a touch of an unmapped chunk).
+func FuzzPoolOpsExpandable(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+	f.Add([]byte("\x00\x10\x00\x00\x00\x01\x20\x00\x00\x01\x02\x00\x03\x01\x04\x05\x00\x00\x10\x00"))
+	f.Add([]byte("\x00\xff\xff\x0f\x00\x00\xff\xff\x0f\x01\x06\x00\x00\x01\x00\x01\x00\x07"))
+	f.Add([]byte("\x02\x02\x80\x00\x00\x02\x02\x80\x00\x00\x03\x00\x07\x00\x02\x06\x00\x00\x00\x03\x00\x07\x01\x03"))
+	f.Fuzz(func(t *testing.T, data []byte) { fuzzPoolOps(t, data, true) })
+}
+
+func fuzzPoolOps(t *testing.T, data []byte, expandable bool) {
+	{
 		fb := newFake(2)
 		fb.capacity = 96 << 20
-		p, err := New(fb, Config{MaxSplit: 40 << 20})
+		p, err := New(fb, Config{MaxSplit: 40 << 20, Expandable: expandable})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -217,7 +233,10 @@ func FuzzPoolOps(f *testing.F) {
 				t.Fatalf("device %d keeps %d bytes after freeing everything and empty_cache", d, r)
 			}
 		}
-	})
+		if len(fb.ranges) != 0 || len(fb.mapped) != 0 {
+			t.Fatalf("%d ranges and %d chunks still held after empty_cache", len(fb.ranges), len(fb.mapped))
+		}
+	}
 }
 
 // FuzzParseSize checks that ParseSize never panics, that what it accepts

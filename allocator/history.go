@@ -24,10 +24,12 @@ const (
 	ActSegmentFree                      // a segment given back
 	ActOOM                              // a request refused; Addr holds the device's free bytes
 	ActSnapshot                         // a snapshot was taken
+	ActSegmentMap                       // chunks mapped into an expandable segment
+	ActSegmentUnmap                     // chunks of an expandable segment unmapped
 )
 
 func (a TraceAction) String() string {
-	return [...]string{"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom", "snapshot"}[a]
+	return [...]string{"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom", "snapshot", "segment_map", "segment_unmap"}[a]
 }
 
 // TraceEntry is one event of a device's history.
@@ -164,7 +166,7 @@ func (p *Pool) Snapshot() *Snapshot {
 	snap := &Snapshot{
 		Segments:          []SnapshotSegment{},
 		DeviceTraces:      make([][]SnapshotTrace, len(p.devs)),
-		AllocatorSettings: map[string]any{"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": false, "max_split_size": int64(p.cfg.MaxSplit)},
+		AllocatorSettings: map[string]any{"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": p.cfg.Expandable, "max_split_size": int64(p.cfg.MaxSplit)},
 	}
 	for _, d := range p.devs {
 		d.hist.record(ActSnapshot, 0, 0, 0)
@@ -206,7 +208,7 @@ func (p *Pool) SnapshotJSON() ([]byte, error) { return json.Marshal(p.Snapshot()
 func (s *shard) snapshotSegment(seg *segment) SnapshotSegment {
 	out := SnapshotSegment{
 		Device: s.dev.idx, Address: seg.ptr, TotalSize: seg.size, Stream: s.stream,
-		SegmentType: "large", Frames: []any{}, Blocks: []SnapshotBlock{},
+		SegmentType: "large", Frames: []any{}, Blocks: []SnapshotBlock{}, IsExpandable: seg.vsize != 0,
 	}
 	if seg.kind == smallPool {
 		out.SegmentType = "small"

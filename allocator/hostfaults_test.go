@@ -95,6 +95,7 @@ func requireEmpty(t *testing.T, p *allocator.Pool, h *host.Backend, devices, fds
 		require.Equal(t, total, free, "device %d: the backend counts bytes in use", dev)
 	}
 	require.Zero(t, h.Segments(), "live backend segments")
+	require.Zero(t, h.Ranges(), "reserved ranges of expandable segments")
 	require.Equal(t, maps, memfdMaps(t), "memfd mappings")
 	require.Equal(t, fds, openFDs(t), "open descriptors")
 }
@@ -206,6 +207,16 @@ func TestPoolOverFaultyHostBackendRates(t *testing.T) {
 		injected, _ := faultyRun(t, c.rate, uint64(c.rate*100), host.FaultAlloc, int(2e4*soakScale(t)), c.cfg)
 		require.Greater(t, injected, 0)
 	}
+}
+
+// Expandable segments over the real host backend (address space reserved,
+// chunks mapped with MAP_FIXED) with chunk maps failing at random, before or
+// after the mapping is made: every failure is clear, blocks keep their bytes
+// through their segment's growth, and nothing is left at the end.
+func TestExpandablePoolOverFaultyHostBackend(t *testing.T) {
+	injected, ooms := faultyRun(t, 0.1, 7, host.FaultAlloc, int(3e4*soakScale(t)), allocator.Config{Expandable: true})
+	require.Greater(t, injected, 0)
+	require.Greater(t, ooms, 0, "the out-of-memory retry ran")
 }
 
 // soakScale is SYMM_SOAK_SCALE, the multiplier of the long tests' operation

@@ -13,6 +13,16 @@ type Config struct {
 	// MaxSplit: blocks of at least this many bytes are oversize: never
 	// split, reused only by requests at most 20 MiB smaller. 0 disables.
 	MaxSplit uint64
+	// Expandable makes the default pool's segments expandable: per (device,
+	// stream, small/large), one reserved address range into which physical
+	// chunks are mapped as the pool grows (the backend must implement
+	// Expander). Private pools and MemPool segments stay fixed. MaxSplit is
+	// ignored: every block of an expandable segment may be split.
+	Expandable bool
+	// ExpandableChunk is the size of the chunks an expandable segment grows
+	// and shrinks by: 0 is the backend's granularity; other values are
+	// rounded up to a multiple of it.
+	ExpandableChunk uint64
 	// Limit caps every device's reserved bytes. 0: no cap.
 	Limit uint64
 	// LimitFraction caps every device's reserved bytes at this share of its
@@ -35,6 +45,8 @@ type Pool struct {
 	backend Backend
 	cfg     Config
 	devs    []*device
+	// exp is the backend's Expander when cfg.Expandable; nil otherwise.
+	exp Expander
 }
 
 // device is the per-GPU state. Its mutexes guard shard creation and the
@@ -80,6 +92,10 @@ type device struct {
 	routes atomic.Int32
 
 	hist history
+
+	// Expandable segments (expandable.go), set once in New: the chunk they
+	// grow and shrink by, and the address space each one reserves.
+	chunk, vaSize uint64
 }
 
 // shard is the pool state of one (device, stream): three pools of bins, the
@@ -100,6 +116,11 @@ type shard struct {
 
 	pool   *privatePool // nil: the default pool
 	direct bool         // pool.direct: a segment per block, returned when freed
+
+	// expandable: this shard's segments are expandable (default pool of an
+	// expandable Pool); grow[k] is the segment of pool k that grows next.
+	expandable bool
+	grow       [numPools]*segment
 }
 
 // pendingFree is a freed block waiting for an event on a record_stream stream.
@@ -122,8 +143,20 @@ func New(b Backend, cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("%s backend has no devices", b.Name())
 	}
 	p := &Pool{backend: b, cfg: cfg, devs: make([]*device, n)}
+	if cfg.Expandable {
+		e, ok := b.(Expander)
+		if !ok {
+			return nil, fmt.Errorf("%w: expandable segments: the %s backend cannot reserve address space and map chunks", ErrInvalid, b.Name())
+		}
+		p.exp = e
+	}
 	for i := range p.devs {
 		d := &device{pool: p, idx: i}
+		if p.exp != nil {
+			if err := d.initExpandable(); err != nil {
+				return nil, err
+			}
+		}
 		d.list.Store(&[]*shard{})
 		p.devs[i] = d
 		switch {
@@ -137,6 +170,9 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	}
 	return p, nil
 }
+
+// Expandable reports whether the default pool's segments are expandable.
+func (p *Pool) Expandable() bool { return p.exp != nil }
 
 // Backend returns the pool's backend.
 func (p *Pool) Backend() Backend { return p.backend }
@@ -413,7 +449,7 @@ func (d *device) newShard(stream uintptr) *shard {
 	if s := d.lookup(stream); s != nil {
 		return s
 	}
-	s := &shard{dev: d, stream: stream}
+	s := &shard{dev: d, stream: stream, expandable: d.pool.exp != nil}
 	// On the list first: at the second shard the device switches to
 	// device-wide counters, before anyone can find s in the table.
 	d.appendShard(s)
@@ -442,7 +478,12 @@ func (d *device) shardList() []*shard { return *d.list.Load() }
 
 func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
 	r := roundSize(n)
-	k := kindFor(r, s.dev.pool.cfg.MaxSplit)
+	var k poolKind
+	if s.expandable {
+		k = expandableKind(r)
+	} else {
+		k = kindFor(r, s.dev.pool.cfg.MaxSplit)
+	}
 	s.mu.Lock()
 	if len(s.pending) > 0 && s.dev.routes.Load() == 0 {
 		s.processPending(false)
@@ -480,11 +521,13 @@ func (s *shard) take(b *block, r, n uint64) {
 	if seg.idle {
 		s.removeIdle(seg)
 	}
-	if shouldSplit(b.size, r, seg.kind) {
+	if shouldSplit(b.size, r, seg.kind) || (seg.vsize != 0 && b.size > r) {
 		rest := s.newBlock()
 		*rest = block{ptr: b.ptr + uintptr(r), size: b.size - r, seg: seg, prev: b, next: b.next}
 		if b.next != nil {
 			b.next.prev = rest
+		} else {
+			seg.tail = rest
 		}
 		b.next = rest
 		b.size = r
@@ -533,6 +576,8 @@ func (s *shard) release(b *block) {
 		p.next = b.next
 		if b.next != nil {
 			b.next.prev = p
+		} else {
+			p.seg.tail = p
 		}
 		s.recycle(b)
 		b = p
@@ -543,6 +588,8 @@ func (s *shard) release(b *block) {
 		b.next = nx.next
 		if nx.next != nil {
 			nx.next.prev = b
+		} else {
+			b.seg.tail = b
 		}
 		s.recycle(nx)
 	}
@@ -645,7 +692,7 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	if b := s.reclaimParked(r, k); b != nil {
 		return b, nil
 	}
-	b, err := s.newSegment(r, k)
+	b, err := s.newMemory(r, k)
 	if err == nil || !IsOutOfMemory(err) {
 		return b, err
 	}
@@ -665,7 +712,7 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	if b := s.steal(r, k); b != nil {
 		return b, nil
 	}
-	if b, err = s.newSegment(r, k); err == nil {
+	if b, err = s.newMemory(r, k); err == nil {
 		return b, nil
 	}
 	if !IsOutOfMemory(err) {
@@ -744,21 +791,13 @@ func (s *shard) newSegment(r uint64, k poolKind) (*block, error) {
 		d.unreserve(size, false)
 		return nil, err
 	}
-	d.reserved[stAll].add(int64(size))
-	d.numDeviceAlloc.Add(1)
-	t := statType(k)
-	d.segments[stAll].add(1)
-	d.segments[t].add(1)
-	d.reserved[t].add(int64(size))
-	if k == oversizePool {
-		d.oversizeSegs.add(1)
-	}
+	d.countSegment(k, int64(size), 1)
 	seg := &segment{ptr: ptr, size: size, kind: k}
 	d.hist.record(ActSegmentAlloc, ptr, size, s.stream)
 	s.addSeg(seg)
 	b := s.newBlock()
 	*b = block{ptr: ptr, size: size, seg: seg}
-	seg.head = b
+	seg.head, seg.tail = b, b
 	s.insertFree(b)
 	s.addIdle(seg)
 	return b, nil
@@ -816,15 +855,31 @@ func (d *device) unreserve(size uint64, counted bool) {
 // releaseSegment returns idle segment seg of s to the backend.
 func (s *shard) releaseSegment(seg *segment) error {
 	d := s.dev
-	if err := d.pool.backend.Free(d.idx, seg.ptr, seg.size); err != nil {
-		return fmt.Errorf("releasing a %d-byte segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
+	var rangeErr error
+	if seg.vsize != 0 {
+		if err := d.pool.exp.UnmapChunks(d.idx, seg.ptr, seg.size); err != nil {
+			return fmt.Errorf("unmapping a %d-byte expandable segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
+		}
+		// The memory is gone with the unmap; a range that cannot be given
+		// back leaks address space only, so the segment goes all the same.
+		rangeErr = d.pool.exp.FreeRange(d.idx, seg.ptr, seg.vsize)
+		d.hist.record(ActSegmentUnmap, seg.ptr, seg.size, s.stream)
+		for k := range s.grow {
+			if s.grow[k] == seg {
+				s.grow[k] = nil
+			}
+		}
+	} else {
+		if err := d.pool.backend.Free(d.idx, seg.ptr, seg.size); err != nil {
+			return fmt.Errorf("releasing a %d-byte segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
+		}
+		d.hist.record(ActSegmentFree, seg.ptr, seg.size, s.stream)
 	}
-	d.hist.record(ActSegmentFree, seg.ptr, seg.size, s.stream)
 	s.removeIdle(seg)
 	s.removeFree(seg.head)
 	s.removeSeg(seg)
 	s.recycle(seg.head)
-	seg.head = nil
+	seg.head, seg.tail = nil, nil
 	t := statType(seg.kind)
 	d.unreserve(seg.size, true)
 	d.reserved[t].add(-int64(seg.size))
@@ -834,6 +889,9 @@ func (s *shard) releaseSegment(seg *segment) error {
 		d.oversizeSegs.add(-1)
 	}
 	d.numDeviceFree.Add(1)
+	if rangeErr != nil {
+		return fmt.Errorf("giving back the address range of an expandable segment at %#x on device %d: %w", seg.ptr, d.idx, rangeErr)
+	}
 	return nil
 }
 
@@ -862,6 +920,11 @@ func (d *device) releaseCached() error {
 			}
 			seg = next
 		}
+		if s.expandable {
+			if err := s.trimAll(); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		s.mu.Unlock()
 	}
 	d.forgetReleased()
@@ -888,7 +951,9 @@ func (s *shard) steal(r uint64, k poolKind) *block {
 		seen := 0
 		for seg := o.idle; seg != nil && seen < 64; seg = seg.inext {
 			seen++
-			if seg.kind != k || seg.size < r || (k == oversizePool && seg.size >= r+largeBuffer) {
+			// An expandable segment stays with its stream (as in PyTorch):
+			// it grows in place, and goes back whole at release.
+			if seg.vsize != 0 || seg.kind != k || seg.size < r || (k == oversizePool && seg.size >= r+largeBuffer) {
 				continue
 			}
 			if !o.segmentQuiet(seg) {

@@ -36,6 +36,9 @@ var lib struct {
 	backend atomic.Int32 // 1 cuda, 2 host
 	front   atomic.Bool  // the C front cache is on
 	mu      sync.Mutex   // serializes initialization
+	// expandable is symm_pool_set_expandable's choice before init:
+	// 0 none (SYMM_POOL_EXPANDABLE decides), 1 off, 2 on. Under mu.
+	expandable atomic.Int32
 }
 
 // errNoDevice marks "no CUDA driver or GPU" so it maps to SYMM_ERR_NO_DEVICE.
@@ -69,6 +72,12 @@ func initPool() (*allocator.Pool, error) {
 	cfg, err := allocator.ConfigFromEnv(getenv)
 	if err != nil {
 		return nil, err
+	}
+	switch lib.expandable.Load() { // symm_pool_set_expandable wins over the environment
+	case 1:
+		cfg.Expandable = false
+	case 2:
+		cfg.Expandable = true
 	}
 	front, err := frontCacheWanted(getenv)
 	if err != nil {

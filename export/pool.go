@@ -128,6 +128,29 @@ func goPoolSetMemoryFraction(fraction C.double, device C.int) {
 	}
 }
 
+//export goPoolSetExpandable
+func goPoolSetExpandable(enable C.int) (code C.int) {
+	defer func() {
+		if recovered("symm_pool_set_expandable", recover()) {
+			code = C.SYMM_ERR_INTERNAL
+		}
+	}()
+	if enable != 0 && enable != 1 {
+		return fail("symm_pool_set_expandable", fmt.Errorf("%w: enable is %d: want 0 or 1", allocator.ErrInvalid, int(enable)))
+	}
+	lib.mu.Lock()
+	defer lib.mu.Unlock()
+	if p := lib.pool.Load(); p != nil {
+		if p.Expandable() == (enable == 1) {
+			return C.SYMM_OK
+		}
+		return fail("symm_pool_set_expandable", fmt.Errorf("%w: expandable segments are %s: the pool already exists; choose before the first allocation (or set SYMM_POOL_EXPANDABLE)",
+			allocator.ErrBusy, map[bool]string{true: "on", false: "off"}[p.Expandable()]))
+	}
+	lib.expandable.Store(int32(enable) + 1)
+	return C.SYMM_OK
+}
+
 //export goPoolSetLimit
 func goPoolSetLimit(device C.int, bytes C.uint64_t) (code C.int) {
 	defer func() {

@@ -398,6 +398,11 @@ void symm_pool_set_memory_fraction(double fraction, int device) {
   goPoolSetMemoryFraction(fraction, device);
 }
 
+int symm_pool_set_expandable(int enable) {
+  if (forked("symm_pool_set_expandable")) return SYMM_ERR_FORKED;
+  return goPoolSetExpandable(enable);
+}
+
 int symm_pool_set_limit(int device, uint64_t bytes) {
   if (forked("symm_pool_set_limit")) return SYMM_ERR_FORKED;
   return goPoolSetLimit(device, bytes);

@@ -32,6 +32,8 @@ type Backend struct {
 	mu   sync.Mutex
 	used []uint64
 	segs map[uintptr]uint64 // base -> size, per live segment
+	// ranges: reserved ranges of expandable segments (expand.go), by base.
+	ranges map[uintptr]hostRange
 
 	nextEvent atomic.Uintptr
 
@@ -90,7 +92,7 @@ func New(devices int, capacity uint64) (*Backend, error) {
 		}
 		capacity = uint64(si.Totalram) * uint64(si.Unit)
 	}
-	return &Backend{devices: devices, capacity: capacity, used: make([]uint64, devices), segs: map[uintptr]uint64{}}, nil
+	return &Backend{devices: devices, capacity: capacity, used: make([]uint64, devices), segs: map[uintptr]uint64{}, ranges: map[uintptr]hostRange{}}, nil
 }
 
 // OutOfMemoryError is a refused segment; the allocator recognizes it by its

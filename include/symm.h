@@ -114,6 +114,17 @@ void symm_pool_empty_cache(void);
  * memory. A bad fraction or device sets SYMM_ERR_INVALID and changes nothing. */
 void symm_pool_set_memory_fraction(double fraction, int device);
 
+/* Chooses expandable segments (enable=1) or fixed ones (0) for the pool, as
+ * SYMM_POOL_EXPANDABLE does, and wins over it. Call it before the pool
+ * exists (before the first allocation or symm_pool_init). Returns SYMM_OK;
+ * SYMM_ERR_INVALID when enable is not 0 or 1; SYMM_ERR_BUSY when the pool
+ * already exists with the other choice (nothing changes; the same choice
+ * again is SYMM_OK). Expandable segments: per device and stream, one reserved
+ * address range into which 2 MiB chunks are mapped as the pool grows and
+ * unmapped again at symm_pool_empty_cache and before an out-of-memory retry;
+ * private pools (CUDA graphs) and MemPool segments stay fixed. */
+int symm_pool_set_expandable(int enable);
+
 /* Caps device's reserved memory at bytes (0 removes the cap). Returns
  * SYMM_OK, or SYMM_ERR_INVALID for a bad device, or the pool's
  * initialization error (SYMM_ERR_NO_DEVICE); the cap is unchanged then. */

@@ -77,6 +77,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_pool_empty_cache": ([], None),
     "symm_pool_set_memory_fraction": ([ctypes.c_double, _c_int], None),
     "symm_pool_set_limit": ([_c_int, ctypes.c_uint64], _c_int),
+    "symm_pool_set_expandable": ([_c_int], _c_int),
     "symm_pool_record_stream": ([_c_void_p, _c_void_p], None),
     "symm_pool_stats": ([_c_int, ctypes.POINTER(Stat), _c_int], _c_int),
     "symm_pool_reset_peak": ([_c_int], _c_int),

@@ -205,6 +205,14 @@ def set_limit(nbytes: int, device: Any = 0) -> None:
     _call_rc(lib.symm_pool_set_limit, _device(device), nbytes)
 
 
+def set_expandable(enabled: bool = True) -> None:
+    """Chooses expandable segments for the pool (SYMM_POOL_EXPANDABLE=1 does
+    the same). Call it before the first allocation: once the pool exists, the
+    other choice raises SymmError (SYMM_ERR_BUSY)."""
+    lib = load()
+    _call_rc(lib.symm_pool_set_expandable, 1 if enabled else 0)
+
+
 # ---- raw allocation ---------------------------------------------------------
 
 

@@ -421,6 +421,14 @@ static void test_pool_limits(void) {
   p = symm_pool_alloc(16 * MiB, 0, NULL);
   CHECK(p == NULL && symm_last_error_code() == SYMM_ERR_OUT_OF_MEMORY, "the 8 MiB limit held");
   CHECK(symm_pool_set_limit(0, 0) == SYMM_OK, "no limit");
+  /* Expandable segments are chosen before the pool exists; it does by now:
+   * its own choice again is SYMM_OK, the other one SYMM_ERR_BUSY. */
+  BAD(SYMM_ERR_INVALID, "enable is 2", symm_pool_set_expandable(2));
+  BAD(SYMM_ERR_INVALID, "enable is -1", symm_pool_set_expandable(-1));
+  const char *exp_env = getenv("SYMM_POOL_EXPANDABLE");
+  int exp_on = exp_env != NULL && !strcmp(exp_env, "1");
+  CHECK(symm_pool_set_expandable(exp_on) == SYMM_OK, "the pool's own choice again");
+  BAD(SYMM_ERR_BUSY, "already exists", symm_pool_set_expandable(!exp_on));
   p = symm_pool_alloc(600 * MiB, 0, NULL);
   CHECK(p != NULL, "600 MiB without a limit");
   symm_pool_free(p, 600 * MiB, 0, NULL);
@@ -919,6 +927,19 @@ static int child_main(const char *name) {
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_MEMORY", symm_pool_alloc(16, 0, NULL));
   } else if (!strcmp(name, "bad-front-cache")) { /* SYMM_POOL_FRONT_CACHE=2 */
     CALL(F_NOSTATE, -1, SYMM_ERR_INVALID, "SYMM_POOL_FRONT_CACHE", symm_pool_device_count());
+  } else if (!strcmp(name, "bad-expandable")) { /* SYMM_POOL_EXPANDABLE=yes */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_POOL_EXPANDABLE", symm_pool_alloc(16, 0, NULL));
+  } else if (!strcmp(name, "expandable-before-init")) { /* SYMM_POOL_EXPANDABLE=0, then the call wins */
+    CHECK(symm_pool_set_expandable(1) == SYMM_OK, "chosen before the pool exists");
+    void *p = symm_pool_alloc(3 << 20, 0, NULL);
+    CHECK(p != NULL, "an allocation in an expandable segment");
+    char json[8192];
+    size_t len = 0;
+    CHECK(symm_pool_snapshot(json, sizeof json, &len) == SYMM_OK && strstr(json, "\"is_expandable\":true") != NULL,
+          "the snapshot shows an expandable segment");
+    CHECK(symm_pool_set_expandable(1) == SYMM_OK, "the same choice again");
+    CALL(F_NOSTATE, SYMM_ERR_BUSY, SYMM_ERR_BUSY, "already exists", symm_pool_set_expandable(0));
+    symm_pool_free(p, 3 << 20, 0, NULL);
   } else if (!strcmp(name, "bad-backend")) { /* SYMM_BACKEND=quantum: the pool still works */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_BACKEND=\"quantum\"", symm_alloc(4096, 0, NULL));
     CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_BACKEND", symm_nccl_adopt_comm(NULL, 0));
@@ -986,6 +1007,8 @@ static void test_children(const char *self) {
       {"bad-host-devices", {"SYMM_HOST_DEVICES=0", NULL}},
       {"bad-host-memory", {"SYMM_HOST_MEMORY=lots", NULL}},
       {"bad-front-cache", {"SYMM_POOL_FRONT_CACHE=2", NULL}},
+      {"bad-expandable", {"SYMM_POOL_EXPANDABLE=yes", NULL}},
+      {"expandable-before-init", {"SYMM_POOL_EXPANDABLE=0", NULL}},
       {"bad-backend", {"SYMM_BACKEND=quantum", NULL}},
       {"bad-timeout", {"SYMM_TIMEOUT_MS=-5", NULL}},
       {"nvshmem-on-host", {"SYMM_BACKEND=nvshmem", NULL}},
@@ -1006,7 +1029,7 @@ static void check_coverage(void) {
   static const char *all[] = {
       "symm_version", "symm_last_error", "symm_last_error_code", "symm_clear_error", "symm_copy_last_error",
       "symm_pool_alloc", "symm_pool_try_alloc", "symm_pool_free", "symm_pool_init", "symm_torch_init", "symm_pool_empty_cache",
-      "symm_pool_set_memory_fraction", "symm_pool_set_limit", "symm_pool_record_stream", "symm_pool_stats",
+      "symm_pool_set_memory_fraction", "symm_pool_set_limit", "symm_pool_set_expandable", "symm_pool_record_stream", "symm_pool_stats",
       "symm_pool_reset_peak", "symm_pool_device_count", "symm_pool_backend", "symm_pool_begin_allocate_to_pool",
       "symm_pool_end_allocate_to_pool", "symm_pool_release_pool", "symm_pool_record_history", "symm_pool_snapshot",
       "symm_torch_mode", "symm_torch_begin_allocate_to_pool", "symm_torch_end_allocate_to_pool",

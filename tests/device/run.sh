@@ -83,12 +83,20 @@ if want go; then
   [[ ${#gotests[@]} -gt 0 ]] || echo "no Go GPU test binaries in build/device/"
   for bin in "${gotests[@]}"; do
     name=$(basename "$bin" .test)
+    [[ $name == symmetric ]] && continue  # only its GPU race test, below
     # A package's tests expect to run in its directory (testdata/ and friends).
     dir=$ROOT
     [[ -d "$ROOT/$name" ]] && dir="$ROOT/$name"
     run_step "go-$name" "${SYMM_GO_TIMEOUT:-300}" \
       bash -c 'cd "$1" && exec "$2" -test.v -test.timeout "$3s"' _ "$dir" "$ROOT/$bin" "$((${SYMM_GO_TIMEOUT:-300} - 20))"
   done
+  # Free racing put/wait/barrier on the CUDA provider (its cuda subtest;
+  # the host one runs too), at the default ~10^5 calls.
+  if [[ -x build/device/symmetric.test ]]; then
+    run_step go-symmetric-race "${SYMM_GO_TIMEOUT:-300}" \
+      env -u SYMM_SOAK_SCALE bash -c 'cd "$1" && exec "$2" -test.run "TestFreeRacesSignals" -test.v -test.timeout "$3s"' \
+      _ "$ROOT/symmetric" "$ROOT/build/device/symmetric.test" "$((${SYMM_GO_TIMEOUT:-300} - 20))"
+  fi
 fi
 
 if want c; then

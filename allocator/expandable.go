@@ -1,0 +1,254 @@
+package allocator
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Expandable segments (Config.Expandable), PyTorch's expandable_segments.
+//
+// A default-pool shard of an expandable Pool has, per pool kind (small,
+// large), one segment that grows: a range of vaSize bytes of address space
+// reserved once, whose first seg.size bytes are mapped to physical chunks
+// and tiled by blocks as in any segment. When no free block fits a request,
+// the pool maps just enough chunks after the mapped part to extend the
+// segment's last block (if it is free) or to add a new last block, so a
+// block can grow across what would have been two fixed segments, and the
+// memory a workload holds follows its allocated bytes to within a chunk per
+// segment plus the free holes between live blocks.
+//
+// Invariants (checked by CheckInvariants):
+//   - seg.vsize ≠ 0 exactly for expandable segments; seg.ptr and seg.size
+//     are multiples of the device's chunk and seg.size ≤ seg.vsize;
+//   - only [seg.ptr, seg.ptr+seg.size) is mapped: reserved_bytes counts it,
+//     as PyTorch counts mapped bytes;
+//   - an expandable segment never moves to another stream (steal skips it):
+//     its memory reaches another stream only through release and remapping.
+//
+// Release (EmptyCache, the out-of-memory retry, which also runs when the
+// memory limit refuses growth): a wholly free segment is unmapped and its
+// range given back; otherwise the chunks wholly inside its free last block
+// are unmapped. Free holes between live blocks stay mapped.
+//
+// Private pools (graph captures) and MemPool segments are never expandable:
+// their memory must stay where a captured graph or PyTorch's own cache put it.
+
+// expandableSmall keeps requests of at most 1 MiB in a segment of their own,
+// as PyTorch does; false puts every request in one segment per stream.
+// Measured on the GPT-2 trace (bench/trace_test.go, 2 MiB chunks): peak
+// reserved / peak allocated 1.0042 with separate small segments, 1.0036 with
+// one segment, where small blocks fill the holes large ones leave.
+var expandableSmall = false
+
+// expandableKind is the pool of a rounded request r in an expandable shard:
+// never oversize (every block of an expandable segment may be split).
+func expandableKind(r uint64) poolKind {
+	if expandableSmall && r <= smallMax {
+		return smallPool
+	}
+	return largePool
+}
+
+// initExpandable sets the chunk and the address space of each segment:
+// the device's total memory, rounded to chunks, so that one segment per
+// (stream, kind) is enough for any workload that fits on the device.
+func (d *device) initExpandable() error {
+	g, err := d.pool.exp.Granularity(d.idx)
+	if err != nil {
+		return fmt.Errorf("expandable segments on device %d: granularity: %w", d.idx, err)
+	}
+	if g < minBlock || g&(g-1) != 0 {
+		return fmt.Errorf("expandable segments on device %d: granularity %d is not a power of two of at least %d bytes", d.idx, g, minBlock)
+	}
+	c := g
+	if want := d.pool.cfg.ExpandableChunk; want > g {
+		if want > maxRequest {
+			return fmt.Errorf("%w: expandable chunk of %d bytes is larger than any device", ErrInvalid, want)
+		}
+		c = roundUp(want, g)
+	}
+	_, total, err := d.pool.backend.MemInfo(d.idx)
+	if err != nil {
+		return fmt.Errorf("expandable segments on device %d: memory size: %w", d.idx, err)
+	}
+	d.chunk = c
+	d.vaSize = max(roundUp(min(total, maxRequest), c), c)
+	return nil
+}
+
+// roundUp rounds n up to a multiple of m (m > 0).
+func roundUp(n, m uint64) uint64 { return (n + m - 1) / m * m }
+
+// newMemory returns a free block that holds r bytes from memory the shard
+// does not have yet: a new fixed segment, or chunks mapped into an
+// expandable one. Called with s.mu held.
+func (s *shard) newMemory(r uint64, k poolKind) (*block, error) {
+	if !s.expandable {
+		return s.newSegment(r, k)
+	}
+	return s.growExpandable(r, k)
+}
+
+// growExpandable extends the growing segment of kind k so that its last
+// block is free and holds r bytes, or starts a new expandable segment when
+// its address space is used up. Called with s.mu held.
+func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
+	seg := s.grow[k]
+	if seg == nil {
+		return s.newExpandable(r, k)
+	}
+	tail := seg.tail
+	var have uint64
+	if tail.state == blockFree {
+		have = tail.size
+		if have >= r { // findFree looks at a bounded number of blocks per bin
+			return tail, nil
+		}
+	}
+	need := roundUp(r-have, s.dev.chunk)
+	if seg.size+need > seg.vsize {
+		return s.newExpandable(r, k)
+	}
+	if err := s.dev.mapChunks(seg.ptr+uintptr(seg.size), need, s.stream); err != nil {
+		return nil, err
+	}
+	s.dev.countSegment(k, int64(need), 0)
+	if have > 0 {
+		s.removeFree(tail)
+		tail.size += need
+		seg.size += need
+		s.insertFree(tail)
+		return tail, nil
+	}
+	b := s.newBlock()
+	*b = block{ptr: seg.ptr + uintptr(seg.size), size: need, seg: seg, prev: tail}
+	tail.next, seg.tail = b, b
+	seg.size += need
+	s.insertFree(b)
+	return b, nil
+}
+
+// newExpandable reserves a new range, maps the chunks that hold r bytes and
+// makes it the growing segment of kind k. Called with s.mu held.
+func (s *shard) newExpandable(r uint64, k poolKind) (*block, error) {
+	d := s.dev
+	exp := d.pool.exp
+	size := roundUp(r, d.chunk)
+	vsize := d.vaSize
+	if size > vsize {
+		return nil, &tooLargeErr{want: size, total: vsize}
+	}
+	if err := d.reserve(size); err != nil {
+		return nil, err
+	}
+	ptr, err := exp.ReserveRange(d.idx, vsize)
+	if err != nil {
+		d.unreserve(size, false)
+		return nil, fmt.Errorf("expandable segment: reserving %d bytes of address space on device %d: %w", vsize, d.idx, err)
+	}
+	if err := exp.MapChunks(d.idx, ptr, size); err != nil {
+		d.unreserve(size, false)
+		if ferr := exp.FreeRange(d.idx, ptr, vsize); ferr != nil {
+			err = errors.Join(err, fmt.Errorf("giving back the range: %w", ferr))
+		}
+		return nil, fmt.Errorf("expandable segment: mapping %d bytes on device %d: %w", size, d.idx, err)
+	}
+	d.hist.record(ActSegmentMap, ptr, size, s.stream)
+	d.countSegment(k, int64(size), 1)
+	seg := &segment{ptr: ptr, size: size, kind: k, vsize: vsize}
+	s.addSeg(seg)
+	b := s.newBlock()
+	*b = block{ptr: ptr, size: size, seg: seg}
+	seg.head, seg.tail = b, b
+	s.insertFree(b)
+	s.addIdle(seg)
+	s.grow[k] = seg
+	return b, nil
+}
+
+// tooLargeErr refuses a request larger than the device's memory before any
+// address space is reserved for it: an out-of-memory error, as on a GPU.
+type tooLargeErr struct{ want, total uint64 }
+
+func (e *tooLargeErr) Error() string {
+	return fmt.Sprintf("%d bytes are more than the device's %d bytes", e.want, e.total)
+}
+func (e *tooLargeErr) OutOfMemory() bool { return true }
+
+// mapChunks maps n bytes at ptr, counted against the device's limit; on
+// failure nothing is mapped or counted.
+func (d *device) mapChunks(ptr uintptr, n uint64, stream uintptr) error {
+	if err := d.reserve(n); err != nil {
+		return err
+	}
+	if err := d.pool.exp.MapChunks(d.idx, ptr, n); err != nil {
+		d.unreserve(n, false)
+		return fmt.Errorf("expandable segment: mapping %d more bytes at %#x on device %d: %w", n, ptr, d.idx, err)
+	}
+	d.hist.record(ActSegmentMap, ptr, n, stream)
+	return nil
+}
+
+// countSegment adds bytes (and segments) of kind k to the device's reserved
+// statistics; d.reserve has already counted the bytes against the limit.
+func (d *device) countSegment(k poolKind, bytes int64, segments int64) {
+	t := statType(k)
+	d.reserved[stAll].add(bytes)
+	d.reserved[t].add(bytes)
+	d.numDeviceAlloc.Add(1)
+	if segments != 0 {
+		d.segments[stAll].add(segments)
+		d.segments[t].add(segments)
+		if k == oversizePool {
+			d.oversizeSegs.add(segments)
+		}
+	}
+}
+
+// trimAll unmaps the free chunks at the end of every expandable segment of
+// s (wholly free ones are released before). Called with s.mu held.
+func (s *shard) trimAll() error {
+	var errs []error
+	for seg := s.segs; seg != nil; seg = seg.snext {
+		if seg.vsize != 0 {
+			errs = append(errs, s.trim(seg))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// trim unmaps the chunks that lie wholly inside seg's free last block.
+func (s *shard) trim(seg *segment) error {
+	d := s.dev
+	tail := seg.tail
+	if tail.state != blockFree || tail == seg.head {
+		return nil // nothing free at the end, or wholly free (released whole)
+	}
+	keep := roundUp(uint64(tail.ptr-seg.ptr), d.chunk)
+	if keep >= seg.size {
+		return nil
+	}
+	cut := seg.size - keep
+	at := seg.ptr + uintptr(keep)
+	if err := d.pool.exp.UnmapChunks(d.idx, at, cut); err != nil {
+		return fmt.Errorf("unmapping %d free bytes at the end of the expandable segment at %#x on device %d: %w", cut, seg.ptr, d.idx, err)
+	}
+	d.hist.record(ActSegmentUnmap, at, cut, s.stream)
+	s.removeFree(tail)
+	if uintptr(keep) == tail.ptr-seg.ptr {
+		// The whole block was in the unmapped chunks; its neighbour is
+		// allocated (free blocks never touch), so it becomes the last.
+		p := tail.prev
+		p.next, seg.tail = nil, p
+		s.recycle(tail)
+	} else {
+		tail.size -= cut
+		s.insertFree(tail)
+	}
+	seg.size = keep
+	t := statType(seg.kind)
+	d.unreserve(cut, true)
+	d.reserved[t].add(-int64(cut))
+	d.numDeviceFree.Add(1)
+	return nil
+}

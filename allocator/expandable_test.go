@@ -1,0 +1,263 @@
+package allocator
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const mib = 1 << 20
+
+func expandablePool(t *testing.T, capacity uint64, cfg Config) (*Pool, *Virtual) {
+	t.Helper()
+	v := NewVirtual(1, capacity)
+	cfg.Expandable = true
+	p, err := New(v, cfg)
+	require.NoError(t, err)
+	require.True(t, p.Expandable())
+	return p, v
+}
+
+// Requests that would each take a 20 MiB fixed segment share one range, and
+// the pool maps only the chunks they need.
+func TestExpandableGrowsInPlace(t *testing.T) {
+	p, v := expandablePool(t, 0, Config{})
+	var ptrs []uintptr
+	for i := 0; i < 5; i++ {
+		ptr, err := p.Alloc(0, 0, 3*mib)
+		require.NoError(t, err)
+		if i > 0 {
+			require.Equal(t, ptrs[i-1]+3*mib, ptr, "blocks follow each other in the one range")
+		}
+		ptrs = append(ptrs, ptr)
+	}
+	require.EqualValues(t, 16*mib, stat(t, p, 0, "reserved_bytes.all.current"), "15 MiB in 2 MiB chunks")
+	require.EqualValues(t, 1, stat(t, p, 0, "segment.all.current"))
+	require.EqualValues(t, 16*mib, v.Used(0))
+	require.NoError(t, p.CheckInvariants())
+	for _, ptr := range ptrs {
+		require.NoError(t, p.Free(0, 0, ptr, 3*mib))
+	}
+	require.NoError(t, p.EmptyCache())
+	require.Zero(t, stat(t, p, 0, "reserved_bytes.all.current"))
+	segs, ranges, chunks := v.Outstanding()
+	require.Zero(t, segs+ranges+chunks, "everything given back")
+}
+
+// A free block at the end grows into the next chunks: 30 MiB freed and 50 MiB
+// asked maps 20 MiB more, where fixed segments would hold 80 MiB.
+func TestExpandableBlockGrowsAcrossSegments(t *testing.T) {
+	p, _ := expandablePool(t, 0, Config{})
+	a, err := p.Alloc(0, 0, 30*mib)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(0, 0, a, 30*mib))
+	b, err := p.Alloc(0, 0, 50*mib)
+	require.NoError(t, err)
+	require.Equal(t, a, b, "the freed block grew in place")
+	require.EqualValues(t, 50*mib, stat(t, p, 0, "reserved_bytes.all.peak"))
+	require.NoError(t, p.CheckInvariants())
+
+	fixed, err := New(NewVirtual(1, 0), Config{})
+	require.NoError(t, err)
+	a, err = fixed.Alloc(0, 0, 30*mib)
+	require.NoError(t, err)
+	require.NoError(t, fixed.Free(0, 0, a, 30*mib))
+	_, err = fixed.Alloc(0, 0, 50*mib)
+	require.NoError(t, err)
+	m, err := fixed.StatsMap(0)
+	require.NoError(t, err)
+	require.EqualValues(t, 80*mib, m["reserved_bytes.all.peak"], "fixed segments for comparison")
+}
+
+// EmptyCache unmaps the chunks wholly inside a free last block, and a
+// wholly free segment goes back with its range.
+func TestExpandableEmptyCacheTrims(t *testing.T) {
+	p, v := expandablePool(t, 0, Config{})
+	a, err := p.Alloc(0, 0, 9*mib)
+	require.NoError(t, err)
+	b, err := p.Alloc(0, 0, 10*mib)
+	require.NoError(t, err)
+	require.EqualValues(t, 20*mib, v.Used(0))
+	require.NoError(t, p.Free(0, 0, b, 10*mib))
+	require.NoError(t, p.EmptyCache())
+	require.EqualValues(t, 10*mib, stat(t, p, 0, "reserved_bytes.all.current"), "9 MiB live keep 5 chunks")
+	require.EqualValues(t, 10*mib, v.Used(0))
+	require.NoError(t, p.CheckInvariants())
+	// The 1 MiB left free after a grows again when asked.
+	c, err := p.Alloc(0, 0, 4*mib)
+	require.NoError(t, err)
+	require.Equal(t, a+9*mib, c)
+	require.EqualValues(t, 14*mib, stat(t, p, 0, "reserved_bytes.all.current"))
+	require.NoError(t, p.Free(0, 0, a, 9*mib))
+	require.NoError(t, p.Free(0, 0, c, 4*mib))
+	require.NoError(t, p.EmptyCache())
+	segs, ranges, chunks := v.Outstanding()
+	require.Zero(t, segs+ranges+chunks)
+	require.NoError(t, p.CheckInvariants())
+}
+
+// Under a limit, growth that would pass it first releases what other streams
+// keep (the out-of-memory retry), as with fixed segments.
+func TestExpandableLimitReleasesOtherStreams(t *testing.T) {
+	p, _ := expandablePool(t, 0, Config{Limit: 24 * mib})
+	a, err := p.Alloc(0, 1, 10*mib)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(0, 1, a, 10*mib))
+	b, err := p.Alloc(0, 2, 20*mib)
+	require.NoError(t, err, "stream 1's idle range is released for stream 2")
+	require.LessOrEqual(t, stat(t, p, 0, "reserved_bytes.all.peak"), int64(24*mib))
+	_, err = p.Alloc(0, 2, 8*mib)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Contains(t, err.Error(), "limit")
+	require.NoError(t, p.Free(0, 2, b, 20*mib))
+	require.NoError(t, p.CheckInvariants())
+}
+
+// A device too small: an ordinary out-of-memory error, nothing kept.
+func TestExpandableOutOfMemory(t *testing.T) {
+	p, v := expandablePool(t, 16*mib, Config{})
+	a, err := p.Alloc(0, 0, 8*mib)
+	require.NoError(t, err)
+	_, err = p.Alloc(0, 0, 12*mib)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.EqualValues(t, 8*mib, v.Used(0), "a refused growth maps nothing")
+	require.EqualValues(t, 1, stat(t, p, 0, "num_ooms"))
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Free(0, 0, a, 8*mib))
+	b, err := p.Alloc(0, 0, 12*mib)
+	require.NoError(t, err, "the freed block grows into the chunks now free")
+	require.NoError(t, p.Free(0, 0, b, 12*mib))
+	require.NoError(t, p.EmptyCache())
+	require.Zero(t, v.Used(0))
+}
+
+// A chunk that cannot be mapped mid-growth is an out-of-memory error after
+// the release-and-retry; the segment stays consistent and its blocks intact.
+func TestExpandableMapFailureMidGrowth(t *testing.T) {
+	fb := newFake(1)
+	fb.capacity = 64 * mib // also the size of each range, in Go memory
+	p, err := New(fb, Config{Expandable: true})
+	require.NoError(t, err)
+	a, err := p.Alloc(0, 0, 3*mib)
+	require.NoError(t, err)
+	copy(fb.mem(a, 4), "keep")
+	fb.failAlloc = fakeOOM{}
+	b, err := p.Alloc(0, 0, 5*mib)
+	require.NoError(t, err, "the retry after one refused map succeeds")
+	fb.capacity = fb.used[0]
+	_, err = p.Alloc(0, 0, 5*mib)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Equal(t, "keep", string(fb.mem(a, 4)))
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Free(0, 0, a, 3*mib))
+	require.NoError(t, p.Free(0, 0, b, 5*mib))
+	require.NoError(t, p.EmptyCache())
+	require.Empty(t, fb.mapped)
+	require.Empty(t, fb.ranges)
+}
+
+// record_stream: a block used on another stream is reused only once that
+// stream's work is done, in expandable segments too.
+func TestExpandableRecordStream(t *testing.T) {
+	fb := newFake(1)
+	fb.capacity = 64 * mib
+	p, err := New(fb, Config{Expandable: true})
+	require.NoError(t, err)
+	a, err := p.Alloc(0, 0, 4*mib)
+	require.NoError(t, err)
+	require.NoError(t, p.RecordStream(a, 7))
+	fb.launch(7)
+	require.NoError(t, p.Free(0, 0, a, 4*mib))
+	b, err := p.Alloc(0, 0, 4*mib)
+	require.NoError(t, err)
+	require.NotEqual(t, a, b, "stream 7 has not finished with a")
+	fb.finish(7)
+	c, err := p.Alloc(0, 0, 4*mib)
+	require.NoError(t, err)
+	require.Equal(t, a, c)
+	require.NoError(t, p.CheckInvariants())
+}
+
+// Streams get ranges of their own; private pools (graph captures) stay fixed.
+func TestExpandableStreamsAndPrivatePools(t *testing.T) {
+	p, _ := expandablePool(t, 0, Config{})
+	_, err := p.Alloc(0, 1, mib)
+	require.NoError(t, err)
+	_, err = p.Alloc(0, 2, mib)
+	require.NoError(t, err)
+	id := PoolID{First: 1}
+	require.NoError(t, p.BeginAllocateToPool(0, id))
+	_, _, err = p.AllocIn(0, 3, 5*mib, id)
+	require.NoError(t, err)
+	require.NoError(t, p.EndAllocateToPool(0, id))
+	snap := p.Snapshot()
+	require.Len(t, snap.Segments, 3)
+	expandable := 0
+	for _, s := range snap.Segments {
+		if s.IsExpandable {
+			expandable++
+			require.EqualValues(t, 2*mib, s.TotalSize)
+		} else {
+			require.NotZero(t, s.PoolID, "the fixed segment is the private pool's")
+		}
+	}
+	require.Equal(t, 2, expandable)
+	require.Equal(t, true, snap.AllocatorSettings["expandable_segments"])
+	require.NoError(t, p.CheckInvariants())
+}
+
+// The chunk can be larger than the granularity.
+func TestExpandableChunk(t *testing.T) {
+	p, _ := expandablePool(t, 0, Config{ExpandableChunk: 5 * mib})
+	_, err := p.Alloc(0, 0, mib)
+	require.NoError(t, err)
+	require.EqualValues(t, 6*mib, stat(t, p, 0, "reserved_bytes.all.current"), "5 MiB rounded to whole 2 MiB chunks")
+	require.NoError(t, p.CheckInvariants())
+}
+
+// hideExpander offers a backend without its Expander methods.
+type hideExpander struct{ Backend }
+
+func TestExpandableNeedsExpander(t *testing.T) {
+	_, err := New(hideExpander{NewVirtual(1, 0)}, Config{Expandable: true})
+	require.ErrorIs(t, err, ErrInvalid)
+	require.Contains(t, err.Error(), "cannot reserve address space")
+}
+
+// The cached path allocates nothing on the Go heap in expandable mode too.
+func TestExpandableCachedPathAllocatesNothing(t *testing.T) {
+	p, _ := expandablePool(t, 0, Config{})
+	warm, err := p.Alloc(0, 0, mib)
+	require.NoError(t, err)
+	require.NoError(t, p.Free(0, 0, warm, mib))
+	avg := testing.AllocsPerRun(1000, func() {
+		ptr, err := p.Alloc(0, 0, mib)
+		if err != nil {
+			panic(err)
+		}
+		if err := p.Free(0, 0, ptr, mib); err != nil {
+			panic(err)
+		}
+	})
+	require.Zero(t, avg)
+}
+
+func TestConfigFromEnvExpandable(t *testing.T) {
+	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
+	c, err := ConfigFromEnv(env(map[string]string{"SYMM_POOL_EXPANDABLE": "1", "SYMM_POOL_EXPANDABLE_CHUNK": "8MiB"}))
+	require.NoError(t, err)
+	require.True(t, c.Expandable)
+	require.EqualValues(t, 8*mib, c.ExpandableChunk)
+	c, err = ConfigFromEnv(env(map[string]string{"SYMM_POOL_EXPANDABLE": "0"}))
+	require.NoError(t, err)
+	require.False(t, c.Expandable)
+	for _, bad := range []map[string]string{
+		{"SYMM_POOL_EXPANDABLE": "yes"},
+		{"SYMM_POOL_EXPANDABLE_CHUNK": "0"},
+		{"SYMM_POOL_EXPANDABLE_CHUNK": "2 parsecs"},
+		{"SYMM_POOL_EXPANDABLE_CHUNK": "2TiB"},
+	} {
+		_, err := ConfigFromEnv(env(bad))
+		require.ErrorIs(t, err, ErrInvalid, "%v", bad)
+	}
+}

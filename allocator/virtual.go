@@ -1,0 +1,251 @@
+package allocator
+
+import (
+	"fmt"
+	"sync"
+)
+
+// Virtual is a Backend (and Expander) that hands out address ranges with no
+// memory behind them: a trace that peaked at 15 GiB on an H200 replays
+// through a real Pool on any machine (symm replay, the trace benchmarks).
+// Pointers it returns must never be dereferenced. Events complete at once.
+// It counts the bytes it has handed out (segments plus mapped chunks) against
+// a capacity, so a replay can also run into out-of-memory as a device would.
+type Virtual struct {
+	mu       sync.Mutex
+	devices  int
+	capacity uint64
+	gran     uint64
+	next     uintptr
+	used     []uint64
+	peak     []uint64
+	segs     map[uintptr]uint64 // Alloc'd segments: base -> size
+	ranges   map[uintptr]uint64 // reserved ranges: base -> size
+	mapped   map[uintptr]bool   // mapped chunks, by address
+	nextEv   Event
+}
+
+var (
+	_ Backend  = (*Virtual)(nil)
+	_ Expander = (*Virtual)(nil)
+)
+
+// NewVirtual returns a virtual backend of devices devices of capacity bytes
+// each (0: 1 PiB), with a 2 MiB chunk granularity, as current GPUs have.
+func NewVirtual(devices int, capacity uint64) *Virtual {
+	if devices <= 0 {
+		devices = 1
+	}
+	if capacity == 0 {
+		capacity = 1 << 50
+	}
+	return &Virtual{
+		devices: devices, capacity: capacity, gran: 2 << 20, next: 1 << 44,
+		used: make([]uint64, devices), peak: make([]uint64, devices),
+		segs: map[uintptr]uint64{}, ranges: map[uintptr]uint64{}, mapped: map[uintptr]bool{},
+	}
+}
+
+// Used is the bytes device dev has handed out now (segments and mapped
+// chunks); Peak is the most it ever had at once.
+func (v *Virtual) Used(dev int) uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.used[dev]
+}
+
+// Peak: see Used.
+func (v *Virtual) Peak(dev int) uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.peak[dev]
+}
+
+// Outstanding reports the segments, reserved ranges and mapped chunks still
+// held, for leak checks.
+func (v *Virtual) Outstanding() (segments, ranges, chunks int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return len(v.segs), len(v.ranges), len(v.mapped)
+}
+
+func (v *Virtual) Name() string              { return "virtual" }
+func (v *Virtual) DeviceCount() (int, error) { return v.devices, nil }
+
+func (v *Virtual) check(dev int) error {
+	if dev < 0 || dev >= v.devices {
+		return fmt.Errorf("virtual: device %d out of range [0, %d)", dev, v.devices)
+	}
+	return nil
+}
+
+func (v *Virtual) MemInfo(dev int) (free, total uint64, err error) {
+	if err := v.check(dev); err != nil {
+		return 0, 0, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.capacity - v.used[dev], v.capacity, nil
+}
+
+// take counts size bytes against dev; called with v.mu held.
+func (v *Virtual) take(dev int, size uint64) error {
+	if size > v.capacity-v.used[dev] {
+		return &virtualOOM{dev: dev, want: size, used: v.used[dev], capacity: v.capacity}
+	}
+	v.used[dev] += size
+	v.peak[dev] = max(v.peak[dev], v.used[dev])
+	return nil
+}
+
+// addressSpace hands out a new address range, granularity-aligned, with a
+// gap after it so that neighbouring ranges never touch.
+func (v *Virtual) addressSpace(size uint64) uintptr {
+	p := v.next
+	v.next += uintptr((size+v.gran-1)&^(v.gran-1)) + uintptr(v.gran)
+	return p
+}
+
+func (v *Virtual) Alloc(dev int, size uint64) (uintptr, error) {
+	if err := v.check(dev); err != nil {
+		return 0, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.take(dev, size); err != nil {
+		return 0, err
+	}
+	p := v.addressSpace(size)
+	v.segs[p] = size
+	return p, nil
+}
+
+func (v *Virtual) Free(dev int, ptr uintptr, size uint64) error {
+	if err := v.check(dev); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if got, ok := v.segs[ptr]; !ok || got != size {
+		return fmt.Errorf("virtual: free of %#x (%d bytes): not a segment of this backend", ptr, size)
+	}
+	delete(v.segs, ptr)
+	v.used[dev] -= size
+	return nil
+}
+
+func (v *Virtual) Granularity(dev int) (uint64, error) { return v.gran, v.check(dev) }
+
+func (v *Virtual) ReserveRange(dev int, size uint64) (uintptr, error) {
+	if err := v.check(dev); err != nil {
+		return 0, err
+	}
+	if size == 0 || size%v.gran != 0 {
+		return 0, fmt.Errorf("virtual: reserve of %d bytes: not a positive multiple of %d", size, v.gran)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	p := v.addressSpace(size)
+	v.ranges[p] = size
+	return p, nil
+}
+
+func (v *Virtual) FreeRange(dev int, ptr uintptr, size uint64) error {
+	if err := v.check(dev); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if got, ok := v.ranges[ptr]; !ok || got != size {
+		return fmt.Errorf("virtual: free of range %#x (%d bytes): not reserved", ptr, size)
+	}
+	for c := range v.mapped { // the mapped chunks are far fewer than a range's
+		if c >= ptr && c < ptr+uintptr(size) {
+			return fmt.Errorf("virtual: free of range %#x: chunk %#x is still mapped", ptr, c)
+		}
+	}
+	delete(v.ranges, ptr)
+	return nil
+}
+
+// inRange checks that [ptr, ptr+size) is chunk-aligned inside one reserved
+// range; called with v.mu held.
+func (v *Virtual) inRange(ptr uintptr, size uint64) error {
+	if size == 0 || size%v.gran != 0 || uint64(ptr)%v.gran != 0 {
+		return fmt.Errorf("virtual: range %#x+%d is not chunk-aligned", ptr, size)
+	}
+	for base, n := range v.ranges {
+		if ptr >= base && ptr+uintptr(size) <= base+uintptr(n) {
+			return nil
+		}
+	}
+	return fmt.Errorf("virtual: range %#x+%d is not inside a reserved range", ptr, size)
+}
+
+func (v *Virtual) MapChunks(dev int, ptr uintptr, size uint64) error {
+	if err := v.check(dev); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.inRange(ptr, size); err != nil {
+		return err
+	}
+	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {
+		if v.mapped[c] {
+			return fmt.Errorf("virtual: map of %#x+%d: chunk %#x is already mapped", ptr, size, c)
+		}
+	}
+	if err := v.take(dev, size); err != nil {
+		return err
+	}
+	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {
+		v.mapped[c] = true
+	}
+	return nil
+}
+
+func (v *Virtual) UnmapChunks(dev int, ptr uintptr, size uint64) error {
+	if err := v.check(dev); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.inRange(ptr, size); err != nil {
+		return err
+	}
+	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {
+		if !v.mapped[c] {
+			return fmt.Errorf("virtual: unmap of %#x+%d: chunk %#x is not mapped", ptr, size, c)
+		}
+	}
+	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {
+		delete(v.mapped, c)
+	}
+	v.used[dev] -= size
+	return nil
+}
+
+func (v *Virtual) NewEvent(dev int) (Event, error) {
+	if err := v.check(dev); err != nil {
+		return 0, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.nextEv++
+	return v.nextEv, nil
+}
+func (v *Virtual) Record(dev int, _ Event, _ uintptr) error { return v.check(dev) }
+func (v *Virtual) Query(dev int, _ Event) (bool, error)     { return true, v.check(dev) }
+func (v *Virtual) Sync(dev int, _ Event) error              { return v.check(dev) }
+func (v *Virtual) DestroyEvent(dev int, _ Event) error      { return v.check(dev) }
+
+type virtualOOM struct {
+	dev                  int
+	want, used, capacity uint64
+}
+
+func (e *virtualOOM) Error() string {
+	return fmt.Sprintf("virtual: out of memory: %d bytes on device %d (%d of %d bytes in use)", e.want, e.dev, e.used, e.capacity)
+}
+func (e *virtualOOM) OutOfMemory() bool { return true }

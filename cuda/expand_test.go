@@ -1,0 +1,76 @@
+package cuda
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/allocator"
+)
+
+// Expandable segments on the real driver: blocks in one range grow in
+// place, keep their bytes through growth and trimming, and every chunk goes
+// back to the device at the end.
+func TestGPUExpandablePool(t *testing.T) {
+	b, _ := gpu(t)
+	const mib = 1 << 20
+	g, err := b.Granularity(0)
+	require.NoError(t, err)
+	require.Zero(t, g%(2*mib), "granularity %d", g)
+	free0, total, err := b.MemInfo(0)
+	require.NoError(t, err)
+	p, err := allocator.New(b, allocator.Config{Expandable: true})
+	require.NoError(t, err)
+
+	fill := func(ptr uintptr, n uint64, v byte) {
+		require.NoError(t, Memset(0, ptr, v, n))
+	}
+	check := func(ptr uintptr, n uint64, v byte) {
+		got := make([]byte, n)
+		require.NoError(t, MemcpyDtoH(0, got, ptr))
+		require.True(t, bytes.Equal(got, bytes.Repeat([]byte{v}, int(n))), "block %#x lost its bytes", ptr)
+	}
+	var ptrs []uintptr
+	for i := 0; i < 5; i++ {
+		ptr, err := p.Alloc(0, 0, 3*mib)
+		require.NoError(t, err)
+		if i > 0 {
+			require.Equal(t, ptrs[i-1]+3*mib, ptr)
+		}
+		fill(ptr, 3*mib, byte(i+1))
+		ptrs = append(ptrs, ptr)
+	}
+	m, err := p.StatsMap(0)
+	require.NoError(t, err)
+	require.EqualValues(t, 16*mib, m["reserved_bytes.all.current"])
+
+	// Free the last two, trim, then grow one block across the freed space.
+	require.NoError(t, p.Free(0, 0, ptrs[4], 3*mib))
+	require.NoError(t, p.Free(0, 0, ptrs[3], 3*mib))
+	require.NoError(t, p.EmptyCache())
+	m, _ = p.StatsMap(0)
+	require.EqualValues(t, 10*mib, m["reserved_bytes.all.current"], "9 MiB live keep 5 chunks")
+	big, err := p.Alloc(0, 0, 40*mib)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[3], big, "the free end grew into new chunks")
+	fill(big, 40*mib, 0xab)
+	for i := 0; i < 3; i++ {
+		check(ptrs[i], 3*mib, byte(i+1))
+	}
+	check(big, 40*mib, 0xab)
+
+	// More than the device has: an ordinary out-of-memory error.
+	_, err = p.Alloc(0, 0, total+mib)
+	require.ErrorIs(t, err, allocator.ErrOutOfMemory)
+
+	for i := 0; i < 3; i++ {
+		require.NoError(t, p.Free(0, 0, ptrs[i], 3*mib))
+	}
+	require.NoError(t, p.Free(0, 0, big, 40*mib))
+	require.NoError(t, p.EmptyCache())
+	require.NoError(t, p.CheckInvariants())
+	free1, _, err := b.MemInfo(0)
+	require.NoError(t, err)
+	require.InDelta(t, float64(free0), float64(free1), 4*mib, "device memory back after empty_cache")
+}

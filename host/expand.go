@@ -1,0 +1,183 @@
+package host
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/libsymm/libsymm/allocator"
+)
+
+// Expandable segments on host memory: a range reserved with PROT_NONE and
+// MAP_NORESERVE (address space only), chunks mapped over it with MAP_FIXED
+// as anonymous read-write memory, and unmapped by mapping PROT_NONE over them
+// again, which gives their pages back to the kernel and keeps the range
+// reserved. The granularity is 2 MiB, as on current GPUs, so that CI runs the
+// pool's chunk arithmetic as it runs on a GPU.
+
+// Granularity is the chunk of expandable segments: 2 MiB.
+const Granularity = 2 << 20
+
+var _ allocator.Expander = (*Backend)(nil)
+
+// Granularity returns the chunk size (2 MiB).
+func (h *Backend) Granularity(dev int) (uint64, error) { return Granularity, h.check(dev) }
+
+// ReserveRange reserves size bytes of address space, 2 MiB-aligned.
+func (h *Backend) ReserveRange(dev int, size uint64) (uintptr, error) {
+	if err := h.check(dev); err != nil {
+		return 0, err
+	}
+	if size == 0 || size%Granularity != 0 {
+		return 0, fmt.Errorf("host: reserve of %d bytes on device %d: not a positive multiple of %d", size, dev, Granularity)
+	}
+	// Reserve one chunk more and trim, for the alignment.
+	raw, _, errno := unix.Syscall6(unix.SYS_MMAP, 0, uintptr(size+Granularity), unix.PROT_NONE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, ^uintptr(0), 0)
+	if errno == unix.ENOMEM {
+		return 0, &OutOfMemoryError{Dev: dev, Want: size, Cause: fmt.Errorf("reserving address space: %w", errno)}
+	} else if errno != 0 {
+		return 0, fmt.Errorf("host: reserving %d bytes of address space on device %d: %w", size, dev, errno)
+	}
+	ptr := (raw + Granularity - 1) &^ (Granularity - 1)
+	if head := ptr - raw; head > 0 {
+		munmap(raw, uint64(head))
+	}
+	if tail := raw + uintptr(size+Granularity) - (ptr + uintptr(size)); tail > 0 {
+		munmap(ptr+uintptr(size), uint64(tail))
+	}
+	h.mu.Lock()
+	h.ranges[ptr] = hostRange{dev: dev, size: size}
+	h.mu.Unlock()
+	return ptr, nil
+}
+
+// hostRange is a reserved range and the bytes mapped in it.
+type hostRange struct {
+	dev          int
+	size, mapped uint64
+}
+
+func munmap(ptr uintptr, size uint64) error {
+	if _, _, errno := unix.Syscall(unix.SYS_MUNMAP, ptr, uintptr(size), 0); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// FreeRange gives back a range with nothing mapped in it.
+func (h *Backend) FreeRange(dev int, ptr uintptr, size uint64) error {
+	if err := h.check(dev); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	r, ok := h.ranges[ptr]
+	if !ok || r.size != size || r.dev != dev {
+		h.mu.Unlock()
+		return fmt.Errorf("host: free of range %#x (%d bytes) on device %d: not reserved here", ptr, size, dev)
+	}
+	if r.mapped != 0 {
+		h.mu.Unlock()
+		return fmt.Errorf("host: free of range %#x: %d bytes are still mapped", ptr, r.mapped)
+	}
+	delete(h.ranges, ptr)
+	h.mu.Unlock()
+	if err := munmap(ptr, size); err != nil {
+		return fmt.Errorf("host: munmap of range %#x: %w", ptr, err)
+	}
+	return nil
+}
+
+// rangeOf returns the base of the reserved range of dev holding [ptr,
+// ptr+size), checking chunk alignment; called with h.mu held.
+func (h *Backend) rangeOf(dev int, ptr uintptr, size uint64) (uintptr, error) {
+	if size == 0 || size%Granularity != 0 || ptr%Granularity != 0 {
+		return 0, fmt.Errorf("host: range %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, Granularity)
+	}
+	for base, r := range h.ranges {
+		if r.dev == dev && ptr >= base && ptr+uintptr(size) <= base+uintptr(r.size) {
+			return base, nil
+		}
+	}
+	return 0, fmt.Errorf("host: range %#x+%d on device %d: not inside a reserved range", ptr, size, dev)
+}
+
+// MapChunks maps size bytes of new memory at ptr, counted against the
+// device's capacity. Fault injection (FaultAlloc) fails it before or after
+// the mapping is made; either way nothing stays mapped or counted.
+func (h *Backend) MapChunks(dev int, ptr uintptr, size uint64) error {
+	if err := h.check(dev); err != nil {
+		return err
+	}
+	failAt := h.pick(FaultAlloc, 2) // 0: at once; 1: after mapping
+	if failAt == 0 {
+		return h.faults.Err(fmt.Sprintf("map of %d bytes on device %d", size, dev))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	base, err := h.rangeOf(dev, ptr, size)
+	if err != nil {
+		return err
+	}
+	if h.used[dev]+size > h.capacity || size > h.capacity {
+		return &OutOfMemoryError{Dev: dev, Want: size, Used: h.used[dev], Cap: h.capacity}
+	}
+	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, ptr, uintptr(size), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED, ^uintptr(0), 0); errno != 0 {
+		if errno == unix.ENOMEM {
+			return &OutOfMemoryError{Dev: dev, Want: size, Cause: errno}
+		}
+		return fmt.Errorf("host: mapping %d bytes at %#x on device %d: %w", size, ptr, dev, errno)
+	}
+	if failAt == 1 {
+		if err := reserveAgain(ptr, size); err != nil {
+			return fmt.Errorf("host: undoing a map after an injected fault: %w", err)
+		}
+		return h.faults.Err(fmt.Sprintf("map of %d bytes on device %d (after mmap)", size, dev))
+	}
+	r := h.ranges[base]
+	r.mapped += size
+	h.ranges[base] = r
+	h.used[dev] += size
+	return nil
+}
+
+// reserveAgain drops the pages of [ptr, ptr+size) and leaves it reserved.
+func reserveAgain(ptr uintptr, size uint64) error {
+	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, ptr, uintptr(size), unix.PROT_NONE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED|unix.MAP_NORESERVE, ^uintptr(0), 0); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// UnmapChunks gives the pages of [ptr, ptr+size) back; the range stays reserved.
+func (h *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
+	if err := h.check(dev); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	base, err := h.rangeOf(dev, ptr, size)
+	if err != nil {
+		return err
+	}
+	r := h.ranges[base]
+	if r.mapped < size {
+		return fmt.Errorf("host: unmap of %d bytes at %#x on device %d: only %d bytes of its range are mapped", size, ptr, dev, r.mapped)
+	}
+	if err := reserveAgain(ptr, size); err != nil {
+		return fmt.Errorf("host: unmapping %d bytes at %#x on device %d: %w", size, ptr, dev, err)
+	}
+	r.mapped -= size
+	h.ranges[base] = r
+	h.used[dev] -= size
+	return nil
+}
+
+// Ranges reports how many expandable ranges are reserved (for leak checks).
+func (h *Backend) Ranges() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ranges)
+}

@@ -1,0 +1,58 @@
+"""Expandable segments from Python (host backend): chosen before the pool
+exists, with set_expandable or SYMM_POOL_EXPANDABLE; memory grows in place and
+goes back at empty_cache. Each case runs a fresh interpreter (the pool is made
+once per process)."""
+
+from conftest import child_env, run_json
+
+CHILD = r"""
+import json, symm
+MiB = 1 << 20
+if CHOOSE is not None:
+    symm.set_expandable(CHOOSE)
+ptrs = [symm.alloc(3 * MiB) for _ in range(5)]
+st = symm.memory_stats(0)
+snap = symm.memory_snapshot()
+out = {
+    "contiguous": all(b - a == 3 * MiB for a, b in zip(ptrs, ptrs[1:])),
+    "reserved": st["reserved_bytes.all.current"],
+    "segments": st["segment.all.current"],
+    "expandable": [s["is_expandable"] for s in snap["segments"]],
+}
+try:
+    symm.set_expandable(not out["expandable"][0])
+    out["switch"] = "accepted"
+except symm.SymmError as e:
+    out["switch"] = e.code.name
+symm.set_expandable(out["expandable"][0])  # the pool's own choice: accepted
+for p in ptrs:
+    symm.free(p, 3 * MiB)
+symm.empty_cache()
+out["after_empty"] = symm.memory_reserved(0)
+print(json.dumps(out))
+"""
+
+
+def run(choose, env=None):
+    return run_json(CHILD.replace("CHOOSE", repr(choose)), env=child_env(env or {}, unset=("SYMM_POOL_EXPANDABLE",)))
+
+
+def test_set_expandable_before_first_allocation():
+    out = run(True)
+    assert out["expandable"] == [True]
+    assert out["contiguous"], "five 3 MiB blocks follow each other in one range"
+    assert out["reserved"] == 16 << 20, "15 MiB mapped in 2 MiB chunks, not a 20 MiB segment"
+    assert out["segments"] == 1
+    assert out["switch"] == "BUSY", "the pool exists: the other choice is refused"
+    assert out["after_empty"] == 0
+
+
+def test_environment_variable_and_default():
+    assert run(None, {"SYMM_POOL_EXPANDABLE": "1"})["expandable"] == [True]
+    fixed = run(None)
+    assert fixed["expandable"] == [False]
+    assert fixed["reserved"] == 20 << 20, "the default: one 20 MiB fixed segment"
+
+
+def test_call_wins_over_environment():
+    assert run(False, {"SYMM_POOL_EXPANDABLE": "1"})["expandable"] == [False]
