@@ -118,6 +118,7 @@ set-version:
 fuzz:
 	@bash tests/fuzz.sh ./allocator FuzzPoolOps $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzPoolOpsExpandable $(FUZZTIME)
+	@bash tests/fuzz.sh ./internal/trace FuzzParse $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzParseSize $(FUZZTIME)
 	@bash tests/fuzz.sh ./store FuzzDecodeFrame $(FUZZTIME)
 	@bash tests/fuzz.sh ./topology FuzzNormalizeBusID $(FUZZTIME)

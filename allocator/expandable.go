@@ -40,6 +40,30 @@ import (
 // one segment, where small blocks fill the holes large ones leave.
 var expandableSmall = false
 
+// expandableHighFit places a block cut from a free hole inside an
+// expandable segment (not its last block, which grows) at the hole's high
+// end, next to the live block above, so that the rest of the hole stays
+// joined to the free space below. Measured on the GPT-2 trace: peak reserved
+// / peak allocated 1.0036 at the low end, 1.0025 at the high end.
+var expandableHighFit = true
+
+// splitHigh cuts free block b (out of its bin) in two: a free block of the
+// low b.size−r bytes and b itself, r bytes at the high end. b is not its
+// segment's last block. Called with s.mu held.
+func (s *shard) splitHigh(b *block, r uint64) {
+	rest := s.newBlock()
+	*rest = block{ptr: b.ptr, size: b.size - r, seg: b.seg, prev: b.prev, next: b}
+	if b.prev != nil {
+		b.prev.next = rest
+	} else {
+		b.seg.head = rest
+	}
+	b.prev = rest
+	b.ptr += uintptr(b.size - r)
+	b.size = r
+	s.insertFree(rest)
+}
+
 // expandableKind is the pool of a rounded request r in an expandable shard:
 // never oversize (every block of an expandable segment may be split).
 func expandableKind(r uint64) poolKind {

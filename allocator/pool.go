@@ -521,7 +521,9 @@ func (s *shard) take(b *block, r, n uint64) {
 	if seg.idle {
 		s.removeIdle(seg)
 	}
-	if shouldSplit(b.size, r, seg.kind) || (seg.vsize != 0 && b.size > r) {
+	if seg.vsize != 0 && b.size > r && b.next != nil && expandableHighFit {
+		s.splitHigh(b, r)
+	} else if shouldSplit(b.size, r, seg.kind) || (seg.vsize != 0 && b.size > r) {
 		rest := s.newBlock()
 		*rest = block{ptr: b.ptr + uintptr(r), size: b.size - r, seg: seg, prev: b, next: b.next}
 		if b.next != nil {

@@ -1,8 +1,11 @@
 // Command symm tells what GPUs a machine has, how they are linked and which
-// libsymm backends can run there, and measures libsymm's pool.
+// libsymm backends can run there, and measures libsymm's pool: its speed
+// (bench), and what it would reserve for a recorded workload (replay, no GPU
+// needed; docs/REPLAY.md).
 //
 //	symm info [--json] [--lib-dir DIR]...   devices, links, libraries, backends
 //	symm bench [--backend cuda|host] [--device N] [--iters N]
+//	symm replay TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--json]
 //	symm version
 //
 // Exit codes: 0 success; 1 a failure while running; 2 bad usage; 3 no
@@ -43,6 +46,8 @@ const usage = `usage: symm <command> [flags]
 commands:
   info       GPUs, how they are linked, libraries and backends (--json: machine-readable)
   bench      the pool's cached alloc+free against the driver's, per size
+  replay     replay a recorded allocation trace through the pool, no GPU needed:
+             peak reserved against peak allocated per configuration (docs/REPLAY.md)
   version    libsymm's version
 
 "symm <command> --help" describes a command's flags.
@@ -59,6 +64,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return info(args[1:], stdout, stderr)
 	case "bench":
 		return bench(args[1:], stdout, stderr)
+	case "replay":
+		return replay(args[1:], stdout, stderr)
 	case "version":
 		fs := newFlags("version", "", stderr)
 		if code, done := parse(fs, args[1:]); done {

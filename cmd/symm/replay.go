@@ -1,0 +1,199 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/internal/trace"
+)
+
+const replaySynopsis = "TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--json]"
+
+// sizeFlag is a byte count given as allocator.ParseSize reads it ("16GiB").
+type sizeFlag uint64
+
+func (s *sizeFlag) String() string { return fmt.Sprint(uint64(*s)) }
+func (s *sizeFlag) Set(v string) error {
+	n, err := allocator.ParseSize(v)
+	*s = sizeFlag(n)
+	return err
+}
+
+type replayOptions struct {
+	path                             string
+	expandableOnly, asJSON           bool
+	limit, maxSplit, chunk, capacity sizeFlag
+}
+
+// replay runs a recorded trace through the pool on a virtual device, once per
+// configuration, and prints the peaks beside the trace's own.
+func replay(args []string, stdout, stderr io.Writer) int {
+	o, code, done := replayFlags(args, stderr)
+	if done {
+		return code
+	}
+	tr, err := trace.Open(o.path)
+	if err != nil {
+		fmt.Fprintln(stderr, "symm replay:", err)
+		return exitFailure
+	}
+	rows := make([]replayRow, 0, 2)
+	for _, c := range o.configs() {
+		res, err := trace.Replay(tr, c.cfg, uint64(o.capacity))
+		if err != nil {
+			fmt.Fprintf(stderr, "symm replay: %s: %s: %v\n", o.path, c.name, err)
+			return exitFailure
+		}
+		rows = append(rows, replayRow{Name: c.name, Result: res})
+	}
+	rec := tr.Recorded()
+	if o.asJSON {
+		return writeReplayJSON(stdout, stderr, o, len(tr.Events), rec, rows)
+	}
+	writeReplayText(stdout, o.path, len(tr.Events), rec, rows)
+	return exitOK
+}
+
+// replayFlags reads the flags and the one TRACE argument, which may come
+// before, between or after the flags (the flag package alone stops at the
+// first argument that is not a flag).
+func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, done bool) {
+	fs := newFlags("replay", replaySynopsis, stderr)
+	fs.BoolVar(&o.expandableOnly, "expandable", false, "replay only the expandable-segment configuration (default: default and expandable)")
+	fs.Var(&o.limit, "limit", "cap the pool's reserved bytes at this `SIZE` (16GiB), as SYMM_POOL_LIMIT; allocations past it count as OOMs")
+	fs.Var(&o.maxSplit, "max-split", "blocks of at least this `SIZE` are never split, as SYMM_POOL_MAX_SPLIT (more than 1MiB; default off)")
+	fs.Var(&o.chunk, "chunk", "expandable segments grow and shrink by chunks of this `SIZE` (default: the device's granularity, 2MiB)")
+	fs.Var(&o.capacity, "capacity", "the virtual device's memory, a `SIZE` (default 1PiB: no out-of-memory)")
+	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object instead of the table")
+	var pos []string
+	for {
+		if code, done := parseHelp(fs, args); done {
+			return o, code, true
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos, args = append(pos, fs.Arg(0)), fs.Args()[1:]
+	}
+	switch {
+	case len(pos) == 0:
+		fmt.Fprintln(stderr, "symm replay: missing TRACE (a CSV trace, plain or gzip; python -m symm.trace writes one)")
+	case len(pos) > 1:
+		fmt.Fprintf(stderr, "symm replay: unexpected argument %q (one TRACE only)\n", pos[1])
+	case o.maxSplit != 0 && o.maxSplit <= 1<<20:
+		fmt.Fprintf(stderr, "symm replay: --max-split must be more than 1MiB (small blocks are always split), not %d bytes\n", o.maxSplit)
+	default:
+		o.path = pos[0]
+		return o, 0, false
+	}
+	fs.Usage()
+	return o, exitUsage, true
+}
+
+// parseHelp parses args like parse, but leaves arguments that are not flags
+// to the caller.
+func parseHelp(fs *flag.FlagSet, args []string) (code int, done bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK, true
+		}
+		return exitUsage, true
+	}
+	return 0, false
+}
+
+type namedConfig struct {
+	name string
+	cfg  allocator.Config
+}
+
+func (o replayOptions) configs() []namedConfig {
+	base := allocator.Config{Limit: uint64(o.limit), MaxSplit: uint64(o.maxSplit)}
+	exp := base
+	exp.Expandable, exp.ExpandableChunk = true, uint64(o.chunk)
+	if o.expandableOnly {
+		return []namedConfig{{"expandable", exp}}
+	}
+	return []namedConfig{{"default", base}, {"expandable", exp}}
+}
+
+// replayRow is one configuration's result; in JSON, its name beside the
+// fields of trace.Result.
+type replayRow struct {
+	Name string `json:"name"`
+	trace.Result
+}
+
+const mib = 1 << 20
+
+// writeReplayText prints the counts, then one row per configuration after
+// the trace's own figures (reserved "-" when the trace has no segment rows).
+func writeReplayText(w io.Writer, path string, n int, rec trace.Recorded, rows []replayRow) {
+	r0 := rows[0].Result // the counts below are the trace's: every configuration has the same
+	fmt.Fprintf(w, "trace %s: %d rows, %d alloc/free_completed replayed; %d pre-existing blocks, %d lost frees, %d unmatched frees\n",
+		path, n, r0.Rows, r0.PreExisting, r0.LostFrees, r0.UnmatchedFrees)
+	const format = "%-18s  %20s  %19s  %18s  %5s\n"
+	fmt.Fprintf(w, format, "configuration", "peak allocated (MiB)", "peak reserved (MiB)", "reserved/allocated", "OOMs")
+	reserved, ratio := "-", "-"
+	if rec.HasReserved {
+		reserved = fmt.Sprint(rec.PeakReserved / mib)
+		ratio = fmt.Sprintf("%.3f", rec.Ratio())
+	}
+	fmt.Fprintf(w, format, "recorded (trace)", fmt.Sprint(rec.PeakAllocated/mib), reserved, ratio, fmt.Sprint(rec.OOMs))
+	for _, r := range rows {
+		fmt.Fprintf(w, format, r.Name, fmt.Sprint(r.PeakAllocated/mib), fmt.Sprint(r.PeakReserved/mib),
+			fmt.Sprintf("%.3f", r.Ratio), fmt.Sprint(r.OOMs))
+	}
+}
+
+// replayJSON is the --json output: bytes, not MiB. The recorded reserved
+// figure and its ratio are null when the trace has no segment rows; limit,
+// max split and chunk are 0 when not given (no limit, off, the granularity).
+type replayJSON struct {
+	Trace          string      `json:"trace"`
+	Rows           int         `json:"rows"`
+	LimitBytes     uint64      `json:"limit_bytes"`
+	MaxSplitBytes  uint64      `json:"max_split_bytes"`
+	ChunkBytes     uint64      `json:"chunk_bytes"`
+	CapacityBytes  uint64      `json:"capacity_bytes"`
+	Recorded       recordJSON  `json:"recorded"`
+	Configurations []replayRow `json:"configurations"`
+}
+
+type recordJSON struct {
+	PeakAllocated uint64   `json:"peak_allocated_bytes"`
+	PeakReserved  *uint64  `json:"peak_reserved_bytes"`
+	Ratio         *float64 `json:"reserved_per_allocated"`
+	OOMs          int      `json:"ooms"`
+}
+
+// capacity is the memory of the virtual device the replays ran on (0 given:
+// the backend's default), asked of the backend so as not to repeat it here.
+func capacity(given uint64) uint64 {
+	_, total, _ := allocator.NewVirtual(1, given).MemInfo(0)
+	return total
+}
+
+func writeReplayJSON(stdout, stderr io.Writer, o replayOptions, n int, rec trace.Recorded, rows []replayRow) int {
+	out := replayJSON{
+		Trace: o.path, Rows: n, LimitBytes: uint64(o.limit), MaxSplitBytes: uint64(o.maxSplit),
+		ChunkBytes: uint64(o.chunk), CapacityBytes: capacity(uint64(o.capacity)),
+		Recorded:       recordJSON{PeakAllocated: rec.PeakAllocated, OOMs: rec.OOMs},
+		Configurations: rows,
+	}
+	if rec.HasReserved {
+		ratio := rec.Ratio()
+		out.Recorded.PeakReserved, out.Recorded.Ratio = &rec.PeakReserved, &ratio
+	}
+	enc := json.NewEncoder(stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(out); err != nil {
+		fmt.Fprintln(stderr, "symm replay:", err)
+		return exitFailure
+	}
+	return exitOK
+}

@@ -1,0 +1,124 @@
+package trace
+
+import (
+	"fmt"
+
+	"github.com/libsymm/libsymm/allocator"
+)
+
+// Result is what a replay measured.
+type Result struct {
+	// PeakAllocated and PeakReserved are the pool's allocated_bytes.all.peak
+	// and reserved_bytes.all.peak: block sizes (requests rounded up) and
+	// segment memory.
+	PeakAllocated uint64 `json:"peak_allocated_bytes"`
+	PeakReserved  uint64 `json:"peak_reserved_bytes"`
+	// Ratio is PeakReserved / PeakAllocated (0 when nothing was allocated):
+	// 1 means no memory was lost to fragmentation or caching at the peak.
+	Ratio float64 `json:"reserved_per_allocated"`
+	// BackendPeak is the most memory the virtual backend had handed out at
+	// once (segments plus mapped chunks).
+	BackendPeak uint64 `json:"backend_peak_bytes"`
+	// Rows counts the alloc and free_completed rows replayed (those of size
+	// 0 and unmatched frees are not).
+	Rows int `json:"rows_replayed"`
+	// PreExisting counts blocks allocated at the start because the trace
+	// frees them without allocating them; LostFrees, allocs of an address
+	// still live (its block was freed first); UnmatchedFrees,
+	// free_completed rows of an address allocated before but no longer
+	// live (skipped).
+	PreExisting    int `json:"pre_existing"`
+	LostFrees      int `json:"lost_frees"`
+	UnmatchedFrees int `json:"unmatched_frees"`
+	// OOMs counts allocations the pool refused for lack of memory (the
+	// replay goes on; the block's free is then skipped).
+	OOMs int `json:"ooms"`
+}
+
+// Replay runs t's alloc and free_completed rows, in order, through a pool
+// of configuration cfg on one virtual device of capacity bytes (0: 1 PiB),
+// as play describes, and reports the pool's peaks. Each row's stream is the
+// stream given to Alloc or Free. An error other than out of memory stops
+// the replay and names the row; so does a broken pool invariant at the end.
+func Replay(t *Trace, cfg allocator.Config, capacity uint64) (Result, error) {
+	v := allocator.NewVirtual(1, capacity)
+	p, err := allocator.New(v, cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	r := &replayer{pool: p, ptrs: map[uint64]uintptr{}}
+	if err := t.play(r); err != nil {
+		return Result{}, err
+	}
+	if err := p.CheckInvariants(); err != nil {
+		return Result{}, fmt.Errorf("pool invariant broken after the replay: %w", err)
+	}
+	m, err := p.StatsMap(0)
+	if err != nil {
+		return Result{}, err
+	}
+	res := r.res
+	res.PeakAllocated = uint64(m["allocated_bytes.all.peak"])
+	res.PeakReserved = uint64(m["reserved_bytes.all.peak"])
+	if res.PeakAllocated > 0 {
+		res.Ratio = float64(res.PeakReserved) / float64(res.PeakAllocated)
+	}
+	res.BackendPeak = v.Peak(0)
+	return res, nil
+}
+
+// replayer plays a trace into a pool on device 0.
+type replayer struct {
+	pool *allocator.Pool
+	ptrs map[uint64]uintptr // trace address -> the pool's block; 0: its alloc ran out of memory
+	res  Result
+}
+
+func (r *replayer) alloc(e Event, pre bool) error {
+	ptr, err := r.pool.Alloc(0, uintptr(e.Stream), e.Size)
+	switch {
+	case allocator.IsOutOfMemory(err):
+		r.res.OOMs++
+		ptr = 0
+	case err != nil:
+		return rowError(e, pre, err)
+	}
+	r.ptrs[e.Addr] = ptr
+	if pre {
+		r.res.PreExisting++
+	} else {
+		r.res.Rows++
+	}
+	return nil
+}
+
+// free returns a's block: on the free_completed row's stream, or for a lost
+// free on the stream it was allocated for.
+func (r *replayer) free(a, by Event, lost bool) error {
+	ptr := r.ptrs[a.Addr]
+	delete(r.ptrs, a.Addr)
+	stream := by.Stream
+	if lost {
+		r.res.LostFrees++
+		stream = a.Stream
+	} else {
+		r.res.Rows++
+	}
+	if ptr == 0 {
+		return nil
+	}
+	if err := r.pool.Free(0, uintptr(stream), ptr, a.Size); err != nil {
+		return rowError(by, false, err)
+	}
+	return nil
+}
+
+func (r *replayer) unmatched(Event) { r.res.UnmatchedFrees++ }
+
+func rowError(e Event, pre bool, err error) error {
+	what := fmt.Sprintf("%s of %d bytes at address %d, stream %d", e.Action, e.Size, e.Addr, e.Stream)
+	if pre {
+		what = fmt.Sprintf("allocating the pre-existing block that this row frees (%d bytes at address %d)", e.Size, e.Addr)
+	}
+	return fmt.Errorf("line %d (%s): %w", e.Line, what, err)
+}

@@ -1,0 +1,104 @@
+package trace
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/allocator"
+)
+
+// Two streams each get their own segments: the same rows on one stream
+// reserve half as much.
+func TestReplayHonoursStreams(t *testing.T) {
+	const rows = `action,addr,size,stream
+alloc,1,1048576,0
+alloc,2,1048576,%s
+free_completed,1,1048576,0
+free_completed,2,1048576,%s
+`
+	one, err := Replay(mustParse(t, fmt.Sprintf(rows, "0", "0")), allocator.Config{}, 0)
+	require.NoError(t, err)
+	two, err := Replay(mustParse(t, fmt.Sprintf(rows, "7", "7")), allocator.Config{}, 0)
+	require.NoError(t, err)
+	require.Equal(t, Result{PeakAllocated: 2 * mib, PeakReserved: 2 * mib, Ratio: 1, BackendPeak: 2 * mib, Rows: 4}, one)
+	require.Equal(t, Result{PeakAllocated: 2 * mib, PeakReserved: 4 * mib, Ratio: 2, BackendPeak: 4 * mib, Rows: 4}, two)
+}
+
+func TestReplayPreexistingLostAndUnmatched(t *testing.T) {
+	tr := mustParse(t, `action,addr,size,stream
+alloc,1,4096,0
+free_completed,50,3145728,5
+alloc,1,8192,0
+free_completed,1,8192,0
+free_completed,1,8192,0
+alloc,3,0,0
+free_completed,60,4096,5
+`)
+	res, err := Replay(tr, allocator.Config{}, 0)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.PreExisting)
+	require.Equal(t, 1, res.LostFrees)
+	require.Equal(t, 1, res.UnmatchedFrees)
+	require.Equal(t, 5, res.Rows) // 2 allocs, 3 frees matched; size 0 and the double free skipped
+	// Both pre-existing blocks (3 MiB + 4 KiB, stream 5) are live from the
+	// start: with the 4 KiB of the first row, 3 MiB + 8 KiB at the peak.
+	require.Equal(t, uint64(3*mib+8192), res.PeakAllocated)
+	// Stream 5: a 20 MiB segment (1 MiB < 3 MiB < 10 MiB) and a 2 MiB small
+	// one; stream 0: a 2 MiB small one.
+	require.Equal(t, uint64(24*mib), res.PeakReserved)
+}
+
+// Out of memory is counted, not fatal; the failed block's free is skipped.
+func TestReplayCountsOOM(t *testing.T) {
+	tr := mustParse(t, `action,addr,size,stream
+alloc,1,10485760,0
+alloc,2,10485760,0
+free_completed,2,10485760,0
+free_completed,1,10485760,0
+alloc,3,10485760,0
+alloc,4,18446744073709551615,0
+`)
+	res, err := Replay(tr, allocator.Config{}, 16*mib)
+	require.NoError(t, err)
+	require.Equal(t, 2, res.OOMs) // the second 10 MiB, and a size beyond any device
+	require.Equal(t, 6, res.Rows)
+	require.Equal(t, uint64(10*mib), res.PeakAllocated)
+	require.Equal(t, uint64(10*mib), res.BackendPeak) // the third alloc reused the first's segment
+}
+
+// The pool's limit produces OOMs as the device's capacity does.
+func TestReplayLimit(t *testing.T) {
+	tr := mustParse(t, "action,addr,size,stream\nalloc,1,10485760,0\nalloc,2,10485760,0\n")
+	res, err := Replay(tr, allocator.Config{Limit: 16 * mib}, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.OOMs)
+}
+
+func TestReplayEmpty(t *testing.T) {
+	res, err := Replay(mustParse(t, "action,addr,size,stream\nsnapshot,0,0,0\n"), allocator.Config{}, 0)
+	require.NoError(t, err)
+	require.Equal(t, Result{}, res)
+}
+
+func TestReplayBadConfig(t *testing.T) {
+	_, err := Replay(mustParse(t, Header+"\n"), allocator.Config{LimitFraction: 2}, 0)
+	require.ErrorContains(t, err, "limit fraction 2 is outside (0, 1]")
+}
+
+// The real trace replays cleanly, near PyTorch's native ratio (1.052).
+func TestReplayGPT2(t *testing.T) {
+	if testing.Short() {
+		t.Skip("replays 25,597 rows")
+	}
+	tr, err := Open(gpt2)
+	require.NoError(t, err)
+	res, err := Replay(tr, allocator.Config{}, 0)
+	require.NoError(t, err)
+	require.Equal(t, 12949+12648, res.Rows)
+	require.Zero(t, res.PreExisting+res.LostFrees+res.UnmatchedFrees+res.OOMs)
+	require.Greater(t, res.PeakAllocated, uint64(14500*mib))
+	require.Less(t, res.Ratio, 1.10)
+	require.Equal(t, res.PeakReserved, res.BackendPeak)
+}
