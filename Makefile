@@ -134,7 +134,7 @@ run: all
 	fi
 
 # Test binaries for the GPU machine (it has no Go): bash tests/device/run.sh there.
-device: all $(BUILD)/bench/bench_threads $(BUILD)/tests/gpu_symm
+device: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_trace $(BUILD)/tests/gpu_symm
 	@mkdir -p $(BUILD)/device
 	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
@@ -150,9 +150,13 @@ $(BUILD)/bench/bench_threads: bench/c/bench_threads.c include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/bench
 	$(CC) -O2 -Wall -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
 
+$(BUILD)/bench/bench_trace: bench/c/bench_trace.c include/symm.h $(LIB)
+	@mkdir -p $(BUILD)/bench
+	$(CC) -O2 -Wall -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -o $@
+
 # Go microbenchmarks, the trace replay, and the C thread-scaling benchmark
 # (host backend). The PyTorch benchmark needs a GPU: python3 bench/bench_torch.py.
-bench: all $(BUILD)/bench/bench_threads
+bench: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_trace
 	$(GO) test ./allocator ./export -run '^$$' -bench . -benchmem
 	$(GO) test ./bench -count=1 -v -run TestReplayGPT2Trace
 	SYMM_DEVICE=host $(BUILD)/bench/bench_threads

@@ -599,3 +599,66 @@ func TestParkedBlocksAreReclaimedBeforeGrowing(t *testing.T) {
 	require.NoError(t, p.Free(0, sA, c, 0))
 	check(t, p)
 }
+
+// A split of a small-pool block or of any block of an expandable segment
+// while blocks are parked takes them back first, so that the request reuses
+// a parked block's place instead of cutting into a hole. A split in a fixed
+// segment of the large pool (whose blocks the front cache does not keep by
+// default) takes nothing back.
+func TestParkedBlocksAreReclaimedBeforeASplit(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		expandable bool
+		size       uint64 // of the two blocks
+		req        uint64 // the request that splits a free block
+		reclaims   int
+	}{
+		{"small pool", false, 512 << 10, 4096, 1},
+		{"expandable", true, 512 << 10, 4096, 1},
+		{"large pool", false, 4 << 20, 2 << 20, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var p *Pool
+			var parked []uintptr
+			reclaims := 0
+			give := func(dev int) {
+				reclaims++
+				for _, ptr := range parked {
+					require.NoError(t, p.Free(dev, sA, ptr, 0))
+				}
+				parked = nil
+			}
+			fb := newFake(1)
+			fb.capacity = 64 * mib // also the size of an expandable range, in Go memory
+			var err error
+			p, err = New(fb, Config{
+				Expandable: c.expandable,
+				Parked:     func(dev int) bool { return len(parked) > 0 },
+				Reclaim:    give,
+				// The fake cache holds blocks of c.size on stream sA.
+				ParkedFit: func(dev int, stream uintptr, lo, hi uint64) bool {
+					return len(parked) > 0 && stream == sA && lo <= c.size && c.size < hi
+				},
+				ReclaimFit: func(dev int, stream uintptr, lo, hi uint64) {
+					require.Equal(t, sA, stream)
+					require.Zero(t, lo, "smaller blocks too: they may join free neighbours")
+					give(dev)
+				},
+			})
+			require.NoError(t, err)
+			a := mustAlloc(t, p, 0, sA, c.size)
+			b := mustAlloc(t, p, 0, sA, c.size) // some of the segment (or chunk) left free
+			parked = append(parked, a)
+			small := mustAlloc(t, p, 0, sA, c.req) // splits a free block
+			require.Equal(t, c.reclaims, reclaims)
+			if c.reclaims > 0 {
+				require.True(t, small >= a && small < a+uintptr(c.size), "the parked block's place was reused")
+			} else {
+				require.NoError(t, p.Free(0, sA, a, 0))
+			}
+			require.NoError(t, p.Free(0, sA, b, 0))
+			require.NoError(t, p.Free(0, sA, small, 0))
+			check(t, p)
+		})
+	}
+}

@@ -6,8 +6,8 @@
 
 Workloads (fixed seeds, random weights from configs, no downloads): gpt2 (GPT-2 small training, fp32,
 AdamW, batch 8, 48 steps of varying sequence length), cnn (resnet50 training, fp32, SGD, 48 steps,
-batch 8..128 at random, 224x224), llm_infer (24-layer 1024-wide GPT-2, fp16: 16 requests of batch
-1-8, prompt 32-512, 32-192 new tokens decoded greedily with a growing DynamicCache; step = request).
+batch 8..128 at random, 224x224), llm_infer (12-layer 1024-wide GPT-2, fp16: 12 requests of batch
+1-16, prompt 64-1024, 16-64 new tokens decoded greedily with a growing DynamicCache; step = request).
 Modes, each in a fresh interpreter (the allocator can be swapped once per process): native,
 native_expandable (expandable_segments:True), symm (symm.use_as_default()), symm_expandable (with
 SYMM_POOL_EXPANDABLE=1), symm_mempool (MemPool(symm.pool_allocator().allocator()) around the whole
@@ -47,7 +47,7 @@ MODES = ("native", "native_expandable", "symm", "symm_expandable", "symm_mempool
 SEED, WARMUP, POLL_S, MiB = 0, 3, 0.001, 1 << 20
 GPT2_SEQS = (128, 1024, 256, 768, 512, 1000, 64, 900, 333, 1024, 200, 640)
 CNN_BATCHES = (8, 16, 24, 32, 48, 64, 96, 128)
-STEPS = {"gpt2": 48, "cnn": 48, "llm_infer": 16}
+STEPS = {"gpt2": 48, "cnn": 48, "llm_infer": 12}
 TRACE_COLUMNS = ("action", "addr", "size", "stream")
 
 
@@ -96,13 +96,13 @@ def llm_requests(n=STEPS["llm_infer"]):
     """(batch, prompt length, new tokens) of each request, from a fixed seed."""
     import random
     rng = random.Random(SEED)
-    return [(rng.choice((1, 2, 4, 8)), rng.randint(32, 512), rng.randint(32, 192)) for _ in range(n)]
+    return [(rng.choice((1, 4, 8, 16)), rng.randint(64, 1024), rng.randint(16, 64)) for _ in range(n)]
 
 
 def wl_llm_infer(torch, steps):
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(SEED)
-    cfg = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=4096)
+    cfg = GPT2Config(n_layer=12, n_embd=1024, n_head=16, n_positions=4096)
     model = GPT2LMHeadModel(cfg).to(device="cuda", dtype=torch.float16).eval()
     reqs = llm_requests(max(steps, 1))
     yield

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../include/symm.h"
 #include "_cgo_export.h"
@@ -14,11 +15,16 @@
 namespace front {
 namespace {
 
-// Larger blocks go back to the pool at once. With kEntries, this bounds what
-// the front cache can hold per CPU (256 MiB): the most by which a peak
-// statistic can exceed the true peak (stats reads and resets drain it first,
-// so current values are exact).
-constexpr uint64_t kMaxCachedBlock = 64ull << 20;
+// Blocks larger than g_max_block (SYMM_POOL_FRONT_CACHE_MAX, default 1 MiB:
+// PyTorch's small-pool sizes) go back to the pool at once. Why small: a
+// parked block is allocated as far as the pool can see, so it can neither
+// coalesce with its free neighbours nor serve another size; large parked
+// blocks made GPT-2 training reserve 1.5 GiB more in one run of three
+// (bench/RESULTS.md). With kEntries, g_max_block bounds what the front cache
+// holds per CPU (4 MiB by default): the most by which a peak statistic can
+// exceed the true peak (stats reads and resets drain it first, so current
+// values are exact).
+constexpr uint64_t kDefaultMaxCachedBlock = 1ull << 20;
 constexpr int kEntries = 4;                         // blocks per CPU
 constexpr int kCpus = 256;
 constexpr int kStripes = 256;
@@ -130,7 +136,7 @@ void erase(Stripe &s, Rec *r) {
 // ---- per-CPU cache slots ----
 struct Entry {
   uintptr_t ptr;
-  uint64_t req;
+  uint64_t req, bsize;  // bsize: the pool's block size (req rounded up)
   uintptr_t stream;
   int32_t dev;
 };
@@ -142,12 +148,18 @@ struct alignas(64) Cpu {
 };
 Cpu g_cpus[kCpus];
 
+// g_ncpu_: the slots in use, one per CPU the system can have (at most
+// kCpus); scans of every slot (parked, drain) stop there.
+std::atomic<int> g_ncpu_{kCpus};
+inline int ncpu() { return g_ncpu_.load(std::memory_order_relaxed); }
+
 inline Cpu &my_cpu() {
   int c = sched_getcpu();
-  return g_cpus[(unsigned)(c < 0 ? 0 : c) % kCpus];
+  return g_cpus[(unsigned)(c < 0 ? 0 : c) % (unsigned)ncpu()];
 }
 
 std::atomic<int> g_enabled{0};
+std::atomic<uint64_t> g_max_block{kDefaultMaxCachedBlock};
 
 // give_back returns a cached block to the pool on behalf of nobody in
 // particular (an eviction, a drain): the calling thread's last error is
@@ -243,12 +255,12 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
       return true;
     }
     if ((size != 0 && size != r->req) || dev != r->dev) return false;  // the pool explains the mismatch
-    if (r->rs || r->bsize > kMaxCachedBlock) {
+    if (r->rs || r->bsize > g_max_block.load(std::memory_order_relaxed)) {
       erase(s, r);
       return false;
     }
     r->state = kCached;
-    mine = Entry{ptr, r->req, r->stream, r->dev};
+    mine = Entry{ptr, r->req, r->bsize, r->stream, r->dev};
   }
   (void)stream;  // the block's own stream is its cache key
   Entry evicted;
@@ -268,19 +280,26 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
   return true;
 }
 
-bool parked(int dev) {
-  for (Cpu &c : g_cpus) {
+// fits reports whether e is a block of dev (and, when fit, of stream with a
+// block size in [lo, hi)).
+inline bool fits(const Entry &e, int dev, bool fit, uintptr_t stream, uint64_t lo, uint64_t hi) {
+  return e.dev == dev && (!fit || (e.stream == stream && e.bsize >= lo && e.bsize < hi));
+}
+
+bool parked(int dev, bool fit, uintptr_t stream, uint64_t lo, uint64_t hi) {
+  for (int k = 0; k < ncpu(); k++) {
+    Cpu &c = g_cpus[k];
     if (__atomic_load_n(&c.n, __ATOMIC_RELAXED) == 0) continue;
     Guard g(c.lk);
     for (int i = 0; i < c.n; i++)
-      if (c.e[i].dev == dev) return true;
+      if (fits(c.e[i], dev, fit, stream, lo, hi)) return true;
   }
   return false;
 }
 
 bool any_cached() {
-  for (Cpu &c : g_cpus)
-    if (__atomic_load_n(&c.n, __ATOMIC_RELAXED) > 0) return true;
+  for (int k = 0; k < ncpu(); k++)
+    if (__atomic_load_n(&g_cpus[k].n, __ATOMIC_RELAXED) > 0) return true;
   return false;
 }
 
@@ -290,15 +309,19 @@ void mark_record_stream(uintptr_t base) {
   if (Rec *r = find(s, base)) r->rs = 1;
 }
 
-void drain(int dev) {
-  for (Cpu &c : g_cpus) {
+// drain_where gives back the blocks of dev (every device: dev < 0), or with
+// fit only those that parked(dev, true, ...) reports.
+void drain_where(int dev, bool fit, uintptr_t stream, uint64_t lo, uint64_t hi) {
+  for (int n = 0; n < ncpu(); n++) {
+    Cpu &c = g_cpus[n];
+    if (__atomic_load_n(&c.n, __ATOMIC_RELAXED) == 0) continue;
     Entry out[kEntries];
     int k = 0;
     {
       Guard g(c.lk);
       int keep = 0;
       for (int i = 0; i < c.n; i++) {
-        if (dev < 0 || c.e[i].dev == dev)
+        if (dev < 0 || fits(c.e[i], dev, fit, stream, lo, hi))
           out[k++] = c.e[i];
         else
           c.e[keep++] = c.e[i];
@@ -309,14 +332,29 @@ void drain(int dev) {
   }
 }
 
+void drain(int dev) { drain_where(dev, false, 0, 0, 0); }
+
 }  // namespace front
 
 extern "C" {
 
-void symmshim_front_enable(int on) { front::g_enabled.store(on, std::memory_order_relaxed); }
+void symmshim_front_enable(int on, uint64_t max_block) {
+  long n = sysconf(_SC_NPROCESSORS_CONF);  // before any block is parked: slots never shrink under one
+  if (n > 0 && n < front::kCpus && !front::any_cached()) front::g_ncpu_.store((int)n, std::memory_order_relaxed);
+  front::g_max_block.store(max_block, std::memory_order_relaxed);
+  front::g_enabled.store(on, std::memory_order_relaxed);
+}
 
 void symmshim_front_drain(int dev) { front::drain(dev); }
 
-int symmshim_front_parked(int dev) { return front::enabled() && front::parked(dev); }
+int symmshim_front_parked(int dev) { return front::enabled() && front::parked(dev, false, 0, 0, 0); }
+
+int symmshim_front_parked_fit(int dev, uintptr_t stream, uint64_t lo, uint64_t hi) {
+  return front::enabled() && front::parked(dev, true, stream, lo, hi);
+}
+
+void symmshim_front_drain_fit(int dev, uintptr_t stream, uint64_t lo, uint64_t hi) {
+  front::drain_where(dev, true, stream, lo, hi);
+}
 
 }

@@ -79,7 +79,7 @@ func initPool() (*allocator.Pool, error) {
 	case 2:
 		cfg.Expandable = true
 	}
-	front, err := frontCacheWanted(getenv)
+	front, frontMax, err := frontCacheWanted(getenv)
 	if err != nil {
 		return nil, err
 	}
@@ -87,6 +87,12 @@ func initPool() (*allocator.Pool, error) {
 		// Before an out-of-memory retry, the front cache's blocks go back.
 		cfg.Reclaim = func(dev int) { C.symmshim_front_drain(C.int(dev)) }
 		cfg.Parked = func(dev int) bool { return C.symmshim_front_parked(C.int(dev)) != 0 }
+		cfg.ParkedFit = func(dev int, stream uintptr, lo, hi uint64) bool {
+			return C.symmshim_front_parked_fit(C.int(dev), C.uintptr_t(stream), C.uint64_t(lo), C.uint64_t(hi)) != 0
+		}
+		cfg.ReclaimFit = func(dev int, stream uintptr, lo, hi uint64) {
+			C.symmshim_front_drain_fit(C.int(dev), C.uintptr_t(stream), C.uint64_t(lo), C.uint64_t(hi))
+		}
 	}
 	p, err := allocator.New(b, cfg)
 	if err != nil {
@@ -96,21 +102,38 @@ func initPool() (*allocator.Pool, error) {
 	lib.pool.Store(p)
 	if front {
 		lib.front.Store(true)
-		C.symmshim_front_enable(1)
+		C.symmshim_front_enable(1, C.uint64_t(frontMax))
 	}
 	return p, nil
 }
 
-// frontCacheWanted reads SYMM_POOL_FRONT_CACHE: on unless "0".
-func frontCacheWanted(getenv func(string) string) (bool, error) {
+// Bounds of SYMM_POOL_FRONT_CACHE_MAX, the largest block the front cache
+// keeps. The upper one bounds what it can park per CPU (4 blocks).
+const (
+	frontMaxDefault = 1 << 20
+	frontMaxLimit   = 64 << 20
+)
+
+// frontCacheWanted reads SYMM_POOL_FRONT_CACHE (on unless "0") and
+// SYMM_POOL_FRONT_CACHE_MAX (a size from 512 B to 64 MiB; 1 MiB when unset).
+func frontCacheWanted(getenv func(string) string) (on bool, maxBlock uint64, err error) {
 	switch v := getenv("SYMM_POOL_FRONT_CACHE"); v {
 	case "", "1":
-		return true, nil
+		on = true
 	case "0":
-		return false, nil
 	default:
-		return false, fmt.Errorf("%w: SYMM_POOL_FRONT_CACHE=%q: want 0 or 1", allocator.ErrInvalid, v)
+		return false, 0, fmt.Errorf("%w: SYMM_POOL_FRONT_CACHE=%q: want 0 or 1", allocator.ErrInvalid, v)
 	}
+	maxBlock = frontMaxDefault
+	if v := getenv("SYMM_POOL_FRONT_CACHE_MAX"); v != "" {
+		n, perr := allocator.ParseSize(v)
+		if perr != nil || n < 512 || n > frontMaxLimit {
+			return false, 0, fmt.Errorf("%w: SYMM_POOL_FRONT_CACHE_MAX=%q: want a size from 512 B to 64 MiB (e.g. 1MiB)",
+				allocator.ErrInvalid, v)
+		}
+		maxBlock = n
+	}
+	return on, maxBlock, nil
 }
 
 // getenv reads the C environment. Go's os.Getenv sees a copy made when the

@@ -12,7 +12,9 @@ void symmshim_set_error(int code, const char *msg, size_t len);
 /* 1 if the process is a fork child of the process that loaded the library. */
 int symmshim_forked(void);
 /* The front cache (front.cpp): switch it on; hand its blocks back to the pool. */
-void symmshim_front_enable(int on);
+void symmshim_front_enable(int on, uint64_t max_block);
+int symmshim_front_parked_fit(int dev, uintptr_t stream, uint64_t lo, uint64_t hi);
+void symmshim_front_drain_fit(int dev, uintptr_t stream, uint64_t lo, uint64_t hi);
 void symmshim_front_drain(int dev);
 /* 1 if the front cache holds blocks of device dev. */
 int symmshim_front_parked(int dev);

@@ -11,7 +11,7 @@ import (
 	"github.com/libsymm/libsymm/internal/trace"
 )
 
-const replaySynopsis = "TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--json]"
+const replaySynopsis = "TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--front-cache SIZE] [--json]"
 
 // sizeFlag is a byte count given as allocator.ParseSize reads it ("16GiB").
 type sizeFlag uint64
@@ -27,6 +27,7 @@ type replayOptions struct {
 	path                             string
 	expandableOnly, asJSON           bool
 	limit, maxSplit, chunk, capacity sizeFlag
+	frontCache                       sizeFlag
 }
 
 // replay runs a recorded trace through the pool on a virtual device, once per
@@ -43,7 +44,7 @@ func replay(args []string, stdout, stderr io.Writer) int {
 	}
 	rows := make([]replayRow, 0, 2)
 	for _, c := range o.configs() {
-		res, err := trace.Replay(tr, c.cfg, uint64(o.capacity))
+		res, err := trace.ReplayWith(tr, c.cfg, trace.Options{Capacity: uint64(o.capacity), FrontMax: uint64(o.frontCache)})
 		if err != nil {
 			fmt.Fprintf(stderr, "symm replay: %s: %s: %v\n", o.path, c.name, err)
 			return exitFailure
@@ -68,6 +69,7 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 	fs.Var(&o.maxSplit, "max-split", "blocks of at least this `SIZE` are never split, as SYMM_POOL_MAX_SPLIT (more than 1MiB; default off)")
 	fs.Var(&o.chunk, "chunk", "expandable segments grow and shrink by chunks of this `SIZE` (default: the device's granularity, 2MiB)")
 	fs.Var(&o.capacity, "capacity", "the virtual device's memory, a `SIZE` (default 1PiB: no out-of-memory)")
+	fs.Var(&o.frontCache, "front-cache", "model the library's front cache on one CPU: the last 4 freed blocks of at most this `SIZE` stay parked (the library's default is 1MiB, SYMM_POOL_FRONT_CACHE_MAX; default here: off, the pool alone)")
 	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object instead of the table")
 	var pos []string
 	for {
@@ -86,6 +88,8 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 		fmt.Fprintf(stderr, "symm replay: unexpected argument %q (one TRACE only)\n", pos[1])
 	case o.maxSplit != 0 && o.maxSplit <= 1<<20:
 		fmt.Fprintf(stderr, "symm replay: --max-split must be more than 1MiB (small blocks are always split), not %d bytes\n", o.maxSplit)
+	case o.frontCache != 0 && (o.frontCache < 512 || o.frontCache > 64<<20):
+		fmt.Fprintf(stderr, "symm replay: --front-cache must be from 512 B to 64MiB (or 0: off), not %d bytes\n", o.frontCache)
 	default:
 		o.path = pos[0]
 		return o, 0, false
@@ -160,6 +164,7 @@ type replayJSON struct {
 	MaxSplitBytes  uint64      `json:"max_split_bytes"`
 	ChunkBytes     uint64      `json:"chunk_bytes"`
 	CapacityBytes  uint64      `json:"capacity_bytes"`
+	FrontCache     uint64      `json:"front_cache_bytes"`
 	Recorded       recordJSON  `json:"recorded"`
 	Configurations []replayRow `json:"configurations"`
 }
@@ -181,7 +186,7 @@ func capacity(given uint64) uint64 {
 func writeReplayJSON(stdout, stderr io.Writer, o replayOptions, n int, rec trace.Recorded, rows []replayRow) int {
 	out := replayJSON{
 		Trace: o.path, Rows: n, LimitBytes: uint64(o.limit), MaxSplitBytes: uint64(o.maxSplit),
-		ChunkBytes: uint64(o.chunk), CapacityBytes: capacity(uint64(o.capacity)),
+		ChunkBytes: uint64(o.chunk), CapacityBytes: capacity(uint64(o.capacity)), FrontCache: uint64(o.frontCache),
 		Recorded:       recordJSON{PeakAllocated: rec.PeakAllocated, OOMs: rec.OOMs},
 		Configurations: rows,
 	}

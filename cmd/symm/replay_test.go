@@ -61,6 +61,7 @@ type replayOut struct {
 	Trace         string
 	Rows          int
 	CapacityBytes uint64 `json:"capacity_bytes"`
+	FrontCache    uint64 `json:"front_cache_bytes"`
 	Recorded      struct {
 		PeakAllocated uint64   `json:"peak_allocated_bytes"`
 		PeakReserved  *uint64  `json:"peak_reserved_bytes"`
@@ -149,6 +150,9 @@ func TestReplayFlagsAfterOrBeforeTrace(t *testing.T) {
 	require.Equal(t, uint64(1<<50), a.CapacityBytes, "the virtual backend's default")
 	b := replayJSONOut(t, path, "--capacity=8GiB")
 	require.Equal(t, uint64(8<<30), b.CapacityBytes)
+	require.Zero(t, b.FrontCache, "off unless asked for")
+	c := replayJSONOut(t, path, "--front-cache", "1MiB")
+	require.Equal(t, uint64(1<<20), c.FrontCache)
 }
 
 // Each bad input: its exit code and its own message.
@@ -173,6 +177,8 @@ func TestReplayBadInput(t *testing.T) {
 		{[]string{bad, "--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
 		{[]string{bad, "--limit", "lots"}, exitUsage, `invalid value "lots" for flag -limit: invalid argument: size "lots": unknown unit`},
 		{[]string{bad, "--max-split", "1MiB"}, exitUsage, "symm replay: --max-split must be more than 1MiB"},
+		{[]string{bad, "--front-cache", "100"}, exitUsage, "symm replay: --front-cache must be from 512 B to 64MiB (or 0: off), not 100 bytes"},
+		{[]string{bad, "--front-cache", "65MiB"}, exitUsage, "symm replay: --front-cache must be from 512 B to 64MiB"},
 		{[]string{filepath.Join(dir, "none.csv")}, exitFailure, "symm replay: open " + filepath.Join(dir, "none.csv") + ": no such file or directory\n"},
 		{[]string{bad}, exitFailure, "symm replay: " + bad + ": line 3: 2 columns, want 4 (action,addr,size,stream)\n"},
 		{[]string{action}, exitFailure, `symm replay: ` + action + `: line 2: unknown action "malloc"`},

@@ -2,6 +2,7 @@ package trace
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/libsymm/libsymm/allocator"
 )
@@ -41,14 +42,53 @@ type Result struct {
 // stream given to Alloc or Free. An error other than out of memory stops
 // the replay and names the row; so does a broken pool invariant at the end.
 func Replay(t *Trace, cfg allocator.Config, capacity uint64) (Result, error) {
-	v := allocator.NewVirtual(1, capacity)
+	return ReplayWith(t, cfg, Options{Capacity: capacity})
+}
+
+// Options of ReplayWith.
+type Options struct {
+	// Capacity of the virtual device in bytes (0: 1 PiB).
+	Capacity uint64
+	// FrontMax, if not 0, puts in front of the pool a model of libsymm's
+	// front cache (export/front.cpp) on one CPU: the last 4 freed blocks of
+	// at most FrontMax bytes stay parked, allocated as far as the pool can
+	// see, and serve a request of the same size and stream; the pool takes
+	// them back before it grows (Config.Reclaim), those that fit better
+	// before it splits a block (Config.ReclaimFit), and all before stats
+	// are read.
+	FrontMax uint64
+}
+
+// ReplayWith is Replay with the options above.
+func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
+	v := allocator.NewVirtual(1, o.Capacity)
+	r := &replayer{ptrs: map[uint64]uintptr{}, frontMax: o.FrontMax}
+	if o.FrontMax > 0 {
+		all := func(frontEntry) bool { return true }
+		cfg.Reclaim = func(int) { r.drain(all) }
+		cfg.Parked = func(int) bool { return len(r.front) > 0 }
+		fit := func(stream uintptr, lo, hi uint64) func(frontEntry) bool {
+			return func(e frontEntry) bool {
+				b := (e.size + 511) &^ 511
+				return e.stream == stream && b >= lo && b < hi
+			}
+		}
+		cfg.ParkedFit = func(_ int, stream uintptr, lo, hi uint64) bool {
+			return slices.ContainsFunc(r.front, fit(stream, lo, hi))
+		}
+		cfg.ReclaimFit = func(_ int, stream uintptr, lo, hi uint64) { r.drain(fit(stream, lo, hi)) }
+	}
 	p, err := allocator.New(v, cfg)
 	if err != nil {
 		return Result{}, err
 	}
-	r := &replayer{pool: p, ptrs: map[uint64]uintptr{}}
+	r.pool = p
 	if err := t.play(r); err != nil {
 		return Result{}, err
+	}
+	r.drain(func(frontEntry) bool { return true })
+	if r.err != nil {
+		return Result{}, r.err
 	}
 	if err := p.CheckInvariants(); err != nil {
 		return Result{}, fmt.Errorf("pool invariant broken after the replay: %w", err)
@@ -72,9 +112,79 @@ type replayer struct {
 	pool *allocator.Pool
 	ptrs map[uint64]uintptr // trace address -> the pool's block; 0: its alloc ran out of memory
 	res  Result
+
+	frontMax uint64       // 0: no front cache
+	front    []frontEntry // parked blocks, oldest first; at most frontEntries
+	err      error        // a failure giving a parked block back
+}
+
+// frontEntries is export/front.cpp's kEntries: blocks parked per CPU.
+const frontEntries = 4
+
+type frontEntry struct {
+	ptr    uintptr
+	size   uint64
+	stream uintptr
+}
+
+// drain gives the parked blocks that which selects back to the pool.
+func (r *replayer) drain(which func(frontEntry) bool) {
+	var back []frontEntry
+	keep := r.front[:0]
+	for _, e := range r.front {
+		if which(e) {
+			back = append(back, e)
+		} else {
+			keep = append(keep, e)
+		}
+	}
+	r.front = keep
+	for _, e := range back {
+		if err := r.pool.Free(0, e.stream, e.ptr, e.size); err != nil && r.err == nil {
+			r.err = fmt.Errorf("giving back a parked block: %w", err)
+		}
+	}
+}
+
+// frontAlloc takes the newest parked block of this size and stream, if any.
+func (r *replayer) frontAlloc(size uint64, stream uintptr) uintptr {
+	for i := len(r.front) - 1; i >= 0; i-- {
+		if e := r.front[i]; e.size == size && e.stream == stream {
+			r.front = append(r.front[:i], r.front[i+1:]...)
+			return e.ptr
+		}
+	}
+	return 0
+}
+
+// frontFree parks a block of at most frontMax bytes (its size rounded to
+// 512 B, as the pool rounds), evicting the oldest when full; it reports
+// whether it parked the block.
+func (r *replayer) frontFree(ptr uintptr, size uint64, stream uintptr) (bool, error) {
+	if r.frontMax == 0 || (size+511)&^511 > r.frontMax {
+		return false, nil
+	}
+	if len(r.front) == frontEntries {
+		old := r.front[0]
+		r.front = r.front[1:]
+		if err := r.pool.Free(0, old.stream, old.ptr, old.size); err != nil {
+			return false, err
+		}
+	}
+	r.front = append(r.front, frontEntry{ptr, size, stream})
+	return true, nil
 }
 
 func (r *replayer) alloc(e Event, pre bool) error {
+	if ptr := r.frontAlloc(e.Size, uintptr(e.Stream)); ptr != 0 {
+		r.ptrs[e.Addr] = ptr
+		if pre {
+			r.res.PreExisting++
+		} else {
+			r.res.Rows++
+		}
+		return nil
+	}
 	ptr, err := r.pool.Alloc(0, uintptr(e.Stream), e.Size)
 	switch {
 	case allocator.IsOutOfMemory(err):
@@ -105,6 +215,13 @@ func (r *replayer) free(a, by Event, lost bool) error {
 		r.res.Rows++
 	}
 	if ptr == 0 {
+		return nil
+	}
+	// The front cache keys a block by the stream it was allocated for.
+	if parked, err := r.frontFree(ptr, a.Size, uintptr(a.Stream)); parked || err != nil {
+		if err != nil {
+			return rowError(by, false, err)
+		}
 		return nil
 	}
 	if err := r.pool.Free(0, uintptr(stream), ptr, a.Size); err != nil {

@@ -76,6 +76,38 @@ func TestReplayLimit(t *testing.T) {
 	require.Equal(t, 1, res.OOMs)
 }
 
+// The front-cache model parks small freed blocks: a request of the same size
+// and stream reuses one without the pool; the pool takes them back before it
+// grows; at the end nothing is left parked.
+func TestReplayFrontCacheModel(t *testing.T) {
+	tr := mustParse(t, `action,addr,size,stream
+alloc,1,1048576,0
+alloc,2,1048576,0
+free_completed,1,1048576,0
+alloc,3,1048576,0
+free_completed,3,1048576,0
+alloc,4,1044480,0
+free_completed,4,1044480,0
+free_completed,2,1048576,0
+alloc,5,4194304,0
+free_completed,5,4194304,0
+`)
+	for _, front := range []uint64{0, 1 << 20, 4 << 20} {
+		res, err := ReplayWith(tr, allocator.Config{}, Options{FrontMax: front})
+		require.NoError(t, err)
+		require.Equal(t, 10, res.Rows, "front %d", front)
+		require.Zero(t, res.OOMs)
+		// Row 6 (1 MiB - 4 KiB) misses the parked 1 MiB block: the pool
+		// takes it back rather than growing a second small segment.
+		require.Equal(t, uint64(2*mib+20*mib), res.PeakReserved, "front %d: one small and one large segment", front)
+		require.Equal(t, uint64(4*mib), res.PeakAllocated, "front %d", front)
+	}
+	// Expandable segments: the same, in one segment per stream.
+	res, err := ReplayWith(tr, allocator.Config{Expandable: true}, Options{FrontMax: 1 << 20})
+	require.NoError(t, err)
+	require.Equal(t, uint64(4*mib), res.PeakReserved)
+}
+
 func TestReplayEmpty(t *testing.T) {
 	res, err := Replay(mustParse(t, "action,addr,size,stream\nsnapshot,0,0,0\n"), allocator.Config{}, 0)
 	require.NoError(t, err)

@@ -927,6 +927,10 @@ static int child_main(const char *name) {
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_MEMORY", symm_pool_alloc(16, 0, NULL));
   } else if (!strcmp(name, "bad-front-cache")) { /* SYMM_POOL_FRONT_CACHE=2 */
     CALL(F_NOSTATE, -1, SYMM_ERR_INVALID, "SYMM_POOL_FRONT_CACHE", symm_pool_device_count());
+  } else if (!strcmp(name, "bad-front-cache-max")) { /* SYMM_POOL_FRONT_CACHE_MAX=65MiB */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_POOL_FRONT_CACHE_MAX=\"65MiB\"", symm_pool_alloc(16, 0, NULL));
+  } else if (!strcmp(name, "tiny-front-cache-max")) { /* SYMM_POOL_FRONT_CACHE_MAX=100 */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "512 B to 64 MiB", symm_pool_alloc(16, 0, NULL));
   } else if (!strcmp(name, "bad-expandable")) { /* SYMM_POOL_EXPANDABLE=yes */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_POOL_EXPANDABLE", symm_pool_alloc(16, 0, NULL));
   } else if (!strcmp(name, "expandable-before-init")) { /* SYMM_POOL_EXPANDABLE=0, then the call wins */
@@ -1007,6 +1011,8 @@ static void test_children(const char *self) {
       {"bad-host-devices", {"SYMM_HOST_DEVICES=0", NULL}},
       {"bad-host-memory", {"SYMM_HOST_MEMORY=lots", NULL}},
       {"bad-front-cache", {"SYMM_POOL_FRONT_CACHE=2", NULL}},
+      {"bad-front-cache-max", {"SYMM_POOL_FRONT_CACHE_MAX=65MiB", NULL}},
+      {"tiny-front-cache-max", {"SYMM_POOL_FRONT_CACHE_MAX=100", NULL}},
       {"bad-expandable", {"SYMM_POOL_EXPANDABLE=yes", NULL}},
       {"expandable-before-init", {"SYMM_POOL_EXPANDABLE=0", NULL}},
       {"bad-backend", {"SYMM_BACKEND=quantum", NULL}},

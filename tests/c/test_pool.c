@@ -112,18 +112,20 @@ static void test_limit(void) {
 }
 
 /* A block freed into the front cache (C side) is still allocated to the pool;
- * the out-of-memory retry must get it back before it gives up. */
+ * the out-of-memory retry must get it back before it gives up. The front
+ * cache keeps blocks up to 1 MiB (PyTorch's small pool: 2 MiB segments). */
 static void test_retry_reclaims_front_cache(void) {
   symm_pool_empty_cache();
-  void *a = symm_pool_alloc(40 << 20, 0, NULL);
-  CHECK(a != NULL, "40 MiB");
-  symm_pool_free(a, 40 << 20, 0, NULL); /* cached in front of the pool */
-  CHECK(symm_pool_set_limit(0, 48 << 20) == SYMM_OK, "limit 48 MiB");
+  void *a = symm_pool_alloc(1 << 20, 0, NULL);
+  CHECK(a != NULL, "1 MiB");
+  symm_pool_free(a, 1 << 20, 0, NULL); /* cached in front of the pool */
+  CHECK(stat(0, "reserved_bytes.all.current") == (2 << 20), "one 2 MiB segment reserved");
+  CHECK(symm_pool_set_limit(0, 20 << 20) == SYMM_OK, "limit 20 MiB");
   symm_clear_error();
-  void *b = symm_pool_alloc(30 << 20, 0, NULL); /* needs the 40 MiB segment released */
-  CHECK(b != NULL, "30 MiB fits once the cached 40 MiB block is reclaimed");
-  CHECK(stat(0, "reserved_bytes.all.current") <= (48 << 20), "within the limit");
-  symm_pool_free(b, 30 << 20, 0, NULL);
+  void *b = symm_pool_alloc(20 << 20, 0, NULL); /* a large segment: needs the small one released */
+  CHECK(b != NULL, "20 MiB fits once the cached 1 MiB block is reclaimed: %s", symm_last_error());
+  CHECK(stat(0, "reserved_bytes.all.current") <= (20 << 20), "within the limit");
+  symm_pool_free(b, 20 << 20, 0, NULL);
   CHECK(symm_pool_set_limit(0, 0) == SYMM_OK, "no limit");
   /* Stats read the pool after the front cache gave its blocks back. */
   void *c = symm_pool_alloc(4096, 0, NULL);
@@ -138,13 +140,31 @@ static void test_retry_reclaims_front_cache(void) {
  * parked blocks back first and reuses their segment. */
 static void test_parked_blocks_do_not_grow_the_pool(void) {
   symm_pool_empty_cache();
-  void *a = symm_pool_alloc(12 << 20, 0, NULL); /* one 12 MiB segment */
-  CHECK(a != NULL, "12 MiB");
-  symm_pool_free(a, 12 << 20, 0, NULL); /* parked in front (front cache on) */
-  void *b = symm_pool_alloc(11 << 20, 0, NULL); /* not the parked size: the pool's slow path */
-  CHECK(b == a, "the parked block's segment served 11 MiB (%p, %p)", b, a);
-  CHECK(stat(0, "reserved_bytes.all.current") == (12 << 20), "reserved stays 12 MiB: %lld",
+  void *a = symm_pool_alloc(1 << 20, 0, NULL);  /* half of a 2 MiB segment */
+  void *a2 = symm_pool_alloc(1 << 20, 0, NULL); /* the other half */
+  CHECK(a != NULL && a2 != NULL, "2 x 1 MiB");
+  CHECK(stat(0, "reserved_bytes.all.current") == (2 << 20), "one 2 MiB segment");
+  symm_pool_free(a, 1 << 20, 0, NULL); /* parked in front (front cache on) */
+  void *b = symm_pool_alloc((1 << 20) - 4096, 0, NULL); /* not the parked size: the pool's slow path */
+  /* (expandable segments place a block cut from a hole at its high end) */
+  CHECK((char *)b >= (char *)a && (char *)b < (char *)a + (1 << 20),
+        "the parked block's place served 1 MiB - 4 KiB (%p, %p)", b, a);
+  CHECK(stat(0, "reserved_bytes.all.current") == (2 << 20), "reserved stays 2 MiB: %lld",
         (long long)stat(0, "reserved_bytes.all.current"));
+  symm_pool_free(b, (1 << 20) - 4096, 0, NULL);
+  symm_pool_free(a2, 1 << 20, 0, NULL);
+  symm_pool_empty_cache();
+}
+
+/* Blocks over SYMM_POOL_FRONT_CACHE_MAX (1 MiB unless set) go back to the
+ * pool at once, where another size finds them. */
+static void test_large_blocks_skip_the_front_cache(void) {
+  symm_pool_empty_cache();
+  void *a = symm_pool_alloc(12 << 20, 0, NULL);
+  CHECK(a != NULL, "12 MiB");
+  symm_pool_free(a, 12 << 20, 0, NULL);
+  void *b = symm_pool_alloc(11 << 20, 0, NULL);
+  CHECK(b == a, "its segment served 11 MiB (%p, %p)", b, a);
   symm_pool_free(b, 11 << 20, 0, NULL);
   symm_pool_empty_cache();
 }
@@ -210,6 +230,7 @@ int main(void) {
   test_bad_input();
   test_limit();
   test_retry_reclaims_front_cache();
+  test_large_blocks_skip_the_front_cache();
   test_parked_blocks_do_not_grow_the_pool();
   test_threads();
   test_fork();

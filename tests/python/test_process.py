@@ -202,6 +202,7 @@ def test_child_process_exits_cleanly():
 
 @pytest.mark.parametrize("name,value", [
     ("SYMM_POOL_FRONT_CACHE", "maybe"),
+    ("SYMM_POOL_FRONT_CACHE_MAX", "1 GiB"),
     ("SYMM_POOL_LIMIT", "lots"),
     ("SYMM_POOL_MAX_SPLIT", "12 parsecs"),
     ("SYMM_DEVICE", "tpu"),

@@ -239,8 +239,8 @@ def test_child_without_torch_reports_error(wl):
 
 def test_llm_requests_deterministic(wl):
     reqs = wl.llm_requests()
-    assert reqs == wl.llm_requests() and len(reqs) == 16
-    assert all(b in (1, 2, 4, 8) and 32 <= p <= 512 and 32 <= n <= 192 for b, p, n in reqs)
+    assert reqs == wl.llm_requests() and len(reqs) == 12
+    assert all(b in (1, 4, 8, 16) and 64 <= p <= 1024 and 16 <= n <= 64 for b, p, n in reqs)
     assert max(p + n for _, p, n in reqs) <= 4096
 
 
