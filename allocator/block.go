@@ -39,6 +39,10 @@ type block struct {
 	extraMore   []uintptr
 	// waiting counts the record_stream events a pending block waits for.
 	waiting int
+	// born is the shard's allocation count when this block was last handed
+	// out by the pool (blocks reused by the front cache keep theirs); see
+	// nearNewer.
+	born uint64
 }
 
 func (b *block) addStream(st uintptr) {

@@ -111,6 +111,7 @@ type device struct {
 // live blocks and the segments it owns. Its mutex is the only lock on the
 // cached path, so streams never contend with each other.
 type shard struct {
+	births uint64 // blocks handed out so far (block.born)
 	mu     sync.Mutex
 	dev    *device
 	stream uintptr
@@ -533,7 +534,7 @@ func (s *shard) take(b *block, r, n uint64) {
 	if seg.idle {
 		s.removeIdle(seg)
 	}
-	if seg.vsize != 0 && b.size > r && b.next != nil && expandableHighFit {
+	if seg.vsize != 0 && b.size > r && b.next != nil && nearNewer(b) {
 		s.splitHigh(b, r)
 	} else if shouldSplit(b.size, r, seg.kind) || (seg.vsize != 0 && b.size > r) {
 		rest := s.newBlock()
@@ -549,6 +550,8 @@ func (s *shard) take(b *block, r, n uint64) {
 	}
 	b.state = blockAllocated
 	b.req = n
+	s.births++
+	b.born = s.births
 	s.live.put(b)
 	sz := int64(b.size)
 	s.stats.alloc(seg.kind, sz, int64(n))

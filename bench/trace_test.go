@@ -34,15 +34,16 @@ func TestReplayGPT2Trace(t *testing.T) {
 		{"max_split=256MiB", allocator.Config{MaxSplit: 256 * mib}, 3, 0},
 		{"max_split=256MiB, limit 16 GiB", allocator.Config{MaxSplit: 256 * mib, Limit: 16 << 30}, 1.15, 0},
 		// Expandable segments grow in place, 2 MiB at a time: the goal is
-		// to beat PyTorch's expandable_segments (1.005) with margin.
-		{"expandable", allocator.Config{Expandable: true}, 1.003, 0},
-		{"expandable, limit 15 GiB", allocator.Config{Expandable: true, Limit: 15 << 30}, 1.003, 0},
+		// to beat PyTorch's expandable_segments (1.005) with margin (1.0031,
+		// 14616 MiB; see the placement table in allocator/expandable.go).
+		{"expandable", allocator.Config{Expandable: true}, 1.0032, 0},
+		{"expandable, limit 15 GiB", allocator.Config{Expandable: true, Limit: 15 << 30}, 1.0032, 0},
 		// The library as loaded: a front cache of blocks up to 1 MiB on
 		// one CPU. Parked blocks still cost a little in one segment per
 		// stream (1.0031; 1.0055 before the pool took them back before
 		// splitting); up to 64 MiB, they cost the default mode 11 %.
 		{"default, front cache 1 MiB", allocator.Config{}, 1.10, 1 << 20},
-		{"expandable, front cache 1 MiB", allocator.Config{Expandable: true}, 1.0035, 1 << 20},
+		{"expandable, front cache 1 MiB", allocator.Config{Expandable: true}, 1.0032, 1 << 20},
 		{"default, front cache 64 MiB", allocator.Config{}, 1.20, 64 << 20},
 	} {
 		r, err := trace.ReplayWith(tr, c.cfg, trace.Options{FrontMax: c.front})
@@ -58,6 +59,50 @@ func TestReplayGPT2Trace(t *testing.T) {
 		require.Less(t, r.Ratio, c.bound, "reserved/allocated far above what this configuration should reach")
 		if os.Getenv("SYMM_TRACE_RESULT") != "" {
 			fmt.Printf("| %s | %d | %d | %.3f |\n", c.name, alloc/mib, res/mib, r.Ratio)
+		}
+	}
+}
+
+// TestReplayRecordedTraces replays the two traces recorded on an H100 with
+// bench/workloads.py --record-trace (PyTorch 2.11, native allocator; see
+// bench/RESULTS.md): ResNet-50 training with a batch of 8 to 128 at random,
+// and GPT-2-style fp16 inference with a growing KV cache. Expandable
+// segments must do at least as well as PyTorch's expandable_segments did on
+// the same runs, and the default mode as well as PyTorch's native allocator
+// (both measured on the GPU in the same runs as the traces).
+func TestReplayRecordedTraces(t *testing.T) {
+	for _, c := range []struct {
+		trace                       string
+		rows                        int
+		native, expandable, exBound float64 // PyTorch's figures (reserved/allocated); our bound
+		front                       uint64
+	}{
+		{"testdata/cnn_train_trace.csv.gz", 66385, 1.314, 1.011, 1.004, 0},
+		{"testdata/cnn_train_trace.csv.gz", 66385, 1.314, 1.011, 1.004, 1 << 20},
+		{"testdata/llm_infer_trace.csv.gz", 331278, 1.308, 1.075, 1.06, 0},
+		{"testdata/llm_infer_trace.csv.gz", 331278, 1.308, 1.075, 1.06, 1 << 20},
+	} {
+		tr, err := trace.Open(c.trace)
+		require.NoError(t, err)
+		for _, cfg := range []struct {
+			name  string
+			cfg   allocator.Config
+			bound float64
+		}{
+			{"default", allocator.Config{}, c.native + 0.002},
+			{"expandable", allocator.Config{Expandable: true}, c.exBound},
+		} {
+			r, err := trace.ReplayWith(tr, cfg.cfg, trace.Options{FrontMax: c.front})
+			require.NoError(t, err)
+			require.Equal(t, c.rows, r.Rows, c.trace)
+			require.Zero(t, r.PreExisting+r.LostFrees+r.UnmatchedFrees+r.OOMs, c.trace)
+			t.Logf("%s, %s, front cache %d: reserved/allocated %.4f (PyTorch native %.3f, expandable %.3f)",
+				c.trace, cfg.name, c.front, r.Ratio, c.native, c.expandable)
+			require.Less(t, r.Ratio, cfg.bound, "%s %s", c.trace, cfg.name)
+			if os.Getenv("SYMM_TRACE_RESULT") != "" {
+				fmt.Printf("| %s | %s | %d | %d | %d | %.4f |\n", c.trace, cfg.name, c.front>>20,
+					r.PeakAllocated>>20, r.PeakReserved>>20, r.Ratio)
+			}
 		}
 	}
 }
