@@ -39,9 +39,9 @@ type block struct {
 	extraMore   []uintptr
 	// waiting counts the record_stream events a pending block waits for.
 	waiting int
-	// born is the shard's allocation count when this block was last handed
-	// out by the pool (blocks reused by the front cache keep theirs); see
-	// nearNewer.
+	// born is the shard's count of blocks handed out from expandable
+	// segments when this one last was (blocks reused by the front cache keep
+	// theirs); see nearNewer. 0 in fixed segments.
 	born uint64
 }
 

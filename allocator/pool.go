@@ -34,8 +34,8 @@ type Config struct {
 	Reclaim func(dev int)
 	// Parked, if set with Reclaim, reports whether that cache holds blocks
 	// of dev. Before the pool takes a new segment it reclaims them (and
-	// looks again), so that blocks parked in front never make the pool grow:
-	// its reserved memory is what it would be without the front cache.
+	// looks again), so that blocks parked in front never make the pool grow
+	// (ParkedFit below covers the placement they would change).
 	Parked func(dev int) bool
 	// ParkedFit, if set with ReclaimFit, reports whether that cache holds
 	// a block of dev and stream whose size is in [lo, hi). The pool asks
@@ -111,7 +111,6 @@ type device struct {
 // live blocks and the segments it owns. Its mutex is the only lock on the
 // cached path, so streams never contend with each other.
 type shard struct {
-	births uint64 // blocks handed out so far (block.born)
 	mu     sync.Mutex
 	dev    *device
 	stream uintptr
@@ -131,6 +130,7 @@ type shard struct {
 	// expandable Pool); grow[k] is the segment of pool k that grows next.
 	expandable bool
 	grow       [numPools]*segment
+	births     uint64 // blocks handed out from expandable segments so far (block.born)
 }
 
 // pendingFree is a freed block waiting for an event on a record_stream stream.
@@ -550,8 +550,10 @@ func (s *shard) take(b *block, r, n uint64) {
 	}
 	b.state = blockAllocated
 	b.req = n
-	s.births++
-	b.born = s.births
+	if seg.vsize != 0 { // only nearNewer reads born, and only in expandable segments
+		s.births++
+		b.born = s.births
+	}
 	s.live.put(b)
 	sz := int64(b.size)
 	s.stats.alloc(seg.kind, sz, int64(n))

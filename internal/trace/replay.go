@@ -176,22 +176,17 @@ func (r *replayer) frontFree(ptr uintptr, size uint64, stream uintptr) (bool, er
 }
 
 func (r *replayer) alloc(e Event, pre bool) error {
-	if ptr := r.frontAlloc(e.Size, uintptr(e.Stream)); ptr != 0 {
-		r.ptrs[e.Addr] = ptr
-		if pre {
-			r.res.PreExisting++
-		} else {
-			r.res.Rows++
+	ptr := r.frontAlloc(e.Size, uintptr(e.Stream))
+	if ptr == 0 {
+		var err error
+		ptr, err = r.pool.Alloc(0, uintptr(e.Stream), e.Size)
+		switch {
+		case allocator.IsOutOfMemory(err):
+			r.res.OOMs++
+			ptr = 0
+		case err != nil:
+			return rowError(e, pre, err)
 		}
-		return nil
-	}
-	ptr, err := r.pool.Alloc(0, uintptr(e.Stream), e.Size)
-	switch {
-	case allocator.IsOutOfMemory(err):
-		r.res.OOMs++
-		ptr = 0
-	case err != nil:
-		return rowError(e, pre, err)
 	}
 	r.ptrs[e.Addr] = ptr
 	if pre {
