@@ -34,18 +34,10 @@ type Config struct {
 	Reclaim func(dev int)
 	// Parked, if set with Reclaim, reports whether that cache holds blocks
 	// of dev. Before the pool takes a new segment it reclaims them (and
-	// looks again), so that blocks parked in front never make the pool grow
-	// (ParkedFit below covers the placement they would change).
+	// looks again), so that blocks parked in front never make the pool grow.
+	// (The C front cache also hands its blocks back before every pool
+	// allocation; this covers frees parked by other threads meanwhile.)
 	Parked func(dev int) bool
-	// ParkedFit, if set with ReclaimFit, reports whether that cache holds
-	// a block of dev and stream whose size is in [lo, hi). The pool asks
-	// before it splits a free block of hi bytes (lo 0: see
-	// reclaimBeforeSplit). Called with the shard's lock held: it must not
-	// call the pool.
-	ParkedFit func(dev int, stream uintptr, lo, hi uint64) bool
-	// ReclaimFit returns those blocks through Free; called with no lock
-	// held. See reclaimBeforeSplit for why.
-	ReclaimFit func(dev int, stream uintptr, lo, hi uint64)
 }
 
 // Pool is a caching allocator over a Backend, one set of pools per
@@ -501,9 +493,6 @@ func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
 	var b *block
 	if !s.direct {
 		b = s.findFree(r, k)
-		if b != nil && b.size > r && (s.expandable || k == smallPool) {
-			b = s.reclaimBeforeSplit(b, r, k)
-		}
 	}
 	if b == nil {
 		var err error
@@ -757,34 +746,6 @@ func (s *shard) reclaimParked(r uint64, k poolKind) *block {
 		return b
 	}
 	return s.steal(r, k)
-}
-
-// reclaimBeforeSplit takes back the blocks parked in the front cache for
-// this device and stream that are smaller than b, which is about to be
-// split (they may fit r better, alone or joined with free neighbours), and
-// looks again; it returns b when there are none. Only for splits in
-// expandable segments and in the small pool (where the front cache's blocks
-// live: 1 MiB at most by default). Why: a parked block is allocated as far
-// as the pool can see, so a request that would have reused its place cuts a
-// piece from another hole instead. In the one expandable segment per stream
-// those pieces break up the large holes (GPT-2 trace, bench/trace_test.go:
-// reserved/allocated 1.0025 without a front cache, 1.0055 with one, 1.0031
-// with this; 1.0046 taking back only blocks of at least r); in the small
-// pool they cost GPT-2 training on the GPU one 2 MiB segment more than
-// PyTorch in 2 runs of 3 (bench/RESULTS.md). Taking back only this stream's
-// smaller blocks keeps the cost small (bench/c/bench_trace.c on the CNN
-// trace: 136 ns per call, 122 without this, 224 draining every parked block
-// at each split). Called and returns with s.mu held; the result may be nil.
-func (s *shard) reclaimBeforeSplit(b *block, r uint64, k poolKind) *block {
-	cfg := &s.dev.pool.cfg
-	if s.pool != nil || cfg.ParkedFit == nil || cfg.ReclaimFit == nil || !cfg.ParkedFit(s.dev.idx, s.stream, 0, b.size) {
-		return b
-	}
-	hi := b.size
-	s.mu.Unlock()
-	cfg.ReclaimFit(s.dev.idx, s.stream, 0, hi)
-	s.mu.Lock()
-	return s.findFree(r, k)
 }
 
 // oomError describes a refused request; called with held's lock held.

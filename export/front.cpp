@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../include/symm.h"
 #include "_cgo_export.h"
@@ -26,9 +25,9 @@ namespace {
 // values are exact).
 constexpr uint64_t kDefaultMaxCachedBlock = 1ull << 20;
 constexpr int kEntries = 4;                         // blocks per CPU
+constexpr int kBatch = 32;                          // blocks returned with one pool call
 constexpr int kCpus = 256;
 constexpr int kStripes = 256;
-constexpr int kMaxDevices = 64;
 
 enum : uint8_t { kEmpty = 0, kLive = 1, kCached = 2 };
 
@@ -148,30 +147,58 @@ struct alignas(64) Cpu {
 };
 Cpu g_cpus[kCpus];
 
-// g_ncpu_: the slots in use, one per CPU the system can have (at most
-// kCpus); scans of every slot (parked, drain) stop there.
-std::atomic<int> g_ncpu_{kCpus};
-inline int ncpu() { return g_ncpu_.load(std::memory_order_relaxed); }
+// g_nonempty has bit k set whenever CPU k's slots hold a block, so that the
+// scans (take, parked, drain) visit only those CPUs: a host may configure
+// hundreds of CPUs, and reading every slot's line on each pool allocation
+// cost more than the pool itself (bench/RESULTS.md). Invariant: c.n > 0 =>
+// its bit is set, at every release of c.lk. The bit is set and cleared only
+// under c.lk (a park sets it; a scan that leaves the slots empty clears it);
+// a hit that empties the slots leaves it set, so that the cached path does
+// not write this shared line.
+std::atomic<uint64_t> g_nonempty[kCpus / 64];
 
-inline Cpu &my_cpu() {
+inline int cpu_index() {
   int c = sched_getcpu();
-  unsigned u = (unsigned)(c < 0 ? 0 : c), n = (unsigned)ncpu();
-  return g_cpus[u < n ? u : u % n];  // CPU ids are below n: no division on the cached path
+  unsigned u = (unsigned)(c < 0 ? 0 : c);
+  return (int)(u < (unsigned)kCpus ? u : u % kCpus);  // ids are below kCpus: no division on the cached path
+}
+
+// mark_nonempty sets k's bit; called with g_cpus[k].lk held.
+inline void mark_nonempty(int k) {
+  std::atomic<uint64_t> &w = g_nonempty[k / 64];
+  uint64_t bit = 1ull << (k % 64);
+  if ((w.load(std::memory_order_relaxed) & bit) == 0) w.fetch_or(bit, std::memory_order_release);
+}
+
+// unmark_if_empty clears k's bit if its slots are empty; with g_cpus[k].lk held.
+inline void unmark_if_empty(int k) {
+  if (g_cpus[k].n == 0) g_nonempty[k / 64].fetch_and(~(1ull << (k % 64)), std::memory_order_relaxed);
+}
+
+// for_each_nonempty calls fn(k) for every CPU k whose bit is set.
+template <class F>
+void for_each_nonempty(F fn) {
+  for (int w = 0; w < kCpus / 64; w++)
+    for (uint64_t m = g_nonempty[w].load(std::memory_order_acquire); m != 0; m &= m - 1)
+      fn(w * 64 + __builtin_ctzll(m));
 }
 
 std::atomic<int> g_enabled{0};
 std::atomic<uint64_t> g_max_block{kDefaultMaxCachedBlock};
 
+// forget drops ptr's record from the live set: it goes back to the pool.
 // give_back returns a cached block to the pool on behalf of nobody in
 // particular (an eviction, a drain): the calling thread's last error is
 // its own and stays as it was; a failure here (a bug: the block is the
 // pool's own) is printed instead.
+void forget(uintptr_t ptr) {
+  Stripe &s = stripe_of(ptr);
+  Guard g(s.lk);
+  if (Rec *r = find(s, ptr)) erase(s, r);
+}
+
 void give_back(const Entry &e) {
-  Stripe &s = stripe_of(e.ptr);
-  {
-    Guard g(s.lk);
-    if (Rec *r = find(s, e.ptr)) erase(s, r);
-  }
+  forget(e.ptr);
   int code = symm_last_error_code();
   char msg[2048];
   symm_copy_last_error(msg, sizeof msg);
@@ -189,7 +216,7 @@ void give_back(const Entry &e) {
 bool enabled() { return g_enabled.load(std::memory_order_relaxed) != 0; }
 
 uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
-  Cpu &c = my_cpu();
+  Cpu &c = g_cpus[cpu_index()];
   uintptr_t ptr = 0;
   {
     Guard g(c.lk);
@@ -211,6 +238,10 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
 }
 
 void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream) {
+  // A block the front cache will never keep is not recorded: its free finds
+  // no record and goes straight to the pool, which saves an insert and an
+  // erase on half the calls of a training step (bench/c/bench_trace.c).
+  bool keep = bsize <= g_max_block.load(std::memory_order_relaxed);
   Stripe &s = stripe_of(ptr);
   Rec *spare = nullptr, *old = nullptr;
   uint32_t spare_cap = 0;
@@ -219,6 +250,7 @@ void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t 
     {
       Guard g(s.lk);
       if (Rec *r = find(s, ptr)) erase(s, r);  // a stale record: the pool is the authority
+      if (!keep) break;
       if (2 * (s.n + 1) > s.cap && spare != nullptr && spare_cap > s.cap) {
         old = rehash(s, spare, spare_cap);
         spare = nullptr;
@@ -267,8 +299,10 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
   Entry evicted;
   bool evict = false;
   {
-    Cpu &c = my_cpu();
+    int k = cpu_index();
+    Cpu &c = g_cpus[k];
     Guard g(c.lk);
+    mark_nonempty(k);
     if (c.n == kEntries) {
       evicted = c.e[0];
       memmove(&c.e[0], &c.e[1], (kEntries - 1) * sizeof(Entry));
@@ -281,81 +315,88 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
   return true;
 }
 
-// fits reports whether e is a block of dev (and, when fit, of stream with a
-// block size in [lo, hi)).
-inline bool fits(const Entry &e, int dev, bool fit, uintptr_t stream, uint64_t lo, uint64_t hi) {
-  return e.dev == dev && (!fit || (e.stream == stream && e.bsize >= lo && e.bsize < hi));
-}
-
-bool parked(int dev, bool fit, uintptr_t stream, uint64_t lo, uint64_t hi) {
-  for (int k = 0; k < ncpu(); k++) {
-    Cpu &c = g_cpus[k];
-    if (__atomic_load_n(&c.n, __ATOMIC_RELAXED) == 0) continue;
-    Guard g(c.lk);
-    for (int i = 0; i < c.n; i++)
-      if (fits(c.e[i], dev, fit, stream, lo, hi)) return true;
-  }
-  return false;
-}
-
-bool any_cached() {
-  for (int k = 0; k < ncpu(); k++)
-    if (__atomic_load_n(&g_cpus[k].n, __ATOMIC_RELAXED) > 0) return true;
-  return false;
-}
-
 void mark_record_stream(uintptr_t base) {
   Stripe &s = stripe_of(base);
   Guard g(s.lk);
   if (Rec *r = find(s, base)) r->rs = 1;
 }
 
-// drain_where gives back the blocks of dev (every device: dev < 0), or with
-// fit only those that parked(dev, true, ...) reports.
-void drain_where(int dev, bool fit, uintptr_t stream, uint64_t lo, uint64_t hi) {
-  for (int n = 0; n < ncpu(); n++) {
-    Cpu &c = g_cpus[n];
-    if (__atomic_load_n(&c.n, __ATOMIC_RELAXED) == 0) continue;
-    Entry out[kEntries];
-    int k = 0;
+// take moves up to max parked blocks of dev, from every CPU, into out and
+// returns how many; they are no longer in the live set.
+int take(int dev, Entry *out, int max) {
+  int k = 0;
+  for_each_nonempty([&](int cpu) {
+    if (k == max) return;
+    Cpu &c = g_cpus[cpu];
     {
       Guard g(c.lk);
       int keep = 0;
       for (int i = 0; i < c.n; i++) {
-        if (dev < 0 || fits(c.e[i], dev, fit, stream, lo, hi))
+        if (k < max && (dev < 0 || c.e[i].dev == dev))
           out[k++] = c.e[i];
         else
           c.e[keep++] = c.e[i];
       }
       c.n = keep;
+      unmark_if_empty(cpu);
     }
-    for (int i = 0; i < k; i++) give_back(out[i]);
-  }
+  });
+  for (int i = 0; i < k; i++) forget(out[i].ptr);
+  return k;
 }
 
-void drain(int dev) { drain_where(dev, false, 0, 0, 0); }
+bool parked(int dev) {
+  bool found = false;
+  for_each_nonempty([&](int cpu) {
+    Cpu &c = g_cpus[cpu];
+    if (found || __atomic_load_n(&c.n, __ATOMIC_RELAXED) == 0) return;
+    Guard g(c.lk);
+    for (int i = 0; i < c.n; i++)
+      if (c.e[i].dev == dev) found = true;
+  });
+  return found;
+}
+
+bool any_cached() {
+  bool found = false;
+  for_each_nonempty([&](int cpu) { found = found || __atomic_load_n(&g_cpus[cpu].n, __ATOMIC_RELAXED) > 0; });
+  return found;
+}
+
+void drain(int dev) {
+  Entry out[kBatch];
+  while (int k = take(dev, out, kBatch))
+    for (int i = 0; i < k; i++) give_back(out[i]);
+}
+
+uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
+  // The pool is about to place a block: first it gets back what this
+  // device's CPUs parked, in the same call into Go. So the pool never
+  // places (or grows, or splits) around a parked block, every rise of its
+  // allocated count happens with nothing parked for this device (its peak
+  // is the true one, up to frees racing on other threads), and a miss costs
+  // one C->Go call however many blocks it returns.
+  Entry back[kBatch];
+  symmshim_parked out[kBatch];
+  int k = take(dev, back, kBatch);
+  for (int i = 0; i < k; i++) out[i] = symmshim_parked{back[i].ptr, back[i].req, back[i].stream, back[i].dev};
+  uint64_t bsize = 0;
+  uintptr_t p = goPoolAllocAfter(api, k ? out : nullptr, k, size, dev, stream, &bsize);
+  if (p != 0) on_go_alloc(p, bsize, size, dev, stream);
+  return p;
+}
 
 }  // namespace front
 
 extern "C" {
 
 void symmshim_front_enable(int on, uint64_t max_block) {
-  long n = sysconf(_SC_NPROCESSORS_CONF);  // before any block is parked: slots never shrink under one
-  if (n > 0 && n < front::kCpus && !front::any_cached()) front::g_ncpu_.store((int)n, std::memory_order_relaxed);
   front::g_max_block.store(max_block, std::memory_order_relaxed);
   front::g_enabled.store(on, std::memory_order_relaxed);
 }
 
 void symmshim_front_drain(int dev) { front::drain(dev); }
 
-int symmshim_front_parked(int dev) { return front::enabled() && front::parked(dev, false, 0, 0, 0); }
-
-int symmshim_front_parked_fit(int dev, uintptr_t stream, uint64_t lo, uint64_t hi) {
-  return front::enabled() && front::parked(dev, true, stream, lo, hi);
-}
-
-void symmshim_front_drain_fit(int dev, uintptr_t stream, uint64_t lo, uint64_t hi) {
-  front::drain_where(dev, true, stream, lo, hi);
-}
+int symmshim_front_parked(int dev) { return front::enabled() && front::parked(dev); }
 
 }

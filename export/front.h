@@ -11,6 +11,10 @@
 //    validates it (unknown pointer, wrong size) and changes nothing on error.
 //  - A CACHED block is reused only for the same device, stream and requested
 //    size: the stream contract holds as in the pool (same stream at once).
+//  - Before the pool places a block for a device (alloc_miss), the blocks
+//    parked for that device go back to it, in the same call: the pool sees
+//    the frees it would have seen without the front cache, except those
+//    whose block was reused whole.
 #ifndef SYMM_FRONT_H
 #define SYMM_FRONT_H
 #include <stddef.h>
@@ -20,6 +24,10 @@ namespace front {
 bool enabled();
 // alloc_hit returns a cached block for (size, dev, stream) or 0.
 uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream);
+// alloc_miss asks the pool for a block (api: export/pool.go's allocAPIs),
+// handing back in the same call the blocks parked for dev, and records it;
+// 0 with the last error set on failure.
+uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream);
 // on_go_alloc records a block the pool handed out (bsize: its block size).
 void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream);
 // free returns true if it took care of the free (cached it or reported an

@@ -87,12 +87,6 @@ func initPool() (*allocator.Pool, error) {
 		// Before an out-of-memory retry, the front cache's blocks go back.
 		cfg.Reclaim = func(dev int) { C.symmshim_front_drain(C.int(dev)) }
 		cfg.Parked = func(dev int) bool { return C.symmshim_front_parked(C.int(dev)) != 0 }
-		cfg.ParkedFit = func(dev int, stream uintptr, lo, hi uint64) bool {
-			return C.symmshim_front_parked_fit(C.int(dev), C.uintptr_t(stream), C.uint64_t(lo), C.uint64_t(hi)) != 0
-		}
-		cfg.ReclaimFit = func(dev int, stream uintptr, lo, hi uint64) {
-			C.symmshim_front_drain_fit(C.int(dev), C.uintptr_t(stream), C.uint64_t(lo), C.uint64_t(hi))
-		}
 	}
 	p, err := allocator.New(b, cfg)
 	if err != nil {

@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"fmt"
+	"os"
 	"unsafe"
 
 	"github.com/libsymm/libsymm/allocator"
@@ -34,6 +35,38 @@ func goPoolAlloc(api C.int, size C.size_t, device C.int, stream C.uintptr_t, bsi
 	ptr, n := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
 	*bsize = C.uint64_t(n)
 	return C.uintptr_t(ptr)
+}
+
+// goPoolAllocAfter is goPoolAlloc for the front cache's misses: the n
+// blocks at back, parked there, go back to the pool first, in this one call
+// from C (export/front.cpp's alloc_miss says why).
+//
+//export goPoolAllocAfter
+func goPoolAllocAfter(api C.int, back *C.symmshim_parked, n C.int, size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t) C.uintptr_t {
+	if n > 0 {
+		for _, b := range unsafe.Slice(back, int(n)) {
+			returnParked(uintptr(b.ptr), uint64(b.req), int(b.dev), uintptr(b.stream))
+		}
+	}
+	return goPoolAlloc(api, size, device, stream, bsize)
+}
+
+// returnParked frees a block the front cache parked. It is the pool's own
+// block, so a failure is a bug: printed, and kept out of the calling
+// thread's last error (which belongs to the allocation it is making).
+func returnParked(ptr uintptr, req uint64, device int, stream uintptr) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "symm: returning a cached block: panic: %v\n", r)
+		}
+	}()
+	p, err := getPool()
+	if err == nil {
+		err = p.Free(device, stream, ptr, req)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "symm: returning a cached block: %v\n", err)
+	}
 }
 
 //export goPoolFree

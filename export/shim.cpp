@@ -281,7 +281,6 @@ void *pool_alloc(int api, size_t size, int device, void *stream, int mode) {
   if (forked(kApiNames[api])) return nullptr;
   if (size == 0) return nullptr;
   uint64_t bsize = 0;
-  uintptr_t p;
   unsigned long long first, second;
   if (mode == kTorchMemPool) {
     // PyTorch's caching allocator asks for a segment: no cache of ours
@@ -292,13 +291,11 @@ void *pool_alloc(int api, size_t size, int device, void *stream, int mode) {
       route_for(device, (uintptr_t)stream, &first, &second)) {
     return (void *)goPoolAllocIn(api, size, device, (uintptr_t)stream, first, second, &bsize);
   }
-  bool front = front_on();
-  if (front) {
+  if (front_on()) {
     if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
+    return (void *)front::alloc_miss(api, size, device, (uintptr_t)stream);
   }
-  p = goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
-  if (p != 0 && front) front::on_go_alloc(p, bsize, size, device, (uintptr_t)stream);
-  return (void *)p;
+  return (void *)goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
 }
 }  // namespace
 

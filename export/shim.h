@@ -13,11 +13,17 @@ void symmshim_set_error(int code, const char *msg, size_t len);
 int symmshim_forked(void);
 /* The front cache (front.cpp): switch it on; hand its blocks back to the pool. */
 void symmshim_front_enable(int on, uint64_t max_block);
-int symmshim_front_parked_fit(int dev, uintptr_t stream, uint64_t lo, uint64_t hi);
-void symmshim_front_drain_fit(int dev, uintptr_t stream, uint64_t lo, uint64_t hi);
 void symmshim_front_drain(int dev);
 /* 1 if the front cache holds blocks of device dev. */
 int symmshim_front_parked(int dev);
+/* A block the front cache parked, handed back to the pool by goPoolAllocAfter
+ * (req: the size it was allocated with; stream: the one it was allocated on). */
+typedef struct {
+  uintptr_t ptr;
+  uint64_t req;
+  uintptr_t stream;
+  int32_t dev;
+} symmshim_parked;
 #ifdef __cplusplus
 }
 #endif

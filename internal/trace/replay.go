@@ -2,7 +2,6 @@ package trace
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/libsymm/libsymm/allocator"
 )
@@ -52,10 +51,9 @@ type Options struct {
 	// FrontMax, if not 0, puts in front of the pool a model of libsymm's
 	// front cache (export/front.cpp) on one CPU: the last 4 freed blocks of
 	// at most FrontMax bytes stay parked, allocated as far as the pool can
-	// see, and serve a request of the same size and stream; the pool takes
-	// them back before it grows (Config.Reclaim), those that fit better
-	// before it splits a block (Config.ReclaimFit), and all before stats
-	// are read.
+	// see, and serve a request of the same size and stream; any other
+	// request gives them all back to the pool before the pool serves it,
+	// and so does the end of the trace, before stats are read.
 	FrontMax uint64
 }
 
@@ -64,19 +62,8 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 	v := allocator.NewVirtual(1, o.Capacity)
 	r := &replayer{ptrs: map[uint64]uintptr{}, frontMax: o.FrontMax}
 	if o.FrontMax > 0 {
-		all := func(frontEntry) bool { return true }
-		cfg.Reclaim = func(int) { r.drain(all) }
+		cfg.Reclaim = func(int) { r.drain() }
 		cfg.Parked = func(int) bool { return len(r.front) > 0 }
-		fit := func(stream uintptr, lo, hi uint64) func(frontEntry) bool {
-			return func(e frontEntry) bool {
-				b := (e.size + 511) &^ 511
-				return e.stream == stream && b >= lo && b < hi
-			}
-		}
-		cfg.ParkedFit = func(_ int, stream uintptr, lo, hi uint64) bool {
-			return slices.ContainsFunc(r.front, fit(stream, lo, hi))
-		}
-		cfg.ReclaimFit = func(_ int, stream uintptr, lo, hi uint64) { r.drain(fit(stream, lo, hi)) }
 	}
 	p, err := allocator.New(v, cfg)
 	if err != nil {
@@ -86,7 +73,7 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 	if err := t.play(r); err != nil {
 		return Result{}, err
 	}
-	r.drain(func(frontEntry) bool { return true })
+	r.drain()
 	if r.err != nil {
 		return Result{}, r.err
 	}
@@ -127,18 +114,10 @@ type frontEntry struct {
 	stream uintptr
 }
 
-// drain gives the parked blocks that which selects back to the pool.
-func (r *replayer) drain(which func(frontEntry) bool) {
-	var back []frontEntry
-	keep := r.front[:0]
-	for _, e := range r.front {
-		if which(e) {
-			back = append(back, e)
-		} else {
-			keep = append(keep, e)
-		}
-	}
-	r.front = keep
+// drain gives every parked block back to the pool.
+func (r *replayer) drain() {
+	back := r.front
+	r.front = nil
 	for _, e := range back {
 		if err := r.pool.Free(0, e.stream, e.ptr, e.size); err != nil && r.err == nil {
 			r.err = fmt.Errorf("giving back a parked block: %w", err)
@@ -178,6 +157,10 @@ func (r *replayer) frontFree(ptr uintptr, size uint64, stream uintptr) (bool, er
 func (r *replayer) alloc(e Event, pre bool) error {
 	ptr := r.frontAlloc(e.Size, uintptr(e.Stream))
 	if ptr == 0 {
+		r.drain() // a miss: the parked blocks go back first (export/front.cpp's alloc_miss)
+		if r.err != nil {
+			return rowError(e, pre, r.err)
+		}
 		var err error
 		ptr, err = r.pool.Alloc(0, uintptr(e.Stream), e.Size)
 		switch {

@@ -77,8 +77,8 @@ func TestReplayLimit(t *testing.T) {
 }
 
 // The front-cache model parks small freed blocks: a request of the same size
-// and stream reuses one without the pool; the pool takes them back before it
-// grows; at the end nothing is left parked.
+// and stream reuses one without the pool; any other request gives them back
+// to the pool first; at the end nothing is left parked.
 func TestReplayFrontCacheModel(t *testing.T) {
 	tr := mustParse(t, `action,addr,size,stream
 alloc,1,1048576,0
@@ -106,6 +106,23 @@ free_completed,5,4194304,0
 	res, err := ReplayWith(tr, allocator.Config{Expandable: true}, Options{FrontMax: 1 << 20})
 	require.NoError(t, err)
 	require.Equal(t, uint64(4*mib), res.PeakReserved)
+}
+
+// Peaks with the front cache are the true ones: a block parked when a
+// request of another size comes goes back to the pool before the pool
+// serves it, so it is never counted next to that request.
+func TestReplayFrontCachePeaksAreExact(t *testing.T) {
+	tr := mustParse(t, `action,addr,size,stream
+alloc,1,1048576,0
+free_completed,1,1048576,0
+alloc,2,524288,0
+free_completed,2,524288,0
+`)
+	for _, ex := range []bool{false, true} {
+		res, err := ReplayWith(tr, allocator.Config{Expandable: ex}, Options{FrontMax: 1 << 20})
+		require.NoError(t, err)
+		require.Equal(t, uint64(mib), res.PeakAllocated, "expandable %v: 1 MiB, not 1.5", ex)
+	}
 }
 
 func TestReplayEmpty(t *testing.T) {
