@@ -452,6 +452,9 @@ func (d *device) newShard(stream uintptr) *shard {
 		return s
 	}
 	s := &shard{dev: d, stream: stream, expandable: d.pool.exp != nil}
+	for k := range s.bins {
+		s.bins[k].highTies = s.expandable
+	}
 	// On the list first: at the second shard the device switches to
 	// device-wide counters, before anyone can find s in the table.
 	d.appendShard(s)

@@ -35,19 +35,20 @@ func TestReplayGPT2Trace(t *testing.T) {
 		{"max_split=256MiB", allocator.Config{MaxSplit: 256 * mib}, 3, 0},
 		{"max_split=256MiB, limit 16 GiB", allocator.Config{MaxSplit: 256 * mib, Limit: 16 << 30}, 1.15, 0},
 		// Expandable segments grow in place, 2 MiB at a time: the goal is
-		// to beat PyTorch's expandable_segments (1.005) with margin (1.0031,
-		// 14616 MiB; see the placement table in allocator/expandable.go).
-		{"expandable", allocator.Config{Expandable: true}, 1.0032, 0},
-		{"expandable, limit 15 GiB", allocator.Config{Expandable: true, Limit: 15 << 30}, 1.0032, 0},
+		// to beat PyTorch's expandable_segments (1.005) with margin: the
+		// issue's bound is 1.003 (1.0026, 14608 MiB; see the placement table
+		// in allocator/expandable.go).
+		{"expandable", allocator.Config{Expandable: true}, 1.003, 0},
+		{"expandable, limit 15 GiB", allocator.Config{Expandable: true, Limit: 15 << 30}, 1.003, 0},
 		// The library as loaded: a front cache of blocks up to 1 MiB on
 		// one CPU. It hands its blocks back before every allocation the
-		// pool serves, so it changes nothing here (1.0031, as the pool
+		// pool serves, so it changes nothing here (1.0026, as the pool
 		// alone; 1.0055 when parked blocks stayed out of the pool's view).
 		// Up to 64 MiB it costs the default mode 11 % (1.164): a hit of a
 		// large parked block skips the pool's best fit and breaks up the
 		// hole the block would have joined.
 		{"default, front cache 1 MiB", allocator.Config{}, 1.10, 1 << 20},
-		{"expandable, front cache 1 MiB", allocator.Config{Expandable: true}, 1.0032, 1 << 20},
+		{"expandable, front cache 1 MiB", allocator.Config{Expandable: true}, 1.003, 1 << 20},
 		{"default, front cache 64 MiB", allocator.Config{}, 1.20, 64 << 20},
 	} {
 		r, err := trace.ReplayWith(tr, c.cfg, trace.Options{FrontMax: c.front})
@@ -84,10 +85,10 @@ func TestReplayRecordedTraces(t *testing.T) {
 		native, expandable, exBound float64 // PyTorch's figures (reserved/allocated); our bound
 		front                       uint64
 	}{
-		{"testdata/cnn_train_trace.csv.gz", 66385, 1.314, 1.011, 1.004, 0},
-		{"testdata/cnn_train_trace.csv.gz", 66385, 1.314, 1.011, 1.004, 1 << 20},
-		{"testdata/llm_infer_trace.csv.gz", 331278, 1.308, 1.075, 1.06, 0},
-		{"testdata/llm_infer_trace.csv.gz", 331278, 1.308, 1.075, 1.06, 1 << 20},
+		{"testdata/cnn_train_trace.csv.gz", 66385, 1.314, 1.011, 1.005, 0},
+		{"testdata/cnn_train_trace.csv.gz", 66385, 1.314, 1.011, 1.005, 1 << 20},
+		{"testdata/llm_infer_trace.csv.gz", 331278, 1.308, 1.075, 1.07, 0},
+		{"testdata/llm_infer_trace.csv.gz", 331278, 1.308, 1.075, 1.07, 1 << 20},
 	} {
 		tr, err := trace.Open(c.trace)
 		require.NoError(t, err)
