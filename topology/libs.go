@@ -14,27 +14,38 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/libsymm/libsymm/internal/dl"
 )
 
-// libSpec is a library looked for: its soname, where pip wheels put it
-// under a site-packages directory, the variable that names it outright, and
-// how to read its version once opened.
+// libSpec is a library looked for: the files it may be (soname and where
+// pip wheels put it under a site-packages directory, newest first), the
+// variable that names it outright, and how to read its version once opened.
 type libSpec struct {
-	name, soname, wheelDir, env string
-	version                     func(l *dl.Lib) (string, error)
+	name, env string
+	files     []libFile
+	version   func(l *dl.Lib) (string, error)
 }
+
+type libFile struct{ soname, wheelDir string }
 
 var libSpecs = []libSpec{
-	{name: "nccl", soname: "libnccl.so.2", wheelDir: "nvidia/nccl/lib", env: "SYMM_NCCL_LIB", version: ncclVersion},
-	{name: "nvshmem", soname: "libnvshmem_host.so.3", wheelDir: "nvidia/nvshmem/lib", env: "SYMM_NVSHMEM_LIB", version: nvshmemVersion},
+	{name: "nccl", env: "SYMM_NCCL_LIB", version: ncclVersion,
+		files: []libFile{{"libnccl.so.2", "nvidia/nccl/lib"}}},
+	{name: "nvshmem", env: "SYMM_NVSHMEM_LIB", version: nvshmemVersion,
+		files: []libFile{{"libnvshmem_host.so.3", "nvidia/nvshmem/lib"}}},
+	// NVRTC compiles kernels at run time (no toolkit at build time). CUDA
+	// 13's wheels put every library in nvidia/cu13/lib; CUDA 12's had one
+	// directory per library.
+	{name: "nvrtc", env: "SYMM_NVRTC_LIB", version: nvrtcVersion,
+		files: []libFile{{"libnvrtc.so.13", "nvidia/cu13/lib"}, {"libnvrtc.so.12", "nvidia/cuda_nvrtc/lib"}}},
 }
 
-// Candidates returns where the library called name ("nccl", "nvshmem") is
-// looked for, in order: its SYMM_*_LIB variable, the loader's own search (the
-// soname), then each of dirs as a site-packages directory (pip's nvidia-*
-// wheels) and as a directory holding the library.
+// Candidates returns where the library called name ("nccl", "nvshmem",
+// "nvrtc") is looked for, in order: its SYMM_*_LIB variable, the loader's own
+// search (each soname), then each of dirs as a site-packages directory (pip's
+// nvidia-* wheels) and as a directory holding the library.
 func Candidates(name string, dirs []string) []string {
 	for _, s := range libSpecs {
 		if s.name != name {
@@ -44,9 +55,13 @@ func Candidates(name string, dirs []string) []string {
 		if p := os.Getenv(s.env); p != "" {
 			out = append(out, p)
 		}
-		out = append(out, s.soname)
+		for _, f := range s.files {
+			out = append(out, f.soname)
+		}
 		for _, d := range dirs {
-			out = append(out, filepath.Join(d, s.wheelDir, s.soname), filepath.Join(d, s.soname))
+			for _, f := range s.files {
+				out = append(out, filepath.Join(d, f.wheelDir, f.soname), filepath.Join(d, f.soname))
+			}
 		}
 		return out
 	}
@@ -71,15 +86,19 @@ func OpenFirst(name string, dirs []string) (*dl.Lib, string, error) {
 		}
 		return l, path, nil
 	}
-	soname := ""
+	soname := name
 	for _, s := range libSpecs {
 		if s.name == name {
-			soname = s.soname
+			soname = s.files[0].soname
 		}
 	}
 	err := fmt.Errorf("%s not found (looked on the loader path and in %d more directories)", soname, len(dirs))
 	if len(errs) > 0 {
-		err = fmt.Errorf("%w: %w", err, errors.Join(errs...))
+		msgs := make([]string, len(errs))
+		for i, e := range errs {
+			msgs[i] = e.Error()
+		}
+		err = fmt.Errorf("%w: %s", err, strings.Join(msgs, "; ")) // one line: symm info prints a table
 	}
 	return nil, "", err
 }
@@ -104,6 +123,19 @@ func findLibraries(dirs []string) []Library {
 		out = append(out, lib)
 	}
 	return out
+}
+
+// nvrtcVersion calls nvrtcVersion: "13.0".
+func nvrtcVersion(l *dl.Lib) (string, error) {
+	f, err := l.Lookup("nvrtcVersion")
+	if err != nil {
+		return "", err
+	}
+	var major, minor C.int
+	if r := C.symm_call_int2(f, &major, &minor); r != 0 {
+		return "", fmt.Errorf("nvrtcVersion returned %d", r)
+	}
+	return fmt.Sprintf("%d.%d", major, minor), nil
 }
 
 // ncclVersion calls ncclGetVersion: 22809 is 2.28.9 (before 2.9: 2708 is 2.7.8).

@@ -79,7 +79,7 @@ type Link struct {
 
 // Library is a library libsymm looked for.
 type Library struct {
-	Name    string `json:"name"` // "cuda", "nvml", "nccl", "nvshmem"
+	Name    string `json:"name"` // "cuda", "nvml", "nccl", "nvshmem", "nvrtc"
 	Found   bool   `json:"found"`
 	Path    string `json:"path,omitempty"`
 	Version string `json:"version,omitempty"`

@@ -197,6 +197,11 @@ func TestCandidates(t *testing.T) {
 	t.Setenv("SYMM_NCCL_LIB", "/opt/nccl/libnccl.so.2")
 	require.Equal(t, []string{"/opt/nccl/libnccl.so.2", "libnccl.so.2", "/site/nvidia/nccl/lib/libnccl.so.2", "/site/libnccl.so.2"},
 		Candidates("nccl", []string{"/site"}))
+	t.Setenv("SYMM_NVRTC_LIB", "")
+	require.Equal(t, []string{"libnvrtc.so.13", "libnvrtc.so.12",
+		"/site/nvidia/cu13/lib/libnvrtc.so.13", "/site/libnvrtc.so.13",
+		"/site/nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "/site/libnvrtc.so.12"},
+		Candidates("nvrtc", []string{"/site"}), "CUDA 13's wheel layout first, then CUDA 12's")
 	require.Nil(t, Candidates("nope", nil))
 }
 

@@ -80,6 +80,7 @@ FAKE_LIBS = {
     "nvidia/nccl/lib/libnccl.so.2": "int ncclGetVersion(int *v) { *v = 22809; return 0; }",
     "nvidia/nvshmem/lib/libnvshmem_host.so.3":
         "void nvshmemx_vendor_get_version_info(int *a, int *b, int *c) { *a = 3; *b = 4; *c = 5; }",
+    "nvidia/cu13/lib/libnvrtc.so.13": "int nvrtcVersion(int *a, int *b) { *a = 13; *b = 0; return 0; }",
 }
 
 
@@ -105,6 +106,7 @@ def test_topology_finds_libraries_and_reports_no_driver(tmp_path):
     libs = {lib["name"]: lib for lib in t["libraries"]}
     assert libs["nccl"]["found"] and libs["nccl"]["version"] == "2.28.9", libs["nccl"]
     assert libs["nvshmem"]["found"] and libs["nvshmem"]["version"] == "3.4.5", libs["nvshmem"]
+    assert libs["nvrtc"]["found"] and libs["nvrtc"]["version"] == "13.0", libs["nvrtc"]
     assert libs["nccl"]["path"].startswith(str(tmp_path))
     backends = {b["name"]: b for b in t["backends"]}
     assert backends["host"]["available"]
