@@ -140,6 +140,7 @@ device: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_trace $(BUILD)/tes
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
 	$(GO) test -c -o $(BUILD)/device/topology.test ./topology
 	$(GO) test -c -o $(BUILD)/device/symmetric.test ./symmetric
+	$(GO) test -c -o $(BUILD)/device/kernels.test ./kernels
 
 # C programs for the GPU machine (tests/device/run.sh runs build/tests/gpu_*).
 $(BUILD)/tests/gpu_%: tests/device/gpu_%.c tests/c/check.h include/symm.h $(LIB)
