@@ -94,6 +94,10 @@ const (
 	fnStreamQuery
 	fnDeviceCanAccessPeer
 	fnThreadExchangeStreamCaptureMode
+	fnModuleLoadData
+	fnModuleUnload
+	fnModuleGetFunction
+	fnLaunchKernel
 
 	numFns
 )
@@ -113,6 +117,7 @@ const (
 	purposeQuery   = "stream queries (detecting signal waits that do not complete)"
 	purposePeer    = "peer access queries (symmetric memory)"
 	purposeCapture = "relaxed capture mode around allocations (CUDA graph capture)"
+	purposeKernels = "kernels compiled at run time (package kernels)"
 )
 
 // symbols is the complete list of driver functions this package may resolve.
@@ -171,6 +176,10 @@ var symbols = [numFns]symbol{
 	// Segments are allocated and freed in relaxed capture mode, so that a
 	// CUDA graph capture under way in the process is not invalidated.
 	fnThreadExchangeStreamCaptureMode: {"cuThreadExchangeStreamCaptureMode", false, purposeCapture},
+	fnModuleLoadData:                  {"cuModuleLoadData", false, purposeKernels},
+	fnModuleUnload:                    {"cuModuleUnload", false, purposeKernels},
+	fnModuleGetFunction:               {"cuModuleGetFunction", false, purposeKernels},
+	fnLaunchKernel:                    {"cuLaunchKernel", false, purposeKernels},
 }
 
 // driver is an opened libcuda with its function table filled.

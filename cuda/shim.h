@@ -293,6 +293,39 @@ static inline CUresult symm_cuStreamQuery(void *fn, uintptr_t stream) {
   return ((CUresult(*)(CUstream))fn)((CUstream)stream);
 }
 
+/* ---- modules and kernel launches (kernels compiled at run time) ----------- */
+
+/* cuModuleLoadData: image is a CUBIN (or PTX) in host memory. */
+static inline symm_res_ptr symm_cuModuleLoadData(void *fn, const void *image) {
+  void *m = 0;
+  symm_res_ptr o;
+  o.r = ((CUresult(*)(void **, const void *))fn)(&m, image);
+  o.v = (uintptr_t)m;
+  return o;
+}
+
+static inline CUresult symm_cuModuleUnload(void *fn, uintptr_t m) {
+  return ((CUresult(*)(void *))fn)((void *)m);
+}
+
+static inline symm_res_ptr symm_cuModuleGetFunction(void *fn, uintptr_t m, const char *name) {
+  void *f = 0;
+  symm_res_ptr o;
+  o.r = ((CUresult(*)(void **, void *, const char *))fn)(&f, (void *)m, name);
+  o.v = (uintptr_t)f;
+  return o;
+}
+
+/* cuLaunchKernel: params is an array of pointers to each argument's value
+ * (C memory: the driver copies the values before it returns). */
+static inline CUresult symm_cuLaunchKernel(void *fn, uintptr_t f, unsigned gx, unsigned gy, unsigned gz,
+                                           unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                           uintptr_t stream, void **params) {
+  return ((CUresult(*)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                       void **, void **))fn)((void *)f, gx, gy, gz, bx, by, bz, shmem, (CUstream)stream, params,
+                                             (void **)0);
+}
+
 /* ---- peer access ---------------------------------------------------------- */
 
 static inline symm_res_int symm_cuDeviceCanAccessPeer(void *fn, CUdevice dev,

@@ -29,6 +29,9 @@ static inline nvrtcResult symm_nvrtcGetBytes(void *fn, nvrtcProgram p, char *out
 static inline nvrtcResult symm_nvrtcDestroyProgram(void *fn, nvrtcProgram *p) {
   return ((nvrtcResult(*)(nvrtcProgram *))fn)(p);
 }
+static inline nvrtcResult symm_nvrtcVersion(void *fn, int *major, int *minor) {
+  return ((nvrtcResult(*)(int *, int *))fn)(major, minor);
+}
 static inline const char *symm_nvrtcGetErrorString(void *fn, nvrtcResult r) {
   return ((const char *(*)(nvrtcResult))fn)(r);
 }
@@ -54,7 +57,7 @@ type NVRTC struct {
 	lib  *dl.Lib
 	path string
 	fn   struct {
-		create, compile, logSize, log, cubinSize, cubin, destroy, errString unsafe.Pointer
+		create, compile, logSize, log, cubinSize, cubin, destroy, errString, version unsafe.Pointer
 	}
 }
 
@@ -77,6 +80,7 @@ func Open(dirs []string) (*NVRTC, error) {
 		{"nvrtcGetCUBIN", &n.fn.cubin},
 		{"nvrtcDestroyProgram", &n.fn.destroy},
 		{"nvrtcGetErrorString", &n.fn.errString},
+		{"nvrtcVersion", &n.fn.version},
 	} {
 		p, err := l.Lookup(s.name)
 		if err != nil {
@@ -86,6 +90,15 @@ func Open(dirs []string) (*NVRTC, error) {
 		*s.dst = p
 	}
 	return n, nil
+}
+
+// Version is NVRTC's version, "13.0".
+func (n *NVRTC) Version() string {
+	var major, minor C.int
+	if r := C.symm_nvrtcVersion(n.fn.version, &major, &minor); r != 0 {
+		return "unknown"
+	}
+	return fmt.Sprintf("%d.%d", major, minor)
 }
 
 // Path is the file NVRTC was opened from.

@@ -1,0 +1,148 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// ModuleLoad loads a CUBIN (from package kernels) into device dev's primary
+// context and returns the module handle.
+func ModuleLoad(dev int, image []byte) (uintptr, error) {
+	d, err := loaded()
+	if err != nil {
+		return 0, err
+	}
+	fn, err := d.need(fnModuleLoadData)
+	if err != nil {
+		return 0, err
+	}
+	if len(image) == 0 {
+		return 0, fmt.Errorf("cuModuleLoadData on device %d: empty image", dev)
+	}
+	s, err := d.enter(dev)
+	if err != nil {
+		return 0, err
+	}
+	img := C.CBytes(image) // the driver reads it during the call; C memory by cgo's rules
+	defer C.free(img)
+	o := C.symm_cuModuleLoadData(fn, img)
+	if r := Result(o.r); r != Success {
+		err = fmt.Errorf("cuModuleLoadData(%d bytes) on device %d: %w", len(image), dev, r)
+	}
+	return uintptr(o.v), s.leave(err)
+}
+
+// ModuleUnload unloads a module of device dev.
+func ModuleUnload(dev int, module uintptr) error {
+	d, err := loaded()
+	if err != nil {
+		return err
+	}
+	fn, err := d.need(fnModuleUnload)
+	if err != nil {
+		return err
+	}
+	s, err := d.enter(dev)
+	if err != nil {
+		return err
+	}
+	if r := Result(C.symm_cuModuleUnload(fn, C.uintptr_t(module))); r != Success {
+		err = fmt.Errorf("cuModuleUnload(%#x) on device %d: %w", module, dev, r)
+	}
+	return s.leave(err)
+}
+
+// ModuleFunction returns the kernel called name (extern "C") of a module.
+func ModuleFunction(dev int, module uintptr, name string) (uintptr, error) {
+	d, err := loaded()
+	if err != nil {
+		return 0, err
+	}
+	fn, err := d.need(fnModuleGetFunction)
+	if err != nil {
+		return 0, err
+	}
+	s, err := d.enter(dev)
+	if err != nil {
+		return 0, err
+	}
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	o := C.symm_cuModuleGetFunction(fn, C.uintptr_t(module), cname)
+	if r := Result(o.r); r != Success {
+		err = fmt.Errorf("cuModuleGetFunction(%q) on device %d: %w", name, dev, r)
+	}
+	return uintptr(o.v), s.leave(err)
+}
+
+// Dim3 is a grid or block size.
+type Dim3 struct{ X, Y, Z uint32 }
+
+// Launch enqueues kernel f on stream (0: the legacy default stream) of
+// device dev. Each argument is one kernel parameter, by the C type its Go
+// type stands for: uint32/int32/float32 (4 bytes), uint64/int64/uintptr/
+// float64 (8 bytes; device pointers are uintptr).
+func Launch(dev int, f uintptr, grid, block Dim3, sharedMem uint32, stream uintptr, args ...any) error {
+	d, err := loaded()
+	if err != nil {
+		return err
+	}
+	fn, err := d.need(fnLaunchKernel)
+	if err != nil {
+		return err
+	}
+	vals := make([]byte, 8*len(args))
+	for i, a := range args {
+		v := vals[8*i : 8*i+8]
+		switch x := a.(type) {
+		case uint32:
+			binary.LittleEndian.PutUint32(v, x)
+		case int32:
+			binary.LittleEndian.PutUint32(v, uint32(x))
+		case float32:
+			binary.LittleEndian.PutUint32(v, math.Float32bits(x))
+		case uint64:
+			binary.LittleEndian.PutUint64(v, x)
+		case int64:
+			binary.LittleEndian.PutUint64(v, uint64(x))
+		case uintptr:
+			binary.LittleEndian.PutUint64(v, uint64(x))
+		case float64:
+			binary.LittleEndian.PutUint64(v, math.Float64bits(x))
+		default:
+			return fmt.Errorf("cuLaunchKernel: argument %d has type %T; want uint32, int32, float32, uint64, int64, uintptr or float64", i, a)
+		}
+	}
+	// The values and the array of pointers to them live in C memory: cgo
+	// forbids passing Go memory that holds Go pointers.
+	n := len(args)
+	cvals := C.malloc(C.size_t(8*n + 1))
+	defer C.free(cvals)
+	if n > 0 {
+		C.memcpy(cvals, unsafe.Pointer(&vals[0]), C.size_t(8*n))
+	}
+	cptrs := C.malloc(C.size_t(n+1) * C.size_t(unsafe.Sizeof(uintptr(0))))
+	defer C.free(cptrs)
+	ptrs := unsafe.Slice((*unsafe.Pointer)(cptrs), n+1)
+	for i := range n {
+		ptrs[i] = unsafe.Add(cvals, 8*i)
+	}
+	s, err := d.enter(dev)
+	if err != nil {
+		return err
+	}
+	if r := Result(C.symm_cuLaunchKernel(fn, C.uintptr_t(f), C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z),
+		C.uint(block.X), C.uint(block.Y), C.uint(block.Z), C.uint(sharedMem), streamArg(stream), (*unsafe.Pointer)(cptrs))); r != Success {
+		err = fmt.Errorf("cuLaunchKernel(grid %v, block %v) on device %d: %w", grid, block, dev, r)
+	}
+	return s.leave(err)
+}
