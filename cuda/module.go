@@ -14,21 +14,28 @@ import (
 	"unsafe"
 )
 
+// enterFor resolves optional function id and enters device dev's context:
+// the common start of the calls below. The caller ends with s.leave.
+func enterFor(id fnID, dev int) (unsafe.Pointer, ctxScope, error) {
+	d, err := loaded()
+	if err != nil {
+		return nil, ctxScope{}, err
+	}
+	fn, err := d.need(id)
+	if err != nil {
+		return nil, ctxScope{}, err
+	}
+	s, err := d.enter(dev)
+	return fn, s, err
+}
+
 // ModuleLoad loads a CUBIN (from package kernels) into device dev's primary
 // context and returns the module handle.
 func ModuleLoad(dev int, image []byte) (uintptr, error) {
-	d, err := loaded()
-	if err != nil {
-		return 0, err
-	}
-	fn, err := d.need(fnModuleLoadData)
-	if err != nil {
-		return 0, err
-	}
 	if len(image) == 0 {
 		return 0, fmt.Errorf("cuModuleLoadData on device %d: empty image", dev)
 	}
-	s, err := d.enter(dev)
+	fn, s, err := enterFor(fnModuleLoadData, dev)
 	if err != nil {
 		return 0, err
 	}
@@ -43,15 +50,7 @@ func ModuleLoad(dev int, image []byte) (uintptr, error) {
 
 // ModuleUnload unloads a module of device dev.
 func ModuleUnload(dev int, module uintptr) error {
-	d, err := loaded()
-	if err != nil {
-		return err
-	}
-	fn, err := d.need(fnModuleUnload)
-	if err != nil {
-		return err
-	}
-	s, err := d.enter(dev)
+	fn, s, err := enterFor(fnModuleUnload, dev)
 	if err != nil {
 		return err
 	}
@@ -63,15 +62,7 @@ func ModuleUnload(dev int, module uintptr) error {
 
 // ModuleFunction returns the kernel called name (extern "C") of a module.
 func ModuleFunction(dev int, module uintptr, name string) (uintptr, error) {
-	d, err := loaded()
-	if err != nil {
-		return 0, err
-	}
-	fn, err := d.need(fnModuleGetFunction)
-	if err != nil {
-		return 0, err
-	}
-	s, err := d.enter(dev)
+	fn, s, err := enterFor(fnModuleGetFunction, dev)
 	if err != nil {
 		return 0, err
 	}
@@ -92,14 +83,6 @@ type Dim3 struct{ X, Y, Z uint32 }
 // type stands for: uint32/int32/float32 (4 bytes), uint64/int64/uintptr/
 // float64 (8 bytes; device pointers are uintptr).
 func Launch(dev int, f uintptr, grid, block Dim3, sharedMem uint32, stream uintptr, args ...any) error {
-	d, err := loaded()
-	if err != nil {
-		return err
-	}
-	fn, err := d.need(fnLaunchKernel)
-	if err != nil {
-		return err
-	}
 	vals := make([]byte, 8*len(args))
 	for i, a := range args {
 		v := vals[8*i : 8*i+8]
@@ -136,7 +119,7 @@ func Launch(dev int, f uintptr, grid, block Dim3, sharedMem uint32, stream uintp
 	for i := range n {
 		ptrs[i] = unsafe.Add(cvals, 8*i)
 	}
-	s, err := d.enter(dev)
+	fn, s, err := enterFor(fnLaunchKernel, dev)
 	if err != nil {
 		return err
 	}

@@ -133,12 +133,9 @@ void erase(Stripe &s, Rec *r) {
 }
 
 // ---- per-CPU cache slots ----
-struct Entry {
-  uintptr_t ptr;
-  uint64_t req, bsize;  // bsize: the pool's block size (req rounded up)
-  uintptr_t stream;
-  int32_t dev;
-};
+// An entry is what the pool needs to take the block back (shim.h), so that
+// slots hand their blocks to Go as they are.
+using Entry = symmshim_parked;
 
 struct alignas(64) Cpu {
   SpinLock lk;
@@ -187,28 +184,10 @@ std::atomic<int> g_enabled{0};
 std::atomic<uint64_t> g_max_block{kDefaultMaxCachedBlock};
 
 // forget drops ptr's record from the live set: it goes back to the pool.
-// give_back returns a cached block to the pool on behalf of nobody in
-// particular (an eviction, a drain): the calling thread's last error is
-// its own and stays as it was; a failure here (a bug: the block is the
-// pool's own) is printed instead.
 void forget(uintptr_t ptr) {
   Stripe &s = stripe_of(ptr);
   Guard g(s.lk);
   if (Rec *r = find(s, ptr)) erase(s, r);
-}
-
-void give_back(const Entry &e) {
-  forget(e.ptr);
-  int code = symm_last_error_code();
-  char msg[2048];
-  symm_copy_last_error(msg, sizeof msg);
-  symm_clear_error();
-  goPoolFree(e.ptr, e.req, e.dev, e.stream);
-  if (symm_last_error_code() != SYMM_OK) fprintf(stderr, "symm: returning a cached block: %s\n", symm_last_error());
-  if (code == SYMM_OK)
-    symm_clear_error();
-  else
-    symmshim_set_error(code, msg, strlen(msg));
 }
 
 }  // namespace
@@ -293,7 +272,7 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
       return false;
     }
     r->state = kCached;
-    mine = Entry{ptr, r->req, r->bsize, r->stream, r->dev};
+    mine = Entry{ptr, r->req, r->stream, r->dev};
   }
   (void)stream;  // the block's own stream is its cache key
   Entry evicted;
@@ -311,7 +290,10 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
     }
     c.e[c.n++] = mine;
   }
-  if (evict) give_back(evicted);
+  if (evict) {
+    forget(evicted.ptr);
+    goPoolReturnParked(&evicted, 1);
+  }
   return true;
 }
 
@@ -365,8 +347,7 @@ bool any_cached() {
 
 void drain(int dev) {
   Entry out[kBatch];
-  while (int k = take(dev, out, kBatch))
-    for (int i = 0; i < k; i++) give_back(out[i]);
+  while (int k = take(dev, out, kBatch)) goPoolReturnParked(out, k);
 }
 
 uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
@@ -377,11 +358,9 @@ uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
   // is the true one, up to frees racing on other threads), and a miss costs
   // one C->Go call however many blocks it returns.
   Entry back[kBatch];
-  symmshim_parked out[kBatch];
   int k = take(dev, back, kBatch);
-  for (int i = 0; i < k; i++) out[i] = symmshim_parked{back[i].ptr, back[i].req, back[i].stream, back[i].dev};
   uint64_t bsize = 0;
-  uintptr_t p = goPoolAllocAfter(api, k ? out : nullptr, k, size, dev, stream, &bsize);
+  uintptr_t p = goPoolAllocAfter(api, back, k, size, dev, stream, &bsize);
   if (p != 0) on_go_alloc(p, bsize, size, dev, stream);
   return p;
 }

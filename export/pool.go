@@ -43,17 +43,25 @@ func goPoolAlloc(api C.int, size C.size_t, device C.int, stream C.uintptr_t, bsi
 //
 //export goPoolAllocAfter
 func goPoolAllocAfter(api C.int, back *C.symmshim_parked, n C.int, size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t) C.uintptr_t {
-	if n > 0 {
-		for _, b := range unsafe.Slice(back, int(n)) {
-			returnParked(uintptr(b.ptr), uint64(b.req), int(b.dev), uintptr(b.stream))
-		}
-	}
+	goPoolReturnParked(back, n)
 	return goPoolAlloc(api, size, device, stream, bsize)
 }
 
-// returnParked frees a block the front cache parked. It is the pool's own
-// block, so a failure is a bug: printed, and kept out of the calling
-// thread's last error (which belongs to the allocation it is making).
+// goPoolReturnParked frees the n blocks at back that the front cache parked
+// (evicted, drained, or taken back before an allocation). They are the
+// pool's own blocks, so a failure is a bug: printed, and kept out of the
+// calling thread's last error, which belongs to the call it is making.
+//
+//export goPoolReturnParked
+func goPoolReturnParked(back *C.symmshim_parked, n C.int) {
+	if n <= 0 {
+		return
+	}
+	for _, b := range unsafe.Slice(back, int(n)) {
+		returnParked(uintptr(b.ptr), uint64(b.req), int(b.dev), uintptr(b.stream))
+	}
+}
+
 func returnParked(ptr uintptr, req uint64, device int, stream uintptr) {
 	defer func() {
 		if r := recover(); r != nil {

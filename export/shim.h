@@ -16,8 +16,9 @@ void symmshim_front_enable(int on, uint64_t max_block);
 void symmshim_front_drain(int dev);
 /* 1 if the front cache holds blocks of device dev. */
 int symmshim_front_parked(int dev);
-/* A block the front cache parked, handed back to the pool by goPoolAllocAfter
- * (req: the size it was allocated with; stream: the one it was allocated on). */
+/* A block the front cache parked, as it hands it back to the pool
+ * (goPoolReturnParked, goPoolAllocAfter; req: the size it was allocated
+ * with; stream: the one it was allocated on). */
 typedef struct {
   uintptr_t ptr;
   uint64_t req;

@@ -41,7 +41,6 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"unsafe"
 
 	"github.com/libsymm/libsymm/internal/dl"
@@ -141,7 +140,6 @@ func (n *NVRTC) Compile(src, name string, major, minor int) ([]byte, error) {
 		return nil, fmt.Errorf("kernels: nvrtcCreateProgram(%s): %s", name, n.errString(r))
 	}
 	defer C.symm_nvrtcDestroyProgram(n.fn.destroy, &prog)
-	runtime.KeepAlive(opts)
 	if r := C.symm_nvrtcCompileProgram(n.fn.compile, prog, C.int(len(opts)), (**C.char)(copts)); r != 0 {
 		log, _ := n.bytes(prog, n.fn.logSize, n.fn.log)
 		return nil, &CompileError{Name: name, Arch: arch, Result: n.errString(r), Log: trimNUL(log)}

@@ -13,17 +13,23 @@ import (
 	"github.com/libsymm/libsymm/internal/dl"
 )
 
-// fakeNVRTC builds testdata/fakenvrtc.c as libnvrtc.so.13 and points
-// SYMM_NVRTC_LIB at it.
-func fakeNVRTC(t *testing.T) string {
+// buildLib compiles the C file src into the shared library out.
+func buildLib(t *testing.T, src, out string) {
 	t.Helper()
 	cc := os.Getenv("CC")
 	if cc == "" {
 		cc = "cc"
 	}
+	b, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", out, src).CombinedOutput()
+	require.NoError(t, err, "building %s (a C compiler is needed): %s", src, b)
+}
+
+// fakeNVRTC builds testdata/fakenvrtc.c as libnvrtc.so.13 and points
+// SYMM_NVRTC_LIB at it.
+func fakeNVRTC(t *testing.T) string {
+	t.Helper()
 	lib := filepath.Join(t.TempDir(), "libnvrtc.so.13")
-	out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", lib, "testdata/fakenvrtc.c").CombinedOutput()
-	require.NoError(t, err, "building the fake NVRTC (a C compiler is needed): %s", out)
+	buildLib(t, "testdata/fakenvrtc.c", lib)
 	t.Setenv("SYMM_NVRTC_LIB", lib)
 	return lib
 }
@@ -82,18 +88,13 @@ func TestOpenWithoutNVRTC(t *testing.T) {
 
 // A library without NVRTC's functions is refused with the missing name.
 func TestOpenNotNVRTC(t *testing.T) {
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "cc"
-	}
 	dir := t.TempDir()
 	src := filepath.Join(dir, "x.c")
 	require.NoError(t, os.WriteFile(src, []byte("int nvrtcVersion(int *a, int *b) { *a = 13; *b = 0; return 0; }\n"), 0o644))
 	lib := filepath.Join(dir, "libnvrtc.so.13")
-	out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	buildLib(t, src, lib)
 	t.Setenv("SYMM_NVRTC_LIB", lib)
-	_, err = Open(nil)
+	_, err := Open(nil)
 	require.ErrorContains(t, err, "nvrtcCreateProgram")
 	require.ErrorContains(t, err, "is not a usable NVRTC")
 }

@@ -60,16 +60,13 @@ type Options struct {
 // ReplayWith is Replay with the options above.
 func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 	v := allocator.NewVirtual(1, o.Capacity)
-	r := &replayer{ptrs: map[uint64]uintptr{}, frontMax: o.FrontMax}
-	if o.FrontMax > 0 {
-		cfg.Reclaim = func(int) { r.drain() }
-		cfg.Parked = func(int) bool { return len(r.front) > 0 }
-	}
 	p, err := allocator.New(v, cfg)
 	if err != nil {
 		return Result{}, err
 	}
-	r.pool = p
+	// Nothing is parked while the pool serves a request (alloc drains
+	// first), so the model needs none of Config's front-cache hooks.
+	r := &replayer{pool: p, ptrs: map[uint64]uintptr{}, frontMax: o.FrontMax}
 	if err := t.play(r); err != nil {
 		return Result{}, err
 	}
