@@ -134,7 +134,7 @@ run: all
 	fi
 
 # Test binaries for the GPU machine (it has no Go): bash tests/device/run.sh there.
-device: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_trace $(BUILD)/tests/gpu_symm
+device: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_trace $(BUILD)/tests/gpu_symm $(BUILD)/tests/gpu_collectives
 	@mkdir -p $(BUILD)/device
 	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
@@ -146,6 +146,11 @@ device: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_trace $(BUILD)/tes
 $(BUILD)/tests/gpu_%: tests/device/gpu_%.c tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CC) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -ldl -lpthread -o $@
+
+# The collectives test on the CUDA backend: tests/c/test_collectives.c with -DSYMM_GPU.
+$(BUILD)/tests/gpu_collectives: tests/c/test_collectives.c tests/c/check.h include/symm.h $(LIB)
+	@mkdir -p $(BUILD)/tests
+	$(CC) -O1 -g -Wall -Wextra -Werror -DSYMM_GPU -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -ldl -lpthread -o $@
 
 $(BUILD)/bench/bench_threads: bench/c/bench_threads.c include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/bench

@@ -98,6 +98,9 @@ const (
 	fnModuleUnload
 	fnModuleGetFunction
 	fnLaunchKernel
+	fnMemHostAlloc
+	fnMemHostGetDevicePointer
+	fnMemFreeHost
 
 	numFns
 )
@@ -180,6 +183,9 @@ var symbols = [numFns]symbol{
 	fnModuleUnload:                    {"cuModuleUnload", false, purposeKernels},
 	fnModuleGetFunction:               {"cuModuleGetFunction", false, purposeKernels},
 	fnLaunchKernel:                    {"cuLaunchKernel", false, purposeKernels},
+	fnMemHostAlloc:                    {"cuMemHostAlloc", false, purposeKernels},
+	fnMemHostGetDevicePointer:         {"cuMemHostGetDevicePointer", false, purposeKernels},
+	fnMemFreeHost:                     {"cuMemFreeHost", false, purposeKernels},
 }
 
 // driver is an opened libcuda with its function table filled.

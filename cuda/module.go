@@ -4,6 +4,8 @@ package cuda
 #include <stdlib.h>
 #include <string.h>
 #include "shim.h"
+
+static inline void symm_zero_host(uintptr_t p, size_t n) { memset((void *)p, 0, n); }
 */
 import "C"
 
@@ -126,6 +128,57 @@ func Launch(dev int, f uintptr, grid, block Dim3, sharedMem uint32, stream uintp
 	if r := Result(C.symm_cuLaunchKernel(fn, C.uintptr_t(f), C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z),
 		C.uint(block.X), C.uint(block.Y), C.uint(block.Z), C.uint(sharedMem), streamArg(stream), (*unsafe.Pointer)(cptrs))); r != Success {
 		err = fmt.Errorf("cuLaunchKernel(grid %v, block %v) on device %d: %w", grid, block, dev, r)
+	}
+	return s.leave(err)
+}
+
+// Flags of cuMemHostAlloc.
+const (
+	memHostAllocPortable  = 0x1 // CU_MEMHOSTALLOC_PORTABLE: pinned for every context
+	memHostAllocDeviceMap = 0x2 // CU_MEMHOSTALLOC_DEVICEMAP: mapped into the device's address space
+)
+
+// HostAllocMapped allocates n bytes of pinned host memory that kernels of
+// every context can read and write (status words that the host polls
+// without a driver call). It returns the host address and the address
+// kernels use (the same under unified addressing). The memory is zeroed.
+func HostAllocMapped(dev int, n uint64) (host, device uintptr, err error) {
+	fn, s, err := enterFor(fnMemHostAlloc, dev)
+	if err != nil {
+		return 0, 0, err
+	}
+	o := C.symm_cuMemHostAlloc(fn, C.size_t(n), memHostAllocPortable|memHostAllocDeviceMap)
+	if r := Result(o.r); r != Success {
+		return 0, 0, s.leave(fmt.Errorf("cuMemHostAlloc(%d bytes, portable|devicemap) on device %d: %w", n, dev, r))
+	}
+	host = uintptr(o.v)
+	d, _ := loaded()
+	get, err := d.need(fnMemHostGetDevicePointer)
+	if err == nil {
+		g := C.symm_cuMemHostGetDevicePointer(get, C.uintptr_t(host))
+		if r := Result(g.r); r != Success {
+			err = fmt.Errorf("cuMemHostGetDevicePointer(%#x) on device %d: %w", host, dev, r)
+		}
+		device = uintptr(g.v)
+	}
+	if err != nil {
+		if free, ferr := d.need(fnMemFreeHost); ferr == nil {
+			C.symm_cuMemFreeHost(free, C.uintptr_t(host))
+		}
+		return 0, 0, s.leave(err)
+	}
+	C.symm_zero_host(C.uintptr_t(host), C.size_t(n))
+	return host, device, s.leave(nil)
+}
+
+// HostFree frees memory from HostAllocMapped.
+func HostFree(dev int, host uintptr) error {
+	fn, s, err := enterFor(fnMemFreeHost, dev)
+	if err != nil {
+		return err
+	}
+	if r := Result(C.symm_cuMemFreeHost(fn, C.uintptr_t(host))); r != Success {
+		err = fmt.Errorf("cuMemFreeHost(%#x) on device %d: %w", host, dev, r)
 	}
 	return s.leave(err)
 }

@@ -326,6 +326,28 @@ static inline CUresult symm_cuLaunchKernel(void *fn, uintptr_t f, unsigned gx, u
                                              (void **)0);
 }
 
+/* cuMemHostAlloc: pinned host memory (flags: CU_MEMHOSTALLOC_*). */
+static inline symm_res_ptr symm_cuMemHostAlloc(void *fn, size_t n, unsigned flags) {
+  void *p = 0;
+  symm_res_ptr o;
+  o.r = ((CUresult(*)(void **, size_t, unsigned))fn)(&p, n, flags);
+  o.v = (uintptr_t)p;
+  return o;
+}
+
+/* cuMemHostGetDevicePointer_v2: where the device sees mapped host memory. */
+static inline symm_res_ptr symm_cuMemHostGetDevicePointer(void *fn, uintptr_t p) {
+  CUdeviceptr d = 0;
+  symm_res_ptr o;
+  o.r = ((CUresult(*)(CUdeviceptr *, void *, unsigned))fn)(&d, (void *)p, 0);
+  o.v = (uintptr_t)d;
+  return o;
+}
+
+static inline CUresult symm_cuMemFreeHost(void *fn, uintptr_t p) {
+  return ((CUresult(*)(void *))fn)((void *)p);
+}
+
 /* ---- peer access ---------------------------------------------------------- */
 
 static inline symm_res_int symm_cuDeviceCanAccessPeer(void *fn, CUdevice dev,

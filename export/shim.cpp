@@ -613,6 +613,18 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms) {
   return goBarrier(h, channel, (uintptr_t)stream, timeout_ms);
 }
 
+int symm_one_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out,
+                             const void *local_input, void *stream, int timeout_ms) {
+  SYMM_GUARD("symm_one_shot_all_reduce");
+  return goOneShotAllReduce(h, offset, count, dtype, op, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream,
+                            timeout_ms);
+}
+
+int symm_kernels_ready(int device) {
+  if (forked("symm_kernels_ready")) return 0;
+  return goKernelsReady(device);
+}
+
 }  // extern "C"
 
 // ---- PyTorch's CUDA-graph hooks ------------------------------------------------

@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/store"
 	"github.com/libsymm/libsymm/symmetric"
 )
@@ -53,6 +54,13 @@ func getManager() (*symmetric.Manager, error) {
 		AllowOverlappingDevices: getenv("SYMM_ALLOW_OVERLAPPING_DEVICES") == "1",
 		Trace:                   getenv("SYMM_TRACE_RENDEZVOUS") == "1",
 		CrashAt:                 getenv("SYMM_FAULT_CRASH_AT"),
+		Signals:                 getenv("SYMM_SIGNALS"),
+		KernelCache:             kernels.CacheDir(getenv),
+	}
+	switch cfg.Signals {
+	case "", symmetric.SignalsAuto, symmetric.SignalsKernel, symmetric.SignalsMemop:
+	default:
+		return nil, fmt.Errorf("%w: SYMM_SIGNALS=%q: want auto, kernel or memop", symmetric.ErrInvalid, cfg.Signals)
 	}
 	switch cfg.CrashAt {
 	case "", "publish", "gathered", "sent", "mapped":
@@ -151,6 +159,8 @@ func errCodeSymm(err error) C.int {
 		return C.SYMM_ERR_TIMEOUT
 	case errors.Is(err, symmetric.ErrPeerFailed), errors.Is(err, store.ErrClosed):
 		return C.SYMM_ERR_PEER
+	case errors.Is(err, symmetric.ErrNoKernels):
+		return C.SYMM_ERR_NO_DEVICE
 	case errors.Is(err, syscall.ENOMEM):
 		return C.SYMM_ERR_OUT_OF_MEMORY // mmap of a block the host cannot back
 	}
@@ -512,6 +522,46 @@ func goBarrier(hid C.int64_t, channel C.int, stream C.uintptr_t, timeoutMS C.int
 		return failSymm("symm_barrier", err)
 	}
 	return C.SYMM_OK
+}
+
+//export goOneShotAllReduce
+func goOneShotAllReduce(hid C.int64_t, offset, count C.size_t, dtype, op C.int, out, local, stream C.uintptr_t, timeoutMS C.int) (code C.int) {
+	const fn = "symm_one_shot_all_reduce"
+	defer guard(fn, &code)
+	h, code := liveHandle(fn, hid)
+	if h == nil {
+		return code
+	}
+	if timeoutMS < 0 {
+		return failSymm(fn, fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
+	}
+	if op != C.SYMM_SUM {
+		return failSymm(fn, fmt.Errorf("%w: op %d: only SYMM_SUM (0) is supported", symmetric.ErrInvalid, int(op)))
+	}
+	err := h.OneShotAllReduce(symmetric.AllReduce{
+		Offset: uint64(offset), Count: uint64(count), Dtype: kernels.Dtype(dtype), Op: "sum",
+		Out: uintptr(out), Local: uintptr(local), Stream: uintptr(stream), Timeout: ms(timeoutMS),
+	})
+	if err != nil {
+		return failSymm(fn, err)
+	}
+	return C.SYMM_OK
+}
+
+//export goKernelsReady
+func goKernelsReady(device C.int) (ready C.int) {
+	const fn = "symm_kernels_ready"
+	var code C.int
+	defer guard(fn, &code)
+	m, err := getManager()
+	if err == nil {
+		err = m.KernelsReady(int(device))
+	}
+	if err != nil {
+		failSymm(fn, err)
+		return 0
+	}
+	return 1
 }
 
 // newProvider picks the symmetric provider of the backend SYMM_DEVICE names.

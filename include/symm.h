@@ -386,8 +386,9 @@ int symm_world_within_direct_access(symm_store_t store, const char *group, int r
  * operations, and a watchdog checks in the background that the stream gets
  * past them within SYMM_TIMEOUT_MS; if it does not, the handle fails: the
  * message is printed to standard error once and every later signal call on
- * the handle returns SYMM_ERR_TIMEOUT with it (a queued stream wait cannot be
- * withdrawn: the stream stays blocked until the signal comes). On the host
+ * the handle returns SYMM_ERR_TIMEOUT with it (with stream memory operations
+ * a queued wait cannot be withdrawn: the stream stays blocked until the
+ * signal comes; with kernels, below, the stream goes on). On the host
  * backend the calling thread waits, at most SYMM_TIMEOUT_MS. Negative:
  * SYMM_ERR_INVALID. put_signal first waits until the peer has taken our
  * previous signal on that channel (queued on the stream on GPUs; on the host
@@ -395,6 +396,43 @@ int symm_world_within_direct_access(symm_store_t store, const char *group, int r
 int symm_put_signal(symm_handle_t h, int dst_rank, int channel, void *stream);
 int symm_wait_signal(symm_handle_t h, int src_rank, int channel, void *stream, int timeout_ms);
 int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
+
+/* ---- kernels -----------------------------------------------------------------
+ *
+ * On GPUs, put_signal, wait_signal and barrier are one kernel launch each
+ * (CUDA C compiled at run time with NVRTC, kept in SYMM_KERNEL_CACHE) when
+ * the kernels can run, else stream memory operations (SYMM_SIGNALS=auto,
+ * the default; "kernel": kernels or SYMM_ERR_NO_DEVICE; "memop": never
+ * kernels). A kernel's waits stop at the timeout (timeout_ms, else
+ * SYMM_TIMEOUT_MS) and report through a host-mapped word, so the stream
+ * goes on; the call (timeout_ms > 0) or the watchdog (0) turns the report
+ * into SYMM_ERR_TIMEOUT naming the peer and channel. */
+
+/* 1 when libsymm's kernels run on device (NVRTC found, the kernels compiled
+ * or read from the cache, and loaded); else 0 and the last error says why
+ * (SYMM_ERR_NO_DEVICE: no NVRTC, the host backend, ...). */
+int symm_kernels_ready(int device);
+
+enum { SYMM_FLOAT32 = 0, SYMM_BFLOAT16 = 1 };
+enum { SYMM_SUM = 0 };
+
+/* One-shot all-reduce (PyTorch's symm_mem.one_shot_all_reduce): every rank
+ * of h's group reads count elements at byte offset of every rank's buffer,
+ * sums them (float32 accumulation, in rank order: every rank gets the same
+ * bits) and writes the sum to out, in stream order; every rank calls it with
+ * the same offset, count and dtype. local_input (or NULL) is copied into this
+ * rank's buffer first (one_shot_all_reduce_copy). Block b of the kernel
+ * synchronizes with block b of every peer on signal-pad channel b (at most
+ * 24 channels) before reading and after, so the inputs may be rewritten as
+ * soon as the call's work is done; do not run signals of h on those channels
+ * concurrently. offset and count × element size must be multiples of 4, out
+ * must not overlap this rank's input. timeout_ms as for symm_barrier. On the
+ * host backend the calling thread does it (pointers are host memory).
+ * SYMM_ERR_INVALID for a bad dtype, op, size, offset or output;
+ * SYMM_ERR_NO_DEVICE when the kernels cannot run (see symm_kernels_ready);
+ * SYMM_ERR_TIMEOUT when a peer does not come. count 0 does nothing. */
+int symm_one_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out,
+                             const void *local_input, void *stream, int timeout_ms);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/store"
 )
 
@@ -73,7 +74,8 @@ type Manager struct {
 	blocks []*Block // sorted by address, disjoint: interval lookup by binary search
 	seq    map[string]int
 
-	dog watchdog // background watch of queued signals (watchdog.go)
+	dog  watchdog    // background watch of queued signals (watchdog.go)
+	kern kernelState // kernels compiled at run time (kernelsig.go)
 }
 
 // Config holds the rendezvous settings.
@@ -91,6 +93,15 @@ type Config struct {
 	// AllowOverlappingDevices lets two ranks use one device
 	// (SYMM_ALLOW_OVERLAPPING_DEVICES=1).
 	AllowOverlappingDevices bool
+	// Signals chooses how signals and barriers run on GPUs (SYMM_SIGNALS):
+	// "auto" or "" (kernels when NVRTC can build them, else stream memory
+	// operations), "kernel" (kernels or an error) or "memop".
+	Signals string
+	// OpenNVRTC opens NVRTC for the kernels (nil: kernels.Open(nil), which
+	// looks at SYMM_NVRTC_LIB and the loader path).
+	OpenNVRTC func() (*kernels.NVRTC, error)
+	// KernelCache is where compiled kernels are kept ("": not on disk).
+	KernelCache string
 	// Trace prints the time of each rendezvous phase to standard error
 	// (SYMM_TRACE_RENDEZVOUS=1), to see where a slow rendezvous spends it.
 	Trace bool

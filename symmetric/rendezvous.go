@@ -612,6 +612,8 @@ type Handle struct {
 	// asyncErr is the first signal the watchdog saw time out (watchdog.go):
 	// once set, every signal call on the handle fails with it.
 	asyncErr atomic.Pointer[error]
+
+	kstat kernelStatus // where its kernels report timeouts (kernelsig.go)
 }
 
 // Acquire keeps the handle's block from being freed until release is
@@ -700,6 +702,7 @@ func (h *Handle) release() error {
 			h.peers[j] = nil
 		}
 	}
+	errs = append(errs, h.freeStatus())
 	if h.freeDev != nil {
 		errs = append(errs, h.freeDev())
 		h.freeDev = nil
@@ -747,6 +750,12 @@ func (h *Handle) PutSignal(dst, channel int, stream uintptr, timeout time.Durati
 		return err
 	}
 	defer release()
+	if k, err := h.kernelCall(dst, channel); err != nil || k {
+		if err != nil {
+			return err
+		}
+		return h.kernelPut(dst, channel, stream, timeout)
+	}
 	if err := h.putSignal(dst, channel, stream, timeout); err != nil {
 		return err
 	}
@@ -779,6 +788,12 @@ func (h *Handle) WaitSignal(src, channel int, stream uintptr, timeout time.Durat
 		return err
 	}
 	defer release()
+	if k, err := h.kernelCall(src, channel); err != nil || k {
+		if err != nil {
+			return err
+		}
+		return h.kernelWait(src, channel, stream, timeout)
+	}
 	if err := h.waitSignal(src, channel, stream, timeout); err != nil {
 		return err
 	}
@@ -813,6 +828,12 @@ func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) err
 	if err := h.failed(); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
+	if k, err := h.kernelCall(h.rank, channel); err != nil || k {
+		if err != nil || h.world == 1 {
+			return err
+		}
+		return h.kernelBarrier(channel, stream, timeout)
+	}
 	for r := 0; r < h.world; r++ {
 		if r != h.rank {
 			if err := h.putSignal(r, channel, stream, timeout); err != nil {
@@ -838,6 +859,22 @@ func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) err
 			channel, h.group, h.rank, peers))
 	}
 	return nil
+}
+
+// kernelCall checks a signal call's peer and channel and the handle's
+// state, and says whether the call runs as a kernel (kernelsig.go).
+func (h *Handle) kernelCall(peer, channel int) (bool, error) {
+	k, err := h.useKernels()
+	if err != nil || !k {
+		return false, err
+	}
+	if err := h.failed(); err != nil {
+		return false, err
+	}
+	if _, err := h.slotAddr(peer, h.rank, channel); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // HasMulticastSupport is always false: libsymm never creates multicast objects.

@@ -36,6 +36,9 @@ type pendingWatch struct {
 	marker   uintptr
 	deadline time.Time
 	what     string
+	// check, when set, runs once the stream has passed the marker (a
+	// kernel's report: kernelsig.go); its error fails the handle.
+	check func() error
 }
 
 // watchdog polls the markers of a Manager's pending signals.
@@ -53,8 +56,26 @@ const pollEvery = 2 * time.Millisecond
 // watches it for the Manager's timeout. Providers without stream signals
 // (host: the caller itself waits, bounded) need none.
 func (h *Handle) watchAsync(stream uintptr, what string) error {
+	return h.watch(stream, what, h.m.cfg.Timeout, nil)
+}
+
+// watchKernel watches a signal kernel whose own deadline is kt: once the
+// stream has passed it, a report in the status word fails the handle. The
+// watchdog's deadline is later (kt plus a quarter, at least a second), so
+// that the kernel's precise report comes first.
+func (h *Handle) watchKernel(stream uintptr, what string, kt time.Duration) error {
+	check := func() error {
+		if r, ok := h.peekReport(); ok {
+			return fmt.Errorf("%s: %w", what, h.reportError(r, kt))
+		}
+		return nil
+	}
+	return h.watch(stream, what, kt+max(kt/4, time.Second), check)
+}
+
+func (h *Handle) watch(stream uintptr, what string, limit time.Duration, check func() error) error {
 	sm, ok := h.m.prov.(streamMarker)
-	if !ok || h.m.cfg.Timeout <= 0 {
+	if !ok || limit <= 0 {
 		return nil
 	}
 	dev := h.b.Dev()
@@ -64,7 +85,7 @@ func (h *Handle) watchAsync(stream uintptr, what string) error {
 	}
 	w := &h.m.dog
 	w.mu.Lock()
-	w.pending = append(w.pending, pendingWatch{h: h, dev: dev, marker: mk, deadline: time.Now().Add(h.m.cfg.Timeout), what: what})
+	w.pending = append(w.pending, pendingWatch{h: h, dev: dev, marker: mk, deadline: time.Now().Add(limit), what: what, check: check})
 	if !w.running {
 		w.running = true
 		go h.m.runWatchdog(sm)
@@ -93,8 +114,16 @@ func (m *Manager) runWatchdog(sm streamMarker) {
 			switch {
 			case err == nil && passed:
 				sm.Forget(x.dev, x.marker, true)
+				if x.check != nil {
+					if cerr := x.check(); cerr != nil {
+						x.h.fail(cerr)
+					}
+				}
 			case err != nil || now.After(x.deadline):
 				cause := fmt.Sprintf("did not complete within %v (SYMM_TIMEOUT_MS); the stream stays blocked until the signal comes", m.cfg.Timeout)
+				if x.check != nil {
+					cause = "was not reached by its stream in time (earlier work on the stream is still running)"
+				}
 				if err != nil {
 					cause = fmt.Sprintf("cannot be watched: %v", err)
 				}

@@ -1,0 +1,241 @@
+// libsymm's device-side signals and one-shot all-reduce, compiled at run
+// time by NVRTC (package kernels): no header is included, so that any NVRTC
+// compiles it with nothing else installed.
+//
+// Signal pads follow PyTorch's protocol: slot channel*world+src of rank dst's
+// pad is set 0 -> 1 by src (put) and taken 1 -> 0 by dst (wait), both with
+// compare-and-swap at system scope, release on put and acquire on wait, so
+// that what a rank wrote before its put is visible to the peer after its
+// wait. Only the sender sets a slot and only the receiver clears it.
+//
+// Every wait has a deadline (timeout_ns > 0; 0: none). Past it the waiting
+// thread stops, writes one 64-bit report into the caller's status word
+// (host-mapped memory) and returns, so that the stream goes on; the host
+// turns the report into SYMM_ERR_TIMEOUT naming the peer and channel. The
+// report is a single aligned 64-bit store (no atomics: host memory over PCIe
+// need not support them); when several threads time out, one report stands.
+//
+// Multicast is never used: no multimem instruction appears here.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// Report layout (the host decodes it in package symmetric: kernelReport).
+// bit 63: set; bits 56..62: op; bits 32..55: peer rank; bits 0..31: channel.
+#define SYMM_OP_PUT 1        // put_signal (or a barrier's put): the peer did not take our previous signal
+#define SYMM_OP_WAIT 2       // wait_signal (or a barrier's wait): the peer's signal did not come
+#define SYMM_OP_REDUCE_IN 3  // all-reduce: a peer did not arrive before the reads
+#define SYMM_OP_REDUCE_OUT 4 // all-reduce: a peer did not finish its reads
+
+__device__ __forceinline__ u64 now_ns() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+
+__device__ __forceinline__ u32 cas_release(u32 *a, u32 cmp, u32 val) {
+  u32 old;
+  asm volatile("atom.release.sys.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(a), "r"(cmp), "r"(val) : "memory");
+  return old;
+}
+
+__device__ __forceinline__ u32 cas_acquire(u32 *a, u32 cmp, u32 val) {
+  u32 old;
+  asm volatile("atom.acquire.sys.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(a), "r"(cmp), "r"(val) : "memory");
+  return old;
+}
+
+__device__ __forceinline__ void report(u64 *status, u32 op, u32 peer, u32 channel) {
+  u64 word = (1ull << 63) | ((u64)(op & 0x7f) << 56) | ((u64)(peer & 0xffffff) << 32) | (u64)channel;
+  __threadfence_system();
+  *(volatile u64 *)status = word;
+  __threadfence_system();
+}
+
+// put: set our slot in the peer's pad once the peer has taken the previous
+// signal there. False (and a report) past the deadline.
+__device__ __forceinline__ bool put(u32 *slot, u64 start, u64 timeout_ns, u64 *status, u32 op, u32 peer, u32 channel) {
+  while (cas_release(slot, 0, 1) != 0) {
+    if (timeout_ns != 0 && now_ns() - start > timeout_ns) {
+      report(status, op, peer, channel);
+      return false;
+    }
+  }
+  return true;
+}
+
+// take: wait for the peer's signal in our pad and clear it.
+__device__ __forceinline__ bool take(u32 *slot, u64 start, u64 timeout_ns, u64 *status, u32 op, u32 peer, u32 channel) {
+  while (cas_acquire(slot, 1, 0) != 1) {
+    if (timeout_ns != 0 && now_ns() - start > timeout_ns) {
+      report(status, op, peer, channel);
+      return false;
+    }
+  }
+  return true;
+}
+
+// One block of at least world threads: thread t signals rank t and waits for
+// rank t's signal (t != rank).
+extern "C" __global__ void symm_barrier(u32 **pads, int rank, int world, int channel, u64 timeout_ns, u64 *status) {
+  int t = threadIdx.x;
+  if (t >= world || t == rank) return;
+  u64 start = now_ns();
+  if (!put(pads[t] + channel * world + rank, start, timeout_ns, status, SYMM_OP_PUT, t, channel)) return;
+  take(pads[rank] + channel * world + t, start, timeout_ns, status, SYMM_OP_WAIT, t, channel);
+}
+
+extern "C" __global__ void symm_put_signal(u32 **pads, int rank, int world, int dst, int channel, u64 timeout_ns,
+                                           u64 *status) {
+  if (threadIdx.x != 0) return;
+  put(pads[dst] + channel * world + rank, now_ns(), timeout_ns, status, SYMM_OP_PUT, dst, channel);
+}
+
+extern "C" __global__ void symm_wait_signal(u32 **pads, int rank, int world, int src, int channel, u64 timeout_ns,
+                                            u64 *status) {
+  if (threadIdx.x == 0) take(pads[rank] + channel * world + src, now_ns(), timeout_ns, status, SYMM_OP_WAIT, src, channel);
+  __threadfence_system();
+}
+
+// ---- one-shot all-reduce ----------------------------------------------------
+//
+// Every rank reads the same bytes of every rank's buffer, sums them in rank
+// order (so that every rank computes bit-identical results) with float
+// accumulation, and writes its own output. Block b synchronizes with block b
+// of every peer on channel b, before the reads (every peer's input is
+// written) and after them (no peer overwrites its buffer while we read), as
+// PyTorch's one_shot_all_reduce_kernel does.
+
+struct W4 {
+  u32 w[4];
+};
+
+__device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Round to nearest even; NaN stays a (quiet) NaN.
+__device__ __forceinline__ u32 to_bf16(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+template <int NW>
+__device__ __forceinline__ void load(const u32 *p, u32 (&v)[NW]) {
+  if constexpr (NW == 4) {
+    W4 x = *(const W4 *)p;
+#pragma unroll
+    for (int k = 0; k < 4; k++) v[k] = x.w[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < NW; k++) v[k] = p[k];
+  }
+}
+
+template <int NW>
+__device__ __forceinline__ void store(u32 *p, const u32 (&v)[NW]) {
+  if constexpr (NW == 4) {
+    W4 x;
+#pragma unroll
+    for (int k = 0; k < 4; k++) x.w[k] = v[k];
+    *(W4 *)p = x;
+  } else {
+#pragma unroll
+    for (int k = 0; k < NW; k++) p[k] = v[k];
+  }
+}
+
+// acc[2*k], acc[2*k+1]: the two floats of word k (f32 uses acc[2*k] only).
+template <int NW, bool BF16>
+__device__ __forceinline__ void accumulate(float (&acc)[2 * NW], const u32 (&v)[NW]) {
+#pragma unroll
+  for (int k = 0; k < NW; k++) {
+    if constexpr (BF16) {
+      acc[2 * k] += bf16_lo(v[k]);
+      acc[2 * k + 1] += bf16_hi(v[k]);
+    } else {
+      acc[2 * k] += __uint_as_float(v[k]);
+    }
+  }
+}
+
+// Block-wide synchronization with block blockIdx.x of every peer; false in
+// every thread of the block if any of its waits timed out.
+__device__ __forceinline__ bool sync_peers(u32 **pads, int rank, int world, u64 timeout_ns, u64 *status, u32 op) {
+  __syncthreads(); // the block's writes come before the release of its put
+  int t = threadIdx.x;
+  int channel = blockIdx.x;
+  bool ok = true;
+  if (t < world && t != rank) {
+    u64 start = now_ns();
+    ok = put(pads[t] + channel * world + rank, start, timeout_ns, status, op, t, channel) &&
+         take(pads[rank] + channel * world + t, start, timeout_ns, status, op, t, channel);
+  }
+  return __syncthreads_or(!ok) == 0;
+}
+
+// KW: the world size when known at compile time (loads of every peer are
+// issued before the sums), 0 for any.
+template <int NW, bool BF16, int KW>
+__device__ __forceinline__ void one_shot(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local,
+                                         u32 **pads, int rank, int world, u64 timeout_ns, u64 *status) {
+  u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * NW;
+  u64 stride = (u64)gridDim.x * blockDim.x * NW;
+  u32 *mine = (u32 *)((char *)bufs[rank] + offset);
+  if (local != 0) {
+    for (u64 i = first; i < nwords; i += stride) {
+      u32 v[NW];
+      load<NW>(local + i, v);
+      store<NW>(mine + i, v);
+    }
+  }
+  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  for (u64 i = first; i < nwords; i += stride) {
+    float acc[2 * NW];
+#pragma unroll
+    for (int k = 0; k < 2 * NW; k++) acc[k] = 0.0f;
+    if constexpr (KW > 0) {
+      u32 v[KW][NW];
+#pragma unroll
+      for (int r = 0; r < KW; r++) load<NW>((const u32 *)((const char *)bufs[r] + offset) + i, v[r]);
+#pragma unroll
+      for (int r = 0; r < KW; r++) accumulate<NW, BF16>(acc, v[r]);
+    } else {
+      for (int r = 0; r < world; r++) {
+        u32 v[NW];
+        load<NW>((const u32 *)((const char *)bufs[r] + offset) + i, v);
+        accumulate<NW, BF16>(acc, v);
+      }
+    }
+    u32 o[NW];
+#pragma unroll
+    for (int k = 0; k < NW; k++) {
+      if constexpr (BF16) {
+        o[k] = to_bf16(acc[2 * k]) | (to_bf16(acc[2 * k + 1]) << 16);
+      } else {
+        o[k] = __float_as_uint(acc[2 * k]);
+      }
+    }
+    store<NW>(out + i, o);
+  }
+  sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
+}
+
+// symm_ar_<dtype>_v<words per thread>_w<world or any>: offset is in bytes,
+// nwords counts 32-bit words (a multiple of the words per thread).
+#define SYMM_AR(NAME, NW, BF16, KW)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(512)                                                                \
+      NAME(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, int rank, int world,        \
+           u64 timeout_ns, u64 *status) {                                                                          \
+    one_shot<NW, BF16, KW>(bufs, offset, nwords, out, local, pads, rank, world, timeout_ns, status);               \
+  }
+#define SYMM_AR_WORLDS(DT, NW, BF16)             \
+  SYMM_AR(symm_ar_##DT##_v##NW##_w2, NW, BF16, 2) \
+  SYMM_AR(symm_ar_##DT##_v##NW##_w4, NW, BF16, 4) \
+  SYMM_AR(symm_ar_##DT##_v##NW##_w8, NW, BF16, 8) \
+  SYMM_AR(symm_ar_##DT##_v##NW##_wany, NW, BF16, 0)
+
+SYMM_AR_WORLDS(f32, 4, false)
+SYMM_AR_WORLDS(f32, 1, false)
+SYMM_AR_WORLDS(bf16, 4, true)
+SYMM_AR_WORLDS(bf16, 1, true)

@@ -1,0 +1,106 @@
+package kernels
+
+import (
+	_ "embed"
+	"fmt"
+)
+
+// SymmSource is libsymm's kernel source (symm.cu): signal-pad put, wait and
+// barrier with in-kernel timeouts, and the one-shot all-reduce.
+//
+//go:embed symm.cu
+var SymmSource string
+
+// SymmName names SymmSource in NVRTC's messages and in the disk cache.
+const SymmName = "libsymm-symm.cu"
+
+// Kernel names in SymmSource.
+const (
+	Barrier    = "symm_barrier"
+	PutSignal  = "symm_put_signal"
+	WaitSignal = "symm_wait_signal"
+)
+
+// Report operations: what a kernel was doing when its wait timed out (the
+// SYMM_OP_* values of symm.cu).
+const (
+	OpPut       = 1
+	OpWait      = 2
+	OpReduceIn  = 3
+	OpReduceOut = 4
+)
+
+// Report is a timed-out wait as a kernel wrote it into its status word.
+type Report struct {
+	Op            int
+	Peer, Channel int
+}
+
+// DecodeReport reads a status word: ok is false when nothing was reported.
+func DecodeReport(w uint64) (r Report, ok bool) {
+	if w>>63 == 0 {
+		return Report{}, false
+	}
+	return Report{Op: int(w>>56) & 0x7f, Peer: int(w>>32) & 0xffffff, Channel: int(uint32(w))}, true
+}
+
+// Dtype is an element type of the all-reduce.
+type Dtype int
+
+const (
+	Float32  Dtype = 0 // SYMM_FLOAT32
+	BFloat16 Dtype = 1 // SYMM_BFLOAT16
+)
+
+func (d Dtype) String() string {
+	switch d {
+	case Float32:
+		return "float32"
+	case BFloat16:
+		return "bfloat16"
+	}
+	return fmt.Sprintf("dtype(%d)", int(d))
+}
+
+// Size is the element size in bytes (0 for an unknown dtype).
+func (d Dtype) Size() int {
+	switch d {
+	case Float32:
+		return 4
+	case BFloat16:
+		return 2
+	}
+	return 0
+}
+
+// AllReduceKernel names the one-shot all-reduce kernel for dtype d, words
+// (32-bit) per thread (4: 16-byte aligned, else 1) and world size (2, 4 and
+// 8 have their own unrolled kernels).
+func AllReduceKernel(d Dtype, wordsPerThread, world int) string {
+	dt := "f32"
+	if d == BFloat16 {
+		dt = "bf16"
+	}
+	w := "any"
+	switch world {
+	case 2, 4, 8:
+		w = fmt.Sprint(world)
+	}
+	return fmt.Sprintf("symm_ar_%s_v%d_w%s", dt, wordsPerThread, w)
+}
+
+// AllReduceLaunch is the launch shape of the one-shot all-reduce over nwords
+// 32-bit words, PyTorch's: at most 24 blocks of at most 512 threads (the
+// kernel synchronizes block b with block b of every peer on channel b, so a
+// grid never uses more than 24 channels).
+func AllReduceLaunch(nwords uint64, wordsPerThread int) (blocks, threads uint32) {
+	const maxBlocks, maxThreads = 24, 512
+	items := (nwords + uint64(wordsPerThread) - 1) / uint64(wordsPerThread)
+	if items <= maxThreads {
+		return 1, uint32(max((items+31)/32*32, 32))
+	}
+	return uint32(min((items+maxThreads-1)/maxThreads, maxBlocks)), maxThreads
+}
+
+// AllReduceChannels is how many signal-pad channels the all-reduce uses.
+const AllReduceChannels = 24

@@ -1,0 +1,76 @@
+package kernels
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Nothing in the source may create or use multicast memory.
+func TestSymmSourceHasNoMulticast(t *testing.T) {
+	require.NotContains(t, strings.ToLower(SymmSource), "multimem.")
+	require.NotContains(t, SymmSource, "cuMulticast")
+}
+
+func symmKernels() []string {
+	ks := []string{Barrier, PutSignal, WaitSignal}
+	for _, d := range []Dtype{Float32, BFloat16} {
+		for _, v := range []int{4, 1} {
+			for _, w := range []int{2, 3, 4, 8} {
+				ks = append(ks, AllReduceKernel(d, v, w))
+			}
+		}
+	}
+	return ks
+}
+
+// symm.cu compiles, for every architecture libsymm runs on, wherever an
+// NVRTC is found (no GPU needed: `pip install nvidia-cuda-nvrtc` and
+// SYMM_NVRTC_LIB, or the GPU machine), and every kernel name is in the CUBIN.
+func TestSymmSourceCompiles(t *testing.T) {
+	n, err := Open(nil)
+	if errors.Is(err, ErrNoNVRTC) {
+		t.Skipf("no NVRTC on this machine: %v", err)
+	}
+	require.NoError(t, err)
+	defer n.Close()
+	for _, cc := range [][2]int{{8, 0}, {9, 0}, {10, 0}} {
+		cubin, err := n.Compile(SymmSource, SymmName, cc[0], cc[1])
+		if err != nil && cc[0] == 10 && strings.Contains(err.Error(), "invalid value for --gpu-architecture") {
+			continue // an NVRTC older than Blackwell
+		}
+		require.NoError(t, err, "sm_%d%d", cc[0], cc[1])
+		for _, k := range symmKernels() {
+			require.True(t, bytes.Contains(cubin, []byte(k)), "%s in the sm_%d%d CUBIN", k, cc[0], cc[1])
+		}
+		t.Logf("%s: sm_%d%d CUBIN of %d bytes", n.Path(), cc[0], cc[1], len(cubin))
+	}
+}
+
+func TestDecodeReport(t *testing.T) {
+	_, ok := DecodeReport(0)
+	require.False(t, ok)
+	w := uint64(1)<<63 | uint64(OpWait)<<56 | uint64(70)<<32 | 511
+	r, ok := DecodeReport(w)
+	require.True(t, ok)
+	require.Equal(t, Report{Op: OpWait, Peer: 70, Channel: 511}, r)
+}
+
+func TestAllReduceLaunch(t *testing.T) {
+	for _, c := range []struct {
+		nwords         uint64
+		v              int
+		blocks, thread uint32
+	}{
+		{1, 1, 1, 32}, {1024, 4, 1, 256}, {2048, 4, 1, 512}, {2049, 4, 2, 512},
+		{1 << 20, 4, 24, 512}, {1 << 20, 1, 24, 512}, {100, 1, 1, 128},
+	} {
+		b, th := AllReduceLaunch(c.nwords, c.v)
+		require.Equal(t, [2]uint32{c.blocks, c.thread}, [2]uint32{b, th}, "%d words, %d per thread", c.nwords, c.v)
+	}
+	require.Equal(t, "symm_ar_bf16_v1_wany", AllReduceKernel(BFloat16, 1, 3))
+	require.Equal(t, "symm_ar_f32_v4_w8", AllReduceKernel(Float32, 4, 8))
+}

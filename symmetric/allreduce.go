@@ -1,0 +1,201 @@
+package symmetric
+
+import (
+	"fmt"
+	"math"
+	"time"
+	"unsafe"
+
+	"github.com/libsymm/libsymm/cuda"
+	"github.com/libsymm/libsymm/kernels"
+)
+
+// AllReduce describes a one-shot all-reduce on a handle: every rank sums the
+// Count elements at byte Offset of every rank's buffer and writes the sum to
+// its own Out, as PyTorch's symm_mem.one_shot_all_reduce does. Every rank
+// of the group calls it with the same Offset, Count and Dtype.
+type AllReduce struct {
+	Offset uint64        // bytes from the start of each rank's buffer; a multiple of 4
+	Count  uint64        // elements; Count × element size a multiple of 4
+	Dtype  kernels.Dtype // Float32 or BFloat16
+	Op     string        // "sum" (the only one, as in PyTorch)
+	// Out receives the sum (device memory on GPUs, Count elements). It may
+	// not overlap this rank's input, which peers read concurrently.
+	Out uintptr
+	// Local, when not 0, is copied into this rank's buffer first (PyTorch's
+	// one_shot_all_reduce_copy): Count elements of the same dtype.
+	Local   uintptr
+	Stream  uintptr
+	Timeout time.Duration // as for Barrier
+}
+
+// OneShotAllReduce runs a on the handle's group. On GPUs it is one kernel
+// (kernels/symm.cu): block b synchronizes with block b of every peer on
+// channel b (at most 24 channels) before and after reading, so it must not
+// run concurrently with signals of the handle on those channels. Sums are
+// accumulated in float32 in rank order, so every rank gets the same bits.
+// On the host backend the calling thread does the same with host signals on
+// channel 0.
+func (h *Handle) OneShotAllReduce(a AllReduce) error {
+	release, err := h.Acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
+	nbytes, err := h.checkAllReduce(a)
+	if err != nil || nbytes == 0 {
+		return err
+	}
+	if err := h.failed(); err != nil {
+		return fmt.Errorf("one_shot_all_reduce: %w", err)
+	}
+	if _, ok := h.m.prov.(kernelDevice); ok {
+		if err := h.m.KernelsReady(h.b.Dev()); err != nil {
+			return fmt.Errorf("one_shot_all_reduce on device %d needs the kernels: %w", h.b.Dev(), err)
+		}
+		return h.kernelAllReduce(a, nbytes)
+	}
+	return h.hostAllReduce(a, nbytes)
+}
+
+// checkAllReduce validates a and returns its size in bytes.
+func (h *Handle) checkAllReduce(a AllReduce) (uint64, error) {
+	size := uint64(a.Dtype.Size())
+	switch {
+	case size == 0:
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: dtype %d is neither float32 (0) nor bfloat16 (1)", ErrInvalid, int(a.Dtype))
+	case a.Op != "sum":
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: op %q: only sum is supported", ErrInvalid, a.Op)
+	case a.Timeout < 0:
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: timeout %v is negative (0: no timeout)", ErrInvalid, a.Timeout)
+	case a.Count == 0:
+		return 0, nil
+	case a.Count > math.MaxUint64/size:
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: %d elements overflow", ErrInvalid, a.Count)
+	}
+	nbytes := a.Count * size
+	switch {
+	case a.Offset%4 != 0 || nbytes%4 != 0:
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: offset %d and size %d bytes (%d %s) must be multiples of 4",
+			ErrInvalid, a.Offset, nbytes, a.Count, a.Dtype)
+	case a.Offset > h.b.bufSize || nbytes > h.b.bufSize-a.Offset:
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: %d bytes at offset %d do not fit the %d-byte buffer",
+			ErrInvalid, nbytes, a.Offset, h.b.bufSize)
+	case a.Out == 0:
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: output is NULL", ErrInvalid)
+	case a.Out%4 != 0 || a.Local%4 != 0:
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: output %#x and local input %#x must be 4-byte aligned", ErrInvalid, a.Out, a.Local)
+	}
+	in := h.BufferPtr(h.rank) + uintptr(a.Offset)
+	if a.Out < in+uintptr(nbytes) && in < a.Out+uintptr(nbytes) {
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: the output %#x overlaps this rank's input %#x (%d bytes), which peers read at the same time",
+			ErrInvalid, a.Out, in, nbytes)
+	}
+	return nbytes, nil
+}
+
+func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {
+	what := fmt.Sprintf("one_shot_all_reduce of %d %s on group %q (rank %d)", a.Count, a.Dtype, h.group, h.rank)
+	in := h.BufferPtr(h.rank) + uintptr(a.Offset)
+	v := 1
+	if (in|a.Out|a.Local)%16 == 0 && nbytes%16 == 0 {
+		v = 4
+	}
+	nwords := nbytes / 4
+	blocks, threads := kernels.AllReduceLaunch(nwords, v)
+	// Block b uses channel b: no more blocks than channels; enough threads
+	// for one per peer.
+	blocks = min(blocks, uint32(SignalPadSize/4/h.world))
+	threads = max(threads, uint32((h.world+31)/32*32))
+	st, err := h.statusWord()
+	if err != nil {
+		return fmt.Errorf("%s: the status word: %w", what, err)
+	}
+	f, err := h.m.function(h.b.Dev(), kernels.AllReduceKernel(a.Dtype, v, h.world))
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	kt := h.kernelTimeout(a.Timeout)
+	if err := cuda.Launch(h.b.Dev(), f, cuda.Dim3{X: blocks, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, a.Stream,
+		h.BufferPtrsDev(), a.Offset, nwords, a.Out, a.Local, h.PadPtrsDev(), int32(h.rank), int32(h.world),
+		uint64(kt.Nanoseconds()), st); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return h.finishKernel(a.Stream, a.Timeout, kt, what)
+}
+
+// hostAllReduce is the kernel's protocol on host memory: copy, signal every
+// peer and wait for each on channel 0, sum in rank order, signal again.
+func (h *Handle) hostAllReduce(a AllReduce, nbytes uint64) error {
+	what := fmt.Sprintf("one_shot_all_reduce of %d %s on group %q (rank %d)", a.Count, a.Dtype, h.group, h.rank)
+	timeout := h.hostBound(a.Timeout)
+	in := h.BufferPtr(h.rank) + uintptr(a.Offset)
+	if a.Local != 0 && a.Local != in {
+		copy(hostBytes(in, nbytes), hostBytes(a.Local, nbytes))
+	}
+	sync := func() error {
+		for r := 0; r < h.world; r++ {
+			if r != h.rank {
+				if err := h.putSignal(r, 0, a.Stream, timeout); err != nil {
+					return err
+				}
+			}
+		}
+		for r := 0; r < h.world; r++ {
+			if r != h.rank {
+				if err := h.waitSignal(r, 0, a.Stream, timeout); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if err := sync(); err != nil {
+		return fmt.Errorf("%s, before the reads: %w", what, err)
+	}
+	n := int(nbytes / 4)
+	out := hostWords(a.Out, n)
+	acc := make([]float32, 2*n)
+	for r := 0; r < h.world; r++ {
+		words := hostWords(h.BufferPtr(r)+uintptr(a.Offset), n)
+		for i, w := range words {
+			if a.Dtype == kernels.BFloat16 {
+				acc[2*i] += math.Float32frombits(w << 16)
+				acc[2*i+1] += math.Float32frombits(w & 0xffff0000)
+			} else {
+				acc[2*i] += math.Float32frombits(w)
+			}
+		}
+	}
+	for i := range out {
+		if a.Dtype == kernels.BFloat16 {
+			out[i] = uint32(ToBF16(acc[2*i])) | uint32(ToBF16(acc[2*i+1]))<<16
+		} else {
+			out[i] = math.Float32bits(acc[2*i])
+		}
+	}
+	if err := sync(); err != nil {
+		return fmt.Errorf("%s, after the reads: %w", what, err)
+	}
+	return nil
+}
+
+// ToBF16 rounds f to bfloat16 bits, to nearest even, as the kernel does (a
+// NaN stays a quiet NaN).
+func ToBF16(f float32) uint16 {
+	u := math.Float32bits(f)
+	if u&0x7fffffff > 0x7f800000 {
+		return uint16(u>>16) | 0x40
+	}
+	return uint16((u + 0x7fff + (u>>16)&1) >> 16)
+}
+
+// hostBytes and hostWords view memory outside Go's heap (host blocks and
+// the caller's buffers).
+func hostBytes(p uintptr, n uint64) []byte {
+	return unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&p))), n)
+}
+
+func hostWords(p uintptr, n int) []uint32 {
+	return unsafe.Slice((*uint32)(*(*unsafe.Pointer)(unsafe.Pointer(&p))), n)
+}
