@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"unsafe"
 
+	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/symmetric"
 	"github.com/libsymm/libsymm/topology"
 )
@@ -26,6 +27,7 @@ func goTopology(libDirs *C.char, buf *C.char, capacity C.size_t, n *C.size_t) (c
 	}
 	// No driver is an answer ("driver": {"found": false}), not an error.
 	t, _ := topology.Discover(topology.Options{LibraryDirs: dirs})
+	kernels.Probe(t, dirs, kernels.CacheDir(getenv))
 	raw, err := json.Marshal(t)
 	if err == nil {
 		err = copyOut("topology", raw, buf, capacity, n)

@@ -3,6 +3,9 @@ package kernels
 import (
 	_ "embed"
 	"fmt"
+	"strings"
+
+	"github.com/libsymm/libsymm/topology"
 )
 
 // SymmSource is libsymm's kernel source (symm.cu): signal-pad put, wait and
@@ -104,3 +107,27 @@ func AllReduceLaunch(nwords uint64, wordsPerThread int) (blocks, threads uint32)
 
 // AllReduceChannels is how many signal-pad channels the all-reduce uses.
 const AllReduceChannels = 24
+
+// Probe fills t.Kernels: whether NVRTC opens (dirs: site-packages to look
+// in) and, for every device of t, whether SymmSource compiles for it (or
+// comes from the disk cache at cacheDir) and its module loads there.
+func Probe(t *topology.Topology, dirs []string, cacheDir string) {
+	k := &topology.Kernels{Devices: []topology.KernelDevice{}}
+	t.Kernels = k
+	n, err := Open(dirs)
+	if err != nil {
+		k.Error = err.Error()
+		return
+	}
+	k.NVRTC = n.Version()
+	l := NewLoader(n, SymmName, SymmSource, cacheDir)
+	for _, d := range t.Devices {
+		kd := topology.KernelDevice{Index: d.Index, Arch: "sm_" + strings.ReplaceAll(d.ComputeCapability, ".", "")}
+		if _, err := l.Function(d.Index, Barrier); err != nil {
+			kd.Reason = err.Error()
+		} else {
+			kd.Ready = true
+		}
+		k.Devices = append(k.Devices, kd)
+	}
+}

@@ -3,10 +3,13 @@ package kernels
 import (
 	"bytes"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/topology"
 )
 
 // Nothing in the source may create or use multicast memory.
@@ -73,4 +76,23 @@ func TestAllReduceLaunch(t *testing.T) {
 	}
 	require.Equal(t, "symm_ar_bf16_v1_wany", AllReduceKernel(BFloat16, 1, 3))
 	require.Equal(t, "symm_ar_f32_v4_w8", AllReduceKernel(Float32, 4, 8))
+}
+
+// Probe reports NVRTC's version, or why it cannot be used, and an entry per
+// device (none here: the devices come from topology.Discover).
+func TestProbe(t *testing.T) {
+	fakeNVRTC(t)
+	var top topology.Topology
+	Probe(&top, nil, "")
+	require.NotNil(t, top.Kernels)
+	require.Empty(t, top.Kernels.Error)
+	require.NotEmpty(t, top.Kernels.NVRTC)
+	require.Empty(t, top.Kernels.Devices)
+
+	t.Setenv("SYMM_NVRTC_LIB", filepath.Join(t.TempDir(), "libnvrtc.so.13"))
+	t.Setenv("LD_LIBRARY_PATH", "")
+	Probe(&top, nil, "")
+	if top.Kernels.NVRTC == "" { // a real NVRTC on the loader path would answer
+		require.Contains(t, top.Kernels.Error, "NVRTC not found")
+	}
 }

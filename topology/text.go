@@ -83,6 +83,24 @@ func WriteText(w io.Writer, t *Topology) error {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", be.Name, yes(be.Available), be.Reason)
 	}
 	tw.Flush()
+	if k := t.Kernels; k != nil {
+		b.WriteString("\nkernels (signals, one-shot all-reduce; compiled at run time with NVRTC)\n")
+		switch {
+		case k.Error != "":
+			fmt.Fprintf(&b, "  cannot run: %s\n", k.Error)
+		case len(k.Devices) == 0:
+			fmt.Fprintf(&b, "  NVRTC %s found; no device to run them on\n", k.NVRTC)
+		}
+		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+		for _, d := range k.Devices {
+			if d.Ready {
+				fmt.Fprintf(tw, "  GPU%d\t%s\tready (NVRTC %s)\n", d.Index, d.Arch, k.NVRTC)
+			} else {
+				fmt.Fprintf(tw, "  GPU%d\t%s\tcannot run: %s\n", d.Index, d.Arch, d.Reason)
+			}
+		}
+		tw.Flush()
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

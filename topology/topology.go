@@ -28,6 +28,25 @@ type Topology struct {
 	Links     [][]Link  `json:"links"` // Links[i][j]: from device i to device j (CUDA ordinals)
 	Libraries []Library `json:"libraries"`
 	Backends  []Backend `json:"backends"`
+	// Kernels says whether libsymm's kernels (signals, one-shot all-reduce)
+	// run here; filled by kernels.Probe (nil when nobody asked).
+	Kernels *Kernels `json:"kernels,omitempty"`
+}
+
+// Kernels is what kernels.Probe found: NVRTC, and per device whether the
+// kernels compiled (or came from the disk cache) and loaded.
+type Kernels struct {
+	NVRTC   string         `json:"nvrtc"`           // NVRTC's version; "" when not found
+	Error   string         `json:"error,omitempty"` // why NVRTC cannot be used
+	Devices []KernelDevice `json:"devices"`
+}
+
+// KernelDevice is one device's answer.
+type KernelDevice struct {
+	Index  int    `json:"index"`
+	Arch   string `json:"arch"` // "sm_90"
+	Ready  bool   `json:"ready"`
+	Reason string `json:"reason,omitempty"`
 }
 
 // Driver says whether the CUDA driver and NVML were found, and their versions.

@@ -29,6 +29,7 @@ import (
 	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/host"
 	"github.com/libsymm/libsymm/internal/version"
+	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/topology"
 )
 
@@ -121,7 +122,9 @@ func info(args []string, stdout, stderr io.Writer) int {
 	if code, done := parse(fs, args); done {
 		return code
 	}
-	t, err := topology.Discover(topology.Options{LibraryDirs: append(dirs, pythonSiteDirs()...)})
+	libDirs := append(dirs, pythonSiteDirs()...)
+	t, err := topology.Discover(topology.Options{LibraryDirs: libDirs})
+	kernels.Probe(t, libDirs, kernels.CacheDir(os.Getenv))
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

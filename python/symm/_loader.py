@@ -111,7 +111,38 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_put_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p], _c_int),
     "symm_wait_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p, _c_int], _c_int),
     "symm_barrier": ([ctypes.c_int64, _c_int, _c_void_p, _c_int], _c_int),
+    "symm_kernels_ready": ([_c_int], _c_int),
+    "symm_one_shot_all_reduce": ([ctypes.c_int64, _c_size_t, _c_size_t, _c_int, _c_int, _c_void_p, _c_void_p,
+                                  _c_void_p, _c_int], _c_int),
 }
+
+
+# NVRTC as pip installs it (PyTorch's CUDA wheels depend on it): CUDA 13's
+# nvidia/cu13/lib, then CUDA 12's nvidia/cuda_nvrtc/lib.
+_NVRTC_WHEEL_PATHS = ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
+
+
+def _nvrtc_from_site_packages(environ=None) -> None:
+    """Points SYMM_NVRTC_LIB at pip's NVRTC unless it is set, before the
+    library loads (the Go runtime reads the environment when it starts):
+    libsymm's kernels are compiled with it at run time."""
+    import site
+    import sys
+
+    environ = os.environ if environ is None else environ
+    if environ.get("SYMM_NVRTC_LIB"):
+        return
+    try:
+        dirs = site.getsitepackages() + [site.getusersitepackages()]
+    except AttributeError:
+        dirs = []
+    dirs += [p for p in sys.path if p.endswith("site-packages")]
+    for rel in _NVRTC_WHEEL_PATHS:
+        for d in dirs:
+            lib = os.path.join(d, *rel.split("/"))
+            if os.path.exists(lib):
+                environ["SYMM_NVRTC_LIB"] = lib
+                return
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -176,6 +207,7 @@ def load() -> ctypes.CDLL:
     with _lock:
         if _lib is None:
             path = find_library()
+            _nvrtc_from_site_packages()
             mode = os.RTLD_NODELETE | os.RTLD_GLOBAL
             try:
                 lib = ctypes.CDLL(str(path), mode=mode)

@@ -191,6 +191,84 @@ class Handle:
         """PyTorch's name for get_buffer(peer, sizes, dtype)."""
         return self.get_buffer(peer, sizes, dtype)
 
+    def one_shot_all_reduce_ptr(self, offset: int, count: int, dtype: str, out: int, local_input: int = 0,
+                                op: str = "sum", timeout_ms: int = 0, stream=None) -> None:
+        """symm_one_shot_all_reduce on raw addresses (torch-free): count
+        elements of dtype ("float32" or "bfloat16") at byte offset of every
+        rank's buffer (from the handle's own start, self.offset included),
+        summed into out."""
+        if dtype not in _DTYPES:
+            raise ValueError(f"one_shot_all_reduce: dtype {dtype!r}: want float32 or bfloat16")
+        if op not in _OPS:
+            raise ValueError(f"one_shot_all_reduce: op {op!r}: only 'sum' is supported")
+        _call_rc(load().symm_one_shot_all_reduce, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
+                 _OPS[op], int(out), int(local_input), self._stream(stream), int(timeout_ms))
+
+
+_DTYPES = {"float32": 0, "bfloat16": 1}
+_allreduce_handles: dict = {}
+_OPS = {"sum": 0}
+
+
+def kernels_ready(device: Any = 0) -> bool:
+    """True when libsymm's kernels (signals, one-shot all-reduce) run on
+    device: NVRTC found, kernels compiled (or cached) and loaded. When False,
+    last_error() says why; signals then use stream memory operations."""
+    return bool(load().symm_kernels_ready(_device(device)))
+
+
+def kernels_status(device: Any = 0) -> str:
+    """"ready", or why the kernels cannot run on device."""
+    if kernels_ready(device):
+        return "ready"
+    from ._pool import _last_error
+
+    return str(_last_error(load()))
+
+
+def one_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_input=None, timeout_ms: int = 0):
+    """PyTorch's symm_mem.one_shot_all_reduce: tensor lives in a symmetric
+    block (symm.empty, or get_mem_pool) of every rank of group; each rank
+    reads every peer's tensor over NVLink and returns the sum (a new tensor,
+    or out), in stream order on the current stream. float32 and bfloat16;
+    the tensor's bytes must be a multiple of 4. local_input: copied into
+    tensor first (PyTorch's one_shot_all_reduce_copy). Every rank calls it
+    with the same shape. Raises SymmError (INVALID, NO_DEVICE when the
+    kernels cannot run, TIMEOUT naming a rank that did not come)."""
+    import torch
+
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+    if tensor.dtype not in names:
+        raise ValueError(f"one_shot_all_reduce: dtype {tensor.dtype}: want torch.float32 or torch.bfloat16")
+    if not tensor.is_contiguous():
+        raise ValueError("one_shot_all_reduce: the tensor must be contiguous")
+    if out is None:
+        out = torch.empty_like(local_input if local_input is not None else tensor)
+    if out.dtype != tensor.dtype or out.numel() != tensor.numel() or not out.is_contiguous():
+        raise ValueError(f"one_shot_all_reduce: out must be a contiguous {tensor.dtype} tensor of {tensor.numel()} "
+                         f"elements (got {out.dtype}, {out.numel()})")
+    local = 0
+    if local_input is not None:
+        if local_input.dtype != tensor.dtype or local_input.numel() != tensor.numel() or not local_input.is_contiguous():
+            raise ValueError(f"one_shot_all_reduce: local_input must be a contiguous {tensor.dtype} tensor of "
+                             f"{tensor.numel()} elements")
+        local = local_input.data_ptr()
+    # The handle of the last call on this tensor and group, while the tensor
+    # lives (a new tensor at the same address goes through rendezvous again,
+    # which resets a recycled block's signal pad).
+    key = (tensor.data_ptr(), id(group) if group is not None and not isinstance(group, str) else group)
+    hit = _allreduce_handles.get(key)
+    h = hit[1] if hit is not None and hit[0]() is tensor else None
+    if h is None:
+        import weakref
+
+        h = rendezvous(tensor, group)
+        _allreduce_handles[key] = (weakref.ref(tensor), h)
+    off = tensor.data_ptr() - h.buffer_ptrs[h.rank]  # 0: rendezvous starts the buffers at the tensor
+    h.one_shot_all_reduce_ptr(off, tensor.numel(), names[tensor.dtype], out.data_ptr(), local, op, timeout_ms,
+                              torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None)
+    return out
+
 
 def _sizes(sizes) -> tuple:
     if isinstance(sizes, int):

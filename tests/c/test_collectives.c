@@ -298,7 +298,7 @@ static int child(int rank, int world, int dev) {
     snprintf(want, sizeof want, "rank %d", absent);
     CHECK(rc == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), want), "all-reduce without rank %d: %d %s", absent, rc,
           symm_last_error());
-    CHECK(ms >= 250 && ms < 5000, "the all-reduce gave up after %.0f ms (timeout 300)", ms);
+    CHECK(ms >= 250 && ms < 20000, "the all-reduce gave up after %.0f ms (timeout 300)", ms);
     /* The stream goes on: work queued after it completes. */
     CHECK(dev_sync() == 0, "the stream is not blocked after the timeout");
     check_all_reduce(h, p, rank, world, SYMM_FLOAT32, 0, 1024, 0, host, out, local);
@@ -315,7 +315,7 @@ static int child(int rank, int world, int dev) {
     CHECK(rc == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), "rank 1") && strstr(symm_last_error(), "channel 31"),
           "wait without a signal: %d %s", rc, symm_last_error());
     CHECK(dev_sync() == 0, "the stream goes on after a timed-out wait");
-    /* Without a timeout: on GPUs queued and watched (SYMM_TIMEOUT_MS=3000),
+    /* Without a timeout: on GPUs queued and watched (SYMM_TIMEOUT_MS),
      * the handle fails once the kernel has given up; on the host the call
      * itself waits at most SYMM_TIMEOUT_MS. */
     rc = symm_wait_signal(ht, 1, 7, NULL, 0);
@@ -368,7 +368,8 @@ int main(int argc, char **argv) {
 #else
   setenv("SYMM_DEVICE", "host", 1);
 #endif
-  setenv("SYMM_TIMEOUT_MS", "3000", 1);
+  /* Kept when set (a compute-sanitizer run slows every rank's start). */
+  setenv("SYMM_TIMEOUT_MS", "3000", 0);
   int worlds[2] = {2, 4}, nworlds = 2;
   if (argc > 1) worlds[0] = atoi(argv[1]), nworlds = 1;
   if (worlds[0] < 2 || worlds[0] > 16) {

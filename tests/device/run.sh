@@ -5,7 +5,7 @@
 # carry build/ along.
 #
 #   bash tests/device/run.sh                 # everything
-#   bash tests/device/run.sh go torch        # only some steps: env go c torch graphs bench
+#   bash tests/device/run.sh go torch        # only some steps: env go c torch graphs kernels sanitizer bench
 #
 # Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
 # Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
@@ -22,12 +22,23 @@ export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
 unset SYMM_DEVICE  # the GPU backend, never the host fallback
 export SYMM_TEST_DEVICE=cuda  # Go test binaries of export/ run on the CUDA backend
 
+# libsymm's kernels are compiled with NVRTC at run time: PyTorch's wheel
+# brings it (the Python package finds it the same way).
+if [[ -z ${SYMM_NVRTC_LIB:-} ]]; then
+  SYMM_NVRTC_LIB=$(python3 -c 'import nvidia, os
+for p in nvidia.__path__:
+    for rel in ("cu13/lib/libnvrtc.so.13", "cuda_nvrtc/lib/libnvrtc.so.12"):
+        if os.path.exists(os.path.join(p, rel)):
+            print(os.path.join(p, rel)); raise SystemExit' 2>/dev/null)
+  [[ -n $SYMM_NVRTC_LIB ]] && export SYMM_NVRTC_LIB || unset SYMM_NVRTC_LIB
+fi
+
 LOGS=${OUT:-$ROOT/build/device-logs}
 mkdir -p "$LOGS"
 SUMMARY=()
 FAILED=0
 
-STEPS=${*:-env go c torch graphs bench}
+STEPS=${*:-env go c torch graphs kernels sanitizer bench}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # run_step NAME TIMEOUT CMD...: runs CMD with a time limit, tees its output to
@@ -109,6 +120,8 @@ if want c; then
     name=$(basename "$prog")
     if [[ $name == gpu_* ]]; then
       run_step "c-$name" "${SYMM_C_TIMEOUT:-120}" "$prog"
+      # Signals as stream memory operations too (the fallback without NVRTC).
+      [[ $name == gpu_symm ]] && run_step "c-$name-memop" "${SYMM_C_TIMEOUT:-120}" env SYMM_SIGNALS=memop "$prog"
     else
       run_step "c-$name" "${SYMM_C_TIMEOUT:-120}" env SYMM_DEVICE=host "$prog"
     fi
@@ -123,6 +136,28 @@ if want graphs; then
   # CUDA graphs, make_graphed_callables, torch.compile, plain-recipe OOM,
   # MemPool release, memory snapshots (issue 11); one child per check and mode.
   run_step torch-graphs "${SYMM_GRAPHS_TIMEOUT:-570}" python3 -m pytest tests/device/test_torch_graphs.py -v -s -p no:cacheprovider
+fi
+
+if want kernels; then
+  # Signals and the one-shot all-reduce from PyTorch (issue 15): 2 and 4
+  # ranks (sharing GPUs when there are fewer), then the one-GPU comparison.
+  run_step kernels-2 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py 2
+  run_step kernels-4 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py 4
+  run_step kernels-bench1 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py --bench1
+fi
+
+if want sanitizer; then
+  # compute-sanitizer over every rank of the C collectives test: memcheck,
+  # racecheck and synccheck must report nothing.
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [[ -z $CS ]]; then
+    echo "compute-sanitizer not found"; FAILED=$((FAILED + 1))
+  else
+    for tool in memcheck racecheck synccheck; do
+      run_step "sanitizer-$tool" "${SYMM_SANITIZER_TIMEOUT:-300}" env SYMM_TIMEOUT_MS=30000 \
+        "$CS" --tool "$tool" --target-processes all --error-exitcode 99 build/tests/gpu_collectives 2
+    done
+  fi
 fi
 
 if want bench; then

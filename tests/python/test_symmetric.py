@@ -301,3 +301,68 @@ def test_recycled_block_has_a_zero_signal_pad(tmp_path):
         assert r["dirty"] == [42, 42, 42], r
         assert r["clean"] == [True, True, True], f"a recycled block's pad was not zero: {r}"
         assert r["barrier"] == [True, True, True], r
+
+
+ALLREDUCE_SCRIPT = textwrap.dedent(
+    """
+    import array, ctypes, json, struct, sys, symm
+    rank, world, addr = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    st = symm.Store.connect(addr, timeout_ms=20000)
+    n = 3000
+    p = symm.symm_alloc(4 * n + 64)
+    h = symm.rendezvous_ptr(p, st, "ar", rank, world)
+    vals = array.array("f", [(i % 17) * 0.25 + rank for i in range(n)])
+    ctypes.memmove(p, vals.buffer_info()[0], 4 * n)
+    out = array.array("f", [0.0]) * n
+    h.one_shot_all_reduce_ptr(0, n, "float32", out.buffer_info()[0], timeout_ms=20000)
+    f32_ok = all(out[i] == sum((i % 17) * 0.25 + r for r in range(world)) for i in range(n))
+    # bfloat16 from a local input: values k/8 for small k are exact in bf16.
+    bf = array.array("H", [struct.unpack("<I", struct.pack("<f", (i % 9) / 8 + rank))[0] >> 16 for i in range(n)])
+    out16 = array.array("H", [0]) * n
+    h.one_shot_all_reduce_ptr(0, n, "bfloat16", out16.buffer_info()[0], local_input=bf.buffer_info()[0],
+                              timeout_ms=20000)
+    got = [struct.unpack("<f", struct.pack("<I", w << 16))[0] for w in out16]
+    bf_ok = all(got[i] == sum((i % 9) / 8 + r for r in range(world)) for i in range(n))
+    errors = {}
+    for name, kw in {"dtype": dict(dtype="float64"), "op": dict(op="max")}.items():
+        try:
+            h.one_shot_all_reduce_ptr(0, 16, **{"dtype": "float32", "out": out.buffer_info()[0], **kw})
+        except ValueError as e:
+            errors[name] = str(e)
+    try:
+        h.one_shot_all_reduce_ptr(2, 16, "float32", out.buffer_info()[0])
+    except symm.SymmError as e:
+        errors["offset"] = [int(e.code), str(e)]
+    ready = symm.kernels_ready(0)
+    print(json.dumps({"f32": f32_ok, "bf16": bf_ok, "errors": errors, "ready": ready,
+                      "why": symm.kernels_status(0)}))
+    h.barrier(timeout_ms=20000)
+    symm.symm_free(p)
+    """
+)
+
+
+def test_one_shot_all_reduce_three_processes(tmp_path):
+    import subprocess
+    import sys
+
+    import symm
+
+    server = symm.Store.server()
+    try:
+        script = tmp_path / "ar.py"
+        script.write_text(ALLREDUCE_SCRIPT)
+        env = child_env({"SYMM_RENDEZVOUS_TIMEOUT": "20s"})
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), "3", server.address], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        server.close()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    for out, _ in outs:
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["f32"] and r["bf16"], r
+        assert "dtype" in r["errors"]["dtype"] and "sum" in r["errors"]["op"], r
+        assert r["errors"]["offset"][0] == 1 and "multiples of 4" in r["errors"]["offset"][1], r  # SYMM_ERR_INVALID
+        assert r["ready"] is False and "host backend has no device kernels" in r["why"], r

@@ -1,0 +1,261 @@
+"""libsymm's kernels from PyTorch: signals and the one-shot all-reduce.
+
+    python3 tests/device/symm_kernels.py [WORLD]      # default 2; ranks share GPUs when fewer
+    python3 tests/device/symm_kernels.py --bench1     # one GPU, world 1: side by side with PyTorch
+
+Each rank is a process (spawned). With a GPU per rank the process group is
+NCCL; with fewer GPUs it is gloo (NCCL refuses two ranks on one GPU), ranks
+share devices (SYMM_ALLOW_OVERLAPPING_DEVICES=1) and the reference sums come
+from gloo on CPU copies. Checks: kernels ready; barriers; a put/wait ring that
+carries data; symm.one_shot_all_reduce against dist.all_reduce for float32
+and bfloat16 from 4 KiB to 4 MiB (with and without local_input); a rank that
+does not come gives SymmError(TIMEOUT) naming it, and the stream goes on.
+With a GPU per rank it then times, side by side in the same processes:
+barrier (libsymm's kernel vs PyTorch's symmetric memory) and the all-reduce
+(libsymm vs torch.ops.symm_mem.one_shot_all_reduce vs NCCL all_reduce, NVLS
+off). --bench1 times what one GPU can compare: a put/wait pair to oneself and
+the world-1 all-reduce, libsymm vs PyTorch, launch cost included.
+Rank 0 prints PASS/FAIL lines and tables; $OUT/symm_kernels.md gets them.
+"""
+
+import os
+import sys
+import time
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = [4 * KiB << k for k in range(11)]  # 4 KiB .. 4 MiB
+
+
+def log(rank, *a):
+    if rank == 0:
+        print(*a, flush=True)
+
+
+def run_rank(rank, world, port, bench1):
+    import torch
+    import torch.distributed as dist
+
+    import symm
+
+    ngpu = torch.cuda.device_count()
+    own_gpu = ngpu >= world
+    dev = torch.device("cuda", rank % ngpu)
+    torch.cuda.set_device(dev)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    backend = "nccl" if own_gpu else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world, device_id=dev if own_gpu else None)
+    group = dist.group.WORLD
+    results, rows = [], []
+
+    def check(name, ok, detail=""):
+        results.append((name, bool(ok), detail))
+
+    check("kernels ready", symm.kernels_ready(dev.index), symm.kernels_status(dev.index))
+
+    if not bench1:
+        t = symm.empty(4 * MiB, dtype=torch.uint8, device=dev)
+        h = symm.rendezvous(t, group)
+        for i in range(100):
+            h.barrier(channel=i % 24)
+        torch.cuda.synchronize()
+        check("100 barriers", True)
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        ok = True
+        for r in range(10):
+            peer = h.get_buffer(nxt, (1024,), torch.int32, storage_offset=1024 * 256)
+            peer.fill_(rank * 1000 + r)
+            h.put_signal(nxt, channel=30)
+            h.wait_signal(prv, channel=30, timeout_ms=20000)
+            mine = h.get_buffer(rank, (1024,), torch.int32, storage_offset=1024 * 256)
+            ok &= bool((mine == prv * 1000 + r).all())
+            h.barrier(channel=30, timeout_ms=20000)
+        check("put/wait ring carries data", ok)
+
+        for dtype in (torch.float32, torch.bfloat16):
+            bad = []
+            for nbytes in SIZES:
+                n = nbytes // (4 if dtype == torch.float32 else 2)
+                x = symm.empty(n, dtype=dtype, device=dev)
+                g = torch.Generator(device="cpu").manual_seed(1000 * rank + n)
+                src = torch.randn(n, generator=g, dtype=torch.float32).to(dtype)
+                for local in (False, True):
+                    if local:
+                        loc = src.to(dev)
+                        x.zero_()
+                        out = symm.one_shot_all_reduce(x, group=group, local_input=loc)
+                    else:
+                        x.copy_(src)
+                        out = symm.one_shot_all_reduce(x, group=group)
+                    ref = src.float().to(dev) if own_gpu else src.float()
+                    dist.all_reduce(ref, group=group)
+                    got = out.float().cpu()
+                    want = ref.cpu()
+                    tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+                    err = ((got - want).abs() / (want.abs() + 1e-3)).max().item()
+                    if not torch.allclose(got, want, rtol=tol, atol=tol * world):
+                        bad.append(f"{nbytes}B local={local}: max rel err {err:.2e}")
+                del x
+            check(f"one_shot_all_reduce {str(dtype)[6:]} 4 KiB..4 MiB vs dist.all_reduce", not bad, "; ".join(bad[:3]))
+
+        # A rank that stays away: the others time out naming it; streams go on.
+        y = symm.empty(1024, dtype=torch.float32, device=dev)
+        symm.rendezvous(y, group)
+        absent = world - 1
+        if rank != absent:
+            t0 = time.monotonic()
+            try:
+                symm.one_shot_all_reduce(y, group=group, timeout_ms=300)
+                check("all-reduce without a rank times out", False, "no error")
+            except symm.SymmError as e:
+                ms = (time.monotonic() - t0) * 1e3
+                check("all-reduce without a rank times out", e.code == symm.ErrorCode.TIMEOUT and f"rank {absent}" in str(e),
+                      f"{ms:.0f} ms: {str(e)[:160]}")
+            z = torch.ones(1 << 20, device=dev)
+            torch.cuda.synchronize()
+            check("the stream goes on after the timeout", float(z.sum()) == float(1 << 20))
+        dist.barrier()
+
+    # ---- timing ------------------------------------------------------------
+    if own_gpu:
+        import torch.distributed._symmetric_memory as tsm
+
+        gname = group.group_name
+        torch_ok = True
+        try:
+            tsm.set_backend("CUDA")
+        except Exception:  # noqa: BLE001 - older torch: CUDA is the only one
+            pass
+
+        def gpu_time(fn, reps):
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+            dist.barrier()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            a.record()
+            for _ in range(reps):
+                fn()
+            b.record()
+            torch.cuda.synchronize()
+            host = (time.perf_counter() - t0) / reps
+            return a.elapsed_time(b) * 1e3 / reps, host * 1e6
+
+        xs = symm.empty(4 * MiB, dtype=torch.uint8, device=dev)
+        hs = symm.rendezvous(xs, group)
+        try:
+            xt = tsm.empty(4 * MiB, dtype=torch.uint8, device=dev)
+            ht = tsm.rendezvous(xt, gname)
+        except Exception as e:  # noqa: BLE001
+            torch_ok = False
+            log(rank, f"PyTorch symmetric memory unavailable: {e}")
+        nan = float("nan")
+        if bench1:
+            ours = gpu_time(lambda: (hs.put_signal(rank, channel=1), hs.wait_signal(rank, channel=1)), 500)
+            theirs = gpu_time(lambda: (ht.put_signal(rank, channel=1), ht.wait_signal(rank, channel=1)), 500) if torch_ok else (nan, nan)
+            rows.append(("put_signal + wait_signal to oneself (µs per pair)", ours, theirs, (nan, nan)))
+        else:
+            ours = gpu_time(lambda: hs.barrier(channel=0), 500)
+            theirs = gpu_time(lambda: ht.barrier(channel=0), 500) if torch_ok else (nan, nan)
+            rows.append((f"barrier, {world} GPUs (µs)", ours, theirs, (nan, nan)))
+        for dtype in (torch.bfloat16, torch.float32):
+            for nbytes in SIZES:
+                n = nbytes // (4 if dtype == torch.float32 else 2)
+                a = symm.empty(n, dtype=dtype, device=dev).normal_()
+                out = torch.empty_like(a)
+                ours = gpu_time(lambda: symm.one_shot_all_reduce(a, group=group, out=out), 200)
+                theirs = (nan, nan)
+                if torch_ok:
+                    b = tsm.empty(n, dtype=dtype, device=dev).normal_()
+                    tsm.rendezvous(b, gname)
+                    theirs = gpu_time(lambda: torch.ops.symm_mem.one_shot_all_reduce_out(b, "sum", gname, out), 200)
+                c = torch.randn(n, device=dev).to(dtype)
+                nccl = gpu_time(lambda: dist.all_reduce(c, group=group), 200)
+                rows.append((f"all-reduce {str(dtype)[6:]} {nbytes // KiB} KiB, {world} GPU(s) (µs)", ours, theirs, nccl))
+
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (results, rows))
+    if rank == 0:
+        report(world, backend, gathered, bench1)
+    dist.destroy_process_group()
+    return all(ok for res, _ in gathered for _, ok, _ in res)
+
+
+def report(world, backend, gathered, bench1):
+    import torch
+
+    lines = [f"# libsymm kernels: {world} rank(s), {torch.cuda.device_count()} GPU(s) "
+             f"({torch.cuda.get_device_name(0)}), process group {backend}, torch {torch.__version__}",
+             f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
+    for r, (results, _) in enumerate(gathered):
+        for name, ok, detail in results:
+            if r == 0 or not ok:
+                lines.append(f"{'PASS' if ok else 'FAIL'}  rank {r}: {name}" + (f" ({detail})" if detail else ""))
+    rows = gathered[0][1]
+    if rows:
+        lines += ["", "GPU time per op from CUDA events over back-to-back ops (host µs per call in brackets); "
+                  "ratio = libsymm / other, below 1 is faster", "",
+                  "| op | libsymm | PyTorch symm_mem | ratio | NCCL | ratio |", "| --- | --- | --- | --- | --- | --- |"]
+        for name, a, b, c in rows:
+            def cell(x):
+                return f"{x[0]:.2f} [{x[1]:.2f}]" if x[0] == x[0] else "–"
+            ra = f"{a[0] / b[0]:.2f}" if b[0] == b[0] else "–"
+            rc = f"{a[0] / c[0]:.2f}" if c[0] == c[0] else "–"
+            lines.append(f"| {name} | {cell(a)} | {cell(b)} | {ra} | {cell(c)} | {rc} |")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        suffix = "_bench1" if bench1 else f"_{world}"
+        with open(os.path.join(out, f"symm_kernels{suffix}.md"), "w") as f:
+            f.write(text + "\n")
+
+
+def worker(rank, world, port, bench1, q):
+    try:
+        q.put((rank, run_rank(rank, world, port, bench1), ""))
+    except BaseException as e:  # noqa: BLE001 - report, never hang the parent
+        import traceback
+
+        q.put((rank, False, traceback.format_exc()))
+        raise SystemExit(1) from e
+
+
+def main():
+    import multiprocessing as mp
+    import socket
+
+    bench1 = "--bench1" in sys.argv
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    world = 1 if bench1 else int(args[0]) if args else 2
+    import torch
+
+    if torch.cuda.device_count() < world:
+        os.environ["SYMM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, world, port, bench1, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    ok = True
+    for _ in procs:
+        rank, good, tb = q.get(timeout=900)
+        if tb:
+            print(f"rank {rank} raised:\n{tb}", flush=True)
+        ok &= good
+    for p in procs:
+        p.join(timeout=60)
+        ok &= p.exitcode == 0
+    print("symm_kernels:", "ok" if ok else "FAILED", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
