@@ -885,6 +885,29 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   NOOP(SYMM_OK, symm_put_signal(h, 0, 511, NULL));
   NOOP(SYMM_OK, symm_wait_signal(h, 0, 511, NULL, 1000));
   NOOP(SYMM_OK, symm_barrier(h, 0, NULL, 1000));
+  /* The all-reduce: every bad argument refused by name, then a world of one
+   * sums to its own input. */
+  float in[64], out[64];
+  for (int i = 0; i < 64; i++) in[i] = (float)i - 20.5f;
+  memcpy(p, in, sizeof in);
+  BAD(SYMM_ERR_INVALID, "dtype 2", symm_one_shot_all_reduce(h, 0, 64, 2, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "dtype -1", symm_one_shot_all_reduce(h, 0, 64, -1, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "op 1", symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, 1, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "output is NULL", symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "overlaps", symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, p + 128, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "multiples of 4", symm_one_shot_all_reduce(h, 6, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "multiples of 4", symm_one_shot_all_reduce(h, 0, 63, SYMM_BFLOAT16, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "4-byte aligned",
+      symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, (char *)out + 2, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "do not fit", symm_one_shot_all_reduce(h, 0, SIZE_MAX / 8, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "overflow", symm_one_shot_all_reduce(h, 0, SIZE_MAX / 2, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "timeout_ms -3 is negative",
+      symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, -3));
+  NOOP(SYMM_OK, symm_one_shot_all_reduce(h, 0, 0, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, NULL, 0));
+  memset(out, 0, sizeof out);
+  NOOP(SYMM_OK, symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 1000));
+  CHECK(!memcmp(in, out, sizeof in), "a world of one sums to its input");
+  BADR(0, SYMM_ERR_NO_DEVICE, "host backend has no device kernels", symm_kernels_ready(0));
   /* After the block is freed its handle is dead everywhere. */
   symm_clear_error();
   symm_free(p, 0, 0, NULL);
@@ -895,10 +918,11 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   BAD(SYMM_ERR_INVALID, word, symm_put_signal(h, 0, 0, NULL));
   BAD(SYMM_ERR_INVALID, word, symm_wait_signal(h, 0, 0, NULL, 10));
   BAD(SYMM_ERR_INVALID, word, symm_barrier(h, 0, NULL, 10));
-  symm_handle_t out = 777;
-  BAD(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_rendezvous(p, st_main, "solo", 0, 1, &out));
+  BAD(SYMM_ERR_INVALID, word, symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
+  symm_handle_t hout = 777;
+  BAD(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_rendezvous(p, st_main, "solo", 0, 1, &hout));
   BADV(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_free(p, 0, 0, NULL));
-  area("symm_put/wait_signal/barrier", c0);
+  area("signals, all-reduce", c0);
 }
 
 /* ---- bad environments, in children ------------------------------------------- */
@@ -949,6 +973,12 @@ static int child_main(const char *name) {
     CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_BACKEND", symm_nccl_adopt_comm(NULL, 0));
     void *p = symm_pool_alloc(16, 0, NULL);
     CHECK(p != NULL, "the pool does not depend on SYMM_BACKEND");
+    symm_pool_free(p, 16, 0, NULL);
+  } else if (!strcmp(name, "bad-signals")) { /* SYMM_SIGNALS=fast: refused by name; the pool still works */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_SIGNALS=\"fast\"", symm_alloc(4096, 0, NULL));
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "want auto, kernel or memop", symm_kernels_ready(0));
+    void *p = symm_pool_alloc(16, 0, NULL);
+    CHECK(p != NULL, "the pool does not depend on SYMM_SIGNALS");
     symm_pool_free(p, 16, 0, NULL);
   } else if (!strcmp(name, "bad-timeout")) { /* SYMM_TIMEOUT_MS=-5 */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_TIMEOUT_MS", symm_alloc(4096, 0, NULL));
@@ -1017,6 +1047,7 @@ static void test_children(const char *self) {
       {"expandable-before-init", {"SYMM_POOL_EXPANDABLE=0", NULL}},
       {"bad-backend", {"SYMM_BACKEND=quantum", NULL}},
       {"bad-timeout", {"SYMM_TIMEOUT_MS=-5", NULL}},
+      {"bad-signals", {"SYMM_SIGNALS=fast", NULL}},
       {"nvshmem-on-host", {"SYMM_BACKEND=nvshmem", NULL}},
       {"nccl-on-host", {"SYMM_BACKEND=", NULL}},
       {"no-driver", {"SYMM_DEVICE=", "SYMM_CUDA_LIB=/nonexistent/libcuda.so.1", NULL}},
@@ -1044,7 +1075,7 @@ static void check_coverage(void) {
       "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_store_server", "symm_store_connect",
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
-      "symm_wait_signal", "symm_barrier"};
+      "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce"};
   int missing = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     int found = 0;
