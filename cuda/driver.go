@@ -287,8 +287,20 @@ func load(opts ...Option) (*driver, error) {
 }
 
 // loaded returns the process-wide driver, loading it with the defaults if no
-// Load has run yet.
-func loaded() (*driver, error) { return load() }
+// Load has run yet. Once it is loaded this is one atomic load: every driver
+// call goes through here (load reads the environment and allocates).
+func loaded() (*driver, error) {
+	if d := loadedDriver.Load(); d != nil {
+		return d, nil
+	}
+	d, err := load()
+	if d != nil {
+		loadedDriver.Store(d)
+	}
+	return d, err
+}
+
+var loadedDriver atomic.Pointer[driver]
 
 func openDriverNoPanic(path string) (d *driver, err error) {
 	defer func() {

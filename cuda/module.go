@@ -6,6 +6,21 @@ package cuda
 #include "shim.h"
 
 static inline void symm_zero_host(uintptr_t p, size_t n) { memset((void *)p, 0, n); }
+
+#cgo noescape symm_launch_words
+#cgo nocallback symm_launch_words
+#define SYMM_MAX_KERNEL_ARGS 16
+// symm_launch_words launches f with n parameters whose values are the
+// words at vals (each parameter's value in the low bytes of its word:
+// little-endian): the array of pointers the driver wants is built here, on
+// the C stack, so that Go passes one pointer-free array and allocates
+// nothing.
+static inline CUresult symm_launch_words(void *fn, uintptr_t f, unsigned gx, unsigned bx, unsigned shmem,
+                                         uintptr_t stream, const uint64_t *vals, int n) {
+  void *params[SYMM_MAX_KERNEL_ARGS];
+  for (int i = 0; i < n && i < SYMM_MAX_KERNEL_ARGS; i++) params[i] = (void *)&vals[i];
+  return symm_cuLaunchKernel(fn, f, gx, 1, 1, bx, 1, 1, shmem, stream, params);
+}
 */
 import "C"
 
@@ -181,4 +196,30 @@ func HostFree(dev int, host uintptr) error {
 		err = fmt.Errorf("cuMemFreeHost(%#x) on device %d: %w", host, dev, r)
 	}
 	return s.leave(err)
+}
+
+// MaxKernelArgs is the most parameters LaunchWords passes.
+const MaxKernelArgs = 16
+
+// LaunchWords is Launch for the hot paths (signals, all-reduce): a 1-D
+// grid, each parameter's value in the low bytes of one word (int32 and
+// uint32 as uint64(uint32(v)), pointers as uint64), no Go allocation.
+func LaunchWords(dev int, f uintptr, grid, block uint32, stream uintptr, words []uint64) error {
+	if len(words) == 0 || len(words) > MaxKernelArgs {
+		return fmt.Errorf("cuLaunchKernel: %d arguments; want 1 to %d", len(words), MaxKernelArgs)
+	}
+	fn, s, err := enterFor(fnLaunchKernel, dev)
+	if err != nil {
+		return err
+	}
+	if r := Result(C.symm_launch_words(fn, C.uintptr_t(f), C.uint(grid), C.uint(block), 0, streamArg(stream),
+		(*C.uint64_t)(unsafe.Pointer(&words[0])), C.int(len(words)))); r != Success {
+		err = launchError(grid, block, dev, r)
+	}
+	return s.leave(err)
+}
+
+// launchError is built only on failure (it allocates).
+func launchError(grid, block uint32, dev int, r Result) error {
+	return fmt.Errorf("cuLaunchKernel(grid %d, block %d) on device %d: %w", grid, block, dev, r)
 }

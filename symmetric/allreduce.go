@@ -6,7 +6,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/kernels"
 )
 
@@ -95,7 +94,6 @@ func (h *Handle) checkAllReduce(a AllReduce) (uint64, error) {
 }
 
 func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {
-	what := fmt.Sprintf("one_shot_all_reduce of %d %s on group %q (rank %d)", a.Count, a.Dtype, h.group, h.rank)
 	in := h.BufferPtr(h.rank) + uintptr(a.Offset)
 	v := 1
 	if (in|a.Out|a.Local)%16 == 0 && nbytes%16 == 0 {
@@ -107,21 +105,10 @@ func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {
 	// for one per peer.
 	blocks = min(blocks, uint32(SignalPadSize/4/h.world))
 	threads = max(threads, uint32((h.world+31)/32*32))
-	st, err := h.statusWord()
-	if err != nil {
-		return fmt.Errorf("%s: the status word: %w", what, err)
-	}
-	f, err := h.m.function(h.b.Dev(), kernels.AllReduceKernel(a.Dtype, v, h.world))
-	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	kt := h.kernelTimeout(a.Timeout)
-	if err := cuda.Launch(h.b.Dev(), f, cuda.Dim3{X: blocks, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, 0, a.Stream,
-		h.BufferPtrsDev(), a.Offset, nwords, a.Out, a.Local, h.PadPtrsDev(), int32(h.rank), int32(h.world),
-		uint64(kt.Nanoseconds()), st); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	return h.finishKernel(a.Stream, a.Timeout, kt, what)
+	words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nwords, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()),
+		u32(h.rank), u32(h.world), 0, 0}
+	return h.launch(allReduceIndex(a.Dtype, v, h.world), blocks, threads, a.Stream, a.Timeout, words[:],
+		callDesc{kind: kAllReduce, count: a.Count, dtype: a.Dtype})
 }
 
 // hostAllReduce is the kernel's protocol on host memory: copy, signal every

@@ -38,6 +38,7 @@ type Block struct {
 	// write-held by Free while it unmaps, so a handle is never used while
 	// its memory goes away; mu guards the fields below.
 	life     sync.RWMutex
+	runlock  func() // life.RUnlock, bound once: Acquire hands it out without allocating
 	mu       sync.Mutex
 	handles  map[string]*Handle // by group name
 	freed    bool
@@ -137,6 +138,7 @@ func (m *Manager) Alloc(dev int, size uint64) (*Block, error) {
 		return nil, fmt.Errorf("symmetric allocation of %d bytes on %s device %d: %w", size, m.prov.Name(), dev, err)
 	}
 	b := &Block{mem: mem, bufSize: size, padOff: padOff, handles: map[string]*Handle{}, exportFD: -1}
+	b.runlock = b.life.RUnlock
 	if err := m.zeroPad(b); err != nil {
 		m.prov.Release(mem)
 		return nil, err

@@ -42,6 +42,46 @@ type kernelDevice interface{ kernelDevice() }
 
 func (p *cudaProvider) kernelDevice() {}
 
+// Kernels by index: a handle keeps their function handles.
+const (
+	kBarrier = iota
+	kPut
+	kWait
+	kAllReduce // 16 of them: allReduceIndex
+	numKernels = kAllReduce + 16
+)
+
+var kernelNames = func() (n [numKernels]string) {
+	n[kBarrier], n[kPut], n[kWait] = kernels.Barrier, kernels.PutSignal, kernels.WaitSignal
+	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16} {
+		for _, v := range []int{4, 1} {
+			for _, w := range []int{2, 4, 8, 0} {
+				n[allReduceIndex(d, v, w)] = kernels.AllReduceKernel(d, v, w)
+			}
+		}
+	}
+	return n
+}()
+
+// allReduceIndex is the index of the all-reduce kernel for dtype d, v words
+// per thread and world size w.
+func allReduceIndex(d kernels.Dtype, v, w int) int {
+	i := kAllReduce + int(d)*8
+	if v != 4 {
+		i += 4
+	}
+	switch w {
+	case 2:
+	case 4:
+		i++
+	case 8:
+		i += 2
+	default:
+		i += 3
+	}
+	return i
+}
+
 // kernelState is a Manager's NVRTC and compiled kernels, opened on first use.
 type kernelState struct {
 	once   sync.Once
@@ -50,12 +90,7 @@ type kernelState struct {
 
 	mu    sync.Mutex
 	ready map[int]error // device -> nil when its module loaded, else why not
-	fns   sync.Map      // kernelKey -> function handle
-}
-
-type kernelKey struct {
-	dev  int
-	name string
+	slab  statusSlab    // the handles' status words
 }
 
 func (m *Manager) kernelLoader() (*kernels.Loader, error) {
@@ -103,77 +138,142 @@ func (m *Manager) KernelsReady(dev int) error {
 
 // function returns a loaded kernel (KernelsReady(dev) must have passed).
 func (m *Manager) function(dev int, name string) (uintptr, error) {
-	key := kernelKey{dev, name}
-	if f, ok := m.kern.fns.Load(key); ok {
-		return f.(uintptr), nil
-	}
-	f, err := m.kern.loader.Function(dev, name)
-	if err != nil {
-		return 0, err
-	}
-	m.kern.fns.Store(key, f)
-	return f, nil
+	return m.kern.loader.Function(dev, name)
 }
 
 // useKernels says whether this handle's signals run as kernels: false for
 // providers without device kernels and with SYMM_SIGNALS=memop; with
 // "auto", false when the kernels cannot run; with "kernel", an error then.
+// The answer is kept in the handle.
 func (h *Handle) useKernels() (bool, error) {
+	switch h.kstat.mode.Load() {
+	case modeKernels:
+		return true, nil
+	case modeMemops:
+		return false, nil
+	}
 	if _, ok := h.m.prov.(kernelDevice); !ok || h.m.cfg.Signals == SignalsMemop {
+		h.kstat.mode.Store(modeMemops)
 		return false, nil
 	}
 	if err := h.m.KernelsReady(h.b.Dev()); err != nil {
 		if h.m.cfg.Signals == SignalsKernel {
 			return false, fmt.Errorf("SYMM_SIGNALS=kernel: %w", err)
 		}
+		h.kstat.mode.Store(modeMemops)
 		return false, nil
 	}
+	h.kstat.mode.Store(modeKernels)
 	return true, nil
 }
 
-// kernelStatus is a handle's status word: 8 bytes of host-mapped memory
-// that its kernels write a kernels.Report into.
+const (
+	modeUnknown = iota
+	modeKernels
+	modeMemops
+)
+
+// kernelStatus is a handle's kernel state: which path its signals take, its
+// function handles, and its two status words (8 bytes each of host-mapped
+// memory that its kernels write a kernels.Report into): word 0 for calls
+// without a timeout, read by the watchdog; word 1 for calls with one, read
+// by the caller. They come from the manager's slab on the handle's first
+// kernel and go back when the handle is released.
 type kernelStatus struct {
+	mode atomic.Int32 // modeUnknown, modeKernels, modeMemops
+	fns  [numKernels]atomic.Uintptr
+
 	once      sync.Once
 	host, dev uintptr
 	err       error
+	watched   atomic.Bool // in the watchdog's set (changed under m.dog.mu)
 }
 
-func (h *Handle) statusWord() (uintptr, error) {
+// statusSlab hands out pairs of status words from pages of pinned, mapped
+// host memory (cuMemHostAlloc costs about a millisecond: once per 256
+// handles, not once per handle). Portable pinned memory: one slab serves
+// every device. Pages stay until the process exits.
+type statusSlab struct {
+	mu   sync.Mutex
+	free [][2]uintptr // (host, device) of free pairs
+}
+
+const statusPage, statusPair = 4096, 16
+
+func (s *statusSlab) get(dev int) (host, device uintptr, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.free) == 0 {
+		h, d, err := cuda.HostAllocMapped(dev, statusPage)
+		if err != nil {
+			return 0, 0, err
+		}
+		for off := uintptr(statusPage - statusPair); ; off -= statusPair {
+			s.free = append(s.free, [2]uintptr{h + off, d + off})
+			if off == 0 {
+				break
+			}
+		}
+	}
+	w := s.free[len(s.free)-1]
+	s.free = s.free[:len(s.free)-1]
+	return w[0], w[1], nil
+}
+
+func (s *statusSlab) put(host, device uintptr) {
+	s.mu.Lock()
+	s.free = append(s.free, [2]uintptr{host, device})
+	s.mu.Unlock()
+}
+
+// statusWord returns the device address of word 0 (watched) or, for the
+// caller, word 1.
+func (h *Handle) statusWord(caller bool) (uintptr, error) {
 	s := &h.kstat
-	s.once.Do(func() { s.host, s.dev, s.err = cuda.HostAllocMapped(h.b.Dev(), 64) })
-	return s.dev, s.err
-}
-
-// word views the status word (host-mapped memory outside Go's heap).
-func (s *kernelStatus) word() *atomic.Uint64 {
-	return (*atomic.Uint64)(*(*unsafe.Pointer)(unsafe.Pointer(&s.host)))
-}
-
-// takeReport reads and clears the status word.
-func (h *Handle) takeReport() (kernels.Report, bool) {
-	if h.kstat.host == 0 {
-		return kernels.Report{}, false
+	s.once.Do(func() { s.host, s.dev, s.err = h.m.kern.slab.get(h.b.Dev()) })
+	if s.err != nil || !caller {
+		return s.dev, s.err
 	}
-	return kernels.DecodeReport(h.kstat.word().Swap(0))
+	return s.dev + 8, nil
 }
 
-// peekReport reads the status word and leaves it (the watchdog: the handle
-// fails for good, and every later call reports it).
-func (h *Handle) peekReport() (kernels.Report, bool) {
-	if h.kstat.host == 0 {
-		return kernels.Report{}, false
-	}
-	return kernels.DecodeReport(h.kstat.word().Load())
+// word views status word i (host-mapped memory outside Go's heap).
+func (s *kernelStatus) word(i int) *atomic.Uint64 {
+	p := s.host + uintptr(8*i)
+	return (*atomic.Uint64)(*(*unsafe.Pointer)(unsafe.Pointer(&p)))
 }
 
+// freeStatus takes the handle out of the watchdog's set and gives its words
+// back, cleared, when its block is freed. (A kernel still queued then could
+// write into them; freeing a block with work still queued on it is the
+// caller's error, as every use of freed memory is.)
 func (h *Handle) freeStatus() error {
+	w := &h.m.dog
+	w.mu.Lock()
+	delete(w.kernels, h)
+	h.kstat.watched.Store(false)
+	w.mu.Unlock()
 	if h.kstat.host == 0 {
 		return nil
 	}
-	err := cuda.HostFree(h.b.Dev(), h.kstat.host)
+	h.kstat.word(0).Store(0)
+	h.kstat.word(1).Store(0)
+	h.m.kern.slab.put(h.kstat.host, h.kstat.dev)
 	h.kstat.host, h.kstat.dev = 0, 0
-	return err
+	return nil
+}
+
+// function returns kernel id loaded on the handle's device.
+func (h *Handle) function(id int) (uintptr, error) {
+	if f := h.kstat.fns[id].Load(); f != 0 {
+		return f, nil
+	}
+	f, err := h.m.function(h.b.Dev(), kernelNames[id])
+	if err != nil {
+		return 0, err
+	}
+	h.kstat.fns[id].Store(f)
+	return f, nil
 }
 
 // reportError words a kernel's report: which peer did not come, on which
@@ -205,71 +305,94 @@ func (h *Handle) kernelTimeout(timeout time.Duration) time.Duration {
 	return h.m.cfg.Timeout
 }
 
-// launchSignal launches one of the signal kernels and, with a timeout,
-// waits for it; without one, leaves it to the watchdog.
-func (h *Handle) launchSignal(name string, grid, block cuda.Dim3, stream uintptr, timeout time.Duration, what string, args ...any) error {
-	dev := h.b.Dev()
-	st, err := h.statusWord()
-	if err != nil {
-		return fmt.Errorf("%s: the status word: %w", what, err)
-	}
-	f, err := h.m.function(dev, name)
-	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	kt := h.kernelTimeout(timeout)
-	args = append(args, uint64(kt.Nanoseconds()), st)
-	if err := cuda.Launch(dev, f, grid, block, 0, stream, args...); err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	return h.finishKernel(stream, timeout, kt, what)
+// callDesc names a call in error messages, which are built only when needed.
+type callDesc struct {
+	kind          int // kBarrier, kPut, kWait or kAllReduce
+	peer, channel int
+	count         uint64
+	dtype         kernels.Dtype
 }
 
-// finishKernel waits for a kernel with an explicit timeout (the stream must
+func (h *Handle) describe(c callDesc) string {
+	switch c.kind {
+	case kBarrier:
+		return fmt.Sprintf("barrier on channel %d of group %q (rank %d)", c.channel, h.group, h.rank)
+	case kPut:
+		return fmt.Sprintf("put_signal to rank %d on channel %d of group %q (rank %d)", c.peer, c.channel, h.group, h.rank)
+	case kWait:
+		return fmt.Sprintf("wait_signal from rank %d on channel %d of group %q (rank %d)", c.peer, c.channel, h.group, h.rank)
+	}
+	return fmt.Sprintf("one_shot_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
+}
+
+// launch runs kernel id with words, whose last two are filled in here (the
+// timeout in ns and the status word), then, with a timeout, waits for it and
+// returns what it reported; without one, leaves it to the watchdog. It makes
+// no Go allocation on success.
+func (h *Handle) launch(id int, grid, block uint32, stream uintptr, timeout time.Duration, words []uint64, c callDesc) error {
+	st, err := h.statusWord(timeout > 0)
+	if err != nil {
+		return fmt.Errorf("%s: the status word: %w", h.describe(c), err)
+	}
+	f, err := h.function(id)
+	if err != nil {
+		return fmt.Errorf("%s: %w", h.describe(c), err)
+	}
+	kt := h.kernelTimeout(timeout)
+	n := len(words)
+	words[n-2], words[n-1] = uint64(kt.Nanoseconds()), uint64(st)
+	if err := cuda.LaunchWords(h.b.Dev(), f, grid, block, stream, words); err != nil {
+		return fmt.Errorf("%s: %w", h.describe(c), err)
+	}
+	if timeout <= 0 {
+		h.watchKernels()
+		return nil
+	}
+	return h.awaitKernel(stream, timeout, c)
+}
+
+// awaitKernel waits for a kernel launched with a timeout (the stream must
 // get past it within twice the timeout plus a second: the kernel itself
 // gives up at the timeout, earlier work on the stream may delay it) and
-// reports what it wrote; without one, hands it to the watchdog.
-func (h *Handle) finishKernel(stream uintptr, timeout, kt time.Duration, what string) error {
-	if timeout <= 0 {
-		return h.watchKernel(stream, what, kt)
-	}
+// returns what it reported.
+func (h *Handle) awaitKernel(stream uintptr, timeout time.Duration, c callDesc) error {
 	dev := h.b.Dev()
-	deadline := time.Now().Add(2*timeout + time.Second)
+	limit := 2*timeout + time.Second
+	deadline := time.Now().Add(limit)
 	for {
 		done, err := cuda.StreamQuery(dev, stream)
 		if err != nil {
-			return fmt.Errorf("%s: %w", what, err)
+			return fmt.Errorf("%s: %w", h.describe(c), err)
 		}
 		if done {
 			break
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("%s: %w: the stream did not get past the kernel within %v (earlier work on it is still running)",
-				what, ErrSignalTimeout, 2*timeout+time.Second)
+				h.describe(c), ErrSignalTimeout, limit)
 		}
 		time.Sleep(10 * time.Microsecond)
 	}
-	if r, ok := h.takeReport(); ok {
-		return fmt.Errorf("%s: %w", what, h.reportError(r, kt))
+	if r, ok := kernels.DecodeReport(h.kstat.word(1).Swap(0)); ok {
+		return fmt.Errorf("%s: %w", h.describe(c), h.reportError(r, timeout))
 	}
 	return nil
 }
 
+// u32 is an int kernel parameter in a launch word.
+func u32(v int) uint64 { return uint64(uint32(int32(v))) }
+
 func (h *Handle) kernelBarrier(channel int, stream uintptr, timeout time.Duration) error {
-	what := fmt.Sprintf("barrier on channel %d of group %q (rank %d)", channel, h.group, h.rank)
-	threads := uint32((h.world + 31) / 32 * 32)
-	return h.launchSignal(kernels.Barrier, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: threads, Y: 1, Z: 1}, stream, timeout, what,
-		h.PadPtrsDev(), int32(h.rank), int32(h.world), int32(channel))
+	words := [...]uint64{uint64(h.PadPtrsDev()), u32(h.rank), u32(h.world), u32(channel), 0, 0}
+	return h.launch(kBarrier, 1, uint32((h.world+31)/32*32), stream, timeout, words[:], callDesc{kind: kBarrier, channel: channel})
 }
 
 func (h *Handle) kernelPut(dst, channel int, stream uintptr, timeout time.Duration) error {
-	what := fmt.Sprintf("put_signal to rank %d on channel %d of group %q (rank %d)", dst, channel, h.group, h.rank)
-	return h.launchSignal(kernels.PutSignal, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 32, Y: 1, Z: 1}, stream, timeout, what,
-		h.PadPtrsDev(), int32(h.rank), int32(h.world), int32(dst), int32(channel))
+	words := [...]uint64{uint64(h.PadPtrsDev()), u32(h.rank), u32(h.world), u32(dst), u32(channel), 0, 0}
+	return h.launch(kPut, 1, 32, stream, timeout, words[:], callDesc{kind: kPut, peer: dst, channel: channel})
 }
 
 func (h *Handle) kernelWait(src, channel int, stream uintptr, timeout time.Duration) error {
-	what := fmt.Sprintf("wait_signal from rank %d on channel %d of group %q (rank %d)", src, channel, h.group, h.rank)
-	return h.launchSignal(kernels.WaitSignal, cuda.Dim3{X: 1, Y: 1, Z: 1}, cuda.Dim3{X: 32, Y: 1, Z: 1}, stream, timeout, what,
-		h.PadPtrsDev(), int32(h.rank), int32(h.world), int32(src), int32(channel))
+	words := [...]uint64{uint64(h.PadPtrsDev()), u32(h.rank), u32(h.world), u32(src), u32(channel), 0, 0}
+	return h.launch(kWait, 1, 32, stream, timeout, words[:], callDesc{kind: kWait, peer: src, channel: channel})
 }

@@ -3,6 +3,7 @@ package symmetric
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -25,21 +26,25 @@ import (
 // (tests/device/run.sh sets it), on device 0, signals on the legacy default
 // stream.
 func TestFreeRacesSignals(t *testing.T) {
-	t.Run("host", func(t *testing.T) { freeRacesSignals(t, NewHostProvider(), 0) })
-	t.Run("cuda", func(t *testing.T) {
-		if os.Getenv("SYMM_TEST_DEVICE") != "cuda" {
-			t.Skip("needs a GPU: SYMM_TEST_DEVICE=cuda")
-		}
-		prov, err := NewCUDAProvider()
-		require.NoError(t, err, "SYMM_TEST_DEVICE=cuda, yet no CUDA provider")
-		freeRacesSignals(t, prov, 0) // 0: the legacy default stream (CU_STREAM_LEGACY)
-	})
+	t.Run("host", func(t *testing.T) { freeRacesSignals(t, NewHostProvider(), 0, "") })
+	// On GPUs: signals as stream memory operations, then as kernels (whose
+	// status word the watchdog reads after the call has returned).
+	for _, signals := range []string{SignalsMemop, SignalsKernel} {
+		t.Run("cuda-"+signals, func(t *testing.T) {
+			if os.Getenv("SYMM_TEST_DEVICE") != "cuda" {
+				t.Skip("needs a GPU: SYMM_TEST_DEVICE=cuda")
+			}
+			prov, err := NewCUDAProvider()
+			require.NoError(t, err, "SYMM_TEST_DEVICE=cuda, yet no CUDA provider")
+			freeRacesSignals(t, prov, 0, signals) // 0: the legacy default stream (CU_STREAM_LEGACY)
+		})
+	}
 }
 
 // freeRacesSignals is TestFreeRacesSignals over prov, one rank of a world of
 // one on device 0, its signals queued on stream (ignored by the host
 // provider, whose signals are atomics).
-func freeRacesSignals(t *testing.T, prov Provider, stream uintptr) {
+func freeRacesSignals(t *testing.T, prov Provider, stream uintptr, signals string) {
 	const dev = 0
 	cycles := 400
 	if s, err := strconv.Atoi(os.Getenv("SYMM_SOAK_SCALE")); err == nil && s > 0 {
@@ -48,7 +53,7 @@ func freeRacesSignals(t *testing.T, prov Provider, stream uintptr) {
 	if testing.Short() {
 		cycles = 50
 	}
-	m := NewManager(prov, Config{Timeout: 5 * time.Second})
+	m := NewManager(prov, Config{Timeout: 5 * time.Second, Signals: signals})
 	st := store.NewMemory()
 	defer st.Close()
 	cp, onGPU := prov.(*cudaProvider)
@@ -101,6 +106,8 @@ func freeRacesSignals(t *testing.T, prov Provider, stream uintptr) {
 	defer func() { testHookAcquired = nil }()
 	const workers = 6
 	calls, refused := 0, 0
+	var won [4]int // calls that got in before the free, per kind of call (i % 4)
+	firstRefusal := ""
 	var mu sync.Mutex
 	for c := 0; c < cycles; c++ {
 		b, err := m.Alloc(dev, 4096)
@@ -132,11 +139,21 @@ func freeRacesSignals(t *testing.T, prov Provider, stream uintptr) {
 						}
 					}
 					n++
+					if err == nil {
+						mu.Lock()
+						won[i%4]++
+						mu.Unlock()
+					}
 					if err != nil {
 						if !errors.Is(err, ErrUnknownPointer) {
 							t.Errorf("call %d: %v", i, err)
 						}
 						r++
+						mu.Lock()
+						if firstRefusal == "" {
+							firstRefusal = fmt.Sprintf("call %d (op %d): %v", i, i%4, err)
+						}
+						mu.Unlock()
 					}
 				}
 				mu.Lock()
@@ -159,7 +176,8 @@ func freeRacesSignals(t *testing.T, prov Provider, stream uintptr) {
 		require.NoError(t, cuda.StreamSynchronize(dev, stream))
 	}
 	waitWatchdogIdle(t, m)
-	t.Logf("%s: %d calls raced %d frees; %d refused after their block was freed", prov.Name(), calls, cycles, refused)
+	t.Logf("%s: %d calls raced %d frees; %d refused after their block was freed (the first: %s); won per kind (put+wait, barrier, touch, touch): %v",
+		prov.Name(), calls, cycles, refused, firstRefusal, won)
 	require.Greater(t, refused, 0, "some calls must have lost the race")
 	require.Less(t, refused, calls, "some calls must have won it")
 

@@ -629,7 +629,7 @@ func (h *Handle) Acquire() (release func(), err error) {
 	if testHookAcquired != nil {
 		testHookAcquired()
 	}
-	return h.b.life.RUnlock, nil
+	return h.b.runlock, nil
 }
 
 // testHookAcquired, set only by tests, runs inside Acquire's hold: it widens

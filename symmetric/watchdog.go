@@ -5,6 +5,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/libsymm/libsymm/kernels"
 )
 
 // A signal on a GPU is a stream memory operation: the stream, not the host,
@@ -36,15 +38,16 @@ type pendingWatch struct {
 	marker   uintptr
 	deadline time.Time
 	what     string
-	// check, when set, runs once the stream has passed the marker (a
-	// kernel's report: kernelsig.go); its error fails the handle.
-	check func() error
 }
 
-// watchdog polls the markers of a Manager's pending signals.
+// watchdog polls the markers of a Manager's pending signals, and the
+// status words of handles whose kernels were launched without a timeout
+// (kernelsig.go: those kernels give up at SYMM_TIMEOUT_MS by themselves and
+// write a report, so they need no marker).
 type watchdog struct {
 	mu      sync.Mutex
 	pending []pendingWatch
+	kernels map[*Handle]struct{}
 	running bool
 }
 
@@ -56,25 +59,8 @@ const pollEvery = 2 * time.Millisecond
 // watches it for the Manager's timeout. Providers without stream signals
 // (host: the caller itself waits, bounded) need none.
 func (h *Handle) watchAsync(stream uintptr, what string) error {
-	return h.watch(stream, what, h.m.cfg.Timeout, nil)
-}
-
-// watchKernel watches a signal kernel whose own deadline is kt: once the
-// stream has passed it, a report in the status word fails the handle. The
-// watchdog's deadline is later (kt plus a quarter, at least a second), so
-// that the kernel's precise report comes first.
-func (h *Handle) watchKernel(stream uintptr, what string, kt time.Duration) error {
-	check := func() error {
-		if r, ok := h.peekReport(); ok {
-			return fmt.Errorf("%s: %w", what, h.reportError(r, kt))
-		}
-		return nil
-	}
-	return h.watch(stream, what, kt+max(kt/4, time.Second), check)
-}
-
-func (h *Handle) watch(stream uintptr, what string, limit time.Duration, check func() error) error {
 	sm, ok := h.m.prov.(streamMarker)
+	limit := h.m.cfg.Timeout
 	if !ok || limit <= 0 {
 		return nil
 	}
@@ -85,7 +71,7 @@ func (h *Handle) watch(stream uintptr, what string, limit time.Duration, check f
 	}
 	w := &h.m.dog
 	w.mu.Lock()
-	w.pending = append(w.pending, pendingWatch{h: h, dev: dev, marker: mk, deadline: time.Now().Add(limit), what: what, check: check})
+	w.pending = append(w.pending, pendingWatch{h: h, dev: dev, marker: mk, deadline: time.Now().Add(limit), what: what})
 	if !w.running {
 		w.running = true
 		go h.m.runWatchdog(sm)
@@ -94,15 +80,43 @@ func (h *Handle) watch(stream uintptr, what string, limit time.Duration, check f
 	return nil
 }
 
+// watchKernels puts the handle in the watchdog's set (once: later calls
+// only load a flag).
+func (h *Handle) watchKernels() {
+	if h.kstat.watched.Load() {
+		return
+	}
+	w := &h.m.dog
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.kernels == nil {
+		w.kernels = map[*Handle]struct{}{}
+	}
+	w.kernels[h] = struct{}{}
+	h.kstat.watched.Store(true)
+	if !w.running {
+		w.running = true
+		go h.m.runWatchdog(h.m.prov.(streamMarker))
+	}
+}
+
 func (m *Manager) runWatchdog(sm streamMarker) {
 	w := &m.dog
 	for {
 		time.Sleep(pollEvery)
 		w.mu.Lock()
-		if len(w.pending) == 0 {
+		if len(w.pending) == 0 && len(w.kernels) == 0 {
 			w.running = false
 			w.mu.Unlock()
 			return
+		}
+		// Reports of kernels (read under mu: freeStatus takes a handle out
+		// of the set, under mu, before its words go back to the slab).
+		for h := range w.kernels {
+			if r, ok := kernels.DecodeReport(h.kstat.word(0).Load()); ok {
+				h.fail(fmt.Errorf("a signal kernel of group %q (rank %d): %w", h.group, h.rank, h.reportError(r, m.cfg.Timeout)))
+				delete(w.kernels, h)
+			}
 		}
 		list := w.pending
 		w.pending = nil
@@ -114,16 +128,8 @@ func (m *Manager) runWatchdog(sm streamMarker) {
 			switch {
 			case err == nil && passed:
 				sm.Forget(x.dev, x.marker, true)
-				if x.check != nil {
-					if cerr := x.check(); cerr != nil {
-						x.h.fail(cerr)
-					}
-				}
 			case err != nil || now.After(x.deadline):
 				cause := fmt.Sprintf("did not complete within %v (SYMM_TIMEOUT_MS); the stream stays blocked until the signal comes", m.cfg.Timeout)
-				if x.check != nil {
-					cause = "was not reached by its stream in time (earlier work on the stream is still running)"
-				}
 				if err != nil {
 					cause = fmt.Sprintf("cannot be watched: %v", err)
 				}

@@ -131,9 +131,7 @@ class Handle:
         if stream is not None:
             return int(getattr(stream, "cuda_stream", stream))
         if self._device is not None:
-            import torch
-
-            return torch.cuda.current_stream(self._device).cuda_stream
+            return _current_raw_stream(self._device)
         return 0
 
     def barrier(self, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
@@ -143,14 +141,14 @@ class Handle:
         the rank and channel if it has not drained in time. 0: a watchdog
         checks it in the background for SYMM_TIMEOUT_MS; a barrier that never
         completes fails the handle, and its next call raises SymmError(TIMEOUT)."""
-        _call_rc(load().symm_barrier, self._h, int(channel), self._stream(stream), int(timeout_ms))
+        _fast_rc(load().symm_barrier, self._h, int(channel), self._stream(stream), int(timeout_ms))
 
     def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
         del timeout_ms  # the C call has none: on GPUs the put is queued on the stream; on host it waits at most SYMM_TIMEOUT_MS
-        _call_rc(load().symm_put_signal, self._h, int(dst_rank), int(channel), self._stream(stream))
+        _fast_rc(load().symm_put_signal, self._h, int(dst_rank), int(channel), self._stream(stream))
 
     def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
-        _call_rc(load().symm_wait_signal, self._h, int(src_rank), int(channel), self._stream(stream), int(timeout_ms))
+        _fast_rc(load().symm_wait_signal, self._h, int(src_rank), int(channel), self._stream(stream), int(timeout_ms))
 
     # ---- tensors (torch) ----
 
@@ -201,11 +199,39 @@ class Handle:
             raise ValueError(f"one_shot_all_reduce: dtype {dtype!r}: want float32 or bfloat16")
         if op not in _OPS:
             raise ValueError(f"one_shot_all_reduce: op {op!r}: only 'sum' is supported")
-        _call_rc(load().symm_one_shot_all_reduce, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
+        _fast_rc(load().symm_one_shot_all_reduce, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
                  _OPS[op], int(out), int(local_input), self._stream(stream), int(timeout_ms))
 
 
 _DTYPES = {"float32": 0, "bfloat16": 1}
+_TORCH_DTYPES: dict = {}
+
+
+def _fast_rc(fn, *args) -> None:
+    """_call_rc for the signal and all-reduce calls: one C call when it
+    succeeds (the library sets the last error whenever it fails)."""
+    rc = fn(*args)
+    if rc:
+        err = _last_error(load())
+        if err.code == ErrorCode.OK:
+            from ._errors import make_error
+
+            err = make_error(rc, f"{fn.__name__} failed with code {rc}")
+        raise err
+
+
+def _current_raw_stream(device) -> int:
+    """The cudaStream_t of device's current stream (torch._C's raw getter:
+    no Stream object is made)."""
+    import torch
+
+    idx = getattr(device, "index", device)
+    if idx is None:
+        idx = torch.cuda.current_device()
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get is not None:
+        return get(idx)
+    return torch.cuda.current_stream(idx).cuda_stream
 _allreduce_handles: dict = {}
 _OPS = {"sum": 0}
 
@@ -237,36 +263,41 @@ def one_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     kernels cannot run, TIMEOUT naming a rank that did not come)."""
     import torch
 
-    names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
-    if tensor.dtype not in names:
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
+    code = _TORCH_DTYPES.get(tensor.dtype)
+    if code is None:
         raise ValueError(f"one_shot_all_reduce: dtype {tensor.dtype}: want torch.float32 or torch.bfloat16")
+    if op != "sum":
+        raise ValueError(f"one_shot_all_reduce: op {op!r}: only 'sum' is supported")
     if not tensor.is_contiguous():
         raise ValueError("one_shot_all_reduce: the tensor must be contiguous")
-    if out is None:
-        out = torch.empty_like(local_input if local_input is not None else tensor)
-    if out.dtype != tensor.dtype or out.numel() != tensor.numel() or not out.is_contiguous():
-        raise ValueError(f"one_shot_all_reduce: out must be a contiguous {tensor.dtype} tensor of {tensor.numel()} "
-                         f"elements (got {out.dtype}, {out.numel()})")
+    n = tensor.numel()
     local = 0
     if local_input is not None:
-        if local_input.dtype != tensor.dtype or local_input.numel() != tensor.numel() or not local_input.is_contiguous():
+        if local_input.dtype != tensor.dtype or local_input.numel() != n or not local_input.is_contiguous():
             raise ValueError(f"one_shot_all_reduce: local_input must be a contiguous {tensor.dtype} tensor of "
-                             f"{tensor.numel()} elements")
+                             f"{n} elements")
         local = local_input.data_ptr()
+    if out is None:
+        out = torch.empty_like(local_input if local_input is not None else tensor)
+    elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
+        raise ValueError(f"one_shot_all_reduce: out must be a contiguous {tensor.dtype} tensor of {n} elements "
+                         f"(got {out.dtype}, {out.numel()})")
     # The handle of the last call on this tensor and group, while the tensor
     # lives (a new tensor at the same address goes through rendezvous again,
     # which resets a recycled block's signal pad).
-    key = (tensor.data_ptr(), id(group) if group is not None and not isinstance(group, str) else group)
+    ptr = tensor.data_ptr()
+    key = (ptr, group if group is None or isinstance(group, str) else id(group))
     hit = _allreduce_handles.get(key)
-    h = hit[1] if hit is not None and hit[0]() is tensor else None
-    if h is None:
+    if hit is None or hit[0]() is not tensor:
         import weakref
 
         h = rendezvous(tensor, group)
-        _allreduce_handles[key] = (weakref.ref(tensor), h)
-    off = tensor.data_ptr() - h.buffer_ptrs[h.rank]  # 0: rendezvous starts the buffers at the tensor
-    h.one_shot_all_reduce_ptr(off, tensor.numel(), names[tensor.dtype], out.data_ptr(), local, op, timeout_ms,
-                              torch.cuda.current_stream(tensor.device) if tensor.is_cuda else None)
+        hit = _allreduce_handles[key] = (weakref.ref(tensor), h.handle, h.offset)
+    dev = tensor.device
+    stream = _current_raw_stream(dev) if dev.type == "cuda" else 0
+    _fast_rc(load().symm_one_shot_all_reduce, hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
     return out
 
 

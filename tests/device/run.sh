@@ -101,11 +101,12 @@ if want go; then
     run_step "go-$name" "${SYMM_GO_TIMEOUT:-300}" \
       bash -c 'cd "$1" && exec "$2" -test.v -test.timeout "$3s"' _ "$dir" "$ROOT/$bin" "$((${SYMM_GO_TIMEOUT:-300} - 20))"
   done
-  # Free racing put/wait/barrier on the CUDA provider (its cuda subtest;
-  # the host one runs too), at the default ~10^5 calls.
+  # Free racing put/wait/barrier on the CUDA provider (memop and kernel
+  # signals; the host one runs too), at the default ~10^5 calls; the signal
+  # kernels' allocation and timeout tests.
   if [[ -x build/device/symmetric.test ]]; then
     run_step go-symmetric-race "${SYMM_GO_TIMEOUT:-300}" \
-      env -u SYMM_SOAK_SCALE bash -c 'cd "$1" && exec "$2" -test.run "TestFreeRacesSignals" -test.v -test.timeout "$3s"' \
+      env -u SYMM_SOAK_SCALE bash -c 'cd "$1" && exec "$2" -test.run "TestFreeRacesSignals|TestKernel" -test.v -test.timeout "$3s"' \
       _ "$ROOT/symmetric" "$ROOT/build/device/symmetric.test" "$((${SYMM_GO_TIMEOUT:-300} - 20))"
   fi
 fi

@@ -102,7 +102,9 @@ def test_topology_finds_libraries_and_reports_no_driver(tmp_path):
         subprocess.run(["cc", "-shared", "-fPIC", "-o", str(out), str(tmp_path / "src.c")], check=True)
     t = symm.topology(lib_dirs=[str(tmp_path)])
     assert t["schema"] == 1
-    assert set(t) == {"schema", "driver", "devices", "links", "libraries", "backends"}
+    assert set(t) == {"schema", "driver", "devices", "links", "libraries", "backends", "kernels"}
+    # The fake NVRTC has a version and nothing to compile with: the kernels say so.
+    assert t["kernels"]["nvrtc"] == "" and "undefined symbol: nvrtcCreateProgram" in t["kernels"]["error"], t["kernels"]
     libs = {lib["name"]: lib for lib in t["libraries"]}
     assert libs["nccl"]["found"] and libs["nccl"]["version"] == "2.28.9", libs["nccl"]
     assert libs["nvshmem"]["found"] and libs["nvshmem"]["version"] == "3.4.5", libs["nvshmem"]
@@ -112,7 +114,7 @@ def test_topology_finds_libraries_and_reports_no_driver(tmp_path):
     assert backends["host"]["available"]
     assert "3.4.5" in backends["nvshmem"]["reason"]
     if not t["driver"]["found"]:  # CI
-        assert t["devices"] == [] and t["links"] == []
+        assert t["devices"] == [] and t["links"] == [] and t["kernels"]["devices"] == []
         assert t["driver"]["error"]
         assert not backends["cuda"]["available"] and backends["cuda"]["reason"] == "no NVIDIA driver found"
 

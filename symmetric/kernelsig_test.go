@@ -1,0 +1,177 @@
+package symmetric
+
+import (
+	"os"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/cuda"
+	"github.com/libsymm/libsymm/kernels"
+	"github.com/libsymm/libsymm/store"
+)
+
+// Every kernel has its own index and a name the source defines.
+func TestKernelIndexes(t *testing.T) {
+	seen := map[string]bool{}
+	for id, n := range kernelNames {
+		require.NotEmpty(t, n, "kernel %d has no name", id)
+		require.False(t, seen[n], "%s twice", n)
+		seen[n] = true
+	}
+	require.Equal(t, kernels.AllReduceKernel(kernels.BFloat16, 1, 5), kernelNames[allReduceIndex(kernels.BFloat16, 1, 5)])
+	require.Equal(t, kernels.AllReduceKernel(kernels.Float32, 4, 8), kernelNames[allReduceIndex(kernels.Float32, 4, 8)])
+}
+
+// The host backend has no device kernels: signals stay what they were, the
+// all-reduce runs in the calling thread, KernelsReady says why, and
+// SYMM_SIGNALS=kernel changes nothing there (it is about GPUs).
+func TestHostHasNoKernels(t *testing.T) {
+	m := NewManager(NewHostProvider(), Config{Timeout: time.Second, Signals: SignalsKernel})
+	err := m.KernelsReady(0)
+	require.ErrorIs(t, err, ErrNoKernels)
+	require.ErrorContains(t, err, "the host backend has no device kernels")
+	st := store.NewMemory()
+	defer st.Close()
+	b, err := m.Alloc(0, 4096)
+	require.NoError(t, err)
+	h, err := m.Rendezvous(b.Ptr(), Group{Name: "solo", Rank: 0, World: 1, Store: st})
+	require.NoError(t, err)
+	require.NoError(t, h.PutSignal(0, 1, 0, 0))
+	require.NoError(t, h.WaitSignal(0, 1, 0, time.Second))
+	require.NoError(t, h.Barrier(0, 0, 0))
+	in := hostWords(b.Ptr(), 4)
+	copy(in, []uint32{0x3f800000, 0xc0000000, 0x7fc00000, 0})
+	out := make([]uint32, 4)
+	require.NoError(t, h.OneShotAllReduce(AllReduce{Count: 4, Dtype: kernels.Float32, Op: "sum", Out: uintptrOf(out)}))
+	require.Equal(t, []uint32{0x3f800000, 0xc0000000, 0x7fc00000, 0}, out, "a world of one sums to its input")
+	require.NoError(t, m.Free(b.Ptr()))
+}
+
+func TestToBF16(t *testing.T) {
+	for _, c := range []struct {
+		f    float32
+		want uint16
+	}{{1, 0x3f80}, {-2, 0xc000}, {1.00390625, 0x3f80}, {1.01171875, 0x3f82}, {3.0e38, 0x7f62}} {
+		require.Equal(t, c.want, ToBF16(c.f), "%g", c.f)
+	}
+}
+
+// cudaKernelHandle is a world-of-one handle on GPU 0 whose signals are
+// kernels (SYMM_TEST_DEVICE=cuda and NVRTC found: SYMM_NVRTC_LIB).
+func cudaKernelHandle(t *testing.T, timeout time.Duration) (*Manager, *Handle) {
+	if os.Getenv("SYMM_TEST_DEVICE") != "cuda" {
+		t.Skip("needs a GPU: SYMM_TEST_DEVICE=cuda")
+	}
+	prov, err := NewCUDAProvider()
+	require.NoError(t, err)
+	m := NewManager(prov, Config{Timeout: timeout, Signals: SignalsKernel})
+	require.NoError(t, m.KernelsReady(0), "kernels must run on the GPU machine (SYMM_NVRTC_LIB)")
+	st := store.NewMemory()
+	t.Cleanup(func() { st.Close() })
+	b, err := m.Alloc(0, 1<<20)
+	require.NoError(t, err)
+	h, err := m.Rendezvous(b.Ptr(), Group{Name: "kern", Rank: 0, World: 1, Store: st})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, cuda.StreamSynchronize(0, 0))
+		require.NoError(t, m.Free(b.Ptr()))
+	})
+	return m, h
+}
+
+// A put and a wait as kernels, queued without a timeout: no Go allocation.
+func TestKernelSignalsAllocateNothing(t *testing.T) {
+	_, h := cudaKernelHandle(t, 10*time.Second)
+	require.NoError(t, h.PutSignal(0, 2, 0, 0)) // first use: status word, function handles
+	require.NoError(t, h.WaitSignal(0, 2, 0, 0))
+	allocs := testing.AllocsPerRun(200, func() {
+		if err := h.PutSignal(0, 2, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.WaitSignal(0, 2, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+	require.Zero(t, allocs)
+	require.NoError(t, cuda.StreamSynchronize(0, 0))
+}
+
+// A wait that nobody answers, without a timeout: the kernel gives up at the
+// manager's timeout, the stream goes on, and the watchdog fails the handle
+// with the kernel's report.
+func TestKernelWaitTimesOutThroughTheWatchdog(t *testing.T) {
+	_, h := cudaKernelHandle(t, 300*time.Millisecond)
+	start := time.Now()
+	require.NoError(t, h.WaitSignal(0, 5, 0, 0))
+	require.NoError(t, cuda.StreamSynchronize(0, 0), "the stream goes on")
+	took := time.Since(start)
+	require.Greater(t, took, 250*time.Millisecond)
+	require.Less(t, took, 5*time.Second)
+	var err error
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(pollEvery) {
+		if err = h.failed(); err != nil {
+			break
+		}
+	}
+	require.ErrorIs(t, err, ErrSignalTimeout)
+	require.ErrorContains(t, err, "rank 0's signal on channel 5 did not come within 300ms")
+	require.ErrorIs(t, h.Barrier(0, 0, 0), ErrSignalTimeout, "the handle has failed")
+}
+
+// With a timeout the caller gets the report itself, and the handle stays
+// usable.
+func TestKernelWaitTimeoutReturnsToTheCaller(t *testing.T) {
+	_, h := cudaKernelHandle(t, 10*time.Second)
+	err := h.WaitSignal(0, 6, 0, 100*time.Millisecond)
+	require.ErrorIs(t, err, ErrSignalTimeout)
+	require.ErrorContains(t, err, "wait_signal from rank 0 on channel 6")
+	require.NoError(t, h.PutSignal(0, 6, 0, 0))
+	require.NoError(t, h.WaitSignal(0, 6, 0, time.Second), "the handle still works")
+	require.NoError(t, h.failed())
+}
+
+// uintptrOf is the address of a Go slice's first element, for a call that
+// reads or writes it synchronously (the host backend's all-reduce).
+func uintptrOf(s []uint32) uintptr { return uintptr(unsafe.Pointer(&s[0])) }
+
+// BenchmarkKernelPutWait is the host's cost of a put and a wait queued as
+// kernels (GPU: SYMM_TEST_DEVICE=cuda).
+func BenchmarkKernelPutWait(b *testing.B) {
+	_, h := cudaKernelHandleB(b)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if err := h.PutSignal(0, 3, 0, 0); err != nil {
+			b.Fatal(err)
+		}
+		if err := h.WaitSignal(0, 3, 0, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := cuda.StreamSynchronize(0, 0); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func cudaKernelHandleB(b *testing.B) (*Manager, *Handle) {
+	if os.Getenv("SYMM_TEST_DEVICE") != "cuda" {
+		b.Skip("needs a GPU: SYMM_TEST_DEVICE=cuda")
+	}
+	prov, err := NewCUDAProvider()
+	require.NoError(b, err)
+	m := NewManager(prov, Config{Timeout: 10 * time.Second, Signals: SignalsKernel})
+	require.NoError(b, m.KernelsReady(0))
+	st := store.NewMemory()
+	blk, err := m.Alloc(0, 1<<20)
+	require.NoError(b, err)
+	h, err := m.Rendezvous(blk.Ptr(), Group{Name: "bench", Rank: 0, World: 1, Store: st})
+	require.NoError(b, err)
+	b.Cleanup(func() {
+		cuda.StreamSynchronize(0, 0)
+		m.Free(blk.Ptr())
+		st.Close()
+	})
+	return m, h
+}
