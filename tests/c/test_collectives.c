@@ -154,7 +154,10 @@ static void store_sync(const char *name, int world) {
   char key[64];
   snprintf(key, sizeof key, "sync/%s", name);
   symm_store_add(st, key, 1, &n);
-  for (int i = 0; i < 20000 && n < world; i++) {
+  /* A rank may be waiting out SYMM_TIMEOUT_MS (the lost-signal check). */
+  const char *t = getenv("SYMM_TIMEOUT_MS");
+  int limit_ms = 3 * (t ? atoi(t) : 3000) + 20000;
+  for (int i = 0; i < limit_ms && n < world; i++) {
     usleep(1000);
     symm_store_add(st, key, 0, &n);
   }

@@ -155,7 +155,7 @@ if want sanitizer; then
     echo "compute-sanitizer not found"; FAILED=$((FAILED + 1))
   else
     for tool in memcheck racecheck synccheck; do
-      run_step "sanitizer-$tool" "${SYMM_SANITIZER_TIMEOUT:-300}" env SYMM_TIMEOUT_MS=30000 \
+      run_step "sanitizer-$tool" "${SYMM_SANITIZER_TIMEOUT:-300}" env SYMM_TIMEOUT_MS=10000 \
         "$CS" --tool "$tool" --target-processes all --error-exitcode 99 build/tests/gpu_collectives 2
     done
   fi
