@@ -5,7 +5,10 @@
  *                          is set (>= 0), and the library's last error;
  *   count_fds()            open descriptors of this process;
  *   count_maps()           mappings of the library's memory: pool segments
- *                          ("symm-pool") and symmetric blocks ("symm-block").
+ *                          ("symm-pool") and symmetric blocks ("symm-block");
+ *   run_ranks(self, world, addr)  spawns world copies of the program as
+ *                          `self child RANK WORLD ADDR` (spawned: Go does not
+ *                          survive fork), waits, returns how many failed.
  *
  * A program with its own CHECK defines SYMM_TEST_OWN_CHECK first and gets
  * only the counters. */
@@ -13,8 +16,10 @@
 #define SYMM_TEST_CHECK_H
 
 #include <dirent.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "symm.h"
 
@@ -53,6 +58,27 @@ static inline int count_maps(void) {
   while (fgets(line, sizeof line, f)) n += strstr(line, "symm-pool") != NULL || strstr(line, "symm-block") != NULL;
   fclose(f);
   return n;
+}
+
+static inline int run_ranks(const char *self, int world, const char *addr) {
+  extern char **environ;
+  pid_t pids[64];
+  char r[16], w[16];
+  if (world < 1 || world > 64) return world;
+  snprintf(w, sizeof w, "%d", world);
+  int started = 0, bad = 0;
+  for (; started < world; started++) {
+    snprintf(r, sizeof r, "%d", started);
+    char *args[] = {(char *)self, (char *)"child", r, w, (char *)addr, NULL};
+    if (posix_spawn(&pids[started], self, NULL, NULL, args, environ) != 0) break;
+  }
+  bad = world - started;
+  for (int i = 0; i < started; i++) {
+    int status;
+    waitpid(pids[i], &status, 0);
+    bad += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
+  return bad;
 }
 
 #endif

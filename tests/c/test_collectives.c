@@ -17,7 +17,6 @@
  * CUDA toolkit is needed to build this. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,8 +27,6 @@
 
 #include "check.h"
 #include "symm.h"
-
-extern char **environ;
 
 #define KiB 1024
 #define MiB (1024 * 1024)
@@ -388,20 +385,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "store server: %s\n", symm_last_error());
       return 2;
     }
-    pid_t pids[16];
-    for (int i = 0; i < world; i++) {
-      char r[16], w[16];
-      snprintf(r, sizeof r, "%d", i);
-      snprintf(w, sizeof w, "%d", world);
-      char *args[] = {argv[0], "child", r, w, addr, NULL};
-      if (posix_spawn(&pids[i], argv[0], NULL, NULL, args, environ) != 0) return 2;
-    }
-    int failed = 0;
-    for (int i = 0; i < world; i++) {
-      int status;
-      waitpid(pids[i], &status, 0);
-      failed += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-    }
+    int failed = run_ranks(argv[0], world, addr);
     symm_store_close(st);
     printf("%s: %d ranks on %d device(s), %s backend: %s\n", argv[0], world, ndev, BACKEND, failed ? "FAILED" : "ok");
     bad += failed;

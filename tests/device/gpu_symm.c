@@ -14,7 +14,6 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
-#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +23,6 @@
 
 #include "../c/check.h"
 #include "symm.h"
-
-extern char **environ;
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -191,20 +188,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "store server: %s\n", symm_last_error());
     return 2;
   }
-  pid_t pids[64];
-  for (int i = 0; i < world; i++) {
-    char r[16], w[16];
-    snprintf(r, sizeof r, "%d", i);
-    snprintf(w, sizeof w, "%d", world);
-    char *args[] = {argv[0], "child", r, w, addr, NULL};
-    if (posix_spawn(&pids[i], argv[0], NULL, NULL, args, environ) != 0) return 2;
-  }
-  int bad = 0;
-  for (int i = 0; i < world; i++) {
-    int status;
-    waitpid(pids[i], &status, 0);
-    bad += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-  }
+  int bad = run_ranks(argv[0], world, addr);
   symm_store_close(st);
   printf("gpu_symm: %d ranks on %d devices: %s\n", world, ndev, bad ? "FAILED" : "ok");
   return bad != 0;

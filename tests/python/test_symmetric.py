@@ -48,7 +48,9 @@ RANK_SCRIPT = textwrap.dedent(
 )
 
 
-def test_four_processes_rendezvous_and_signal(tmp_path):
+def run_ranks(tmp_path, source: str, world: int) -> list:
+    """Runs source as world processes (argv: rank, world, store address)
+    around a store server; returns each rank's last stdout line as JSON."""
     import subprocess
     import sys
 
@@ -57,17 +59,20 @@ def test_four_processes_rendezvous_and_signal(tmp_path):
     server = symm.Store.server()
     try:
         script = tmp_path / "rank.py"
-        script.write_text(RANK_SCRIPT)
+        script.write_text(source)
         env = child_env({"SYMM_RENDEZVOUS_TIMEOUT": "20s"})
-        procs = [subprocess.Popen([sys.executable, str(script), str(r), "4", server.address], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
+        procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), server.address], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
         outs = [p.communicate(timeout=90) for p in procs]
     finally:
         server.close()
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
-    results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
-    for r in results:
+    return [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+
+
+def test_four_processes_rendezvous_and_signal(tmp_path):
+    for r in run_ranks(tmp_path, RANK_SCRIPT, 4):
         rank = r["rank"]
         assert r["seen"] == [1, 2, 3, 4] and r["last"] == [1, 2, 3, 4], r
         assert r["got"] == 200 + (rank - 1) % 4, "the previous rank wrote into our buffer"
@@ -345,25 +350,7 @@ ALLREDUCE_SCRIPT = textwrap.dedent(
 
 
 def test_one_shot_all_reduce_three_processes(tmp_path):
-    import subprocess
-    import sys
-
-    import symm
-
-    server = symm.Store.server()
-    try:
-        script = tmp_path / "ar.py"
-        script.write_text(ALLREDUCE_SCRIPT)
-        env = child_env({"SYMM_RENDEZVOUS_TIMEOUT": "20s"})
-        procs = [subprocess.Popen([sys.executable, str(script), str(r), "3", server.address], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(3)]
-        outs = [p.communicate(timeout=90) for p in procs]
-    finally:
-        server.close()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, err
-    for out, _ in outs:
-        r = json.loads(out.strip().splitlines()[-1])
+    for r in run_ranks(tmp_path, ALLREDUCE_SCRIPT, 3):
         assert r["f32"] and r["bf16"], r
         assert "dtype" in r["errors"]["dtype"] and "sum" in r["errors"]["op"], r
         assert r["errors"]["offset"][0] == 1 and "multiples of 4" in r["errors"]["offset"][1], r  # SYMM_ERR_INVALID
