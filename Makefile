@@ -23,7 +23,7 @@ BINDIR     ?= $(PREFIX)/bin
 PCDIR      ?= $(LIBDIR)/pkgconfig
 FUZZTIME ?= 20s
 
-.PHONY: all lib cli check-header ctests test test-go test-c test-python test-packaging fuzz run device bench clean fmt \
+.PHONY: all lib cli check-header ctests test test-go test-kernels test-c test-python test-packaging fuzz run device bench clean fmt \
 	wheel install uninstall set-version cross-arm64
 
 all: lib check-header cli ctests
@@ -57,13 +57,27 @@ $(BUILD)/tests/%: tests/c/%.cpp tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CXX) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
 
-test: all test-go test-c test-python test-packaging cross-arm64 fuzz
+test: all test-go test-kernels test-c test-python test-packaging cross-arm64 fuzz
 
 test-go:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.6.1 ./...
 	$(GO) test -race -count=1 ./...
+
+# A real NVRTC compiles the kernel source (kernels/symm.cu) for every
+# architecture libsymm runs on: pip's nvidia-cuda-nvrtc wheel, downloaded once
+# into build/nvrtc (no GPU needed; PyTorch's CUDA 13 wheels use the same).
+NVRTC_LIB := $(BUILD)/nvrtc/nvidia/cu13/lib/libnvrtc.so.13
+$(NVRTC_LIB):
+	@rm -rf $(BUILD)/nvrtc && mkdir -p $(BUILD)/nvrtc/wheel
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --dest $(BUILD)/nvrtc/wheel 'nvidia-cuda-nvrtc>=13,<14'
+	$(PYTHON) -m zipfile -e $$(ls $(BUILD)/nvrtc/wheel/nvidia_cuda_nvrtc-*.whl | head -1) $(BUILD)/nvrtc
+	@test -f $@
+
+test-kernels: $(NVRTC_LIB)
+	SYMM_REQUIRE_NVRTC=1 SYMM_NVRTC_LIB=$(CURDIR)/$(NVRTC_LIB) $(GO) test -count=1 -v \
+		-run 'TestSymmSourceCompiles|TestCompileWithRealNVRTC' ./kernels
 
 # Each C test runs with the front cache on (the default) and off, and with
 # expandable segments.

@@ -103,7 +103,7 @@ func TestOpenNotNVRTC(t *testing.T) {
 // the kernel compiles for Hopper, and a broken one returns NVRTC's log.
 func TestCompileWithRealNVRTC(t *testing.T) {
 	n, err := Open(nil)
-	if errors.Is(err, ErrNoNVRTC) {
+	if errors.Is(err, ErrNoNVRTC) && os.Getenv("SYMM_REQUIRE_NVRTC") != "1" {
 		t.Skipf("no NVRTC on this machine: %v", err)
 	}
 	require.NoError(t, err)

@@ -3,6 +3,7 @@ package kernels
 import (
 	"bytes"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,7 +36,7 @@ func symmKernels() []string {
 // SYMM_NVRTC_LIB, or the GPU machine), and every kernel name is in the CUBIN.
 func TestSymmSourceCompiles(t *testing.T) {
 	n, err := Open(nil)
-	if errors.Is(err, ErrNoNVRTC) {
+	if errors.Is(err, ErrNoNVRTC) && os.Getenv("SYMM_REQUIRE_NVRTC") != "1" {
 		t.Skipf("no NVRTC on this machine: %v", err)
 	}
 	require.NoError(t, err)
