@@ -27,7 +27,7 @@ func goTopology(libDirs *C.char, buf *C.char, capacity C.size_t, n *C.size_t) (c
 	}
 	// No driver is an answer ("driver": {"found": false}), not an error.
 	t, _ := topology.Discover(topology.Options{LibraryDirs: dirs})
-	kernels.Probe(t, dirs, kernels.CacheDir(getenv))
+	kernels.Probe(t, dirs, kernels.CacheDir(getenv), false)
 	raw, err := json.Marshal(t)
 	if err == nil {
 		err = copyOut("topology", raw, buf, capacity, n)

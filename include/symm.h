@@ -294,8 +294,9 @@ int symm_nccl_adopt_comm(void *comm, int device);
  *
  * symm_topology writes what `symm info --json` prints: devices, the link
  * matrix (NVLink counts, PCIe path class, peer access), capabilities, the
- * NCCL and NVSHMEM libraries found, the backends that can run (schema in the
- * README). lib_dirs: more directories to look for NCCL and NVSHMEM in,
+ * NCCL and NVSHMEM libraries found, the backends that can run, whether
+ * libsymm's kernels compile for each device (NVRTC; they are not loaded, so
+ * no CUDA context is created) (schema in the README). lib_dirs: more directories to look for NCCL and NVSHMEM in,
  * ':'-separated (Python site-packages, where pip puts them), or NULL.
  * *len receives the JSON's length without the NUL; with buf NULL or cap 0
  * nothing else happens (a size query). A cap too small for the JSON and its

@@ -147,3 +147,18 @@ func (l *Loader) Function(dev int, kernel string) (uintptr, error) {
 	}
 	return cuda.ModuleFunction(dev, m, kernel)
 }
+
+// Compiles compiles the source for compute capability cc ("9.0"), or finds
+// it in the disk cache, without touching a device.
+func (l *Loader) Compiles(cc string) error {
+	var major, minor int
+	if _, err := fmt.Sscanf(cc, "%d.%d", &major, &minor); err != nil {
+		return fmt.Errorf("kernels: compute capability %q: %w", cc, err)
+	}
+	dv, err := cuda.DriverVersion()
+	if err != nil {
+		return err
+	}
+	_, _, err = l.CUBIN(major, minor, dv)
+	return err
+}

@@ -109,9 +109,12 @@ func AllReduceLaunch(nwords uint64, wordsPerThread int) (blocks, threads uint32)
 const AllReduceChannels = 24
 
 // Probe fills t.Kernels: whether NVRTC opens (dirs: site-packages to look
-// in) and, for every device of t, whether SymmSource compiles for it (or
-// comes from the disk cache at cacheDir) and its module loads there.
-func Probe(t *topology.Topology, dirs []string, cacheDir string) {
+// in) and, for every device of t, whether SymmSource compiles for its
+// architecture (or comes from the disk cache at cacheDir) and, with load,
+// whether its module loads there. Loading creates the device's CUDA context
+// (hundreds of MiB of device memory): `symm info` does, the library's
+// symm_topology, which a job may call on every rank, does not.
+func Probe(t *topology.Topology, dirs []string, cacheDir string, load bool) {
 	k := &topology.Kernels{Devices: []topology.KernelDevice{}}
 	t.Kernels = k
 	n, err := Open(dirs)
@@ -123,7 +126,14 @@ func Probe(t *topology.Topology, dirs []string, cacheDir string) {
 	l := NewLoader(n, SymmName, SymmSource, cacheDir)
 	for _, d := range t.Devices {
 		kd := topology.KernelDevice{Index: d.Index, Arch: "sm_" + strings.ReplaceAll(d.ComputeCapability, ".", "")}
-		if _, err := l.Function(d.Index, Barrier); err != nil {
+		var err error
+		if load {
+			_, err = l.Function(d.Index, Barrier)
+			kd.Loaded = err == nil
+		} else {
+			err = l.Compiles(d.ComputeCapability)
+		}
+		if err != nil {
 			kd.Reason = err.Error()
 		} else {
 			kd.Ready = true

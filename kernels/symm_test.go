@@ -84,7 +84,7 @@ func TestAllReduceLaunch(t *testing.T) {
 func TestProbe(t *testing.T) {
 	fakeNVRTC(t)
 	var top topology.Topology
-	Probe(&top, nil, "")
+	Probe(&top, nil, "", true)
 	require.NotNil(t, top.Kernels)
 	require.Empty(t, top.Kernels.Error)
 	require.NotEmpty(t, top.Kernels.NVRTC)
@@ -92,7 +92,7 @@ func TestProbe(t *testing.T) {
 
 	t.Setenv("SYMM_NVRTC_LIB", filepath.Join(t.TempDir(), "libnvrtc.so.13"))
 	t.Setenv("LD_LIBRARY_PATH", "")
-	Probe(&top, nil, "")
+	Probe(&top, nil, "", true)
 	if top.Kernels.NVRTC == "" { // a real NVRTC on the loader path would answer
 		require.Contains(t, top.Kernels.Error, "NVRTC not found")
 	}

@@ -94,7 +94,11 @@ func WriteText(w io.Writer, t *Topology) error {
 		tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 		for _, d := range k.Devices {
 			if d.Ready {
-				fmt.Fprintf(tw, "  GPU%d\t%s\tready (NVRTC %s)\n", d.Index, d.Arch, k.NVRTC)
+				how := "compiled, not loaded"
+				if d.Loaded {
+					how = "compiled and loaded"
+				}
+				fmt.Fprintf(tw, "  GPU%d\t%s\tready (NVRTC %s; %s)\n", d.Index, d.Arch, k.NVRTC, how)
 			} else {
 				fmt.Fprintf(tw, "  GPU%d\t%s\tcannot run: %s\n", d.Index, d.Arch, d.Reason)
 			}

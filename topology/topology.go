@@ -44,8 +44,9 @@ type Kernels struct {
 // KernelDevice is one device's answer.
 type KernelDevice struct {
 	Index  int    `json:"index"`
-	Arch   string `json:"arch"` // "sm_90"
-	Ready  bool   `json:"ready"`
+	Arch   string `json:"arch"`   // "sm_90"
+	Ready  bool   `json:"ready"`  // compiled for the device's architecture (or found in the cache)
+	Loaded bool   `json:"loaded"` // and loaded on the device (symm info; symm_topology does not load)
 	Reason string `json:"reason,omitempty"`
 }
 

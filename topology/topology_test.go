@@ -152,7 +152,7 @@ func TestJSONSchema(t *testing.T) {
 	require.NoError(t, err)
 	top.Libraries = append(top.Libraries, Library{Name: "nccl", Found: true, Path: "/x/libnccl.so.2", Version: "2.28.9"})
 	top.Backends = backends(top)
-	top.Kernels = &Kernels{NVRTC: "13.0", Devices: []KernelDevice{{Index: 0, Arch: "sm_90", Ready: true}, {Index: 1, Arch: "sm_90", Reason: "why"}}}
+	top.Kernels = &Kernels{NVRTC: "13.0", Devices: []KernelDevice{{Index: 0, Arch: "sm_90", Ready: true, Loaded: true}, {Index: 1, Arch: "sm_90", Reason: "why"}}}
 	raw, err := json.Marshal(top)
 	require.NoError(t, err)
 	var m map[string]any
@@ -166,7 +166,7 @@ func TestJSONSchema(t *testing.T) {
 	}
 	require.ElementsMatch(t, []string{"schema", "driver", "devices", "links", "libraries", "backends", "kernels"}, keys(m))
 	require.ElementsMatch(t, []string{"nvrtc", "devices"}, keys(m["kernels"]))
-	require.ElementsMatch(t, []string{"index", "arch", "ready", "reason"}, keys(m["kernels"].(map[string]any)["devices"].([]any)[1]))
+	require.ElementsMatch(t, []string{"index", "arch", "ready", "loaded", "reason"}, keys(m["kernels"].(map[string]any)["devices"].([]any)[1]))
 	require.EqualValues(t, SchemaVersion, m["schema"])
 	require.ElementsMatch(t, []string{"found", "version", "cuda_version", "nvml"}, keys(m["driver"]))
 	dev := m["devices"].([]any)[0]

@@ -124,7 +124,7 @@ func info(args []string, stdout, stderr io.Writer) int {
 	}
 	libDirs := append(dirs, pythonSiteDirs()...)
 	t, err := topology.Discover(topology.Options{LibraryDirs: libDirs})
-	kernels.Probe(t, libDirs, kernels.CacheDir(os.Getenv))
+	kernels.Probe(t, libDirs, kernels.CacheDir(os.Getenv), true)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
