@@ -17,10 +17,16 @@ import (
 // memory operations, and every wait inside them has a deadline: past it the
 // kernel writes a report into the handle's status word, in host-mapped
 // memory, and returns, so the stream goes on. A call with timeout_ms waits
-// for its stream and turns a report into ErrSignalTimeout naming the peer
-// and channel; a call without one is watched by the watchdog, which reads
-// the word once the stream has passed the kernel (the kernel's deadline is
-// then SYMM_TIMEOUT_MS).
+// for its stream and turns a report in its word into ErrSignalTimeout
+// naming the peer and channel; a call without one gives the kernel the
+// manager's timeout (SYMM_TIMEOUT_MS) and the handle's other word, which the
+// watchdog polls: a report there fails the handle. No event is recorded and
+// nothing is allocated per call.
+//
+// Invariants: a handle's path (kernels or stream memory operations) is
+// decided on its first signal and kept; its words come from the manager's
+// slab, are zero while no report is pending, and go back to the slab only
+// when the block is freed, after the handle has left the watchdog's set.
 //
 // Without NVRTC (or with SYMM_SIGNALS=memop) signals stay stream memory
 // operations; the one-shot all-reduce needs the kernels.
