@@ -157,12 +157,12 @@ device: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_trace $(BUILD)/tes
 	$(GO) test -c -o $(BUILD)/device/kernels.test ./kernels
 
 # C programs for the GPU machine (tests/device/run.sh runs build/tests/gpu_*).
-$(BUILD)/tests/gpu_%: tests/device/gpu_%.c tests/c/check.h include/symm.h $(LIB)
+$(BUILD)/tests/gpu_%: tests/device/gpu_%.c tests/device/cudadrv.h tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CC) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -ldl -lpthread -o $@
 
 # The collectives test on the CUDA backend: tests/c/test_collectives.c with -DSYMM_GPU.
-$(BUILD)/tests/gpu_collectives: tests/c/test_collectives.c tests/c/check.h include/symm.h $(LIB)
+$(BUILD)/tests/gpu_collectives: tests/c/test_collectives.c tests/device/cudadrv.h tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CC) -O1 -g -Wall -Wextra -Werror -DSYMM_GPU -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -ldl -lpthread -o $@
 

@@ -52,10 +52,13 @@ __device__ __forceinline__ void report(u64 *status, u32 op, u32 peer, u32 channe
   __threadfence_system();
 }
 
-// put: set our slot in the peer's pad once the peer has taken the previous
-// signal there. False (and a report) past the deadline.
-__device__ __forceinline__ bool put(u32 *slot, u64 start, u64 timeout_ns, u64 *status, u32 op, u32 peer, u32 channel) {
-  while (cas_release(slot, 0, 1) != 0) {
+// flip waits until the slot holds from and swaps it to to: a put (0 -> 1,
+// release: our slot in the peer's pad, once the peer has taken the previous
+// signal) or a take (1 -> 0, acquire: the peer's signal in our pad). False,
+// and a report, past the deadline.
+template <u32 From, u32 To>
+__device__ __forceinline__ bool flip(u32 *slot, u64 start, u64 timeout_ns, u64 *status, u32 op, u32 peer, u32 channel) {
+  while ((From == 0 ? cas_release(slot, From, To) : cas_acquire(slot, From, To)) != From) {
     if (timeout_ns != 0 && now_ns() - start > timeout_ns) {
       report(status, op, peer, channel);
       return false;
@@ -63,16 +66,11 @@ __device__ __forceinline__ bool put(u32 *slot, u64 start, u64 timeout_ns, u64 *s
   }
   return true;
 }
-
-// take: wait for the peer's signal in our pad and clear it.
+__device__ __forceinline__ bool put(u32 *slot, u64 start, u64 timeout_ns, u64 *status, u32 op, u32 peer, u32 channel) {
+  return flip<0, 1>(slot, start, timeout_ns, status, op, peer, channel);
+}
 __device__ __forceinline__ bool take(u32 *slot, u64 start, u64 timeout_ns, u64 *status, u32 op, u32 peer, u32 channel) {
-  while (cas_acquire(slot, 1, 0) != 1) {
-    if (timeout_ns != 0 && now_ns() - start > timeout_ns) {
-      report(status, op, peer, channel);
-      return false;
-    }
-  }
-  return true;
+  return flip<1, 0>(slot, start, timeout_ns, status, op, peer, channel);
 }
 
 // One block of at least world threads: thread t signals rank t and waits for

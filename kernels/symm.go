@@ -105,9 +105,6 @@ func AllReduceLaunch(nwords uint64, wordsPerThread int) (blocks, threads uint32)
 	return uint32(min((items+maxThreads-1)/maxThreads, maxBlocks)), maxThreads
 }
 
-// AllReduceChannels is how many signal-pad channels the all-reduce uses.
-const AllReduceChannels = 24
-
 // Probe fills t.Kernels: whether NVRTC opens (dirs: site-packages to look
 // in) and, for every device of t, whether SymmSource compiles for its
 // architecture (or comes from the disk cache at cacheDir) and, with load,

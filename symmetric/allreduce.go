@@ -112,7 +112,8 @@ func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {
 }
 
 // hostAllReduce is the kernel's protocol on host memory: copy, signal every
-// peer and wait for each on channel 0, sum in rank order, signal again.
+// peer and wait for each on channel 0 (signalPeers), sum in rank order,
+// signal again.
 func (h *Handle) hostAllReduce(a AllReduce, nbytes uint64) error {
 	what := fmt.Sprintf("one_shot_all_reduce of %d %s on group %q (rank %d)", a.Count, a.Dtype, h.group, h.rank)
 	timeout := h.hostBound(a.Timeout)
@@ -120,24 +121,7 @@ func (h *Handle) hostAllReduce(a AllReduce, nbytes uint64) error {
 	if a.Local != 0 && a.Local != in {
 		copy(hostBytes(in, nbytes), hostBytes(a.Local, nbytes))
 	}
-	sync := func() error {
-		for r := 0; r < h.world; r++ {
-			if r != h.rank {
-				if err := h.putSignal(r, 0, a.Stream, timeout); err != nil {
-					return err
-				}
-			}
-		}
-		for r := 0; r < h.world; r++ {
-			if r != h.rank {
-				if err := h.waitSignal(r, 0, a.Stream, timeout); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	if err := sync(); err != nil {
+	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
 		return fmt.Errorf("%s, before the reads: %w", what, err)
 	}
 	n := int(nbytes / 4)
@@ -161,7 +145,7 @@ func (h *Handle) hostAllReduce(a AllReduce, nbytes uint64) error {
 			out[i] = math.Float32bits(acc[2*i])
 		}
 	}
-	if err := sync(); err != nil {
+	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
 		return fmt.Errorf("%s, after the reads: %w", what, err)
 	}
 	return nil

@@ -142,11 +142,6 @@ func (m *Manager) KernelsReady(dev int) error {
 	return err
 }
 
-// function returns a loaded kernel (KernelsReady(dev) must have passed).
-func (m *Manager) function(dev int, name string) (uintptr, error) {
-	return m.kern.loader.Function(dev, name)
-}
-
 // useKernels says whether this handle's signals run as kernels: false for
 // providers without device kernels and with SYMM_SIGNALS=memop; with
 // "auto", false when the kernels cannot run; with "kernel", an error then.
@@ -274,7 +269,7 @@ func (h *Handle) function(id int) (uintptr, error) {
 	if f := h.kstat.fns[id].Load(); f != 0 {
 		return f, nil
 	}
-	f, err := h.m.function(h.b.Dev(), kernelNames[id])
+	f, err := h.m.kern.loader.Function(h.b.Dev(), kernelNames[id]) // useKernels has opened it
 	if err != nil {
 		return 0, err
 	}

@@ -834,19 +834,8 @@ func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) err
 		}
 		return h.kernelBarrier(channel, stream, timeout)
 	}
-	for r := 0; r < h.world; r++ {
-		if r != h.rank {
-			if err := h.putSignal(r, channel, stream, timeout); err != nil {
-				return fmt.Errorf("barrier: %w", err)
-			}
-		}
-	}
-	for r := 0; r < h.world; r++ {
-		if r != h.rank {
-			if err := h.waitSignal(r, channel, stream, timeout); err != nil {
-				return fmt.Errorf("barrier: %w", err)
-			}
-		}
+	if err := h.signalPeers(channel, stream, timeout); err != nil {
+		return fmt.Errorf("barrier: %w", err)
 	}
 	if timeout <= 0 && h.world > 1 {
 		peers := make([]int, 0, h.world-1)
@@ -857,6 +846,26 @@ func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) err
 		}
 		return h.watchAsync(stream, fmt.Sprintf("barrier on channel %d of group %q (rank %d): a signal from or to rank(s) %v",
 			channel, h.group, h.rank, peers))
+	}
+	return nil
+}
+
+// signalPeers signals every peer on channel, then waits for each (a barrier
+// without kernels; the host all-reduce's synchronization).
+func (h *Handle) signalPeers(channel int, stream uintptr, timeout time.Duration) error {
+	for r := 0; r < h.world; r++ {
+		if r != h.rank {
+			if err := h.putSignal(r, channel, stream, timeout); err != nil {
+				return err
+			}
+		}
+	}
+	for r := 0; r < h.world; r++ {
+		if r != h.rank {
+			if err := h.waitSignal(r, channel, stream, timeout); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

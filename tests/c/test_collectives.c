@@ -34,39 +34,7 @@
 /* ---- memory the library's "device" means: GPU memory, or host memory ---- */
 
 #ifdef SYMM_GPU
-typedef int CUresult;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGetCount)(int *);
-static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, int);
-static CUresult (*cuCtxSetCurrent)(CUcontext);
-static CUresult (*cuCtxSynchronize)(void);
-static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
-static CUresult (*cuMemFree)(CUdeviceptr);
-static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-
-static int load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror());
-    return -1;
-  }
-#define SYM(var, name) \
-  if (!(*(void **)&var = dlsym(lib, name))) { fprintf(stderr, "missing %s\n", name); return -1; }
-  SYM(cuInit, "cuInit");
-  SYM(cuDeviceGetCount, "cuDeviceGetCount");
-  SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
-  SYM(cuCtxSynchronize, "cuCtxSynchronize");
-  SYM(cuMemAlloc, "cuMemAlloc_v2");
-  SYM(cuMemFree, "cuMemFree_v2");
-  SYM(cuMemcpyHtoD, "cuMemcpyHtoD_v2");
-  SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
-#undef SYM
-  return cuInit(0) == 0 ? 0 : -1;
-}
+#include "../device/cudadrv.h"
 
 static int use_device(int dev) {
   CUcontext ctx;

@@ -24,40 +24,7 @@
 #include "../c/check.h"
 #include "symm.h"
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-
-static CUresult (*cuInit)(unsigned);
-static CUresult (*cuDeviceGetCount)(int *);
-static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-static CUresult (*cuCtxSetCurrent)(CUcontext);
-static CUresult (*cuCtxSynchronize)(void);
-static CUresult (*cuMemsetD32)(CUdeviceptr, unsigned, size_t);
-static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static CUresult (*cuMemGetInfo)(size_t *, size_t *);
-
-
-static int load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror());
-    return -1;
-  }
-#define SYM(var, name) \
-  if (!(*(void **)&var = dlsym(lib, name))) { fprintf(stderr, "missing %s\n", name); return -1; }
-  SYM(cuInit, "cuInit");
-  SYM(cuDeviceGetCount, "cuDeviceGetCount");
-  SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-  SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
-  SYM(cuCtxSynchronize, "cuCtxSynchronize");
-  SYM(cuMemsetD32, "cuMemsetD32_v2");
-  SYM(cuMemcpyDtoH, "cuMemcpyDtoH_v2");
-  SYM(cuMemGetInfo, "cuMemGetInfo_v2");
-#undef SYM
-  return cuInit(0) == 0 ? 0 : -1;
-}
+#include "cudadrv.h"
 
 
 /* all_equal reads n uint32 at p (device memory, any rank's mapping) and
