@@ -33,8 +33,10 @@ struct LastError {
 };
 thread_local LastError *t_err;
 pthread_key_t g_err_key;
-// Set by symm_torch_init: failed allocations throw instead of returning NULL.
-int g_throw = 0;
+// Set by symm_torch_init: PyTorch's replace mode, with libsymm's hooks or
+// its extension (both call it as PyTorch initializes CUDA). Unset in
+// replace mode means PyTorch's plain recipe, which has no graph hooks.
+std::atomic<int> g_torch_hooks{0};
 // Set in a fork child: the Go runtime's threads did not survive the fork.
 volatile int g_forked = 0;
 
@@ -270,6 +272,55 @@ size_t symm_copy_last_error(char *buf, size_t len) {
 }  // extern "C"
 
 namespace {
+// ---- PyTorch's plain recipe and CUDA graphs ------------------------------------
+//
+// With PyTorch's plain recipe (CUDAPluggableAllocator(path, "symm_pool_alloc",
+// "symm_pool_free"), no hooks) PyTorch never tells libsymm that a graph
+// capture begins, so memory a capture allocates and frees would go back to
+// the shared pool, be handed to tensors made after the capture, and be
+// overwritten by every replay: silent corruption. The driver knows which
+// stream is capturing, so in that mode (and only there: with hooks or the
+// extension, captures arrive as routes to private pools) every allocation
+// asks it, and one on a capturing stream is refused with an error that says
+// how to install libsymm instead. cuStreamIsCapturing is taken from the
+// libcuda.so.1 already in the process (PyTorch has loaded it); without one
+// (the host backend) nothing can be capturing.
+typedef int (*StreamIsCapturingFn)(void *stream, int *status);
+std::atomic<StreamIsCapturingFn> g_is_capturing{nullptr};
+std::atomic<int> g_is_capturing_resolved{0};
+
+StreamIsCapturingFn is_capturing_fn() {
+  if (g_is_capturing_resolved.load(std::memory_order_acquire)) return g_is_capturing.load(std::memory_order_relaxed);
+  void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  StreamIsCapturingFn fn = nullptr;
+  if (h != nullptr) {
+    fn = reinterpret_cast<StreamIsCapturingFn>(dlsym(h, "cuStreamIsCapturing"));
+    dlclose(h);  // still loaded: its other users hold it
+  }
+  g_is_capturing.store(fn, std::memory_order_relaxed);
+  g_is_capturing_resolved.store(1, std::memory_order_release);
+  return fn;
+}
+
+bool plain_recipe_capturing(int device, void *stream) {
+  StreamIsCapturingFn fn = is_capturing_fn();
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  if (fn == nullptr || fn(stream, &status) != 0 || status == 0) return false;
+  char msg[640];
+  snprintf(msg, sizeof msg,
+           "symm_pool_alloc: stream %p of device %d is capturing a CUDA graph, but PyTorch was given libsymm "
+           "without its graph hooks (the plain CUDAPluggableAllocator recipe): memory the capture frees would "
+           "go to tensors made after it and be overwritten by every replay. Install libsymm with "
+           "symm.use_as_default() or torch.cuda.memory.change_current_allocator(symm.pool_allocator()), "
+           "which keep each graph's memory in a private pool",
+           stream, device);
+  set_error_c(SYMM_ERR_INVALID, msg);
+  return true;
+}
+
+}  // namespace
+
+namespace {
 // The entry points of pool_alloc (export/pool.go's allocAPIs): the name its
 // errors carry.
 enum { kApiAlloc = 0, kApiTryAlloc = 1 };
@@ -302,12 +353,21 @@ void *pool_alloc(int api, size_t size, int device, void *stream, int mode) {
 extern "C" {
 
 void *symm_pool_alloc(size_t size, int device, void *stream) {
-  int mode = torch_mode_for(__builtin_return_address(0));
-  void *p = pool_alloc(kApiAlloc, size, device, stream, mode);
-  if (__builtin_expect(p == nullptr, 0) && size != 0 && (g_throw || mode == kTorchReplace)) {
-    // PyTorch's replace mode cannot take NULL: throw, with the Go message.
-    // pybind11/PyTorch turn std::runtime_error into a Python RuntimeError.
-    // No Go frame is between here and PyTorch.
+  void *ra = __builtin_return_address(0);
+  int mode = torch_mode_for(ra);
+  void *p;
+  if (__builtin_expect(mode == kTorchReplace && g_torch_hooks.load(std::memory_order_relaxed) == 0, 0) &&
+      size != 0 && plain_recipe_capturing(device, stream))
+    p = nullptr;  // refused, with the last error saying why
+  else
+    p = pool_alloc(kApiAlloc, size, device, stream, mode);
+  if (__builtin_expect(p == nullptr, 0) && size != 0 && mode == kTorchReplace && caller_is_torch(ra)) {
+    // PyTorch's replace mode cannot take NULL (a tensor at address 0): throw,
+    // with the Go message; pybind11 turns std::runtime_error into a Python
+    // RuntimeError. Only when PyTorch's own code is the caller: through
+    // ctypes or a C caller an exception would abort the process (no C frame
+    // can pass it on), so they get NULL and the last error, as the header
+    // promises. No Go frame is between here and PyTorch.
     throw std::runtime_error(err_msg());
   }
   return p;
@@ -334,7 +394,8 @@ void symm_pool_init(int device_count) {
 
 void symm_torch_init(int device_count) {
   if (forked("symm_torch_init")) return;
-  g_throw = 1;
+  g_torch_hooks.store(1, std::memory_order_relaxed);
+  g_torch_replace.store(1, std::memory_order_relaxed);
   torch_resolve();
   goPoolInit(device_count, 1);
 }

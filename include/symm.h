@@ -75,7 +75,14 @@ size_t symm_copy_last_error(char *buf, size_t len);
 /* Allocates size bytes on device, for use on stream. Returns a pointer aligned
  * to at least 512 bytes, or NULL with the last error set. size 0 returns NULL
  * and records no error (PyTorch sends 0-byte requests).
- * Signature of PyTorch's CUDAPluggableAllocator alloc functor. */
+ * Signature of PyTorch's CUDAPluggableAllocator alloc functor. Called by
+ * PyTorch's own code in replace mode (change_current_allocator), a failure
+ * throws a C++ std::runtime_error with the message instead, since PyTorch
+ * turns NULL into a tensor at address 0; every other caller (C, ctypes, a C++
+ * extension) gets NULL, never an exception. In replace mode without
+ * libsymm's hooks (PyTorch's plain recipe), an allocation on a stream that is
+ * capturing a CUDA graph is refused (SYMM_ERR_INVALID naming the stream):
+ * PyTorch would not tell libsymm to keep the graph's memory apart. */
 void *symm_pool_alloc(size_t size, int device, void *stream);
 
 /* symm_pool_alloc that never throws, whatever PyTorch's mode: NULL with the
@@ -99,10 +106,11 @@ void symm_pool_free(void *ptr, size_t size, int device, void *stream);
  * the last error, and every later pool call fails the same way. */
 void symm_pool_init(int device_count);
 
-/* symm_pool_init for PyTorch's replace mode (set_init_fn): besides init, it
- * makes symm_pool_alloc throw a C++ std::runtime_error carrying the message
- * instead of returning NULL, because PyTorch's CUDAPluggableAllocator::malloc
- * turns NULL into a tensor with a NULL data pointer. Never use it from C. */
+/* symm_pool_init for PyTorch's replace mode (set_init_fn, or libsymm's
+ * PyTorch extension as PyTorch initializes CUDA): besides init, it records
+ * that libsymm is PyTorch's allocator with its graph hooks attached, so that
+ * symm_torch_mode() reports replace mode and symm_pool_alloc, called by
+ * PyTorch's code, throws on failure (see above). Never use it from C. */
 void symm_torch_init(int device_count);
 
 /* Returns every unused cached segment of every device to the driver. A

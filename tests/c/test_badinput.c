@@ -945,8 +945,21 @@ static int child_main(const char *name) {
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_DEVICE=\"tpu\"", (symm_torch_init(1), 0));
   } else if (!strcmp(name, "bad-host-devices")) { /* SYMM_HOST_DEVICES=0 */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_DEVICES", symm_pool_alloc(16, 0, NULL));
-    /* Last: after it a failed alloc throws. */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_DEVICES", (symm_torch_init(-1), 0));
+    /* After PyTorch's init a failed alloc throws only when PyTorch's own code
+     * calls: from C it is NULL and the last error, and the process lives. */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_DEVICES", symm_pool_alloc(16, 0, NULL));
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_DEVICES", symm_pool_try_alloc(16, 0, NULL));
+  } else if (!strcmp(name, "torch-init-oom")) { /* SYMM_HOST_MEMORY=64MiB */
+    /* PyTorch's init, then allocations that cannot fit, from C: NULL and
+     * SYMM_ERR_OUT_OF_MEMORY, never an exception (which would abort here). */
+    CALL(F_NOSTATE, 0, SYMM_OK, NULL, (symm_torch_init(1), 0));
+    CHECK(symm_torch_mode() == 1, "replace mode after symm_torch_init: %d", symm_torch_mode());
+    CALL(F_NOSTATE, 0, SYMM_ERR_OUT_OF_MEMORY, "symm_pool_alloc", symm_pool_alloc((size_t)1 << 40, 0, NULL));
+    CALL(F_NOSTATE, 0, SYMM_ERR_OUT_OF_MEMORY, "symm_pool_try_alloc", symm_pool_try_alloc((size_t)1 << 40, 0, NULL));
+    void *p = symm_pool_alloc(4096, 0, NULL);
+    CHECK(p != NULL, "the pool still serves after the failures: %s", symm_last_error());
+    symm_pool_free(p, 4096, 0, NULL);
   } else if (!strcmp(name, "bad-host-memory")) { /* SYMM_HOST_MEMORY=lots */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_HOST_MEMORY", symm_pool_alloc(16, 0, NULL));
   } else if (!strcmp(name, "bad-front-cache")) { /* SYMM_POOL_FRONT_CACHE=2 */
@@ -1051,6 +1064,7 @@ static void test_children(const char *self) {
       {"nvshmem-on-host", {"SYMM_BACKEND=nvshmem", NULL}},
       {"nccl-on-host", {"SYMM_BACKEND=", NULL}},
       {"no-driver", {"SYMM_DEVICE=", "SYMM_CUDA_LIB=/nonexistent/libcuda.so.1", NULL}},
+      {"torch-init-oom", {"SYMM_HOST_MEMORY=64MiB", NULL}},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int status = spawn_child(self, cases[i].name, cases[i].env);

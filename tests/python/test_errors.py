@@ -162,10 +162,11 @@ def test_error_types():
 
 
 def test_alloc_never_aborts_after_pytorch_init():
-    """PyTorch's init hook (symm_torch_init) makes symm_pool_alloc throw a C++
-    exception, for PyTorch's replace mode; a ctypes call that met it would
-    abort Python. symm.alloc() goes through symm_pool_try_alloc and raises a
-    Python exception instead, and the pool keeps working (the recipe of
+    """After PyTorch's init hook (symm_torch_init), a failed symm_pool_alloc
+    throws a C++ exception only when PyTorch's own code calls it: through
+    ctypes an exception would abort Python. symm.alloc() raises a Python
+    exception, a direct ctypes call of symm_pool_alloc gets NULL and the last
+    error, and the pool keeps working (the recipe of
     change_current_allocator(pool_allocator()) done by hand, without torch)."""
     from conftest import run_json
 
@@ -180,11 +181,15 @@ try:
     err = None
 except symm.OutOfMemoryError as e:
     err = [int(e.code), str(e)]
+direct = lib.symm_pool_alloc(1 << 50, 0, None)
+direct_err = [lib.symm_last_error_code(), lib.symm_last_error().decode()]
 p = symm.alloc(4096)
 symm.free(p, 4096)
-print(json.dumps({"err": err, "ok": bool(p)}))
+print(json.dumps({"err": err, "ok": bool(p), "direct": direct, "direct_err": direct_err}))
 """
     )
     assert out["ok"]
+    assert out["direct"] is None, out
+    assert out["direct_err"][0] == 2 and out["direct_err"][1].startswith("symm_pool_alloc: "), out
     assert out["err"] and out["err"][0] == 2 and out["err"][1].startswith("symm_pool_try_alloc: "), out
     assert "1125899906842624" in out["err"][1], out
