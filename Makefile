@@ -23,7 +23,7 @@ BINDIR     ?= $(PREFIX)/bin
 PCDIR      ?= $(LIBDIR)/pkgconfig
 FUZZTIME ?= 20s
 
-.PHONY: all lib cli check-header ctests test test-go test-kernels test-c test-python test-packaging fuzz run device bench clean fmt \
+.PHONY: all lib cli check-header ctests test test-go test-kernels test-torch-ext test-c test-python test-packaging fuzz run device bench clean fmt \
 	wheel install uninstall set-version cross-arm64
 
 all: lib check-header cli ctests
@@ -57,7 +57,7 @@ $(BUILD)/tests/%: tests/c/%.cpp tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CXX) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
 
-test: all test-go test-kernels test-c test-python test-packaging cross-arm64 fuzz
+test: all test-go test-kernels test-torch-ext test-c test-python test-packaging cross-arm64 fuzz
 
 test-go:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
@@ -78,6 +78,11 @@ $(NVRTC_LIB):
 test-kernels: $(NVRTC_LIB)
 	SYMM_REQUIRE_NVRTC=1 SYMM_NVRTC_LIB=$(CURDIR)/$(NVRTC_LIB) $(GO) test -count=1 -v \
 		-run 'TestSymmSourceCompiles|TestCompileWithRealNVRTC' ./kernels
+
+# libsymm's PyTorch extension compiles against a real torch's headers
+# (pip's torch wheel, headers only; no GPU, no torch install needed).
+test-torch-ext:
+	PYTHON=$(PYTHON) bash tests/check_torch_ext.sh
 
 # Each C test runs with the front cache on (the default) and off, and with
 # expandable segments.
@@ -132,8 +137,10 @@ set-version:
 fuzz:
 	@bash tests/fuzz.sh ./allocator FuzzPoolOps $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzPoolOpsExpandable $(FUZZTIME)
+	@bash tests/fuzz.sh ./allocator FuzzRestoreBlocks $(FUZZTIME)
 	@bash tests/fuzz.sh ./internal/trace FuzzParse $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzParseSize $(FUZZTIME)
+	@bash tests/fuzz.sh ./allocator FuzzParseTorchAllocConf $(FUZZTIME)
 	@bash tests/fuzz.sh ./store FuzzDecodeFrame $(FUZZTIME)
 	@bash tests/fuzz.sh ./topology FuzzNormalizeBusID $(FUZZTIME)
 

@@ -96,6 +96,9 @@ type segment struct {
 	// idle list of the shard: segments that are one free block.
 	iprev, inext *segment
 	idle         bool
+	// idleAt is the device's gcClock when the segment last became idle
+	// (set only while the garbage collector is on; gc.go).
+	idleAt uint64
 
 	// stealEvent is recorded on the owning shard's stream when another
 	// stream wants this idle segment; once it completes, the segment may move.

@@ -74,44 +74,91 @@ func ParseLimit(s string) (bytes uint64, fraction float64, err error) {
 	return b, 0, err
 }
 
-// ConfigFromEnv builds a Config from SYMM_POOL_LIMIT, SYMM_POOL_MAX_SPLIT,
-// SYMM_POOL_EXPANDABLE and SYMM_POOL_EXPANDABLE_CHUNK, read through getenv
-// (os.Getenv in the library, a map in tests).
-func ConfigFromEnv(getenv func(string) string) (Config, error) {
-	var c Config
+// ConfigFromEnv builds a Config from the environment, read through getenv
+// (the C environment in the library, a map in tests): first PyTorch's allocator
+// settings (PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF; see
+// torchconf.go), then libsymm's own SYMM_POOL_LIMIT, SYMM_POOL_MAX_SPLIT,
+// SYMM_POOL_EXPANDABLE and SYMM_POOL_EXPANDABLE_CHUNK. A SYMM_POOL_ variable
+// that is set wins over the PyTorch setting of the same field:
+//
+//	SYMM_POOL_EXPANDABLE  over  expandable_segments
+//	SYMM_POOL_MAX_SPLIT   over  max_split_size_mb
+//	SYMM_POOL_LIMIT       over  per_process_memory_fraction
+//
+// The warnings (settings ignored or overridden) are for the caller to print
+// once; they carry no prefix.
+func ConfigFromEnv(getenv func(string) string) (Config, []string, error) {
+	tc, name, text, warns, err := torchConfFromEnv(getenv)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	c := tc.Config()
+	c.AllocConf = text
+	// overrides notes a SYMM_POOL_ variable that replaces a different
+	// PyTorch setting.
+	overrides := func(env, v, setting string) {
+		warns = append(warns, fmt.Sprintf("%s=%s overrides %s from %s", env, v, setting, name))
+	}
+
 	switch v := getenv("SYMM_POOL_EXPANDABLE"); v {
-	case "", "0":
-	case "1":
-		c.Expandable = true
+	case "":
+	case "0", "1":
+		if on := v == "1"; on != c.Expandable {
+			if c.Expandable {
+				overrides("SYMM_POOL_EXPANDABLE", v, "expandable_segments:True")
+			}
+			c.Expandable = on
+		}
 	default:
-		return c, fmt.Errorf("%w: SYMM_POOL_EXPANDABLE=%q: want 0 or 1", ErrInvalid, v)
+		return c, nil, fmt.Errorf("%w: SYMM_POOL_EXPANDABLE=%q: want 0 or 1", ErrInvalid, v)
 	}
 	if v := getenv("SYMM_POOL_EXPANDABLE_CHUNK"); v != "" {
 		b, err := ParseSize(v)
 		if err != nil {
-			return c, fmt.Errorf("SYMM_POOL_EXPANDABLE_CHUNK: %w", err)
+			return c, nil, fmt.Errorf("SYMM_POOL_EXPANDABLE_CHUNK: %w", err)
 		}
 		if b == 0 || b > 1<<40 {
-			return c, fmt.Errorf("%w: SYMM_POOL_EXPANDABLE_CHUNK=%q: want a size from 1 byte to 1 TiB (rounded up to the driver's granularity)", ErrInvalid, v)
+			return c, nil, fmt.Errorf("%w: SYMM_POOL_EXPANDABLE_CHUNK=%q: want a size from 1 byte to 1 TiB (rounded up to the driver's granularity)", ErrInvalid, v)
 		}
 		c.ExpandableChunk = b
 	}
 	if v := getenv("SYMM_POOL_LIMIT"); v != "" {
 		b, f, err := ParseLimit(v)
 		if err != nil {
-			return c, fmt.Errorf("SYMM_POOL_LIMIT: %w", err)
+			return c, nil, fmt.Errorf("SYMM_POOL_LIMIT: %w", err)
+		}
+		if c.LimitFraction != 0 && f != c.LimitFraction {
+			overrides("SYMM_POOL_LIMIT", v, fmt.Sprintf("per_process_memory_fraction:%g", c.LimitFraction))
 		}
 		c.Limit, c.LimitFraction = b, f
 	}
 	if v := getenv("SYMM_POOL_MAX_SPLIT"); v != "" {
 		b, err := ParseSize(v)
 		if err != nil {
-			return c, fmt.Errorf("SYMM_POOL_MAX_SPLIT: %w", err)
+			return c, nil, fmt.Errorf("SYMM_POOL_MAX_SPLIT: %w", err)
 		}
 		if b != 0 && b <= smallMax {
-			return c, fmt.Errorf("%w: SYMM_POOL_MAX_SPLIT=%q: must be more than 1 MiB (small blocks are always split)", ErrInvalid, v)
+			return c, nil, fmt.Errorf("%w: SYMM_POOL_MAX_SPLIT=%q: must be more than 1 MiB (small blocks are always split)", ErrInvalid, v)
 		}
-		c.MaxSplit = roundSize(min(b, maxRequest))
+		split := uint64(0)
+		if b != 0 {
+			split = roundSize(min(b, maxRequest))
+		}
+		if tc.MaxSplitSizeMB != 0 && split != c.MaxSplit {
+			overrides("SYMM_POOL_MAX_SPLIT", v, fmt.Sprintf("max_split_size_mb:%d", tc.MaxSplitSizeMB))
+		}
+		c.MaxSplit = split
 	}
-	return c, nil
+	if c.GCThreshold > 0 && c.Limit == 0 && c.LimitFraction == 0 {
+		// As in PyTorch, the threshold is a share of the cap: without one
+		// there is nothing to collect against (until a cap is set at run
+		// time, e.g. by torch.cuda.set_per_process_memory_fraction).
+		warns = append(warns, fmt.Sprintf("%s: garbage_collection_threshold:%g has no effect until a memory cap is set (per_process_memory_fraction, SYMM_POOL_LIMIT or torch.cuda.set_per_process_memory_fraction)",
+			name, c.GCThreshold))
+	}
+	if c.Expandable && c.GCThreshold > 0 {
+		warns = append(warns, fmt.Sprintf("%s: garbage_collection_threshold:%g has no effect with expandable segments (PyTorch's collector also skips them)",
+			name, c.GCThreshold))
+	}
+	return c, warns, nil
 }

@@ -55,6 +55,19 @@
 // Snapshot describes every segment and block in the shape of PyTorch's
 // torch.cuda.memory._snapshot().
 //
+// # PyTorch's allocator settings
+//
+// ConfigFromEnv reads PYTORCH_CUDA_ALLOC_CONF (else PYTORCH_ALLOC_CONF) as
+// torch 2.11 does (torchconf.go lists what each key does here), then the
+// SYMM_POOL_ variables, which win for their fields. Two settings act in the
+// pool itself: roundup_power2_divisions rounds requests before the size rules
+// (sizeclass.go), at the cost of one flag test on the cached path when it is
+// not set; garbage_collection_threshold frees the longest-idle cached large
+// segments before a new segment is taken once reserved bytes pass that share
+// of the device's cap (gc.go), on the slow path only. Both act on the default
+// and private pools; MemPool segments (AllocSegment) are left to PyTorch's
+// allocator above, which applies the same settings itself.
+//
 // # Failure
 //
 // Errors are values: ErrInvalid (bad device, size, fraction), ErrUnknownPointer

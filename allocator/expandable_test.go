@@ -244,11 +244,11 @@ func TestExpandableCachedPathAllocatesNothing(t *testing.T) {
 
 func TestConfigFromEnvExpandable(t *testing.T) {
 	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
-	c, err := ConfigFromEnv(env(map[string]string{"SYMM_POOL_EXPANDABLE": "1", "SYMM_POOL_EXPANDABLE_CHUNK": "8MiB"}))
+	c, _, err := ConfigFromEnv(env(map[string]string{"SYMM_POOL_EXPANDABLE": "1", "SYMM_POOL_EXPANDABLE_CHUNK": "8MiB"}))
 	require.NoError(t, err)
 	require.True(t, c.Expandable)
 	require.EqualValues(t, 8*mib, c.ExpandableChunk)
-	c, err = ConfigFromEnv(env(map[string]string{"SYMM_POOL_EXPANDABLE": "0"}))
+	c, _, err = ConfigFromEnv(env(map[string]string{"SYMM_POOL_EXPANDABLE": "0"}))
 	require.NoError(t, err)
 	require.False(t, c.Expandable)
 	for _, bad := range []map[string]string{
@@ -257,7 +257,7 @@ func TestConfigFromEnvExpandable(t *testing.T) {
 		{"SYMM_POOL_EXPANDABLE_CHUNK": "2 parsecs"},
 		{"SYMM_POOL_EXPANDABLE_CHUNK": "2TiB"},
 	} {
-		_, err := ConfigFromEnv(env(bad))
+		_, _, err := ConfigFromEnv(env(bad))
 		require.ErrorIs(t, err, ErrInvalid, "%v", bad)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -166,7 +167,7 @@ func (p *Pool) Snapshot() *Snapshot {
 	snap := &Snapshot{
 		Segments:          []SnapshotSegment{},
 		DeviceTraces:      make([][]SnapshotTrace, len(p.devs)),
-		AllocatorSettings: map[string]any{"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": p.cfg.Expandable, "max_split_size": int64(p.cfg.MaxSplit)},
+		AllocatorSettings: p.allocatorSettings(),
 	}
 	for _, d := range p.devs {
 		d.hist.record(ActSnapshot, 0, 0, 0)
@@ -231,4 +232,22 @@ func (s *shard) snapshotSegment(seg *segment) SnapshotSegment {
 		out.Blocks = append(out.Blocks, sb)
 	}
 	return out
+}
+
+// allocatorSettings is the snapshot's allocator_settings, with PyTorch's keys
+// (torch/csrc/cuda/Module.cpp): the settings text under
+// "PYTORCH_CUDA_ALLOC_CONF" whichever variable it came from, and
+// roundup_power2_divisions by interval, keyed "1", "2", … "32768" (MiB).
+func (p *Pool) allocatorSettings() map[string]any {
+	roundup := make(map[string]any, RoundupIntervals)
+	for i, d := range p.cfg.RoundupPower2Divisions {
+		roundup[strconv.Itoa(1<<i)] = int64(d)
+	}
+	return map[string]any{
+		"PYTORCH_CUDA_ALLOC_CONF":      p.cfg.AllocConf,
+		"expandable_segments":          p.cfg.Expandable,
+		"max_split_size":               int64(p.cfg.MaxSplit),
+		"garbage_collection_threshold": p.cfg.GCThreshold,
+		"roundup_power2_divisions":     roundup,
+	}
 }

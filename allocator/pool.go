@@ -28,6 +28,30 @@ type Config struct {
 	// LimitFraction caps every device's reserved bytes at this share of its
 	// total memory (0 < f ≤ 1). 0: no cap. Limit wins when both are set.
 	LimitFraction float64
+	// MaxNonSplitRounding: an oversize block (MaxSplit) serves a request
+	// only if it is less than this many bytes larger (PyTorch's
+	// max_non_split_rounding_mb). 0: 20 MiB, PyTorch's default.
+	MaxNonSplitRounding uint64
+	// RoundupPower2Divisions is PyTorch's roundup_power2_divisions: before
+	// the size rules of sizeclass.go, a request of n bytes whose interval
+	// (see RoundupIntervals) has d > 1 divisions and with n > 512·d is
+	// rounded up to the next of d equal steps between the powers of two
+	// around n (roundDivisions). All zero (or ones): plain 512-byte
+	// rounding. Entries must be 0 or powers of two. MemPool segments
+	// (AllocSegment) are never rounded: PyTorch above rounded them already.
+	RoundupPower2Divisions [RoundupIntervals]uint64
+	// GCThreshold is PyTorch's garbage_collection_threshold, in [0, 1); 0:
+	// off. When a device has a cap (Limit, LimitFraction, SetLimit,
+	// SetMemoryFraction) and its reserved bytes are above GCThreshold × cap,
+	// an allocation that must ask the backend for a new segment first
+	// returns idle cached segments of the default pool's large and oversize
+	// pools to the backend, the longest unused first, until the reserved
+	// bytes are back under that line (gc.go). Expandable segments are not
+	// collected, as in PyTorch.
+	GCThreshold float64
+	// AllocConf is the text of PyTorch's allocator settings this Config was
+	// read from (ConfigFromEnv), reported by Snapshot as PyTorch does.
+	AllocConf string
 	// Reclaim, if set, is called with no lock held before the out-of-memory
 	// retry releases the device's cached segments: a cache in front of the
 	// pool (the C front cache of export/) returns its blocks through Free.
@@ -48,6 +72,14 @@ type Pool struct {
 	devs    []*device
 	// exp is the backend's Expander when cfg.Expandable; nil otherwise.
 	exp Expander
+	// roundup: some interval of cfg.RoundupPower2Divisions rounds (d > 1);
+	// the cached path tests only this flag when none does.
+	roundup bool
+	// gcOn: cfg.GCThreshold is set and the default pool's segments are
+	// fixed (expandable ones are never collected).
+	gcOn bool
+	// slack is the oversize reuse tolerance (cfg.MaxNonSplitRounding or 20 MiB).
+	slack uint64
 }
 
 // device is the per-GPU state. Its mutexes guard shard creation and the
@@ -94,6 +126,11 @@ type device struct {
 
 	hist history
 
+	// gcClock counts the default pool's large and oversize requests while
+	// the garbage collector is on (Pool.gcOn): a segment's age is the
+	// requests since it became idle (segment.idleAt), PyTorch's gc_count.
+	gcClock atomic.Uint64
+
 	// Expandable segments (expandable.go), set once in New: the chunk they
 	// grow and shrink by, and the address space each one reserves.
 	chunk, vaSize uint64
@@ -137,6 +174,16 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	if cfg.LimitFraction < 0 || cfg.LimitFraction > 1 {
 		return nil, fmt.Errorf("limit fraction %g is outside (0, 1]", cfg.LimitFraction)
 	}
+	if !(cfg.GCThreshold >= 0 && cfg.GCThreshold < 1) {
+		return nil, fmt.Errorf("%w: garbage collection threshold %g is outside [0, 1)", ErrInvalid, cfg.GCThreshold)
+	}
+	roundup := false
+	for i, d := range cfg.RoundupPower2Divisions {
+		if d != 0 && !isPow2(d) {
+			return nil, fmt.Errorf("%w: roundup_power2_divisions: interval %d has %d divisions, not 0 or a power of 2", ErrInvalid, i, d)
+		}
+		roundup = roundup || d > 1
+	}
 	n, err := b.DeviceCount()
 	if err != nil {
 		return nil, err
@@ -144,7 +191,11 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("%s backend has no devices", b.Name())
 	}
-	p := &Pool{backend: b, cfg: cfg, devs: make([]*device, n)}
+	p := &Pool{backend: b, cfg: cfg, devs: make([]*device, n), roundup: roundup,
+		gcOn: cfg.GCThreshold > 0 && !cfg.Expandable, slack: cfg.MaxNonSplitRounding}
+	if p.slack == 0 {
+		p.slack = largeBuffer
+	}
 	if cfg.Expandable {
 		e, ok := b.(Expander)
 		if !ok {
@@ -482,12 +533,19 @@ func (d *device) shardList() []*shard { return *d.list.Load() }
 // ---- the cached path --------------------------------------------------------
 
 func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
+	p := s.dev.pool
 	r := roundSize(n)
+	if p.roundup && !s.direct {
+		r = roundDivisions(n, &p.cfg.RoundupPower2Divisions)
+	}
 	var k poolKind
 	if s.expandable {
 		k = expandableKind(r)
 	} else {
-		k = kindFor(r, s.dev.pool.cfg.MaxSplit)
+		k = kindFor(r, p.cfg.MaxSplit)
+	}
+	if p.gcOn && k != smallPool && s.pool == nil {
+		s.dev.gcClock.Add(1) // the collector's clock: large-pool requests (gc.go)
 	}
 	s.mu.Lock()
 	if len(s.pending) > 0 && s.dev.routes.Load() == 0 {
@@ -513,7 +571,7 @@ func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
 
 func (s *shard) findFree(r uint64, k poolKind) *block {
 	b := s.bins[k].find(r)
-	if b != nil && k == oversizePool && b.size >= r+largeBuffer {
+	if b != nil && k == oversizePool && b.size >= r+s.dev.pool.slack {
 		return nil
 	}
 	return b
@@ -529,16 +587,7 @@ func (s *shard) take(b *block, r, n uint64) {
 	if seg.vsize != 0 && b.size > r && b.next != nil && nearNewer(b) {
 		s.splitHigh(b, r)
 	} else if shouldSplit(b.size, r, seg.kind) || (seg.vsize != 0 && b.size > r) {
-		rest := s.newBlock()
-		*rest = block{ptr: b.ptr + uintptr(r), size: b.size - r, seg: seg, prev: b, next: b.next}
-		if b.next != nil {
-			b.next.prev = rest
-		} else {
-			seg.tail = rest
-		}
-		b.next = rest
-		b.size = r
-		s.insertFree(rest)
+		s.splitTail(b, r)
 	}
 	b.state = blockAllocated
 	b.req = n
@@ -610,6 +659,21 @@ func (s *shard) release(b *block) {
 	}
 }
 
+// splitTail cuts b down to its first n bytes (0 < n < b.size); the rest of
+// it becomes a free block right after it, in its bin.
+func (s *shard) splitTail(b *block, n uint64) {
+	rest := s.newBlock()
+	*rest = block{ptr: b.ptr + uintptr(n), size: b.size - n, seg: b.seg, prev: b, next: b.next}
+	if b.next != nil {
+		b.next.prev = rest
+	} else {
+		b.seg.tail = rest
+	}
+	b.next = rest
+	b.size = n
+	s.insertFree(rest)
+}
+
 func (s *shard) insertFree(b *block) {
 	s.bins[b.seg.kind].insert(b)
 	if !b.isWholeSegment() {
@@ -664,6 +728,9 @@ func (s *shard) removeSeg(seg *segment) {
 
 func (s *shard) addIdle(seg *segment) {
 	seg.idle = true
+	if s.dev.pool.gcOn {
+		seg.idleAt = s.dev.gcClock.Load()
+	}
 	seg.iprev = nil
 	seg.inext = s.idle
 	if s.idle != nil {
@@ -702,6 +769,9 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	}
 	if b := s.reclaimParked(r, k); b != nil {
 		return b, nil
+	}
+	if b, err := s.collectGarbage(r, k); b != nil || err != nil {
+		return b, err
 	}
 	b, err := s.newMemory(r, k)
 	if err == nil || !IsOutOfMemory(err) {
@@ -964,7 +1034,7 @@ func (s *shard) steal(r uint64, k poolKind) *block {
 			seen++
 			// An expandable segment stays with its stream (as in PyTorch):
 			// it grows in place, and goes back whole at release.
-			if seg.vsize != 0 || seg.kind != k || seg.size < r || (k == oversizePool && seg.size >= r+largeBuffer) {
+			if seg.vsize != 0 || seg.kind != k || seg.size < r || (k == oversizePool && seg.size >= r+d.pool.slack) {
 				continue
 			}
 			if !o.segmentQuiet(seg) {

@@ -503,20 +503,20 @@ func TestConfigFromEnv(t *testing.T) {
 		}
 		return func(k string) string { return m[k] }
 	}
-	c, err := ConfigFromEnv(env())
+	c, _, err := ConfigFromEnv(env())
 	require.NoError(t, err)
 	require.Equal(t, Config{}, c)
-	c, err = ConfigFromEnv(env("SYMM_POOL_LIMIT", "8GiB", "SYMM_POOL_MAX_SPLIT", "256MiB"))
+	c, _, err = ConfigFromEnv(env("SYMM_POOL_LIMIT", "8GiB", "SYMM_POOL_MAX_SPLIT", "256MiB"))
 	require.NoError(t, err)
 	require.Equal(t, Config{Limit: 8 << 30, MaxSplit: 256 << 20}, c)
-	c, err = ConfigFromEnv(env("SYMM_POOL_LIMIT", "90%"))
+	c, _, err = ConfigFromEnv(env("SYMM_POOL_LIMIT", "90%"))
 	require.NoError(t, err)
 	require.InDelta(t, 0.9, c.LimitFraction, 1e-12)
 	for _, bad := range [][]string{
 		{"SYMM_POOL_LIMIT", "lots"}, {"SYMM_POOL_LIMIT", "0%"}, {"SYMM_POOL_LIMIT", "101%"},
 		{"SYMM_POOL_LIMIT", "-5"}, {"SYMM_POOL_MAX_SPLIT", "1MiB"}, {"SYMM_POOL_MAX_SPLIT", "3 parsecs"},
 	} {
-		_, err := ConfigFromEnv(env(bad...))
+		_, _, err := ConfigFromEnv(env(bad...))
 		require.Error(t, err, "%v", bad)
 		require.Contains(t, err.Error(), bad[0], "the message names the variable")
 	}

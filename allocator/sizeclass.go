@@ -16,6 +16,18 @@ import (
 // base is at least 512-aligned (cudaMalloc gives 256; the pool promises 512).
 // The rounding wastes at most 511 bytes per block.
 //
+// With roundup_power2_divisions (Config.RoundupPower2Divisions, PyTorch's
+// round_size), a request of n ≥ 512 bytes in an interval of d > 1 divisions
+// with n > 512·d is served by a block of
+//
+//	roundDiv(n, d) = n                               if n is a power of two
+//	               = ⌈n/step⌉·step, step = 2^⌊log2 n⌋/d  otherwise
+//
+// bytes: the next of d equal steps between the powers of two around n. As
+// 2^⌊log2 n⌋ ≥ 512·d, step ≥ 512 and the block stays a multiple of 512; it
+// wastes less than 1/d of n (at most n/d − 1 bytes). Other requests round as
+// above.
+//
 // Pools. A block of r bytes comes from
 //
 //	small pool  r ≤ 1 MiB              segments of 2 MiB
@@ -29,7 +41,8 @@ import (
 // pool); otherwise the whole block is handed out. So the bytes a request can
 // hold beyond round(n) are at most 0 (small), 1 MiB (large) and 20 MiB
 // (oversize, where a cached block up to 20 MiB larger is reused rather than
-// asking the driver again).
+// asking the driver again; Config.MaxNonSplitRounding, PyTorch's
+// max_non_split_rounding_mb, changes that tolerance).
 //
 // Free lists. Free blocks are kept in bins, two-level segregated fit (TLSF):
 // with u = size/512,
@@ -49,7 +62,7 @@ const (
 	largeSeg    = 20 << 20 // segment for 1 MiB < r < 10 MiB
 	minLargeSeg = 10 << 20 // from here a request gets a segment of its own size
 	segRound    = 2 << 20  // large segments are multiples of this
-	largeBuffer = 20 << 20 // oversize reuse tolerance
+	largeBuffer = 20 << 20 // oversize reuse tolerance, unless Config.MaxNonSplitRounding
 	bestFitScan = 32       // blocks examined in a bin for the best fit
 
 	exactBins = 16
@@ -85,6 +98,25 @@ func roundSize(n uint64) uint64 {
 		return minBlock
 	}
 	return (n + minBlock - 1) &^ (minBlock - 1)
+}
+
+// roundDivisions is round(n) under roundup_power2_divisions div (PyTorch's
+// round_size and roundup_power2_next_division): n must be in (0, maxRequest].
+func roundDivisions(n uint64, div *[RoundupIntervals]uint64) uint64 {
+	if n < minBlock {
+		return minBlock
+	}
+	// PyTorch's roundup_power2_divisions(size): interval ⌊log2 n⌋ − 20,
+	// clamped to [0, 15].
+	i := max(bits.Len64(n)-1-20, 0)
+	d := div[min(i, RoundupIntervals-1)]
+	// d ≤ maxRequest/512 keeps 512·d from overflowing where PyTorch's size_t
+	// product wraps: beyond it n > 512·d is false for every request anyway.
+	if d <= 1 || d > maxRequest/minBlock || n <= minBlock*d || n&(n-1) == 0 {
+		return roundSize(n)
+	}
+	step := (uint64(1) << (bits.Len64(n) - 1)) >> (bits.Len64(d) - 1)
+	return (n + step - 1) &^ (step - 1)
 }
 
 // kindFor picks the pool of a rounded request. maxSplit 0 means no oversize pool.

@@ -140,6 +140,18 @@ type shardStats struct {
 	inactive       [numStatTypes]localStat // inactive_split
 	inactiveBytes  [numStatTypes]localStat // inactive_split_bytes
 	oversizeAllocs localStat
+	// base is c's cumulative sums at the last ResetAccumulated. The
+	// "allocated" and "freed" statistics are reported as differences from
+	// it, because the sums themselves also give the currents (alloc − free,
+	// alloc − done) and the peaks: zeroing them would break those.
+	base [numStatTypes]accumulated
+}
+
+// accumulated is a snapshot of the cumulative sums of blockCounters.
+type accumulated struct {
+	nAlloc, nFree, nDone int64
+	bAlloc, bFree, bDone int64
+	rAlloc, rFree        int64
 }
 
 func (ss *shardStats) alloc(k poolKind, sz, req int64) {
@@ -281,12 +293,12 @@ func (p *Pool) Stats(dev int) ([]int64, error) {
 	for _, s := range d.shardList() {
 		s.mu.Lock()
 		for t := range s.stats.c {
-			c := &s.stats.c[t]
-			addTo(&sum[stAllocation][t], c.nAlloc-c.nFree, c.peakN, c.nAlloc, c.nFree)
-			addTo(&sum[stAllocatedBytes][t], c.bAlloc-c.bFree, c.peakB, c.bAlloc, c.bFree)
-			addTo(&sum[stRequestedBytes][t], c.rAlloc-c.rFree, c.peakR, c.rAlloc, c.rFree)
-			addTo(&sum[stActive][t], c.nAlloc-c.nDone, c.peakActN, c.nAlloc, c.nDone)
-			addTo(&sum[stActiveBytes][t], c.bAlloc-c.bDone, c.peakActB, c.bAlloc, c.bDone)
+			c, z := &s.stats.c[t], &s.stats.base[t]
+			addTo(&sum[stAllocation][t], c.nAlloc-c.nFree, c.peakN, c.nAlloc-z.nAlloc, c.nFree-z.nFree)
+			addTo(&sum[stAllocatedBytes][t], c.bAlloc-c.bFree, c.peakB, c.bAlloc-z.bAlloc, c.bFree-z.bFree)
+			addTo(&sum[stRequestedBytes][t], c.rAlloc-c.rFree, c.peakR, c.rAlloc-z.rAlloc, c.rFree-z.rFree)
+			addTo(&sum[stActive][t], c.nAlloc-c.nDone, c.peakActN, c.nAlloc-z.nAlloc, c.nDone-z.nDone)
+			addTo(&sum[stActiveBytes][t], c.bAlloc-c.bDone, c.peakActB, c.bAlloc-z.bAlloc, c.bDone-z.bDone)
 			i, ib := s.stats.inactive[t], s.stats.inactiveBytes[t]
 			addTo(&sum[stInactiveSplit][t], i.cur, i.peak, i.alloc, i.freed)
 			addTo(&sum[stInactiveSplitBytes][t], ib.cur, ib.peak, ib.alloc, ib.freed)
@@ -361,4 +373,44 @@ func (p *Pool) ResetPeak(dev int) error {
 	}
 	d.oversizeSegs.reset()
 	return nil
+}
+
+// ResetAccumulated zeroes every "allocated" and "freed" statistic of device
+// dev and the counters num_alloc_retries, num_ooms, num_sync_all_streams,
+// num_device_alloc and num_device_free (PyTorch's resetAccumulatedStats);
+// current and peak values are unchanged. Block counters keep their sums and
+// move a baseline (shardStats.base); the others are zeroed in place.
+func (p *Pool) ResetAccumulated(dev int) error {
+	d, err := p.device(dev)
+	if err != nil {
+		return err
+	}
+	for _, s := range d.shardList() {
+		s.mu.Lock()
+		ss := &s.stats
+		for t := range ss.c {
+			c := &ss.c[t]
+			ss.base[t] = accumulated{c.nAlloc, c.nFree, c.nDone, c.bAlloc, c.bFree, c.bDone, c.rAlloc, c.rFree}
+			ss.inactive[t].alloc, ss.inactive[t].freed = 0, 0
+			ss.inactiveBytes[t].alloc, ss.inactiveBytes[t].freed = 0, 0
+		}
+		ss.oversizeAllocs.alloc, ss.oversizeAllocs.freed = 0, 0
+		s.mu.Unlock()
+	}
+	for t := 0; t < numStatTypes; t++ {
+		d.segments[t].resetAccumulated()
+		d.reserved[t].resetAccumulated()
+	}
+	d.oversizeSegs.resetAccumulated()
+	for _, n := range []*atomic.Int64{&d.numAllocRetries, &d.numOOMs, &d.numSyncAll, &d.numDeviceAlloc, &d.numDeviceFree} {
+		n.Store(0)
+	}
+	return nil
+}
+
+// resetAccumulated zeroes the allocated and freed totals; an add racing with
+// it may leave its amount in one of them, as a reset an instant later would.
+func (s *atomicStat) resetAccumulated() {
+	s.alloc.Store(0)
+	s.freed.Store(0)
 }

@@ -10,7 +10,9 @@ batch 8..128 at random, 224x224), llm_infer (12-layer 1024-wide GPT-2, fp16: 12 
 1-16, prompt 64-1024, 16-64 new tokens decoded greedily with a growing DynamicCache; step = request).
 Modes, each in a fresh interpreter (the allocator can be swapped once per process): native,
 native_expandable (expandable_segments:True), symm (symm.use_as_default()), symm_expandable (with
-SYMM_POOL_EXPANDABLE=1), symm_mempool (MemPool(symm.pool_allocator().allocator()) around the whole
+SYMM_POOL_EXPANDABLE=1), symm_hooks and symm_hooks_expandable (the same without libsymm's PyTorch
+extension: torch's plain CUDAPluggableAllocator with libsymm's hooks, SYMM_TORCH_EXT=0),
+symm_mempool (MemPool(symm.pool_allocator().allocator()) around the whole
 workload; use_mem_pool routes only this thread's allocations, so backward's, made on autograd's
 device thread, come from PyTorch's default pool).
 
@@ -43,7 +45,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 WORKLOADS = ("gpt2", "cnn", "llm_infer")
-MODES = ("native", "native_expandable", "symm", "symm_expandable", "symm_mempool")
+MODES = ("native", "native_expandable", "symm", "symm_expandable", "symm_mempool", "symm_hooks",
+         "symm_hooks_expandable")
+REPLACE_MODES = ("symm", "symm_expandable", "symm_hooks", "symm_hooks_expandable")
+DEFAULT_MODES = MODES[:5]  # the hooks-only modes compare libsymm with and without its extension: opt in
 SEED, WARMUP, POLL_S, MiB = 0, 3, 0.001, 1 << 20
 GPT2_SEQS = (128, 1024, 256, 768, 512, 1000, 64, 900, 333, 1024, 200, 640)
 CNN_BATCHES = (8, 16, 24, 32, 48, 64, 96, 128)
@@ -161,7 +166,7 @@ def run_child(a, res: dict) -> None:
     import torch
 
     mode, symm = a.mode, None
-    if mode in ("symm", "symm_expandable"):
+    if mode in REPLACE_MODES:
         import symm
         symm.use_as_default()  # before anything initializes CUDA
     torch.cuda.init()
@@ -215,7 +220,7 @@ def run_child(a, res: dict) -> None:
     res["steps"], res["step_ms"], timed = len(times), [round(t, 3) for t in times], times[WARMUP:]
     res["median_step_ms"] = round(statistics.median(timed), 3) if timed else None
     res["peak_device_mib"] = round((peak_used - base) / MiB, 1)
-    if mode in ("symm", "symm_expandable"):
+    if mode in REPLACE_MODES:
         st = symm.memory_stats(0)
         alloc, reserved = st.get("allocated_bytes.all.peak"), st.get("reserved_bytes.all.peak")
     else:
@@ -318,10 +323,13 @@ def child_env(mode: str) -> dict:
     lib = ROOT / "build" / "libsymm.so"
     if "SYMM_LIB" not in env and lib.exists():
         env["SYMM_LIB"] = str(lib)
-    for k in ("SYMM_DEVICE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "SYMM_POOL_EXPANDABLE"):
+    for k in ("SYMM_DEVICE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "SYMM_POOL_EXPANDABLE", "SYMM_TORCH_EXT"):
         env.pop(k, None)
     env.update({"native_expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-                "symm_expandable": {"SYMM_POOL_EXPANDABLE": "1"}}.get(mode, {}))
+                "symm": {"SYMM_TORCH_EXT": "1"},
+                "symm_expandable": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_TORCH_EXT": "1"},
+                "symm_hooks": {"SYMM_TORCH_EXT": "0"},
+                "symm_hooks_expandable": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_TORCH_EXT": "0"}}.get(mode, {}))
     return env
 
 
@@ -423,7 +431,7 @@ def default_out() -> Path:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--record-trace", dest="record_trace", metavar="DIR", type=Path)
     ap.add_argument("--out", type=Path)

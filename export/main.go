@@ -15,6 +15,8 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -69,10 +71,11 @@ func initPool() (*allocator.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := allocator.ConfigFromEnv(getenv)
+	cfg, warns, err := allocator.ConfigFromEnv(getenv)
 	if err != nil {
 		return nil, err
 	}
+	configWarnings.warn(warns)
 	switch lib.expandable.Load() { // symm_pool_set_expandable wins over the environment
 	case 1:
 		cfg.Expandable = false
@@ -99,6 +102,26 @@ func initPool() (*allocator.Pool, error) {
 		C.symmshim_front_enable(1, C.uint64_t(frontMax))
 	}
 	return p, nil
+}
+
+// configWarnings prints the pool configuration's warnings (PyTorch settings
+// that libsymm ignores, or that SYMM_POOL_ variables override) to standard
+// error.
+var configWarnings = &onceWarner{w: os.Stderr}
+
+// onceWarner prints one batch of warnings, once per process, even when the
+// pool's creation fails and is tried again at the next call.
+type onceWarner struct {
+	once sync.Once
+	w    io.Writer
+}
+
+func (o *onceWarner) warn(warns []string) {
+	o.once.Do(func() {
+		for _, w := range warns {
+			fmt.Fprintln(o.w, "symm: "+w)
+		}
+	})
 }
 
 // Bounds of SYMM_POOL_FRONT_CACHE_MAX, the largest block the front cache

@@ -236,6 +236,127 @@ int symm_pool_snapshot(char *buf, size_t cap, size_t *len);
  * code keep the caching pool and NULL on failure. */
 int symm_torch_mode(void);
 
+/* The segment that holds the allocated block at or containing ptr: its base
+ * address, its mapped size, and whether it is an expandable segment (1) or a
+ * driver allocation of its own (0). PyTorch's CUDA IPC (torch.multiprocessing)
+ * shares whole segments and sends a block's offset in its segment.
+ * SYMM_ERR_UNKNOWN_POINTER: ptr is in no block this pool has allocated;
+ * SYMM_ERR_INVALID: an output pointer is NULL. Outputs are untouched then. */
+int symm_pool_segment_of(const void *ptr, uint64_t *base, uint64_t *size, int *expandable);
+
+/* ---- what PyTorch's allocator interface asks (cacheInfo, pool blocks, checkpoints) ----
+ *
+ * Virtual methods of c10::cuda::CUDACachingAllocator::CUDAAllocator that
+ * PyTorch's plain CUDAPluggableAllocator refuses, for a C++ subclass to answer
+ * from libsymm's pool: cacheInfo (cudnn.benchmark sizes its workspaces with
+ * it), resetAccumulatedStats, checkPoolLiveAllocations and getCheckpointState
+ * (the blocks of a private pool), setCheckpointPoolState (torch.compile's
+ * CUDA-graph trees, mode="reduce-overhead", set a graph's pool back to a
+ * checkpoint when a recording path diverges); and the segments a
+ * torch.cuda.MemPool asks for. None of them is on the cached alloc/free path. */
+
+/* *largest_block receives the size of the largest free block cached in
+ * device's default pool, over all its streams; 0 when none is (PyTorch's
+ * cacheInfo). Free blocks of private pools are left out (no allocation
+ * outside a pool can have them), and the device's free memory is no floor:
+ * PyTorch's cacheInfo starts from cudaMemGetInfo's free bytes when *largest
+ * is 0, so a subclass answering it returns the larger of the two. Returns
+ * SYMM_OK; SYMM_ERR_INVALID for a bad device or a NULL largest_block (nothing
+ * written). */
+int symm_pool_cache_info(int device, size_t *largest_block);
+
+/* Zeroes device's accumulated statistics (PyTorch's resetAccumulatedStats):
+ * every ".allocated" and ".freed" of symm_pool_stats, and num_alloc_retries,
+ * num_ooms, num_sync_all_streams, num_device_alloc and num_device_free.
+ * Current and peak values are unchanged; from then on each family's current
+ * is its value at the reset plus allocated minus freed. Returns SYMM_OK, or
+ * SYMM_ERR_INVALID for a bad device (nothing reset). */
+int symm_pool_reset_accumulated(int device);
+
+/* symm_block_info_t.state */
+enum {
+  SYMM_BLOCK_FREE = 0,      /* free, cached: PyTorch's "inactive" */
+  SYMM_BLOCK_ALLOCATED = 1, /* handed out and not freed */
+  SYMM_BLOCK_PENDING = 2    /* freed, waiting for the events of its record_stream streams */
+};
+
+/* One block of a pool. */
+typedef struct {
+  uint64_t address, size;   /* a multiple of 512 each */
+  uint64_t requested_size;  /* bytes asked for (allocated and pending blocks); 0 when free */
+  uintptr_t stream;         /* the stream the block's segment serves */
+  uint64_t segment_address; /* the segment it lies in */
+  int32_t state;            /* SYMM_BLOCK_* */
+  int32_t reserved;         /* 0 */
+} symm_block_info_t;
+
+/* Writes up to cap blocks of pool id of device into out: every block of every
+ * segment of the pool, free ones too, sorted by address, which tile each
+ * segment. id (0, 0) is the device's default pool (every stream's; an
+ * expandable segment shows its mapped part). Returns the number of blocks the
+ * pool has (out NULL and cap 0 size the array; the pool may change between
+ * two calls: a return above cap means some were left out), or -1 with the
+ * last error: SYMM_ERR_INVALID for a bad device, an unknown pool, a negative
+ * cap or a NULL out with cap > 0. checkPoolLiveAllocations compares the
+ * addresses of the SYMM_BLOCK_ALLOCATED blocks with its set;
+ * getCheckpointState keeps the whole listing for symm_pool_restore_blocks. */
+int symm_pool_blocks(int device, symm_pool_id_t id, symm_block_info_t *out, int cap);
+
+/* Sets private pool id of device back to want, n blocks that symm_pool_blocks
+ * returned for that pool earlier, in any order (PyTorch's
+ * setCheckpointPoolState). Afterwards the pool's allocated blocks are exactly
+ * want's SYMM_BLOCK_ALLOCATED blocks, at their addresses, with their sizes and
+ * requested sizes; every other byte of the pool's segments is free (want's
+ * pending blocks are restored as free: their callers had freed them). So:
+ * a block allocated now and not identically in want is freed, as
+ * symm_pool_free would (record_stream streams still hold it: it turns
+ * pending), its address written to freed; a block allocated in want and not
+ * now is allocated at its address, for its segment's stream (free space split
+ * and merged as needed; the caller owns it and frees it with symm_pool_free),
+ * its address written to allocated; segments the pool took after the listing
+ * keep nothing allocated; blocks allocated in both with the same address,
+ * size and requested size are left alone and written nowhere (one with
+ * another requested size is freed and allocated: written to both).
+ * PyTorch's CheckpointDelta lists every block allocated before the call as
+ * freed and every allocated block of want as allocated: take those from
+ * symm_pool_blocks before the call and from want. Statistics count the frees
+ * and allocations as any other.
+ * *nfreed and *nallocated hold, on entry, the capacity of freed and of
+ * allocated (allocated needs at most the allocated blocks of want, freed at
+ * most the blocks symm_pool_blocks reports allocated now; an array may be NULL
+ * with capacity 0) and receive the number of addresses written, each array in
+ * increasing order.
+ * Returns SYMM_OK; on error nothing changed, and *nfreed and *nallocated are
+ * 0 unless said. SYMM_ERR_INVALID: a bad device; id (0, 0) (the default
+ * pool, shared by every stream, is never restored); an unknown or released
+ * pool; NULL nfreed, nallocated, want with n > 0, or an array with capacity
+ * above 0; a negative n or capacity; a capacity too small (then *nfreed and
+ * *nallocated receive the counts needed: call again with arrays that large);
+ * a want that is not a listing of the pool's present segments: a segment
+ * that is not the pool's (released since, or another pool's), blocks that do
+ * not tile their segment exactly (a gap, an overlap, a block crossing its
+ * segment's start or end), an address or size that is zero or not a multiple
+ * of 512 or wraps around, a state that is not SYMM_BLOCK_*, an allocated
+ * block whose requested size is 0 or above its size, a stream other than its
+ * segment's, a reserved field not 0. SYMM_ERR_BUSY: a pending block lies
+ * where want allocates and its events cannot be waited for now (some private
+ * pool of the device is routing: a CUDA graph capture may be under way; with
+ * none, such blocks are waited for first, as symm_pool_empty_cache does), or
+ * an allocated block that must make room is held by record_stream streams. */
+int symm_pool_restore_blocks(int device, symm_pool_id_t id, const symm_block_info_t *want, int n, uint64_t *freed,
+                             int *nfreed, uint64_t *allocated, int *nallocated);
+
+/* A segment of its own for size bytes (rounded up to a multiple of 512) on
+ * device, for stream: what symm_pool_alloc hands a torch.cuda.MemPool, whose
+ * caching allocator caches above libsymm, asked for explicitly. It goes back
+ * to the device as soon as symm_pool_free frees it (no libsymm cache under
+ * PyTorch's); the statistics count it as any block. Returns the segment's
+ * address, or NULL with the last error: SYMM_ERR_OUT_OF_MEMORY (after
+ * releasing the device's cached segments and retrying once), SYMM_ERR_INVALID
+ * for a bad device. size 0 returns NULL and records no error. Never throws,
+ * whatever PyTorch's mode. */
+void *symm_pool_alloc_segment(size_t size, int device, void *stream);
+
 /* ---- symmetric memory ----------------------------------------------------
  *
  * Each rank of a group allocates a block with symm_alloc (same size on every

@@ -82,6 +82,10 @@ def build(lib: Path, tool: Path, out: Path) -> Path:
         files: list[tuple[str, bytes, bool]] = []  # (archive name, data, executable)
         for f in sorted(PKG.glob("*.py")) + [PKG / "py.typed"]:
             files.append((f"symm/{f.name}", f.read_bytes(), False))
+        # The PyTorch extension is compiled where it runs, against that torch:
+        # its source and libsymm's header travel (python/symm/_torch_ext.py).
+        files.append(("symm/_torch_ext.cpp", (PKG / "_torch_ext.cpp").read_bytes(), False))
+        files.append(("symm/include/symm.h", (ROOT / "include" / "symm.h").read_bytes(), False))
         files.append(("symm/VERSION", (version + "\n").encode(), False))
         files.append(("symm/libsymm.so", (tmpd / "libsymm.so").read_bytes(), True))
         files.append(("symm/bin/symm", (tmpd / "symm").read_bytes(), True))

@@ -11,7 +11,7 @@ import (
 	"github.com/libsymm/libsymm/internal/trace"
 )
 
-const replaySynopsis = "TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--front-cache SIZE] [--json]"
+const replaySynopsis = "TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--front-cache SIZE] [--alloc-conf SETTINGS] [--json]"
 
 // sizeFlag is a byte count given as allocator.ParseSize reads it ("16GiB").
 type sizeFlag uint64
@@ -28,6 +28,9 @@ type replayOptions struct {
 	expandableOnly, asJSON           bool
 	limit, maxSplit, chunk, capacity sizeFlag
 	frontCache                       sizeFlag
+	// allocConf is --alloc-conf: PyTorch allocator settings, parsed into torch.
+	allocConf string
+	torch     allocator.TorchConf
 }
 
 // replay runs a recorded trace through the pool on a virtual device, once per
@@ -70,6 +73,7 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 	fs.Var(&o.chunk, "chunk", "expandable segments grow and shrink by chunks of this `SIZE` (default: the device's granularity, 2MiB)")
 	fs.Var(&o.capacity, "capacity", "the virtual device's memory, a `SIZE` (default 1PiB: no out-of-memory)")
 	fs.Var(&o.frontCache, "front-cache", "model the library's front cache on one CPU: the last 4 freed blocks of at most this `SIZE` stay parked (the library's default is 1MiB, SYMM_POOL_FRONT_CACHE_MAX; default here: off, the pool alone)")
+	fs.StringVar(&o.allocConf, "alloc-conf", "", "PyTorch allocator `SETTINGS` applied as the library applies PYTORCH_CUDA_ALLOC_CONF (roundup_power2_divisions, garbage_collection_threshold, max_split_size_mb, ...); --limit and --max-split win for their fields, and each row sets its own expandable_segments")
 	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object instead of the table")
 	var pos []string
 	for {
@@ -91,7 +95,15 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 	case o.frontCache != 0 && (o.frontCache < 512 || o.frontCache > 64<<20):
 		fmt.Fprintf(stderr, "symm replay: --front-cache must be from 512 B to 64MiB (or 0: off), not %d bytes\n", o.frontCache)
 	default:
-		o.path = pos[0]
+		tc, warns, err := allocator.ParseTorchAllocConf(o.allocConf)
+		if err != nil {
+			fmt.Fprintf(stderr, "symm replay: --alloc-conf %q: %v\n", o.allocConf, err)
+			return o, exitUsage, true
+		}
+		for _, w := range warns {
+			fmt.Fprintln(stderr, "symm replay: --alloc-conf: "+w)
+		}
+		o.path, o.torch = pos[0], tc
 		return o, 0, false
 	}
 	fs.Usage()
@@ -116,7 +128,14 @@ type namedConfig struct {
 }
 
 func (o replayOptions) configs() []namedConfig {
-	base := allocator.Config{Limit: uint64(o.limit), MaxSplit: uint64(o.maxSplit)}
+	base := o.torch.Config()
+	base.AllocConf, base.Expandable = o.allocConf, false
+	if o.limit != 0 {
+		base.Limit, base.LimitFraction = uint64(o.limit), 0
+	}
+	if o.maxSplit != 0 {
+		base.MaxSplit = uint64(o.maxSplit)
+	}
 	exp := base
 	exp.Expandable, exp.ExpandableChunk = true, uint64(o.chunk)
 	if o.expandableOnly {
@@ -156,7 +175,8 @@ func writeReplayText(w io.Writer, path string, n int, rec trace.Recorded, rows [
 
 // replayJSON is the --json output: bytes, not MiB. The recorded reserved
 // figure and its ratio are null when the trace has no segment rows; limit,
-// max split and chunk are 0 when not given (no limit, off, the granularity).
+// max split and chunk are 0 when not given (no limit, off, the granularity);
+// alloc_conf is --alloc-conf's text ("" when not given).
 type replayJSON struct {
 	Trace          string      `json:"trace"`
 	Rows           int         `json:"rows"`
@@ -165,6 +185,7 @@ type replayJSON struct {
 	ChunkBytes     uint64      `json:"chunk_bytes"`
 	CapacityBytes  uint64      `json:"capacity_bytes"`
 	FrontCache     uint64      `json:"front_cache_bytes"`
+	AllocConf      string      `json:"alloc_conf"`
 	Recorded       recordJSON  `json:"recorded"`
 	Configurations []replayRow `json:"configurations"`
 }
@@ -187,6 +208,7 @@ func writeReplayJSON(stdout, stderr io.Writer, o replayOptions, n int, rec trace
 	out := replayJSON{
 		Trace: o.path, Rows: n, LimitBytes: uint64(o.limit), MaxSplitBytes: uint64(o.maxSplit),
 		ChunkBytes: uint64(o.chunk), CapacityBytes: capacity(uint64(o.capacity)), FrontCache: uint64(o.frontCache),
+		AllocConf:      o.allocConf,
 		Recorded:       recordJSON{PeakAllocated: rec.PeakAllocated, OOMs: rec.OOMs},
 		Configurations: rows,
 	}

@@ -62,6 +62,7 @@ type replayOut struct {
 	Rows          int
 	CapacityBytes uint64 `json:"capacity_bytes"`
 	FrontCache    uint64 `json:"front_cache_bytes"`
+	AllocConf     string `json:"alloc_conf"`
 	Recorded      struct {
 		PeakAllocated uint64   `json:"peak_allocated_bytes"`
 		PeakReserved  *uint64  `json:"peak_reserved_bytes"`
@@ -153,6 +154,28 @@ func TestReplayFlagsAfterOrBeforeTrace(t *testing.T) {
 	require.Zero(t, b.FrontCache, "off unless asked for")
 	c := replayJSONOut(t, path, "--front-cache", "1MiB")
 	require.Equal(t, uint64(1<<20), c.FrontCache)
+}
+
+// --alloc-conf replays PyTorch's settings as the library applies them:
+// roundup_power2_divisions:4 serves 5 MiB + 1 byte with a 6 MiB block.
+func TestReplayAllocConf(t *testing.T) {
+	path := writeTrace(t, "action,addr,size,stream\nalloc,4096,5242881,0\nfree_completed,4096,5242881,0\n")
+	plain := replayJSONOut(t, path)
+	require.Empty(t, plain.AllocConf)
+	for _, c := range plain.Configurations {
+		require.Equal(t, uint64(5<<20+512), c.PeakAllocated, c.Name)
+	}
+	r := replayJSONOut(t, path, "--alloc-conf", "roundup_power2_divisions:4,garbage_collection_threshold:0.5")
+	require.Equal(t, "roundup_power2_divisions:4,garbage_collection_threshold:0.5", r.AllocConf)
+	for _, c := range r.Configurations {
+		require.Equal(t, uint64(6<<20), c.PeakAllocated, c.Name)
+	}
+	code, _, errOut := runCLI("replay", path, "--alloc-conf", "max_split_size_mb:5")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, `symm replay: --alloc-conf "max_split_size_mb:5": invalid argument: max_split_size_mb:5: too small`)
+	code, _, errOut = runCLI("replay", path, "--alloc-conf", "release_lock_on_cudamalloc:True")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, errOut, "symm replay: --alloc-conf: release_lock_on_cudamalloc:True is ignored")
 }
 
 // Each bad input: its exit code and its own message.

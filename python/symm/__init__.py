@@ -75,7 +75,7 @@ from ._pool import (
     topology,
     version,
 )
-from .torch_allocator import is_default, pool_allocator, use_as_default
+from .torch_allocator import extension_status, is_default, pool_allocator, use_as_default
 from ._symmetric import (
     Handle,
     Store,
@@ -134,6 +134,7 @@ __all__ = [
     "empty_cache",
     "free",
     "init",
+    "extension_status",
     "is_default",
     "library_path",
     "max_memory_allocated",

@@ -52,6 +52,20 @@ class HandleInfo(ctypes.Structure):
     ]
 
 
+class BlockInfo(ctypes.Structure):
+    """symm_block_info_t: one block of a pool (symm_pool_blocks)."""
+
+    _fields_ = [
+        ("address", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("requested_size", ctypes.c_uint64),
+        ("stream", ctypes.c_size_t),
+        ("segment_address", ctypes.c_uint64),
+        ("state", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
+
+
 class PoolId(ctypes.Structure):
     """symm_pool_id_t: PyTorch's MempoolId_t (first, second)."""
 
@@ -89,6 +103,19 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_pool_record_history": ([_c_int, _c_size_t], _c_int),
     "symm_pool_snapshot": ([ctypes.c_char_p, _c_size_t, ctypes.POINTER(_c_size_t)], _c_int),
     "symm_torch_mode": ([], _c_int),
+    "symm_pool_segment_of": (
+        [_c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_c_int)],
+        _c_int,
+    ),
+    "symm_pool_cache_info": ([_c_int, ctypes.POINTER(_c_size_t)], _c_int),
+    "symm_pool_reset_accumulated": ([_c_int], _c_int),
+    "symm_pool_blocks": ([_c_int, PoolId, ctypes.POINTER(BlockInfo), _c_int], _c_int),
+    "symm_pool_restore_blocks": (
+        [_c_int, PoolId, ctypes.POINTER(BlockInfo), _c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_c_int),
+         ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_c_int)],
+        _c_int,
+    ),
+    "symm_pool_alloc_segment": ([_c_size_t, _c_int, _c_void_p], _c_void_p),
     "symm_alloc": ([_c_size_t, _c_int, _c_void_p], _c_void_p),
     "symm_free": ([_c_void_p, _c_size_t, _c_int, _c_void_p], None),
     "symm_has_multicast_support": ([_c_int], _c_int),

@@ -1,4 +1,10 @@
-"""PyTorch integration: libsymm as a torch.cuda.memory.CUDAPluggableAllocator.
+"""PyTorch integration: libsymm as PyTorch's CUDA allocator.
+
+pool_allocator() is libsymm's PyTorch extension where it can be built
+(_torch_ext.py: a C++ subclass of torch's CUDAPluggableAllocator that answers
+every torch.cuda memory call from libsymm's pool), else, after one warning,
+torch's plain CUDAPluggableAllocator over symm_pool_alloc/free with the hooks
+below. The notes that follow are about that fallback.
 
 What PyTorch 2.11 does with it (torch/csrc/cuda/CUDAPluggableAllocator.cpp,
 torch/csrc/cuda/Module.cpp, torch/cuda/memory.py):
@@ -28,6 +34,7 @@ torch/csrc/cuda/Module.cpp, torch/cuda/memory.py):
 from __future__ import annotations
 
 import threading
+import warnings
 
 from . import _pool
 from ._loader import function_address, library_path
@@ -71,27 +78,85 @@ def _import_torch():
     return torch
 
 
+class SymmAllocator:
+    """libsymm's allocator as PyTorch takes it: a torch.cuda.memory._CUDAAllocator
+    (defined once torch is imported) over the extension's C++ object."""
+
+
+_status = {"extension": False, "reason": "not tried yet", "build_seconds": None}
+
+
+def extension_status() -> dict:
+    """Whether pool_allocator() runs on libsymm's PyTorch extension:
+    {"extension": bool, "reason": why not ("" when it does), "build_seconds":
+    seconds its build took in this process (None: it came from the cache)}."""
+    return dict(_status)
+
+
+def _extension_allocator(torch):
+    """The extension's allocator, or None (with a warning) where it cannot be built."""
+    from . import _torch_ext
+
+    m = _torch_ext.mode()
+    if m == "off":
+        _status.update(extension=False, reason=f"{_torch_ext.ENV_MODE}=0")
+        return None
+    try:
+        ext = _torch_ext.load()
+        raw = ext.make_allocator(str(library_path()))
+    except _torch_ext.ExtensionUnavailable as e:
+        _status.update(extension=False, reason=str(e))
+        if m == "require":
+            raise
+        warnings.warn(
+            f"symm: libsymm's PyTorch extension is not available: {e}. Falling back to torch's plain "
+            f"CUDAPluggableAllocator with libsymm's hooks, where {_torch_ext.LOST}. "
+            f"({_torch_ext.ENV_MODE}=0 silences this; {_torch_ext.ENV_MODE}=1 makes it an error)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+    _status.update(extension=True, reason="", build_seconds=_torch_ext.build_seconds())
+    cls = type("SymmAllocator", (torch.cuda.memory._CUDAAllocator, SymmAllocator), {})
+    return cls(raw)
+
+
+def _hooked_allocator(torch):
+    """torch's CUDAPluggableAllocator over symm_pool_alloc/free with every hook attached."""
+    from torch.cuda.memory import CUDAPluggableAllocator
+
+    allocator = CUDAPluggableAllocator(library_path(), "symm_pool_alloc", "symm_pool_free")
+    raw = allocator.allocator()
+    for setter, c_name in _HOOKS:
+        if not hasattr(raw, setter):
+            if setter in ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool"):
+                continue  # torch < 2.3: no CUDA-graph hooks; graphs in replace mode fail there
+            raise ImportError(f"torch {torch.__version__}'s CUDAPluggableAllocator has no {setter}")
+        getattr(raw, setter)(function_address(c_name))
+    return allocator
+
+
 def pool_allocator():
-    """The process's libsymm CUDAPluggableAllocator, with all hooks attached.
+    """The process's libsymm allocator for PyTorch.
 
     Returns the same object on every call. Use it with
     ``torch.cuda.memory.change_current_allocator`` (or use_as_default()), or
     pass ``pool_allocator().allocator()`` to ``torch.cuda.MemPool``.
+
+    It is libsymm's PyTorch extension (a CUDAPluggableAllocator subclass,
+    built at first use: see extension_status()) where a C++ compiler, torch's
+    headers and CUDA's runtime headers are found; otherwise torch's plain
+    CUDAPluggableAllocator with libsymm's hooks, after one warning that names
+    what is missing and what is lost.
     """
     global _allocator
     torch = _import_torch()
     with _lock:
         if _allocator is None:
-            from torch.cuda.memory import CUDAPluggableAllocator
-
-            allocator = CUDAPluggableAllocator(library_path(), "symm_pool_alloc", "symm_pool_free")
-            raw = allocator.allocator()
-            for setter, c_name in _HOOKS:
-                if not hasattr(raw, setter):
-                    if setter in ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool"):
-                        continue  # torch < 2.3: no CUDA-graph hooks; graphs in replace mode fail there
-                    raise ImportError(f"torch {torch.__version__}'s CUDAPluggableAllocator has no {setter}")
-                getattr(raw, setter)(function_address(c_name))
+            _pool.load()  # the extension finds libsymm's functions in this copy
+            allocator = _extension_allocator(torch)
+            if allocator is None:
+                allocator = _hooked_allocator(torch)
             # PyTorch is loaded now: let the library find its allocator pointer
             # (MemPool mode hands segments back; replace mode throws on OOM).
             _pool.load().symm_torch_mode()

@@ -99,13 +99,13 @@ static void state(state_t *st) {
 }
 
 /* Functions a check has exercised (every function of the header must be). */
-static char covered[64][48];
+static char covered[96][48];
 static int ncovered;
 
 static void cover(const char *fn) {
   for (int i = 0; i < ncovered; i++)
     if (!strcmp(covered[i], fn)) return;
-  if (ncovered < 64) snprintf(covered[ncovered++], sizeof covered[0], "%s", fn);
+  if (ncovered < (int)(sizeof covered / sizeof covered[0])) snprintf(covered[ncovered++], sizeof covered[0], "%s", fn);
 }
 
 /* The function a call's text starts with ("symm_pool_free(p, ...)"). */
@@ -373,6 +373,27 @@ static void test_pool_record_stream(void) {
   area("symm_pool_record_stream", c0);
 }
 
+static void test_pool_segment_of(void) {
+  int c0 = passes + failures;
+  uint64_t base = 7, size = 7;
+  int exp = 7;
+  BAD(SYMM_ERR_INVALID, "NULL", symm_pool_segment_of(pa, NULL, &size, &exp));
+  BAD(SYMM_ERR_INVALID, "NULL", symm_pool_segment_of(pa, &base, NULL, &exp));
+  BAD(SYMM_ERR_INVALID, "NULL", symm_pool_segment_of(pa, &base, &size, NULL));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0x0", symm_pool_segment_of(NULL, &base, &size, &exp));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0xdead000", symm_pool_segment_of((void *)0xdead000, &base, &size, &exp));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, hex(pa + MiB), symm_pool_segment_of(pa + MiB, &base, &size, &exp));
+  CHECK(base == 7 && size == 7 && exp == 7, "outputs untouched by failures");
+  /* A live block, and a pointer inside it: the same segment, holding it. */
+  NOOP(0, symm_pool_segment_of(pa, &base, &size, &exp));
+  CHECK(base <= (uint64_t)(uintptr_t)pa && (uint64_t)(uintptr_t)pa + 4096 <= base + size && (exp == 0 || exp == 1),
+        "segment [%#llx, +%llu) holds %p", (unsigned long long)base, (unsigned long long)size, (void *)pa);
+  uint64_t base2 = 0, size2 = 0;
+  NOOP(0, symm_pool_segment_of(pa + 100, &base2, &size2, &exp));
+  CHECK(base2 == base && size2 == size, "a pointer inside the block names the same segment");
+  area("symm_pool_segment_of", c0);
+}
+
 static void test_pool_stats(void) {
   int c0 = passes + failures;
   symm_stat_t st[8];
@@ -504,6 +525,97 @@ static void test_pool_graphs(void) {
   cover("symm_torch_end_allocate_to_pool");
   cover("symm_torch_release_pool");
   area("private pools, snapshots", c0);
+}
+
+/* ---- what PyTorch's allocator interface asks ------------------------------------ */
+
+static void test_pool_pytorch(void) {
+  int c0 = passes + failures;
+  symm_pool_id_t id = {21, 0}, unknown = {0, 78}, zero = {0, 0};
+  size_t largest = 0;
+  symm_block_info_t bl[16];
+  uint64_t fr[16], al[16];
+  int nf = 16, na = 16;
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BAD(SYMM_ERR_INVALID, word, symm_pool_cache_info(bad_devs[i], &largest));
+    BAD(SYMM_ERR_INVALID, word, symm_pool_reset_accumulated(bad_devs[i]));
+    BADR(-1, SYMM_ERR_INVALID, word, symm_pool_blocks(bad_devs[i], zero, bl, 16));
+    BADR(-1, SYMM_ERR_INVALID, word, symm_pool_blocks(bad_devs[i], id, NULL, 0));
+    BAD(SYMM_ERR_INVALID, word, symm_pool_restore_blocks(bad_devs[i], id, NULL, 0, fr, &nf, al, &na));
+    BADR(0, SYMM_ERR_INVALID, word, symm_pool_alloc_segment(4096, bad_devs[i], SA));
+  }
+  BAD(SYMM_ERR_INVALID, "largest_block is NULL", symm_pool_cache_info(0, NULL));
+  BADR(-1, SYMM_ERR_INVALID, "out is NULL", symm_pool_blocks(0, zero, NULL, 3));
+  BADR(-1, SYMM_ERR_INVALID, "cap is negative", symm_pool_blocks(0, zero, bl, -1));
+  BADR(-1, SYMM_ERR_INVALID, "(0, 78) on device 0: no such pool", symm_pool_blocks(0, unknown, bl, 16));
+  BAD(SYMM_ERR_INVALID, "nfreed or nallocated is NULL", symm_pool_restore_blocks(0, id, NULL, 0, fr, NULL, al, &na));
+  BAD(SYMM_ERR_INVALID, "nfreed or nallocated is NULL", symm_pool_restore_blocks(0, id, NULL, 0, fr, &nf, al, NULL));
+  nf = na = 16;
+  BAD(SYMM_ERR_INVALID, "want is NULL", symm_pool_restore_blocks(0, id, NULL, 2, fr, &nf, al, &na));
+  nf = na = 16;
+  BAD(SYMM_ERR_INVALID, "n is negative", symm_pool_restore_blocks(0, id, bl, -1, fr, &nf, al, &na));
+  nf = -1, na = 16;
+  BAD(SYMM_ERR_INVALID, "is negative", symm_pool_restore_blocks(0, id, bl, 0, fr, &nf, al, &na));
+  nf = na = 16;
+  BAD(SYMM_ERR_INVALID, "freed or allocated is NULL", symm_pool_restore_blocks(0, id, bl, 0, NULL, &nf, al, &na));
+  nf = na = 16;
+  BAD(SYMM_ERR_INVALID, "the default pool", symm_pool_restore_blocks(0, zero, NULL, 0, fr, &nf, al, &na));
+  nf = na = 16;
+  BAD(SYMM_ERR_INVALID, "(0, 78) on device 0: no such pool", symm_pool_restore_blocks(0, unknown, NULL, 0, fr, &nf, al, &na));
+  /* A pool and a listing of it, then listings that are not its own. */
+  CHECK(symm_pool_begin_allocate_to_pool(0, id, SA) == SYMM_OK, "begin");
+  void *g = symm_pool_alloc(8192, 0, SA);
+  CHECK(g != NULL, "a block in the pool");
+  int n = symm_pool_blocks(0, id, bl, 16);
+  CHECK(n == 2 && bl[0].address == (uintptr_t)g && bl[0].state == SYMM_BLOCK_ALLOCATED, "its listing: %d blocks", n);
+  NOOP(n, symm_pool_blocks(0, id, NULL, 0));
+  symm_block_info_t w[16];
+  const struct {
+    int field, delta;
+    const char *word;
+  } edits[] = {{0, 512, "crosses the boundary"}, {1, 1, "not a multiple of 512"}, {2, 5, "state 6"},
+               {3, 1, "requested size 8193"}, {4, 0x10, "stream"}, {5, 1, "reserved"}, {6, 512, "is not one of the pool's"}};
+  for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+    memcpy(w, bl, sizeof bl[0] * n);
+    symm_block_info_t *e = &w[edits[i].field == 0 ? 1 : 0];
+    switch (edits[i].field) {
+      case 0: e->size += edits[i].delta; break;
+      case 1: e->address += edits[i].delta; break;
+      case 2: e->state = 1 + edits[i].delta; break;
+      case 3: e->requested_size = e->size + edits[i].delta; break;
+      case 4: e->stream += edits[i].delta; break;
+      case 5: e->reserved = edits[i].delta; break;
+      default: e->segment_address += edits[i].delta; break;
+    }
+    nf = na = 16;
+    BAD(SYMM_ERR_INVALID, edits[i].word, symm_pool_restore_blocks(0, id, w, n, fr, &nf, al, &na));
+  }
+  nf = na = 16;
+  BAD(SYMM_ERR_INVALID, "a gap", symm_pool_restore_blocks(0, id, &bl[1], 1, fr, &nf, al, &na));
+  nf = na = 16;
+  BAD(SYMM_ERR_INVALID, "its blocks end at offset 8192", symm_pool_restore_blocks(0, id, bl, 1, fr, &nf, al, &na));
+  nf = na = 16;
+  NOOP(SYMM_OK, symm_pool_restore_blocks(0, id, bl, n, fr, &nf, al, &na));
+  CHECK(nf == 0 && na == 0, "restoring the pool's own state changes nothing");
+  symm_pool_free(g, 8192, 0, SA);
+  nf = na = 0;
+  BAD(SYMM_ERR_INVALID, "would free 0 blocks and allocate 1", symm_pool_restore_blocks(0, id, bl, n, NULL, &nf, NULL, &na));
+  CHECK(nf == 0 && na == 1, "the counts needed: %d, %d", nf, na);
+  CHECK(symm_pool_end_allocate_to_pool(0, id) == SYMM_OK && symm_pool_release_pool(0, id) == SYMM_OK, "end, release");
+  nf = na = 16;
+  BAD(SYMM_ERR_INVALID, "the pool was released", symm_pool_restore_blocks(0, id, bl, n, fr, &nf, al, &na));
+  symm_pool_empty_cache();
+  nf = na = 16;
+  BAD(SYMM_ERR_INVALID, "no such pool", symm_pool_restore_blocks(0, id, bl, n, fr, &nf, al, &na));
+  BADR(-1, SYMM_ERR_INVALID, "no such pool", symm_pool_blocks(0, id, bl, 16));
+  /* Segments: size 0 is NULL and no error; more than the device, refused. */
+  NOOP(0, symm_pool_alloc_segment(0, 0, SA));
+  NOOP(0, symm_pool_alloc_segment(0, -1, SA));
+  CALL(F_OOM, 0, SYMM_ERR_OUT_OF_MEMORY, "symm_pool_alloc_segment", symm_pool_alloc_segment(2 * GiB, 0, SA));
+  BADR(0, SYMM_ERR_OUT_OF_MEMORY, "requested 18446744073709551615 bytes", symm_pool_alloc_segment(SIZE_MAX, 1, SB));
+  area("cacheInfo, blocks, restore", c0);
 }
 
 /* ---- symmetric memory ------------------------------------------------------- */
@@ -1089,7 +1201,9 @@ static void check_coverage(void) {
       "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_store_server", "symm_store_connect",
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
-      "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce"};
+      "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_pool_segment_of",
+      "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
+      "symm_pool_alloc_segment"};
   int missing = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     int found = 0;
@@ -1161,10 +1275,12 @@ int main(int argc, char **argv) {
   test_pool_alloc();
   test_pool_free();
   test_pool_record_stream();
+  test_pool_segment_of();
   test_pool_stats();
   test_pool_limits();
   test_pool_misc();
   test_pool_graphs();
+  test_pool_pytorch();
 
   test_symm_alloc_free();
   test_backends();

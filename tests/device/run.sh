@@ -5,7 +5,7 @@
 # carry build/ along.
 #
 #   bash tests/device/run.sh                 # everything
-#   bash tests/device/run.sh go torch        # only some steps: env go c torch graphs kernels sanitizer bench
+#   bash tests/device/run.sh go torch        # only some steps: env go c torch replace graphs kernels sanitizer bench
 #
 # Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
 # Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
@@ -38,7 +38,7 @@ mkdir -p "$LOGS"
 SUMMARY=()
 FAILED=0
 
-STEPS=${*:-env go c torch graphs kernels sanitizer bench}
+STEPS=${*:-env go c torch replace graphs kernels sanitizer bench}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # run_step NAME TIMEOUT CMD...: runs CMD with a time limit, tees its output to
@@ -127,6 +127,13 @@ if want c; then
       run_step "c-$name" "${SYMM_C_TIMEOUT:-120}" env SYMM_DEVICE=host "$prog"
     fi
   done
+fi
+
+if want replace; then
+  # Replace mode through libsymm's PyTorch extension: every torch.cuda memory
+  # call, OOM, history, multiprocessing, torch.compile; PyTorch's allocator
+  # runs the same checks in the same run as the reference.
+  run_step torch-replace "${SYMM_REPLACE_TIMEOUT:-580}" python3 tests/device/test_torch_replace.py
 fi
 
 if want torch; then

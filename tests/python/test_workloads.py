@@ -62,7 +62,11 @@ def test_child_env_per_mode(wl, monkeypatch):
         assert "SYMM_DEVICE" not in env
         assert str(ROOT / "python") in env["PYTHONPATH"].split(":")
         assert env.get("PYTORCH_CUDA_ALLOC_CONF") == ("expandable_segments:True" if mode == "native_expandable" else None)
-        assert env.get("SYMM_POOL_EXPANDABLE") == ("1" if mode == "symm_expandable" else None)
+        assert env.get("SYMM_POOL_EXPANDABLE") == ("1" if mode.endswith("_expandable") and mode.startswith("symm") else None)
+        # Replace modes name whether libsymm's PyTorch extension is required
+        # (1) or left out (0): a silent fallback would measure the wrong thing.
+        want_ext = {"symm": "1", "symm_expandable": "1", "symm_hooks": "0", "symm_hooks_expandable": "0"}.get(mode)
+        assert env.get("SYMM_TORCH_EXT") == want_ext, mode
 
 
 def test_trace_csv_from_fake_snapshot(wl, tmp_path):

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/allocator"
+)
+
+// The configuration's warnings reach standard error once, each prefixed
+// "symm: ", however many times the pool's creation is tried.
+func TestConfigWarningsPrintedOnce(t *testing.T) {
+	env := map[string]string{
+		"PYTORCH_CUDA_ALLOC_CONF": "release_lock_on_cudamalloc:True,expandable_segments:True",
+		"PYTORCH_ALLOC_CONF":      "max_split_size_mb:64",
+		"SYMM_POOL_EXPANDABLE":    "0",
+	}
+	_, warns, err := allocator.ConfigFromEnv(func(k string) string { return env[k] })
+	require.NoError(t, err)
+	require.Len(t, warns, 3)
+	var out bytes.Buffer
+	o := &onceWarner{w: &out}
+	o.warn(warns)
+	o.warn(warns)
+	o.warn([]string{"another"})
+	want := ""
+	for _, w := range warns {
+		want += "symm: " + w + "\n"
+	}
+	require.Equal(t, want, out.String())
+	require.Contains(t, out.String(), "symm: PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF are both set")
+	require.Contains(t, out.String(), "symm: PYTORCH_CUDA_ALLOC_CONF: release_lock_on_cudamalloc:True is ignored")
+	require.Contains(t, out.String(), "symm: SYMM_POOL_EXPANDABLE=0 overrides expandable_segments:True")
+}
+
+// A PyTorch setting libsymm refuses is SYMM_ERR_INVALID, its message naming
+// the variable, the key and the value.
+func TestTorchConfErrorCode(t *testing.T) {
+	_, _, err := allocator.ConfigFromEnv(func(k string) string {
+		if k == "PYTORCH_ALLOC_CONF" {
+			return "backend:cudaMallocAsync"
+		}
+		return ""
+	})
+	require.Error(t, err)
+	require.Equal(t, 1, int(errCode(err)), "SYMM_ERR_INVALID")
+	require.Contains(t, err.Error(), "PYTORCH_ALLOC_CONF=")
+	require.Contains(t, err.Error(), "backend:cudaMallocAsync")
+}

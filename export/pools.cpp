@@ -1,0 +1,99 @@
+// What PyTorch's allocator interface asks besides alloc and free (the section
+// "what PyTorch's allocator interface asks" of include/symm.h): thin wrappers,
+// as in shim.cpp, that check the fork flag and the pointers, give the front
+// cache's blocks back where the pool must see them as free, and call the Go
+// exports of pools.go. None of this is on the cached path.
+#include <stdio.h>
+#include <string.h>
+
+#include "../include/symm.h"
+#include "_cgo_export.h"
+#include "front.h"
+#include "shim.h"
+
+namespace {
+// fail records code and msg as the calling thread's last error.
+int fail(int code, const char *msg) {
+  symmshim_set_error(code, msg, strlen(msg));
+  return code;
+}
+
+// forked records the error for fn and reports whether the caller must stop
+// (shim.cpp's rule, through the shim's flag).
+bool forked(const char *fn) {
+  if (__builtin_expect(!symmshim_forked(), 1)) return false;
+  char msg[256];
+  snprintf(msg, sizeof msg,
+           "%s: called in a child process after fork(); libsymm (a Go runtime) does not survive fork: use it only in "
+           "the parent, or start children with spawn/exec",
+           fn);
+  fail(SYMM_ERR_FORKED, msg);
+  return true;
+}
+
+// drain gives the front cache's blocks of device back to the pool: their
+// callers freed them, but to the pool they are allocated until then. A bad
+// device drains nothing (-1 would mean every device); the pool reports it.
+void drain(int device) {
+  if (device >= 0 && front::enabled()) front::drain(device);
+}
+}  // namespace
+
+extern "C" {
+
+int symm_pool_cache_info(int device, size_t *largest_block) {
+  if (forked("symm_pool_cache_info")) return SYMM_ERR_FORKED;
+  if (largest_block == nullptr) return fail(SYMM_ERR_INVALID, "symm_pool_cache_info: largest_block is NULL");
+  drain(device);
+  return goPoolCacheInfo(device, largest_block);
+}
+
+int symm_pool_reset_accumulated(int device) {
+  if (forked("symm_pool_reset_accumulated")) return SYMM_ERR_FORKED;
+  // Frees parked in the front cache happened before the reset: count them
+  // before it, not after.
+  drain(device);
+  return goPoolResetAccumulated(device);
+}
+
+int symm_pool_blocks(int device, symm_pool_id_t id, symm_block_info_t *out, int cap) {
+  if (forked("symm_pool_blocks")) return -1;
+  if (cap < 0 || (cap > 0 && out == nullptr)) {
+    fail(SYMM_ERR_INVALID, "symm_pool_blocks: out is NULL or cap is negative");
+    return -1;
+  }
+  // Only default-pool blocks are ever parked in the front cache.
+  if (id.first == 0 && id.second == 0) drain(device);
+  return goPoolBlocks(device, id.first, id.second, out, cap);
+}
+
+int symm_pool_restore_blocks(int device, symm_pool_id_t id, const symm_block_info_t *want, int n, uint64_t *freed,
+                             int *nfreed, uint64_t *allocated, int *nallocated) {
+  if (forked("symm_pool_restore_blocks")) return SYMM_ERR_FORKED;
+  const char *bad = nullptr;
+  if (nfreed == nullptr || nallocated == nullptr)
+    bad = "symm_pool_restore_blocks: nfreed or nallocated is NULL";
+  else if (n < 0 || (n > 0 && want == nullptr))
+    bad = "symm_pool_restore_blocks: want is NULL or n is negative";
+  else if (*nfreed < 0 || *nallocated < 0)
+    bad = "symm_pool_restore_blocks: *nfreed or *nallocated (the capacity of freed, allocated) is negative";
+  else if ((*nfreed > 0 && freed == nullptr) || (*nallocated > 0 && allocated == nullptr))
+    bad = "symm_pool_restore_blocks: freed or allocated is NULL with a capacity above 0";
+  if (bad != nullptr) {
+    if (nfreed != nullptr) *nfreed = 0;
+    if (nallocated != nullptr) *nallocated = 0;
+    return fail(SYMM_ERR_INVALID, bad);
+  }
+  // Private pools only (the default pool is refused): nothing of theirs is
+  // ever in the front cache.
+  return goPoolRestoreBlocks(device, id.first, id.second, const_cast<symm_block_info_t *>(want), n, freed, nfreed,
+                             allocated, nallocated);
+}
+
+void *symm_pool_alloc_segment(size_t size, int device, void *stream) {
+  // Never throws, in any mode: C and C++ callers get NULL and the last error.
+  if (forked("symm_pool_alloc_segment") || size == 0) return nullptr;
+  return (void *)goPoolNewSegment(size, device, (uintptr_t)stream);
+}
+
+}  // extern "C"
