@@ -27,7 +27,10 @@
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 
@@ -127,6 +130,84 @@ void load_api(const std::string &path) {
   resolve(h, "symm_pool_restore_blocks", g_api.restore_blocks, false);
   // The handle stays open: the library never unloads (RTLD_NODELETE).
 }
+
+// ---- the CUDA driver's VMM calls (expandable segments' IPC) -------------------
+// Taken from the libcuda.so.1 PyTorch has loaded; missing ones make only the
+// expandable-segment sharing fail, with a message.
+struct Driver {
+  CUresult (*retain)(CUmemGenericAllocationHandle *, void *) = nullptr;
+  CUresult (*export_fd)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
+  CUresult (*import_fd)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*addr_free)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t) = nullptr;
+  CUresult (*granularity)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags) = nullptr;
+  std::string missing;
+};
+
+const Driver &driver() {
+  static const Driver d = [] {
+    Driver x;
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (h == nullptr) {
+      x.missing = "libcuda.so.1 is not loaded";
+      return x;
+    }
+    auto get = [&](const char *name, auto &fn) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      if (fn == nullptr) x.missing += std::string(x.missing.empty() ? "" : ", ") + name;
+    };
+    get("cuMemRetainAllocationHandle", x.retain);
+    get("cuMemExportToShareableHandle", x.export_fd);
+    get("cuMemImportFromShareableHandle", x.import_fd);
+    get("cuMemRelease", x.release);
+    get("cuMemAddressReserve", x.reserve);
+    get("cuMemAddressFree", x.addr_free);
+    get("cuMemMap", x.map);
+    get("cuMemUnmap", x.unmap);
+    get("cuMemSetAccess", x.set_access);
+    get("cuMemGetAllocationGranularity", x.granularity);
+    return x;
+  }();
+  TORCH_CHECK(d.missing.empty(), "libsymm: CUDA IPC of expandable segments needs the driver's ", d.missing);
+  return d;
+}
+
+void drv_check(CUresult r, const char *what) {
+  TORCH_CHECK(r == CUDA_SUCCESS, "libsymm: ", what, " failed: CUresult ", static_cast<int>(r));
+}
+
+// The chunk size of VMM allocations made for sharing by POSIX descriptor on dev.
+size_t vmm_granularity(const Driver &d, int dev) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  size_t g = 0;
+  drv_check(d.granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), "cuMemGetAllocationGranularity");
+  return g;
+}
+
+// PyTorch's header of a shared expandable segment (c10/cuda/CUDACachingAllocator.cpp,
+// ExpandableSegment::share): the sender's pid, the size of each physical
+// chunk and their number; then one POSIX descriptor (an int, valid in the
+// sender) per chunk, which the receiver duplicates with pidfd_getfd.
+struct ShareHeader {
+  pid_t pid;
+  size_t segment_size;
+  size_t num_handles;
+};
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
 
 std::string last_error() {
   const char *m = g_api.last_error();
@@ -297,6 +378,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   void release(void *p, size_t size, int dev, cudaStream_t stream) {
     if (p == nullptr) return;
     if (recording_.load(std::memory_order_relaxed)) remember_free(p, dev);
+    if (__builtin_expect(any_shared_.load(std::memory_order_acquire), 0)) unshare(p);
     g_api.free(p, size, dev, stream);
   }
 
@@ -522,10 +604,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     uint64_t base = 0, size = 0;
     int expandable = 0;
     check(need(g_api.segment_of, "symm_pool_segment_of")(ptr, &base, &size, &expandable), "shareIpcHandle");
-    TORCH_CHECK(!expandable, "libsymm: sharing a CUDA tensor of an expandable segment with another process is not "
-                "supported; run the sending process without expandable segments (SYMM_POOL_EXPANDABLE=0 / "
-                "PYTORCH_CUDA_ALLOC_CONF without expandable_segments:True), or clone the tensor into a MemPool "
-                "(torch.cuda.MemPool(symm.pool_allocator().allocator())) before sending it");
+    if (expandable) return share_expandable(ptr, base, size);
     cudaIpcMemHandle_t h;
     C10_CUDA_CHECK(cudaIpcGetMemHandle(&h, reinterpret_cast<void *>(base)));
     std::string s;
@@ -538,36 +617,44 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
     // The bare 64-byte handle is PyTorch's format before handle versions.
     const char *raw = nullptr;
+    bool expandable = false;
     if (handle.size() == CUDA_IPC_HANDLE_SIZE) {
       raw = handle.data();
     } else if (handle.size() == 2 + CUDA_IPC_HANDLE_SIZE && handle[0] == kHandleVersion &&
                handle[1] == kHandleCudaMalloc) {
       raw = handle.data() + 2;
+    } else if (handle.size() >= 2 + sizeof(ShareHeader) && handle[0] == kHandleVersion &&
+               handle[1] == kHandleExpandable) {
+      expandable = true;
     } else {
       TORCH_CHECK(false, "libsymm: getIpcDevPtr: a CUDA IPC handle of ", handle.size(), " bytes",
                   handle.size() >= 2 ? std::string(" (version ") + std::to_string(int(handle[0])) + ", type '" +
                                            handle[1] + "')"
                                      : std::string(),
-                  " is not a cudaMalloc segment's (version 2, type 'c'): a tensor of PyTorch's expandable "
-                  "segments cannot be opened by libsymm; send it from a process without expandable segments");
+                  " is in no format libsymm knows (version 2, type 'c' or 'e')");
     }
     std::lock_guard<std::mutex> g(ipc_mu_);
     auto it = ipc_.find(handle);
     if (it != ipc_.end()) {
       if (auto p = it->second.lock()) return p;  // one mapping per handle: CUDA refuses a second open
     }
+    int device = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    std::shared_ptr<void> sp = expandable ? open_expandable(handle, device) : open_cuda_malloc(handle, raw, device);
+    ipc_[handle] = sp;
+    return sp;
+  }
+
+ private:
+  static constexpr char kHandleExpandable = 'e';
+
+  std::shared_ptr<void> open_cuda_malloc(const std::string &handle, const char *raw, int device) {
     cudaIpcMemHandle_t h;
     memcpy(&h, raw, sizeof h);
     void *dev = nullptr;
     C10_CUDA_CHECK(cudaIpcOpenMemHandle(&dev, h, cudaIpcMemLazyEnablePeerAccess));
-    int device = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&device));
-    std::shared_ptr<void> sp(dev, [this, handle, device](void *p) {
-      {
-        std::lock_guard<std::mutex> g(ipc_mu_);
-        auto i = ipc_.find(handle);
-        if (i != ipc_.end() && i->second.expired()) ipc_.erase(i);
-      }
+    return std::shared_ptr<void>(dev, [this, handle, device](void *p) {
+      forget_ipc(handle);
       c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
       cudaError_t e = cudaIpcCloseMemHandle(p);
       if (e != cudaSuccess) {
@@ -575,10 +662,167 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
         TORCH_WARN("libsymm: cudaIpcCloseMemHandle: ", cudaGetErrorString(e));
       }
     });
-    ipc_[handle] = sp;
-    return sp;
   }
 
+  void forget_ipc(const std::string &handle) {
+    std::lock_guard<std::mutex> g(ipc_mu_);
+    auto i = ipc_.find(handle);
+    if (i != ipc_.end() && i->second.expired()) ipc_.erase(i);
+  }
+
+  // A segment shared as PyTorch's expandable segments are: its chunks'
+  // descriptors are duplicated from the sender (pidfd_getfd, which needs the
+  // same user and ptrace permission, as PyTorch's own receiver does),
+  // imported and mapped into a range of this process.
+  std::shared_ptr<void> open_expandable(const std::string &handle, int device) {
+    const Driver &d = driver();
+    ShareHeader hd;
+    memcpy(&hd, handle.data() + 2, sizeof hd);
+    TORCH_CHECK(hd.num_handles > 0 && hd.segment_size > 0 &&
+                    handle.size() == 2 + sizeof hd + hd.num_handles * sizeof(int),
+                "libsymm: getIpcDevPtr: an expandable-segment handle of ", handle.size(), " bytes for ",
+                hd.num_handles, " chunks of ", hd.segment_size,
+                " bytes: not the layout libsymm reads (POSIX descriptors); was it made with fabric handles?");
+    int pidfd = static_cast<int>(syscall(SYS_pidfd_open, hd.pid, 0));
+    TORCH_CHECK(pidfd >= 0, "libsymm: getIpcDevPtr: pidfd_open(", hd.pid, ") of the sending process: ",
+                strerror(errno));
+    size_t total = hd.num_handles * hd.segment_size;
+    CUdeviceptr va = 0;
+    // Default alignment (the granularity): PyTorch's chunks are 20 MiB, not
+    // a power of two, which the driver refuses as an alignment.
+    CUresult r = d.reserve(&va, total, 0, 0, 0);
+    if (r != CUDA_SUCCESS) {
+      close(pidfd);
+      drv_check(r, "cuMemAddressReserve");
+    }
+    size_t mapped = 0;
+    std::string err;
+    for (size_t i = 0; i < hd.num_handles && err.empty(); i++) {
+      int fd = 0;
+      memcpy(&fd, handle.data() + 2 + sizeof hd + i * sizeof(int), sizeof fd);
+      int mine = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+      if (mine < 0) {
+        err = std::string("pidfd_getfd(descriptor ") + std::to_string(fd) + " of process " + std::to_string(hd.pid) +
+              "): " + strerror(errno);
+        break;
+      }
+      CUmemGenericAllocationHandle h = 0;
+      r = d.import_fd(&h, reinterpret_cast<void *>(static_cast<intptr_t>(mine)),
+                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      close(mine);
+      if (r != CUDA_SUCCESS) {
+        err = "cuMemImportFromShareableHandle: CUresult " + std::to_string(static_cast<int>(r));
+        break;
+      }
+      r = d.map(va + i * hd.segment_size, hd.segment_size, 0, h, 0);
+      d.release(h);  // the mapping holds the memory now
+      if (r != CUDA_SUCCESS) {
+        err = "cuMemMap: CUresult " + std::to_string(static_cast<int>(r));
+        break;
+      }
+      mapped++;
+    }
+    close(pidfd);
+    if (err.empty()) {
+      CUmemAccessDesc acc{};
+      acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      acc.location.id = device;
+      acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      r = d.set_access(va, total, &acc, 1);
+      if (r != CUDA_SUCCESS) err = "cuMemSetAccess: CUresult " + std::to_string(static_cast<int>(r));
+    }
+    auto undo = [&d, va, total, seg = hd.segment_size](size_t n) {
+      for (size_t i = 0; i < n; i++) d.unmap(va + i * seg, seg);
+      d.addr_free(va, total);
+    };
+    if (!err.empty()) {
+      undo(mapped);
+      TORCH_CHECK(false, "libsymm: getIpcDevPtr: opening a shared expandable segment: ", err);
+    }
+    return std::shared_ptr<void>(reinterpret_cast<void *>(va), [this, handle, device, undo, n = hd.num_handles](void *) {
+      forget_ipc(handle);
+      c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+      // Work queued on this device may still read the mapping: unmapping
+      // does not wait for it.
+      (void)cudaDeviceSynchronize();
+      undo(n);
+    });
+  }
+
+  // Shares the chunks under ptr's block in PyTorch's expandable-segment
+  // format. Each chunk's descriptor stays open here while a shared block
+  // covers it (the receiver duplicates it from this process); it is closed
+  // when the last such block is freed, before the chunk can be unmapped.
+  CCA::ShareableHandle share_expandable(void *ptr, uint64_t base, uint64_t mapped) {
+    const Driver &d = driver();
+    int dev = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&dev));
+    uint64_t g = vmm_granularity(d, dev);
+    uint64_t p = reinterpret_cast<uint64_t>(ptr), len = 1;
+    {
+      std::lock_guard<std::mutex> lk(meta_mu_);
+      auto it = meta_.find(ptr);
+      if (it != meta_.end() && it->second.size > 0) len = it->second.size;
+    }
+    uint64_t begin = base + (p - base) / g * g;
+    uint64_t end = std::min(base + (p + len - base + g - 1) / g * g, base + mapped);
+    TORCH_CHECK(end > begin, "libsymm: shareIpcHandle: ", ptr, " is outside its segment's mapped part");
+    ShareHeader hd{};
+    hd.pid = getpid();
+    hd.segment_size = g;
+    hd.num_handles = (end - begin) / g;
+    std::string s;
+    s.push_back(kHandleVersion);
+    s.push_back(kHandleExpandable);
+    s.append(reinterpret_cast<const char *>(&hd), sizeof hd);
+    std::lock_guard<std::mutex> lk(share_mu_);
+    std::vector<uint64_t> &chunks = shared_[ptr];
+    for (uint64_t a = begin; a < end; a += g) {
+      auto it = chunk_fds_.find(a);
+      if (it == chunk_fds_.end()) {
+        CUmemGenericAllocationHandle h = 0;
+        drv_check(d.retain(&h, reinterpret_cast<void *>(a)), "cuMemRetainAllocationHandle");
+        int fd = -1;
+        CUresult r = d.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        d.release(h);  // retain took a reference; the mapping keeps the memory
+        drv_check(r, "cuMemExportToShareableHandle");
+        it = chunk_fds_.emplace(a, ChunkFd{fd, 0}).first;
+      }
+      it->second.refs++;
+      chunks.push_back(a);
+      s.append(reinterpret_cast<const char *>(&it->second.fd), sizeof(int));
+    }
+    any_shared_.store(true, std::memory_order_release);
+    return CCA::ShareableHandle{static_cast<ptrdiff_t>(p - begin), s};
+  }
+
+  // Called before ptr goes back to the pool: closes the descriptors of
+  // chunks no other shared block covers.
+  void unshare(void *ptr) {
+    std::lock_guard<std::mutex> lk(share_mu_);
+    auto it = shared_.find(ptr);
+    if (it == shared_.end()) return;
+    for (uint64_t a : it->second) {
+      auto c = chunk_fds_.find(a);
+      if (c != chunk_fds_.end() && --c->second.refs == 0) {
+        close(c->second.fd);
+        chunk_fds_.erase(c);
+      }
+    }
+    shared_.erase(it);
+    any_shared_.store(!shared_.empty(), std::memory_order_release);
+  }
+
+  struct ChunkFd {
+    int fd;
+    int refs;
+  };
+  std::mutex share_mu_;  // guards shared_ and chunk_fds_
+  std::atomic<bool> any_shared_{false};
+  std::unordered_map<void *, std::vector<uint64_t>> shared_;
+  std::unordered_map<uint64_t, ChunkFd> chunk_fds_;
+
+ public:
   // ---- out-of-memory observers ----------------------------------------------------
   void attachOutOfMemoryObserver(CCA::OutOfMemoryObserver observer) override {
     std::lock_guard<std::mutex> g(mu_);

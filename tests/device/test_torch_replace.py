@@ -15,8 +15,11 @@ set_per_process_memory_fraction), history (_record_memory_history ->
 _snapshot with this file's frames -> _dump_snapshot -> memory_viz's
 trace_plot and segment_plot render), mp (a CUDA tensor through a
 torch.multiprocessing queue to a spawned child on each allocator and back),
-compile (torch.compile(mode="reduce-overhead") training and inference equal
-eager; an eager tensor made between replays is never overwritten), graphs
+mpexp (the same with expandable segments everywhere), compile
+(torch.compile(mode="reduce-overhead") training and inference equal
+eager; an eager tensor made between replays is never overwritten), tree
+(cudagraph trees whose path diverges: a private pool's checkpoint is restored,
+with PyTorch's slow-path asserts on), graphs
 (a captured graph that frees intermediates; tensors made after it survive
 replays), expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives
 libsymm's expandable segments), plain (PyTorch's plain recipe: a capture is
@@ -38,7 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-CHECKS = ("stats", "cudnn", "oom", "history", "mp", "compile", "graphs", "expandable", "plain", "noabort")
+CHECKS = ("stats", "cudnn", "oom", "history", "mp", "mpexp", "compile", "tree", "graphs", "expandable", "plain",
+          "noabort")
 ALLOCS = ("native", "symm")
 MiB = 1 << 20
 
@@ -227,6 +231,18 @@ def check_mp(alloc):
     return results
 
 
+def check_mpexp(alloc):
+    """mp with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in every
+    process: tensors of expandable segments (PyTorch's and libsymm's) cross."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    res = check_mp(alloc)
+    import torch
+
+    snap = torch.cuda.memory._snapshot()
+    assert snap["segments"] and all(seg["is_expandable"] for seg in snap["segments"]), "not expandable"
+    return res
+
+
 def check_compile(alloc):
     torch = install(alloc)
     torch.manual_seed(0)
@@ -262,6 +278,49 @@ def check_compile(alloc):
             a.grad = None
             b.grad = None
     return {"inference_calls": 6, "training_steps": 8}
+
+
+def check_tree(alloc):
+    """cudagraph trees whose recorded path diverges: the allocator's checkpoint
+    of a private pool is restored (setCheckpointPoolState), with PyTorch's
+    slow-path asserts on (checkPoolLiveAllocations and a snapshot of the pool
+    after every restore)."""
+    torch = install(alloc)
+    import torch._inductor.config as icfg
+
+    icfg.triton.slow_path_cudagraph_asserts = True
+    torch.manual_seed(0)
+    w = torch.randn(512, 512, device="cuda")
+
+    def a(x):
+        return (x @ w).relu()
+
+    def b(y):
+        return (y * 2 + 1).sum(dim=0)
+
+    def c(y):
+        return (y.sin() @ w).sum(dim=1)
+
+    ca, cb, cc = (torch.compile(f, mode="reduce-overhead") for f in (a, b, c))
+    with torch.no_grad():
+        for i in range(12):
+            torch.compiler.cudagraph_mark_step_begin()  # last step's outputs are dead
+            x = torch.randn(256, 512, device="cuda")
+            y = ca(x)
+            # b on even steps, c on odd ones: two children of a's node, each
+            # recorded after the other ran, from a's checkpointed state.
+            got = (cb if i % 2 == 0 else cc)(y).clone()
+            want = (b if i % 2 == 0 else c)(a(x))
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    checkpoints = None
+    try:
+        from torch._inductor import cudagraph_trees
+
+        mgr = cudagraph_trees.get_container(torch.cuda.current_device()).tree_manager
+        checkpoints = getattr(mgr, "debug_checkpointing_counter", None)
+    except Exception:  # noqa: BLE001 - the counter is only reported
+        pass
+    return {"steps": 12, "checkpoints_restored": checkpoints}
 
 
 def check_graphs(alloc):
