@@ -489,16 +489,7 @@ func (s *shard) carve(b *block, addr uintptr, size, req uint64) *block {
 		s.removeIdle(seg)
 	}
 	if lead := uint64(addr - b.ptr); lead > 0 {
-		lo := s.newBlock()
-		*lo = block{ptr: b.ptr, size: lead, seg: seg, prev: b.prev, next: b}
-		if b.prev != nil {
-			b.prev.next = lo
-		} else {
-			seg.head = lo
-		}
-		b.prev = lo
-		b.ptr, b.size = addr, b.size-lead
-		s.insertFree(lo)
+		s.splitHigh(b, b.size-lead) // [b.ptr, addr) stays free
 	}
 	if b.size > size {
 		s.splitTail(b, size)

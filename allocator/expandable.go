@@ -72,8 +72,8 @@ var expandableSmall = false
 func nearNewer(b *block) bool { return b.prev == nil || b.next.born > b.prev.born }
 
 // splitHigh cuts free block b (out of its bin) in two: a free block of the
-// low b.size−r bytes and b itself, r bytes at the high end. b is not its
-// segment's last block. Called with s.mu held.
+// low b.size−r bytes and b itself, r bytes at the high end (0 < r < b.size).
+// Called with s.mu held.
 func (s *shard) splitHigh(b *block, r uint64) {
 	rest := s.newBlock()
 	*rest = block{ptr: b.ptr, size: b.size - r, seg: b.seg, prev: b.prev, next: b}

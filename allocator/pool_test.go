@@ -463,10 +463,11 @@ func TestConcurrentStreams(t *testing.T) {
 	require.EqualValues(t, 0, stat(t, p, 0, "reserved_bytes.all.current")+stat(t, p, 1, "reserved_bytes.all.current"))
 }
 
-// The cached path allocates nothing on the Go heap.
-func TestCachedPathMakesNoHeapAllocation(t *testing.T) {
-	p, _ := newPool(t, Config{})
-	for _, n := range []uint64{512, 1 << 20, 64 << 20} {
+// requireCachedNoHeapAlloc checks that a cached alloc+free of each size on
+// device 0, stream sA, allocates nothing on the Go heap.
+func requireCachedNoHeapAlloc(t *testing.T, p *Pool, sizes ...uint64) {
+	t.Helper()
+	for _, n := range sizes {
 		ptr := mustAlloc(t, p, 0, sA, n)
 		require.NoError(t, p.Free(0, sA, ptr, n))
 		avg := testing.AllocsPerRun(1000, func() {
@@ -480,6 +481,12 @@ func TestCachedPathMakesNoHeapAllocation(t *testing.T) {
 		})
 		require.Zero(t, avg, "%d-byte cached alloc+free allocates", n)
 	}
+}
+
+// The cached path allocates nothing on the Go heap.
+func TestCachedPathMakesNoHeapAllocation(t *testing.T) {
+	p, _ := newPool(t, Config{})
+	requireCachedNoHeapAlloc(t, p, 512, 1<<20, 64<<20)
 	// Also with splits and merges: several live blocks of mixed sizes.
 	live := make([]uintptr, 0, 8)
 	avg := testing.AllocsPerRun(500, func() {

@@ -487,20 +487,7 @@ func TestPoolMaxNonSplitRounding(t *testing.T) {
 // that touches it (rounding, the collector's clock).
 func TestCachedPathNoHeapAllocTorchSettings(t *testing.T) {
 	p, _ := newPool(t, Config{RoundupPower2Divisions: all16(4), GCThreshold: 0.5, Limit: 1 << 30, MaxSplit: 100 * mib})
-	for _, n := range []uint64{700, 3000, 1 << 20, 5*mib + 1, 64 << 20, 150*mib + 3} {
-		ptr := mustAlloc(t, p, 0, sA, n)
-		require.NoError(t, p.Free(0, sA, ptr, n))
-		avg := testing.AllocsPerRun(1000, func() {
-			ptr, err := p.Alloc(0, sA, n)
-			if err != nil {
-				panic(err)
-			}
-			if err := p.Free(0, sA, ptr, n); err != nil {
-				panic(err)
-			}
-		})
-		require.Zero(t, avg, "%d-byte cached alloc+free allocates", n)
-	}
+	requireCachedNoHeapAlloc(t, p, 700, 3000, 1<<20, 5*mib+1, 64<<20, 150*mib+3)
 }
 
 // gcScene sets up device 0 with three idle large segments of known ages and
