@@ -977,19 +977,28 @@ func (s *shard) releaseSegment(seg *segment) error {
 }
 
 // releaseCached waits for every pending block of the device and returns
-// every idle segment to the backend.
+// every idle segment to the backend; while any private pool of the device is
+// routing (a capture may be under way) it does nothing.
 func (d *device) releaseCached() error {
 	var errs []error
 	// privMu keeps every private pool's released state put meanwhile.
 	d.privMu.Lock()
 	defer d.privMu.Unlock()
-	capturing := d.routes.Load() > 0
+	if d.routes.Load() > 0 {
+		// A capture may be under way on any stream of the device: the
+		// driver forbids freeing (cuMemFree) and the synchronize before an
+		// unmap during a global-mode capture, and waiting for pending blocks
+		// would record and query events. PyTorch releases nothing while a
+		// capture is under way either; the first release after the routes
+		// end does it.
+		return nil
+	}
 	for _, s := range d.shardList() {
 		if s.pool != nil && !s.direct && !s.pool.released() {
 			continue // a live graph's memory stays with its pool
 		}
 		s.mu.Lock()
-		if len(s.pending) > 0 && !capturing {
+		if len(s.pending) > 0 {
 			if err := s.processPending(true); err != nil {
 				errs = append(errs, err)
 			}

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -243,4 +244,41 @@ func TestHistoryRecordsOOM(t *testing.T) {
 	require.Equal(t, ActOOM, h[len(h)-1].Action)
 	require.Equal(t, uintptr(8<<20), h[len(h)-1].Addr)
 	require.Equal(t, uint64(9<<20), h[len(h)-1].Size)
+}
+
+// While a pool is routing (a capture may be under way on any stream of the
+// device), nothing goes back to the backend: not at empty_cache, not in the
+// out-of-memory retry. The driver forbids freeing and unmapping during a
+// global-mode capture, and PyTorch releases nothing then either. Once the
+// routes end, the same memory is released.
+func TestNothingReleasedWhileRouting(t *testing.T) {
+	for _, expandable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("expandable=%v", expandable), func(t *testing.T) {
+			f := newFake(2)
+			f.capacity = 64 << 20 // before New: expandable ranges are sized from it
+			p, err := New(f, Config{Expandable: expandable})
+			require.NoError(t, err)
+			x := mustAlloc(t, p, 0, sA, 30<<20)
+			require.NoError(t, p.Free(0, sA, x, 30<<20))
+			reserved := stat(t, p, 0, "reserved_bytes.all.current")
+			require.NotZero(t, reserved)
+			frees, mapped := f.frees, len(f.mapped)
+
+			require.NoError(t, p.BeginAllocateToPool(0, graphPool))
+			require.NoError(t, p.EmptyCache())
+			// Another stream's request the cache cannot serve: out of memory,
+			// with the cached segment kept.
+			_, err = p.Alloc(0, sB, 60<<20)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.Equal(t, frees, f.frees, "a segment was freed while a capture may be under way")
+			require.Equal(t, mapped, len(f.mapped), "chunks were unmapped while a capture may be under way")
+			require.Equal(t, reserved, stat(t, p, 0, "reserved_bytes.all.current"))
+			require.NoError(t, p.EndAllocateToPool(0, graphPool))
+
+			require.NoError(t, p.EmptyCache())
+			require.Zero(t, stat(t, p, 0, "reserved_bytes.all.current"), "released once no capture is under way")
+			require.NoError(t, p.ReleasePool(0, graphPool, true))
+			check(t, p)
+		})
+	}
 }

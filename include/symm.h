@@ -115,7 +115,10 @@ void symm_torch_init(int device_count);
 
 /* Returns every unused cached segment of every device to the driver. A
  * driver error freeing one is the last error (SYMM_ERR_DRIVER); before the
- * pool exists it does nothing and sets no error. */
+ * pool exists it does nothing and sets no error. A device on which a private
+ * pool is routing (a CUDA graph capture may be under way) keeps its memory,
+ * as it does in the out-of-memory retry: the driver forbids freeing during a
+ * capture. The first call after the routes end releases it. */
 void symm_pool_empty_cache(void);
 
 /* Caps device's reserved memory at fraction (0 < fraction <= 1) of its total
