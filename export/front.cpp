@@ -350,6 +350,15 @@ void drain(int dev) {
   while (int k = take(dev, out, kBatch)) goPoolReturnParked(out, k);
 }
 
+void forget_all() {
+  for (Stripe &s : g_stripes) {
+    Guard g(s.lk);
+    if (s.n == 0) continue;
+    memset(s.tab, 0, s.cap * sizeof(Rec));  // every state kEmpty
+    s.n = 0;
+  }
+}
+
 uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
   // The pool is about to place a block: first it gets back what this
   // device's CPUs parked, in the same call into Go. So the pool never

@@ -40,5 +40,9 @@ bool any_cached();
 void mark_record_stream(uintptr_t base);
 // drain hands every cached block of dev (-1: all devices) back to Go.
 void drain(int dev);
+// forget_all empties the live set: every block's next free goes to Go.
+// For a change of mode in which frees and allocations bypass the front cache
+// (memory history): records kept across it could be stale.
+void forget_all();
 }  // namespace front
 #endif

@@ -425,12 +425,28 @@ int symm_pool_release_pool(int device, symm_pool_id_t id) {
 
 int symm_pool_record_history(int enabled, size_t max_entries) {
   if (forked("symm_pool_record_history")) return SYMM_ERR_FORKED;
+  // While history is on, allocations and frees bypass the front cache and
+  // leave its live set alone, so a record made before could describe a
+  // block that was freed and handed out again meanwhile (another stream,
+  // another size). The live set is emptied at both changes of mode: before
+  // history, after the cached blocks went back (they were freed unseen);
+  // after it, for calls that were under way as it began. A block allocated
+  // before then has no record, and its free goes to the pool, which knows it.
   if (enabled) {
     g_history.store(1);
-    if (front::enabled()) front::drain(-1);  // its blocks were freed unseen
+    if (front::enabled()) {
+      front::drain(-1);
+      front::forget_all();
+    }
   }
   int rc = goPoolRecordHistory(enabled, max_entries);
-  if (!enabled || rc != SYMM_OK) g_history.store(0);
+  if (!enabled || rc != SYMM_OK) {
+    if (front::enabled()) {
+      front::drain(-1);
+      front::forget_all();
+    }
+    g_history.store(0);
+  }
   return rc;
 }
 

@@ -212,6 +212,33 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+/* Memory history turns the front cache off (every alloc and free reaches the
+ * pool, so that each is recorded). A block handed out before, freed and
+ * taken again while history is on, must not keep its old record in the
+ * front cache's live set: after history, a free would cache it under the
+ * old stream and size (the block's new owner asked for less), and the front
+ * cache would hand it out for the old size; when it finally reaches the pool
+ * the sizes disagree and the block is lost. Here B's request (3000 bytes)
+ * takes A's idle segment, and the free passes size 0 (C's "any size"). */
+static void test_history_toggle_forgets_stale_blocks(void) {
+  void *sa = (void *)0x5a0, *sb = (void *)0x5b0;
+  symm_pool_empty_cache();
+  int64_t base = stat(0, "allocation.all.current");
+  void *p = symm_pool_alloc(4096, 0, sa); /* alone in its segment */
+  CHECK(p != NULL, "alloc on A");
+  CHECK(symm_pool_record_history(1, 1000) == SYMM_OK, "history on");
+  symm_pool_free(p, 4096, 0, sa);
+  void *q = symm_pool_alloc(3000, 0, sb); /* B takes A's idle segment */
+  CHECK(q != NULL, "alloc on B");
+  CHECK(symm_pool_record_history(0, 0) == SYMM_OK, "history off");
+  symm_pool_free(q, 0, 0, sb);
+  void *r = symm_pool_alloc(4096, 0, sa);
+  CHECK(r != NULL, "alloc on A again");
+  symm_pool_free(r, 4096, 0, sa);
+  CHECK(stat(0, "allocation.all.current") == base, "every block went back (q %s p)", q == p ? "==" : "!=");
+  symm_pool_empty_cache();
+}
+
 static void test_threads(void) {
   pthread_t t[8];
   for (uintptr_t i = 0; i < 8; i++) pthread_create(&t[i], NULL, worker, (void *)i);
@@ -261,6 +288,7 @@ int main(void) {
   test_large_blocks_skip_the_front_cache();
   test_parked_blocks_do_not_grow_the_pool();
   test_a_miss_returns_parked_blocks();
+  test_history_toggle_forgets_stale_blocks();
   test_threads();
   test_fork();
   printf("test_pool: %d passed, %d failed\n", passes, failures);
