@@ -204,7 +204,7 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
       if (e.req == size && e.dev == dev && e.stream == stream) {
         ptr = e.ptr;
         memmove(&c.e[i], &c.e[i + 1], (c.n - i - 1) * sizeof(Entry));
-        c.n--;
+        __atomic_store_n(&c.n, c.n - 1, __ATOMIC_RELAXED);  // read without the lock by parked()
         break;
       }
     }
@@ -285,10 +285,11 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
     if (c.n == kEntries) {
       evicted = c.e[0];
       memmove(&c.e[0], &c.e[1], (kEntries - 1) * sizeof(Entry));
-      c.n--;
+      __atomic_store_n(&c.n, c.n - 1, __ATOMIC_RELAXED);
       evict = true;
     }
-    c.e[c.n++] = mine;
+    c.e[c.n] = mine;
+    __atomic_store_n(&c.n, c.n + 1, __ATOMIC_RELAXED);
   }
   if (evict) {
     forget(evicted.ptr);
@@ -319,7 +320,7 @@ int take(int dev, Entry *out, int max) {
         else
           c.e[keep++] = c.e[i];
       }
-      c.n = keep;
+      __atomic_store_n(&c.n, keep, __ATOMIC_RELAXED);
       unmark_if_empty(cpu);
     }
   });
@@ -365,9 +366,14 @@ uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
   // places (or grows, or splits) around a parked block, every rise of its
   // allocated count happens with nothing parked for this device (its peak
   // is the true one, up to frees racing on other threads), and a miss costs
-  // one C->Go call however many blocks it returns.
+  // one C->Go call unless more than kBatch blocks are parked (more than 8
+  // CPUs holding this device's blocks), when each full batch costs one more.
   Entry back[kBatch];
   int k = take(dev, back, kBatch);
+  while (k == kBatch) {  // more than a batch parked (many CPUs): the full ones go back first
+    goPoolReturnParked(back, k);
+    k = take(dev, back, kBatch);
+  }
   uint64_t bsize = 0;
   uintptr_t p = goPoolAllocAfter(api, back, k, size, dev, stream, &bsize);
   if (p != 0) on_go_alloc(p, bsize, size, dev, stream);
