@@ -1,0 +1,229 @@
+package allocator
+
+// The cached path (Go's mcache): a shard's bins, its blocks' split and merge,
+// its segments and idle list, all under the shard's own lock.
+
+func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
+	p := s.dev.pool
+	r := roundSize(n)
+	if p.roundup && !s.direct {
+		r = roundDivisions(n, &p.cfg.RoundupPower2Divisions)
+	}
+	var k poolKind
+	if s.expandable {
+		k = expandableKind(r)
+	} else {
+		k = kindFor(r, p.cfg.MaxSplit)
+	}
+	if p.gcOn && k != smallPool && s.pool == nil {
+		s.dev.gcClock.Add(1) // the collector's clock: large-pool requests (gc.go)
+	}
+	s.mu.Lock()
+	if len(s.pending) > 0 && s.dev.routes.Load() == 0 {
+		s.processPending(false)
+	}
+	var b *block
+	if !s.direct {
+		b = s.findFree(r, k)
+	}
+	if b == nil {
+		var err error
+		if b, err = s.allocSlow(n, r, k); err != nil {
+			s.mu.Unlock()
+			return 0, 0, err
+		}
+	}
+	s.take(b, r, n)
+	ptr, size := b.ptr, b.size
+	s.dev.hist.record(ActAlloc, ptr, size, s.stream)
+	s.mu.Unlock()
+	return ptr, size, nil
+}
+
+func (s *shard) findFree(r uint64, k poolKind) *block {
+	b := s.bins[k].find(r)
+	if b != nil && k == oversizePool && b.size >= r+s.dev.pool.slack {
+		return nil
+	}
+	return b
+}
+
+// take hands out free block b for a request of n bytes rounded to r.
+func (s *shard) take(b *block, r, n uint64) {
+	s.removeFree(b)
+	seg := b.seg
+	if seg.idle {
+		s.removeIdle(seg)
+	}
+	if seg.vsize != 0 && b.size > r && b.next != nil && nearNewer(b) {
+		s.splitHigh(b, r)
+	} else if shouldSplit(b.size, r, seg.kind) || (seg.vsize != 0 && b.size > r) {
+		s.splitTail(b, r)
+	}
+	b.state = blockAllocated
+	b.req = n
+	if seg.vsize != 0 { // only nearNewer reads born, and only in expandable segments
+		s.births++
+		b.born = s.births
+	}
+	s.live.put(b)
+	sz := int64(b.size)
+	s.stats.alloc(seg.kind, sz, int64(n))
+	if s.dev.hot.multi.Load() {
+		s.dev.hot.alloc(sz, int64(n))
+	}
+}
+
+// free takes back allocated block b.
+func (s *shard) free(b *block) {
+	s.live.del(b)
+	k := b.seg.kind
+	sz := int64(b.size)
+	pending := b.extraN > 0
+	s.dev.hist.record(ActFreeRequested, b.ptr, b.size, s.stream)
+	s.stats.free(k, sz, int64(b.req))
+	if s.dev.hot.multi.Load() {
+		s.dev.hot.free(sz, int64(b.req), pending)
+	}
+	if pending {
+		s.deferFree(b)
+		return
+	}
+	s.stats.done(k, sz)
+	s.dev.hist.record(ActFreeCompleted, b.ptr, b.size, s.stream)
+	s.release(b)
+}
+
+// release puts block b (allocated or pending, already out of every table)
+// back in the bins, merged with free neighbours.
+func (s *shard) release(b *block) {
+	b.state = blockFree
+	b.req = 0
+	b.extraN = 0
+	b.extraMore = nil
+	if p := b.prev; p != nil && p.state == blockFree {
+		s.removeFree(p)
+		p.size += b.size
+		p.next = b.next
+		if b.next != nil {
+			b.next.prev = p
+		} else {
+			p.seg.tail = p
+		}
+		s.recycle(b)
+		b = p
+	}
+	if nx := b.next; nx != nil && nx.state == blockFree {
+		s.removeFree(nx)
+		b.size += nx.size
+		b.next = nx.next
+		if nx.next != nil {
+			nx.next.prev = b
+		} else {
+			b.seg.tail = b
+		}
+		s.recycle(nx)
+	}
+	s.insertFree(b)
+	if b.isWholeSegment() {
+		s.addIdle(b.seg)
+	}
+}
+
+// splitTail cuts b down to its first n bytes (0 < n < b.size); the rest of
+// it becomes a free block right after it, in its bin.
+func (s *shard) splitTail(b *block, n uint64) {
+	rest := s.newBlock()
+	*rest = block{ptr: b.ptr + uintptr(n), size: b.size - n, seg: b.seg, prev: b, next: b.next}
+	if b.next != nil {
+		b.next.prev = rest
+	} else {
+		b.seg.tail = rest
+	}
+	b.next = rest
+	b.size = n
+	s.insertFree(rest)
+}
+
+func (s *shard) insertFree(b *block) {
+	s.bins[b.seg.kind].insert(b)
+	if !b.isWholeSegment() {
+		b.splitFree = true
+		s.stats.inactiveSplit(b.seg.kind, 1, int64(b.size))
+	}
+}
+
+func (s *shard) removeFree(b *block) {
+	s.bins[b.seg.kind].remove(b)
+	if b.splitFree {
+		b.splitFree = false
+		s.stats.inactiveSplit(b.seg.kind, -1, -int64(b.size))
+	}
+}
+
+func (s *shard) newBlock() *block {
+	if b := s.spare; b != nil {
+		s.spare = b.fnext
+		b.fnext = nil
+		return b
+	}
+	return new(block)
+}
+
+func (s *shard) recycle(b *block) {
+	*b = block{fnext: s.spare}
+	s.spare = b
+}
+
+func (s *shard) addSeg(seg *segment) {
+	seg.shard = s
+	seg.sprev = nil
+	seg.snext = s.segs
+	if s.segs != nil {
+		s.segs.sprev = seg
+	}
+	s.segs = seg
+}
+
+func (s *shard) removeSeg(seg *segment) {
+	if seg.sprev != nil {
+		seg.sprev.snext = seg.snext
+	} else {
+		s.segs = seg.snext
+	}
+	if seg.snext != nil {
+		seg.snext.sprev = seg.sprev
+	}
+	seg.sprev, seg.snext = nil, nil
+}
+
+func (s *shard) addIdle(seg *segment) {
+	seg.idle = true
+	if s.dev.pool.gcOn {
+		seg.idleAt = s.dev.gcClock.Load()
+	}
+	seg.iprev = nil
+	seg.inext = s.idle
+	if s.idle != nil {
+		s.idle.iprev = seg
+	}
+	s.idle = seg
+}
+
+// removeIdle takes seg off the idle list; its owner is using it again, so a
+// steal event recorded earlier no longer covers it.
+func (s *shard) removeIdle(seg *segment) {
+	if seg.iprev != nil {
+		seg.iprev.inext = seg.inext
+	} else {
+		s.idle = seg.inext
+	}
+	if seg.inext != nil {
+		seg.inext.iprev = seg.iprev
+	}
+	seg.iprev, seg.inext, seg.idle = nil, nil, false
+	if seg.hasEvent {
+		s.dev.putEvent(seg.stealEvent)
+		seg.hasEvent = false
+	}
+}
