@@ -3,7 +3,6 @@
 // as in shim.cpp, that check the fork flag and the pointers, give the front
 // cache's blocks back where the pool must see them as free, and call the Go
 // exports of pools.go. None of this is on the cached path.
-#include <stdio.h>
 #include <string.h>
 
 #include "../include/symm.h"
@@ -18,18 +17,7 @@ int fail(int code, const char *msg) {
   return code;
 }
 
-// forked records the error for fn and reports whether the caller must stop
-// (shim.cpp's rule, through the shim's flag).
-bool forked(const char *fn) {
-  if (__builtin_expect(!symmshim_forked(), 1)) return false;
-  char msg[256];
-  snprintf(msg, sizeof msg,
-           "%s: called in a child process after fork(); libsymm (a Go runtime) does not survive fork: use it only in "
-           "the parent, or start children with spawn/exec",
-           fn);
-  fail(SYMM_ERR_FORKED, msg);
-  return true;
-}
+bool forked(const char *fn) { return symmshim_refuse_forked(fn) != 0; }
 
 // drain gives the front cache's blocks of device back to the pool: their
 // callers freed them, but to the pool they are allocated until then. A bad
@@ -88,6 +76,13 @@ int symm_pool_restore_blocks(int device, symm_pool_id_t id, const symm_block_inf
   // ever in the front cache.
   return goPoolRestoreBlocks(device, id.first, id.second, const_cast<symm_block_info_t *>(want), n, freed, nfreed,
                              allocated, nallocated);
+}
+
+int symm_pool_segment_of(const void *ptr, uint64_t *base, uint64_t *size, int *expandable) {
+  if (forked("symm_pool_segment_of")) return SYMM_ERR_FORKED;
+  if (base == nullptr || size == nullptr || expandable == nullptr)
+    return fail(SYMM_ERR_INVALID, "symm_pool_segment_of: base, size or expandable is NULL");
+  return goPoolSegmentOf((uintptr_t)ptr, base, size, expandable);
 }
 
 void *symm_pool_alloc_segment(size_t size, int device, void *stream) {

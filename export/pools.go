@@ -15,8 +15,8 @@ import (
 )
 
 // What PyTorch's allocator interface asks besides alloc and free: cacheInfo,
-// resetAccumulatedStats, the blocks of a pool, checkpoint restore, and
-// segments for torch.cuda.MemPool. Called only by pools.cpp, which owns the
+// resetAccumulatedStats, the blocks of a pool, checkpoint restore, segments
+// for torch.cuda.MemPool, and the segment behind a block for CUDA IPC. Called only by pools.cpp, which owns the
 // public names, the fork check, the NULL checks and the front-cache drains.
 
 //export goPoolCacheInfo
@@ -161,4 +161,25 @@ func goPoolNewSegment(size C.size_t, device C.int, stream C.uintptr_t) (ptr C.ui
 		return 0
 	}
 	return C.uintptr_t(v)
+}
+
+//export goPoolSegmentOf
+func goPoolSegmentOf(ptr C.uintptr_t, base, size *C.uint64_t, expandable *C.int) (code C.int) {
+	const fn = "symm_pool_segment_of"
+	defer guard(fn, &code)
+	p, err := getPool()
+	var b uintptr
+	var n uint64
+	var exp bool
+	if err == nil {
+		b, n, exp, err = p.SegmentOf(uintptr(ptr))
+	}
+	if err != nil {
+		return fail(fn, err)
+	}
+	*base, *size, *expandable = C.uint64_t(b), C.uint64_t(n), 0
+	if exp {
+		*expandable = 1
+	}
+	return C.SYMM_OK
 }

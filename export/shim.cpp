@@ -248,6 +248,8 @@ void symmshim_set_error(int code, const char *msg, size_t len) {
 
 int symmshim_forked(void) { return g_forked; }
 
+int symmshim_refuse_forked(const char *fn) { return forked(fn) ? 1 : 0; }
+
 const char *symm_version(void) { return goVersion(); }  // internal/version/VERSION, embedded in Go
 const char *symm_last_error(void) { return err_msg(); }
 int symm_last_error_code(void) { return t_err ? t_err->code : SYMM_OK; }

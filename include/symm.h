@@ -239,14 +239,6 @@ int symm_pool_snapshot(char *buf, size_t cap, size_t *len);
  * code keep the caching pool and NULL on failure. */
 int symm_torch_mode(void);
 
-/* The segment that holds the allocated block at or containing ptr: its base
- * address, its mapped size, and whether it is an expandable segment (1) or a
- * driver allocation of its own (0). PyTorch's CUDA IPC (torch.multiprocessing)
- * shares whole segments and sends a block's offset in its segment.
- * SYMM_ERR_UNKNOWN_POINTER: ptr is in no block this pool has allocated;
- * SYMM_ERR_INVALID: an output pointer is NULL. Outputs are untouched then. */
-int symm_pool_segment_of(const void *ptr, uint64_t *base, uint64_t *size, int *expandable);
-
 /* ---- what PyTorch's allocator interface asks (cacheInfo, pool blocks, checkpoints) ----
  *
  * Virtual methods of c10::cuda::CUDACachingAllocator::CUDAAllocator that
@@ -359,6 +351,14 @@ int symm_pool_restore_blocks(int device, symm_pool_id_t id, const symm_block_inf
  * for a bad device. size 0 returns NULL and records no error. Never throws,
  * whatever PyTorch's mode. */
 void *symm_pool_alloc_segment(size_t size, int device, void *stream);
+
+/* The segment that holds the allocated block at or containing ptr: its base
+ * address, its mapped size, and whether it is an expandable segment (1) or a
+ * driver allocation of its own (0). PyTorch's CUDA IPC (torch.multiprocessing)
+ * shares whole segments and sends a block's offset in its segment.
+ * SYMM_ERR_UNKNOWN_POINTER: ptr is in no block this pool has allocated;
+ * SYMM_ERR_INVALID: an output pointer is NULL. Outputs are untouched then. */
+int symm_pool_segment_of(const void *ptr, uint64_t *base, uint64_t *size, int *expandable);
 
 /* ---- symmetric memory ----------------------------------------------------
  *

@@ -103,8 +103,7 @@ void load_api(const std::string &path) {
   // never a second copy.
   void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
   TORCH_CHECK(h != nullptr, "libsymm is not loaded from ", path, ": ", dlerror());
-  Api a;
-  g_api = a;
+  g_api = Api{};
   g_missing.clear();
   resolve(h, "symm_pool_try_alloc", g_api.try_alloc, true);
   resolve(h, "symm_pool_free", g_api.free, true);
@@ -428,7 +427,10 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     if (g_api.last_error_code() != SYMM_OK) {
       TORCH_CHECK(false, "libsymm could not start its pool for PyTorch: ", last_error());
     }
-    fractions_.assign(static_cast<size_t>(std::max(device_count, 1)), 1.0);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      fractions_.assign(static_cast<size_t>(std::max(device_count, 1)), 1.0);
+    }
     Base::init(device_count);  // no init_fn_ is set: only marks initialized
   }
 
