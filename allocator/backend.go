@@ -62,8 +62,10 @@ type Expander interface {
 	// read and write. When the device is out of memory the error satisfies
 	// IsOutOfMemory. On any error nothing of the range is mapped.
 	MapChunks(dev int, ptr uintptr, size uint64) error
-	// UnmapChunks releases the memory of [ptr, ptr+size). The backend orders
-	// it after all work already submitted to the device, as Free does.
+	// UnmapChunks releases the memory of [ptr, ptr+size) at once. The pool
+	// calls it only once no work can still use the range (it waits for an
+	// event on the segment's stream first), so the backend does not wait:
+	// no device-wide synchronize.
 	UnmapChunks(dev int, ptr uintptr, size uint64) error
 }
 

@@ -19,7 +19,7 @@ func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
 		s.dev.gcClock.Add(1) // the collector's clock: large-pool requests (gc.go)
 	}
 	s.mu.Lock()
-	if len(s.pending) > 0 && s.dev.routes.Load() == 0 {
+	if len(s.pending) > 0 && s.dev.capture.mayRecord() {
 		s.processPending(false)
 	}
 	var b *block

@@ -10,7 +10,7 @@ package allocator
 // Called with s.mu held.
 func (s *shard) steal(r uint64, k poolKind) *block {
 	d := s.dev
-	if s.pool != nil || d.routes.Load() > 0 {
+	if s.pool != nil || !d.capture.mayRecord() {
 		// Private pools take nothing from others; and while a capture may be
 		// under way, no event may be recorded or queried.
 		return nil

@@ -12,7 +12,7 @@ import "errors"
 func (s *shard) deferFree(b *block) {
 	d := s.dev
 	b.state = blockPending
-	capturing := d.routes.Load() > 0
+	capturing := !d.capture.mayRecord()
 	b.streams(func(st uintptr) {
 		if capturing {
 			// The stream may be capturing: record the event once no
@@ -86,6 +86,29 @@ func (s *shard) processPending(wait bool) error {
 }
 
 // getEvent returns an idle event of the device, creating one if needed.
+// recordOnStream records an event on s's stream, which completes once the
+// work queued there now has; wait for it with waitEvent. Called with s.mu
+// held and the capture gate closed.
+func (s *shard) recordOnStream() (Event, error) {
+	d := s.dev
+	ev, err := d.getEvent()
+	if err != nil {
+		return 0, err
+	}
+	if err := d.pool.backend.Record(d.idx, ev, s.stream); err != nil {
+		d.putEvent(ev)
+		return 0, err
+	}
+	return ev, nil
+}
+
+// waitEvent waits for ev and recycles it.
+func (d *device) waitEvent(ev Event) error {
+	err := d.pool.backend.Sync(d.idx, ev)
+	d.putEvent(ev)
+	return err
+}
+
 func (d *device) getEvent() (Event, error) {
 	d.evMu.Lock()
 	if n := len(d.events); n > 0 {

@@ -28,7 +28,9 @@ import (
 // Release (EmptyCache, the out-of-memory retry, which also runs when the
 // memory limit refuses growth): a wholly free segment is unmapped and its
 // range given back; otherwise the chunks wholly inside its free last block
-// are unmapped. Free holes between live blocks stay mapped.
+// are unmapped. Free holes between live blocks stay mapped. Before it
+// unmaps, release waits for an event on the segment's stream, without the
+// shard's lock (releaseExpandable); the device is never synchronized.
 //
 // Private pools (graph captures) and MemPool segments are never expandable:
 // their memory must stay where a captured graph or PyTorch's own cache put it.
@@ -253,29 +255,122 @@ func (d *device) countSegment(k poolKind, bytes int64, segments int64) {
 	}
 }
 
-// trimAll unmaps the free chunks at the end of every expandable segment of
-// s (wholly free ones are released before). Called with s.mu held.
-func (s *shard) trimAll() error {
-	var errs []error
+// releaseExpandable gives back what the expandable segments of s hold
+// unused: a wholly free segment is unmapped and its range given back, and
+// the chunks wholly inside the free last block of the others are unmapped.
+// Called with privMu held and the capture gate closed, s.mu not held.
+//
+// cuMemUnmap does not wait for work that may still use the memory. Once the
+// pending frees are waited for (releaseCached does that first), the only
+// work that can use an idle chunk is work queued on s's own stream before
+// the chunk became free. So an event is recorded on that stream under s.mu
+// and waited for without it: a stream that never finishes (a kernel waiting
+// for a lost peer) then stalls only this call, not every allocation of the
+// stream, and the rest of the device is never synchronized. Whatever was
+// free when the event was recorded and has not been handed out since is
+// quiet once it completes; s.births tells whether anything was handed out.
+// A stream that keeps allocating meanwhile makes the pool try again, then
+// wait with s.mu held (the stream only, as processPending does).
+func (s *shard) releaseExpandable() error {
+	const tries = 3
+	for try := 0; try < tries; try++ {
+		s.mu.Lock()
+		then := s.expandableCuts()
+		if len(then) == 0 {
+			s.mu.Unlock()
+			return nil
+		}
+		births := s.births
+		ev, err := s.recordOnStream()
+		s.mu.Unlock()
+		if err == nil {
+			err = s.dev.waitEvent(ev)
+		}
+		if err != nil {
+			return fmt.Errorf("waiting for stream %#x before unmapping on device %d: %w", s.stream, s.dev.idx, err)
+		}
+		s.mu.Lock()
+		if s.births == births {
+			err = s.applyCuts(then)
+			s.mu.Unlock()
+			return err
+		}
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cuts := s.expandableCuts()
+	if len(cuts) == 0 {
+		return nil
+	}
+	ev, err := s.recordOnStream()
+	if err == nil {
+		err = s.dev.waitEvent(ev)
+	}
+	if err != nil {
+		return fmt.Errorf("waiting for stream %#x before unmapping on device %d: %w", s.stream, s.dev.idx, err)
+	}
+	return s.applyCuts(cuts)
+}
+
+// cut is what release takes of expandable segment seg: everything from
+// offset from (a chunk boundary) to its mapped end; from == 0 is the whole
+// segment (wholly free).
+type cut struct {
+	seg  *segment
+	from uint64
+}
+
+// expandableCuts lists what release may take of s's expandable segments
+// now. Called with s.mu held.
+func (s *shard) expandableCuts() []cut {
+	var cuts []cut
 	for seg := s.segs; seg != nil; seg = seg.snext {
-		if seg.vsize != 0 {
-			errs = append(errs, s.trim(seg))
+		if seg.vsize == 0 {
+			continue
+		}
+		if seg.idle {
+			cuts = append(cuts, cut{seg: seg})
+			continue
+		}
+		tail := seg.tail
+		if tail.state != blockFree {
+			continue
+		}
+		if keep := roundUp(uint64(tail.ptr-seg.ptr), s.dev.chunk); keep < seg.size {
+			cuts = append(cuts, cut{seg: seg, from: keep})
+		}
+	}
+	return cuts
+}
+
+// applyCuts releases what then (from expandableCuts before s's stream was
+// waited for) and the segments now agree is free: a part freed since then
+// may still be in use by the stream and stays. Nothing was handed out of s
+// since then. Called with s.mu held.
+func (s *shard) applyCuts(then []cut) error {
+	var errs []error
+	for _, now := range s.expandableCuts() {
+		for _, c := range then {
+			if c.seg != now.seg {
+				continue
+			}
+			from := max(c.from, now.from)
+			if from == 0 {
+				errs = append(errs, s.releaseSegment(now.seg))
+			} else if from < now.seg.size {
+				errs = append(errs, s.trim(now.seg, from))
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// trim unmaps the chunks that lie wholly inside seg's free last block.
-func (s *shard) trim(seg *segment) error {
+// trim unmaps the chunks of seg from offset keep (a chunk boundary inside
+// its free last block) to its mapped end. Called with s.mu held.
+func (s *shard) trim(seg *segment, keep uint64) error {
 	d := s.dev
 	tail := seg.tail
-	if tail.state != blockFree || tail == seg.head {
-		return nil // nothing free at the end, or wholly free (released whole)
-	}
-	keep := roundUp(uint64(tail.ptr-seg.ptr), d.chunk)
-	if keep >= seg.size {
-		return nil
-	}
 	cut := seg.size - keep
 	at := seg.ptr + uintptr(keep)
 	if err := d.pool.exp.UnmapChunks(d.idx, at, cut); err != nil {

@@ -261,3 +261,106 @@ func TestConfigFromEnvExpandable(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalid, "%v", bad)
 	}
 }
+
+// shardOf returns the default-pool shard of stream on device 0.
+func shardOf(t *testing.T, p *Pool, stream uintptr) *shard {
+	t.Helper()
+	for _, s := range p.devs[0].shardList() {
+		if s.stream == stream && s.pool == nil {
+			return s
+		}
+	}
+	t.Fatalf("no shard for stream %#x", stream)
+	return nil
+}
+
+// Release unmaps memory only once the work its stream queued on it has
+// completed, and waits for that stream alone, without the shard's lock: a
+// stream that never finishes must not hold up every allocation on it.
+func TestExpandableReleaseWaitsForItsStreamOnly(t *testing.T) {
+	f := newFake(1)
+	f.capacity = 256 * mib // the size of each range reserved
+	p, err := New(f, Config{Expandable: true})
+	require.NoError(t, err)
+	const stream, other = 7, 9
+	keep, err := p.Alloc(0, stream, 4*mib)
+	require.NoError(t, err)
+	tail, err := p.Alloc(0, stream, 30*mib)
+	require.NoError(t, err)
+	whole, err := p.Alloc(0, other, 6*mib)
+	require.NoError(t, err)
+	f.use(stream, tail, 30*mib)
+	f.use(other, whole, 6*mib)
+	require.NoError(t, p.Free(0, stream, tail, 30*mib))
+	require.NoError(t, p.Free(0, other, whole, 6*mib))
+	f.launch(99) // a stream that never finishes, using none of this memory
+
+	var syncs, locked int
+	f.onSync = func() {
+		syncs++
+		for _, st := range []uintptr{stream, other} {
+			s := shardOf(t, p, st)
+			if !s.mu.TryLock() {
+				locked++
+				continue
+			}
+			s.mu.Unlock()
+		}
+	}
+	require.NoError(t, p.EmptyCache(), "the fake refuses an unmap before the stream's work completed")
+	require.Equal(t, 2, syncs, "one wait per stream with something to unmap")
+	require.Zero(t, locked, "no shard lock held while waiting")
+	require.EqualValues(t, 4*mib, stat(t, p, 0, "reserved_bytes.all.current"), "the tail trimmed, the other stream's segment released")
+	f.mem(keep, 4*mib) // still mapped
+	require.NoError(t, p.CheckInvariants())
+	f.mu.Lock()
+	require.Less(t, f.completed[99], f.submitted[99], "the busy stream was never synchronized")
+	f.mu.Unlock()
+}
+
+// A stream that keeps allocating while release waits for it: what it took
+// meanwhile stays mapped, and release still ends (waiting with the lock held
+// after a few tries).
+func TestExpandableReleaseWhileTheStreamAllocates(t *testing.T) {
+	f := newFake(1)
+	f.capacity = 256 * mib // the size of each range reserved
+	p, err := New(f, Config{Expandable: true})
+	require.NoError(t, err)
+	const stream = 7
+	a, err := p.Alloc(0, stream, 4*mib)
+	require.NoError(t, err)
+	b, err := p.Alloc(0, stream, 40*mib)
+	require.NoError(t, err)
+	f.use(stream, b, 40*mib)
+	require.NoError(t, p.Free(0, stream, b, 40*mib))
+
+	var taken []uintptr
+	lockedSyncs := 0
+	s := shardOf(t, p, stream)
+	f.onSync = func() {
+		if !s.mu.TryLock() {
+			lockedSyncs++
+			return
+		}
+		s.mu.Unlock()
+		ptr, err := p.Alloc(0, stream, 8*mib)
+		require.NoError(t, err)
+		f.use(stream, ptr, 8*mib) // queued after the event: not waited for
+		taken = append(taken, ptr)
+	}
+	require.NoError(t, p.EmptyCache())
+	require.Equal(t, 1, lockedSyncs, "the last try waits with the lock held")
+	require.Len(t, taken, 3)
+	for _, ptr := range append(taken, a) {
+		f.mem(ptr, 4*mib)
+	}
+	require.NoError(t, p.CheckInvariants())
+	f.onSync = nil
+	for _, ptr := range taken {
+		require.NoError(t, p.Free(0, stream, ptr, 8*mib))
+	}
+	f.finish(stream)
+	require.NoError(t, p.Free(0, stream, a, 4*mib))
+	require.NoError(t, p.EmptyCache())
+	require.Zero(t, stat(t, p, 0, "reserved_bytes.all.current"))
+}

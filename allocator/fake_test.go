@@ -27,6 +27,17 @@ type fakeBackend struct {
 	// chunks marked mapped may be touched) and the mapped chunks.
 	ranges map[uintptr][]byte
 	mapped map[uintptr]bool
+
+	// uses[chunk] is the last work queued on a chunk of an expandable range
+	// (use): unmapping it before that work completed fails, as it would
+	// corrupt memory on a GPU. onSync, when set, runs before each Sync.
+	uses   map[uintptr]fakeUse
+	onSync func()
+}
+
+type fakeUse struct {
+	stream uintptr
+	seq    int
 }
 
 const fakeGranularity = 2 << 20
@@ -41,7 +52,7 @@ func newFake(devices int) *fakeBackend {
 	return &fakeBackend{
 		devices: devices, used: make([]uint64, devices), segs: map[uintptr][]byte{},
 		submitted: map[uintptr]int{}, completed: map[uintptr]int{}, events: map[Event]fakeEvent{}, nextEv: 1,
-		ranges: map[uintptr][]byte{}, mapped: map[uintptr]bool{},
+		ranges: map[uintptr][]byte{}, mapped: map[uintptr]bool{}, uses: map[uintptr]fakeUse{},
 	}
 }
 
@@ -115,6 +126,9 @@ func (f *fakeBackend) Query(dev int, ev Event) (bool, error) {
 }
 
 func (f *fakeBackend) Sync(dev int, ev Event) error {
+	if f.onSync != nil {
+		f.onSync()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	e := f.events[ev]
@@ -137,6 +151,16 @@ func (f *fakeBackend) finish(stream uintptr) {
 	f.mu.Lock()
 	f.completed[stream] = f.submitted[stream]
 	f.mu.Unlock()
+}
+
+// use queues work on stream that touches [ptr, ptr+n) of an expandable range.
+func (f *fakeBackend) use(stream, ptr uintptr, n uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.submitted[stream]++
+	for c := ptr &^ (fakeGranularity - 1); c < ptr+uintptr(n); c += fakeGranularity {
+		f.uses[c] = fakeUse{stream: stream, seq: f.submitted[stream]}
+	}
 }
 
 // mem returns the bytes at [ptr, ptr+n) of a live fake segment.
@@ -246,7 +270,13 @@ func (f *fakeBackend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
 		return err
 	}
 	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
+		if u, ok := f.uses[c]; ok && f.completed[u.stream] < u.seq {
+			return fmt.Errorf("fake: unmap of chunk %#x while work %d of stream %#x on it has not completed", c, u.seq, u.stream)
+		}
+	}
+	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
 		delete(f.mapped, c)
+		delete(f.uses, c)
 	}
 	f.used[dev] -= size
 	f.frees++

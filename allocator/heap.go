@@ -182,7 +182,9 @@ func (d *device) unreserve(size uint64, counted bool) {
 	}
 }
 
-// releaseSegment returns idle segment seg of s to the backend.
+// releaseSegment returns idle segment seg of s to the backend. An
+// expandable one must be quiet: no work of its stream may still use it
+// (releaseExpandable waits for that).
 func (s *shard) releaseSegment(seg *segment) error {
 	d := s.dev
 	var rangeErr error
@@ -233,12 +235,12 @@ func (d *device) releaseCached() error {
 	// privMu keeps every private pool's released state put meanwhile.
 	d.privMu.Lock()
 	defer d.privMu.Unlock()
-	if d.routes.Load() > 0 {
+	if !d.capture.mayRelease() {
 		// A capture may be under way on any stream of the device: the
 		// driver forbids freeing (cuMemFree) and the synchronize before an
 		// unmap during a global-mode capture, and waiting for pending blocks
 		// would record and query events. PyTorch releases nothing while a
-		// capture is under way either; the first release after the routes
+		// capture is under way either; the first release after the routings
 		// end does it.
 		return nil
 	}
@@ -254,17 +256,19 @@ func (d *device) releaseCached() error {
 		}
 		for seg := s.idle; seg != nil; {
 			next := seg.inext
-			if err := s.releaseSegment(seg); err != nil {
-				errs = append(errs, err)
+			if seg.vsize == 0 { // expandable ones go below, after their stream
+				if err := s.releaseSegment(seg); err != nil {
+					errs = append(errs, err)
+				}
 			}
 			seg = next
 		}
+		s.mu.Unlock()
 		if s.expandable {
-			if err := s.trimAll(); err != nil {
+			if err := s.releaseExpandable(); err != nil {
 				errs = append(errs, err)
 			}
 		}
-		s.mu.Unlock()
 	}
 	d.forgetReleased()
 	d.numSyncAll.Add(1)

@@ -116,13 +116,8 @@ type device struct {
 	privMu sync.Mutex
 	privs  map[PoolID]*privatePool // under privMu
 	direct *privatePool            // segment-serving pool (MemPool mode), under privMu
-	// routes counts allocations being routed to private pools (begun, not
-	// ended). While it is non-zero any stream of the device may be under
-	// CUDA graph capture, where recording or querying an event on a
-	// capturing stream would invalidate the capture: the pool then records
-	// and queries none, as PyTorch's allocator does while a capture is
-	// under way.
-	routes atomic.Int32
+	// capture answers whether a graph capture may be under way (gate.go).
+	capture gate
 
 	hist history
 

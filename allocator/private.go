@@ -27,7 +27,7 @@ var ErrBusy = errors.New("pool busy")
 //     new allocations, and EmptyCache returns its idle segments and forgets
 //     it once it has none;
 //   - active counts BeginAllocateToPool calls not yet matched by
-//     EndAllocateToPool; device.routes is the sum of active over the device;
+//     EndAllocateToPool; device.capture is open by the sum of active over the device;
 //   - its shards are on device.list (so frees, stats and snapshots find
 //     them) and never in device.table (so default-pool allocations never
 //     see them), and no other shard ever steals their segments.
@@ -68,7 +68,7 @@ func (p *Pool) BeginAllocateToPool(dev int, id PoolID) error {
 	}
 	pp.uses++
 	pp.active++
-	d.routes.Add(1)
+	d.capture.begin()
 	return nil
 }
 
@@ -90,7 +90,7 @@ func (p *Pool) EndAllocateToPool(dev int, id PoolID) error {
 		return fmt.Errorf("%w: end of allocation to pool %v on device %d: no allocation to it was begun", ErrInvalid, id, dev)
 	}
 	pp.active--
-	d.routes.Add(-1)
+	d.capture.end(1)
 	return nil
 }
 
@@ -126,7 +126,7 @@ func (p *Pool) ReleasePool(dev int, id PoolID, strict bool) error {
 	if pp.uses == 0 && pp.active > 0 {
 		// Released while still routing (a capture that never ended): stop
 		// routing, or the device would stay in capture-safe mode for good.
-		d.routes.Add(-int32(pp.active))
+		d.capture.end(int32(pp.active))
 		pp.active = 0
 	}
 	return nil

@@ -97,9 +97,9 @@ func (b *Backend) unmapEach(dev int, ptr uintptr, size, g uint64) error {
 }
 
 // UnmapChunks frees the memory mapped at [ptr, ptr+size). cuMemUnmap does
-// not wait for work that may still use the memory (PyTorch synchronizes the
-// segment's stream before unmapping for the same reason), so the device is
-// synchronized first, as cuMemFree would.
+// not wait for work that may still use the memory: the pool waits for the
+// segment's stream before it calls this (PyTorch synchronizes the segment's
+// stream for the same reason), so nothing here synchronizes the device.
 func (b *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
 	g, err := b.Granularity(dev)
 	if err != nil {
@@ -108,20 +108,5 @@ func (b *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
 	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
 		return fmt.Errorf("cuda: unmap of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
 	}
-	if err := b.d.ctxSynchronize(dev); err != nil {
-		return err
-	}
 	return b.unmapEach(dev, ptr, size, g)
-}
-
-// ctxSynchronize waits for all work submitted to dev.
-func (d *driver) ctxSynchronize(dev int) error {
-	s, err := d.enter(dev)
-	if err != nil {
-		return err
-	}
-	if r := Result(C.symm_cuCtxSynchronize(d.fn[fnCtxSynchronize])); r != Success {
-		err = fmt.Errorf("cuCtxSynchronize on device %d: %w", dev, r)
-	}
-	return s.leave(err)
 }
