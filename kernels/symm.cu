@@ -143,6 +143,31 @@ __device__ __forceinline__ void store(u32 *p, const u32 (&v)[NW]) {
   }
 }
 
+// The caller's own pointers (out, local) may be aligned differently on each
+// rank: they are loaded and stored as vectors only where this rank's pointer
+// allows, while NW, and so which words each block handles, comes from values
+// every rank shares (offset, size), since block b of every rank must handle
+// the same words (see one_shot).
+template <int NW>
+__device__ __forceinline__ void load_own(const u32 *p, u32 (&v)[NW], bool vec) {
+  if (NW == 1 || vec) {
+    load<NW>(p, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < NW; k++) v[k] = p[k];
+  }
+}
+
+template <int NW>
+__device__ __forceinline__ void store_own(u32 *p, const u32 (&v)[NW], bool vec) {
+  if (NW == 1 || vec) {
+    store<NW>(p, v);
+  } else {
+#pragma unroll
+    for (int k = 0; k < NW; k++) p[k] = v[k];
+  }
+}
+
 // acc[2*k], acc[2*k+1]: the two floats of word k (f32 uses acc[2*k] only).
 template <int NW, bool BF16>
 __device__ __forceinline__ void accumulate(float (&acc)[2 * NW], const u32 (&v)[NW]) {
@@ -174,16 +199,24 @@ __device__ __forceinline__ bool sync_peers(u32 **pads, int rank, int world, u64 
 
 // KW: the world size when known at compile time (loads of every peer are
 // issued before the sums), 0 for any.
+//
+// Block b handles words first + k*stride of every rank's buffer and
+// synchronizes only with block b of each peer: the words a block copies in
+// from local before the first sync_peers must be the words the same block
+// of every peer reads after it. So the grid, the block size and NW are the
+// same on every rank (the host derives them from offset, count and world
+// only), whatever the alignment of this rank's out and local.
 template <int NW, bool BF16, int KW>
 __device__ __forceinline__ void one_shot(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local,
                                          u32 **pads, int rank, int world, u64 timeout_ns, u64 *status) {
   u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * NW;
   u64 stride = (u64)gridDim.x * blockDim.x * NW;
   u32 *mine = (u32 *)((char *)bufs[rank] + offset);
+  bool vec_out = ((u64)out & 15) == 0, vec_local = ((u64)local & 15) == 0;
   if (local != 0) {
     for (u64 i = first; i < nwords; i += stride) {
       u32 v[NW];
-      load<NW>(local + i, v);
+      load_own<NW>(local + i, v, vec_local);
       store<NW>(mine + i, v);
     }
   }
@@ -214,7 +247,7 @@ __device__ __forceinline__ void one_shot(u32 **bufs, u64 offset, u64 nwords, u32
         o[k] = __float_as_uint(acc[2 * k]);
       }
     }
-    store<NW>(out + i, o);
+    store_own<NW>(out + i, o, vec_out);
   }
   sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
 }

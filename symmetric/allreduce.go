@@ -94,21 +94,32 @@ func (h *Handle) checkAllReduce(a AllReduce) (uint64, error) {
 }
 
 func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {
-	in := h.BufferPtr(h.rank) + uintptr(a.Offset)
-	v := 1
-	if (in|a.Out|a.Local)%16 == 0 && nbytes%16 == 0 {
-		v = 4
-	}
-	nwords := nbytes / 4
-	blocks, threads := kernels.AllReduceLaunch(nwords, v)
-	// Block b uses channel b: no more blocks than channels; enough threads
-	// for one per peer.
-	blocks = min(blocks, uint32(SignalPadSize/4/h.world))
-	threads = max(threads, uint32((h.world+31)/32*32))
-	words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nwords, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()),
+	v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world)
+	words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()),
 		u32(h.rank), u32(h.world), 0, 0}
 	return h.launch(allReduceIndex(a.Dtype, v, h.world), blocks, threads, a.Stream, a.Timeout, words[:],
 		callDesc{kind: kAllReduce, count: a.Count, dtype: a.Dtype})
+}
+
+// allReduceShape is the all-reduce kernel's words per thread and launch
+// shape for nbytes at offset in a world of world ranks. Block b of every
+// rank synchronizes with block b of its peers and must handle the same
+// words, so the shape depends only on what every rank passes alike: never
+// on this rank's out or local pointers (the kernel loads and stores those
+// as vectors only where their alignment allows). 16-byte vectors need the
+// offset and size to be multiples of 16; every rank's buffer starts on a
+// multiple of the allocation granularity.
+func allReduceShape(offset, nbytes uint64, world int) (v int, blocks, threads uint32) {
+	v = 1
+	if offset%16 == 0 && nbytes%16 == 0 {
+		v = 4
+	}
+	blocks, threads = kernels.AllReduceLaunch(nbytes/4, v)
+	// Block b uses channel b: no more blocks than channels; enough threads
+	// for one per peer.
+	blocks = min(blocks, uint32(SignalPadSize/4/world))
+	threads = max(threads, uint32((world+31)/32*32))
+	return v, blocks, threads
 }
 
 // hostAllReduce is the kernel's protocol on host memory: copy, signal every

@@ -12,21 +12,31 @@ import (
 	"github.com/libsymm/libsymm/kernels"
 )
 
-// Signals as kernels (issue 15). On GPUs a put, a wait and a barrier are one
-// kernel launch each (kernels/symm.cu) instead of 2 × (world − 1) stream
-// memory operations, and every wait inside them has a deadline: past it the
-// kernel writes a report into the handle's status word, in host-mapped
-// memory, and returns, so the stream goes on. A call with timeout_ms waits
-// for its stream and turns a report in its word into ErrSignalTimeout
-// naming the peer and channel; a call without one gives the kernel the
-// manager's timeout (SYMM_TIMEOUT_MS) and the handle's other word, which the
-// watchdog polls: a report there fails the handle. No event is recorded and
-// nothing is allocated per call.
+// Signals as kernels. On GPUs a put, a wait and a barrier are one kernel
+// launch each (kernels/symm.cu) instead of 2 × (world − 1) stream memory
+// operations, and every wait inside them has a deadline: past it the kernel
+// writes a report into a status word, in host-mapped memory, and returns,
+// so the stream goes on.
+//
+// A call without timeout_ms gives the kernel the manager's timeout
+// (SYMM_TIMEOUT_MS) and the handle's own word, which the watchdog polls. A
+// call with one takes a word of its own from the manager's slab, waits for
+// its stream and reads that word: no other call can consume its report, and
+// a late report can fail no later call.
+//
+// Either way a report fails the handle. A kernel that gave up leaves its
+// pads in a state no rank can know: a put that did not happen, or a peer's
+// signal that arrives after the wait stopped and that the next wait on that
+// channel would take as its own, reading the peer's buffer early. So every
+// later call on the handle returns the failure (as PyTorch's kernels trap),
+// and the block is freed and rendezvoused again to go on.
 //
 // Invariants: a handle's path (kernels or stream memory operations) is
-// decided on its first signal and kept; its words come from the manager's
-// slab, are zero while no report is pending, and go back to the slab only
-// when the block is freed, after the handle has left the watchdog's set.
+// decided on its first signal and kept; every word comes from the manager's
+// slab and is zero while no report is pending; the handle's word goes back
+// to the slab only when the block is freed, after the handle has left the
+// watchdog's set, and a call's word once its stream has passed its kernel
+// (a kernel that never finished keeps its word for good: 16 bytes).
 //
 // Without NVRTC (or with SYMM_SIGNALS=memop) signals stay stream memory
 // operations; the one-shot all-reduce needs the kernels.
@@ -175,11 +185,10 @@ const (
 )
 
 // kernelStatus is a handle's kernel state: which path its signals take, its
-// function handles, and its two status words (8 bytes each of host-mapped
-// memory that its kernels write a kernels.Report into): word 0 for calls
-// without a timeout, read by the watchdog; word 1 for calls with one, read
-// by the caller. They come from the manager's slab on the handle's first
-// kernel and go back when the handle is released.
+// function handles, and its status word (8 bytes of host-mapped memory that
+// its kernels launched without a timeout write a kernels.Report into, read
+// by the watchdog). The word comes from the manager's slab on the handle's
+// first kernel and goes back when the handle is released.
 type kernelStatus struct {
 	mode atomic.Int32 // modeUnknown, modeKernels, modeMemops
 	fns  [numKernels]atomic.Uintptr
@@ -190,13 +199,14 @@ type kernelStatus struct {
 	watched   atomic.Bool // in the watchdog's set (changed under m.dog.mu)
 }
 
-// statusSlab hands out pairs of status words from pages of pinned, mapped
-// host memory (cuMemHostAlloc costs about a millisecond: once per 256
-// handles, not once per handle). Portable pinned memory: one slab serves
-// every device. Pages stay until the process exits.
+// statusSlab hands out status words (16 bytes apart, one word used) from
+// pages of pinned, mapped host memory (cuMemHostAlloc costs about a
+// millisecond: once per 256 words, not once per handle or call). Portable
+// pinned memory: one slab serves every device. Pages stay until the process
+// exits.
 type statusSlab struct {
 	mu   sync.Mutex
-	free [][2]uintptr // (host, device) of free pairs
+	free [][2]uintptr // (host, device) of free words
 }
 
 const statusPage, statusPair = 4096, 16
@@ -227,20 +237,16 @@ func (s *statusSlab) put(host, device uintptr) {
 	s.mu.Unlock()
 }
 
-// statusWord returns the device address of word 0 (watched) or, for the
-// caller, word 1.
-func (h *Handle) statusWord(caller bool) (uintptr, error) {
+// statusWord returns the device address of the handle's word.
+func (h *Handle) statusWord() (uintptr, error) {
 	s := &h.kstat
 	s.once.Do(func() { s.host, s.dev, s.err = h.m.kern.slab.get(h.b.Dev()) })
-	if s.err != nil || !caller {
-		return s.dev, s.err
-	}
-	return s.dev + 8, nil
+	return s.dev, s.err
 }
 
-// word views status word i (host-mapped memory outside Go's heap).
-func (s *kernelStatus) word(i int) *atomic.Uint64 {
-	p := s.host + uintptr(8*i)
+// word views the status word at host address p (host-mapped memory outside
+// Go's heap).
+func word(p uintptr) *atomic.Uint64 {
 	return (*atomic.Uint64)(*(*unsafe.Pointer)(unsafe.Pointer(&p)))
 }
 
@@ -257,8 +263,7 @@ func (h *Handle) freeStatus() error {
 	if h.kstat.host == 0 {
 		return nil
 	}
-	h.kstat.word(0).Store(0)
-	h.kstat.word(1).Store(0)
+	word(h.kstat.host).Store(0)
 	h.m.kern.slab.put(h.kstat.host, h.kstat.dev)
 	h.kstat.host, h.kstat.dev = 0, 0
 	return nil
@@ -327,36 +332,51 @@ func (h *Handle) describe(c callDesc) string {
 }
 
 // launch runs kernel id with words, whose last two are filled in here (the
-// timeout in ns and the status word), then, with a timeout, waits for it and
-// returns what it reported; without one, leaves it to the watchdog. It makes
-// no Go allocation on success.
+// timeout in ns and the status word). Without a timeout it leaves the
+// kernel to the watchdog; with one, it waits for the kernel and returns
+// what it reported in a word of the call's own. It makes no Go allocation
+// on success.
 func (h *Handle) launch(id int, grid, block uint32, stream uintptr, timeout time.Duration, words []uint64, c callDesc) error {
-	st, err := h.statusWord(timeout > 0)
-	if err != nil {
-		return fmt.Errorf("%s: the status word: %w", h.describe(c), err)
-	}
 	f, err := h.function(id)
 	if err != nil {
 		return fmt.Errorf("%s: %w", h.describe(c), err)
+	}
+	var host, st uintptr
+	if timeout > 0 {
+		host, st, err = h.m.kern.slab.get(h.b.Dev())
+	} else {
+		st, err = h.statusWord()
+	}
+	if err != nil {
+		return fmt.Errorf("%s: the status word: %w", h.describe(c), err)
 	}
 	kt := h.kernelTimeout(timeout)
 	n := len(words)
 	words[n-2], words[n-1] = uint64(kt.Nanoseconds()), uint64(st)
 	if err := cuda.LaunchWords(h.b.Dev(), f, grid, block, stream, words); err != nil {
+		if host != 0 {
+			h.m.kern.slab.put(host, st)
+		}
 		return fmt.Errorf("%s: %w", h.describe(c), err)
 	}
 	if timeout <= 0 {
 		h.watchKernels()
 		return nil
 	}
-	return h.awaitKernel(stream, timeout, c)
+	err = h.awaitKernel(stream, timeout, host, st, c)
+	if err != nil {
+		h.fail(err)
+	}
+	return err
 }
 
 // awaitKernel waits for a kernel launched with a timeout (the stream must
 // get past it within twice the timeout plus a second: the kernel itself
 // gives up at the timeout, earlier work on the stream may delay it) and
-// returns what it reported.
-func (h *Handle) awaitKernel(stream uintptr, timeout time.Duration, c callDesc) error {
+// returns what it reported in the call's word (host, st: its host and
+// device addresses). The word goes back
+// to the slab, cleared, once the stream is past the kernel.
+func (h *Handle) awaitKernel(stream uintptr, timeout time.Duration, host, st uintptr, c callDesc) error {
 	dev := h.b.Dev()
 	limit := 2*timeout + time.Second
 	deadline := time.Now().Add(limit)
@@ -374,7 +394,9 @@ func (h *Handle) awaitKernel(stream uintptr, timeout time.Duration, c callDesc) 
 		}
 		time.Sleep(10 * time.Microsecond)
 	}
-	if r, ok := kernels.DecodeReport(h.kstat.word(1).Swap(0)); ok {
+	r, ok := kernels.DecodeReport(word(host).Swap(0))
+	h.m.kern.slab.put(host, st)
+	if ok {
 		return fmt.Errorf("%s: %w", h.describe(c), h.reportError(r, timeout))
 	}
 	return nil

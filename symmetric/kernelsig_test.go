@@ -121,16 +121,50 @@ func TestKernelWaitTimesOutThroughTheWatchdog(t *testing.T) {
 	require.ErrorIs(t, h.Barrier(0, 0, 0), ErrSignalTimeout, "the handle has failed")
 }
 
-// With a timeout the caller gets the report itself, and the handle stays
-// usable.
-func TestKernelWaitTimeoutReturnsToTheCaller(t *testing.T) {
+// With a timeout the caller gets the report itself, and the handle fails:
+// a wait that gave up may leave a late signal in the pad, which the next
+// wait would take as its own.
+func TestKernelWaitTimeoutFailsTheHandle(t *testing.T) {
 	_, h := cudaKernelHandle(t, 10*time.Second)
 	err := h.WaitSignal(0, 6, 0, 100*time.Millisecond)
 	require.ErrorIs(t, err, ErrSignalTimeout)
 	require.ErrorContains(t, err, "wait_signal from rank 0 on channel 6")
-	require.NoError(t, h.PutSignal(0, 6, 0, 0))
-	require.NoError(t, h.WaitSignal(0, 6, 0, time.Second), "the handle still works")
-	require.NoError(t, h.failed())
+	require.ErrorIs(t, h.failed(), ErrSignalTimeout)
+	require.ErrorIs(t, h.PutSignal(0, 6, 0, 0), ErrSignalTimeout, "the handle has failed")
+	require.ErrorIs(t, h.WaitSignal(0, 6, 0, time.Second), ErrSignalTimeout)
+}
+
+// Timed calls on different streams each read their own report: a wait that
+// times out is never answered with nil because a concurrent call took its
+// report, and a call whose kernel completed never returns another's report.
+func TestKernelTimedCallsOwnTheirReports(t *testing.T) {
+	_, h := cudaKernelHandle(t, 10*time.Second)
+	other, err := cuda.StreamCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, cuda.StreamDestroy(0, other)) }()
+	// The pair below runs on channel 9 until the wait on channel 8 (on the
+	// default stream) has timed out and failed the handle.
+	done := make(chan error, 1)
+	go func() { done <- h.WaitSignal(0, 8, 0, 300*time.Millisecond) }()
+	var pairErrs []error
+	for len(done) == 0 {
+		if err := h.PutSignal(0, 9, other, 2*time.Second); err != nil {
+			pairErrs = append(pairErrs, err)
+			break
+		}
+		if err := h.WaitSignal(0, 9, other, 2*time.Second); err != nil {
+			pairErrs = append(pairErrs, err)
+			break
+		}
+	}
+	err = <-done
+	require.ErrorIs(t, err, ErrSignalTimeout, "the timed-out wait gets its own report")
+	require.ErrorContains(t, err, "wait_signal from rank 0 on channel 8")
+	for _, e := range pairErrs {
+		// Only the handle's failure, never a report of channel 9's kernels.
+		require.NotContains(t, e.Error(), "channel 9 did not come")
+	}
+	require.NoError(t, cuda.StreamSynchronize(0, other))
 }
 
 // uintptrOf is the address of a Go slice's first element, for a call that
@@ -174,4 +208,19 @@ func cudaKernelHandleB(b *testing.B) (*Manager, *Handle) {
 		st.Close()
 	})
 	return m, h
+}
+
+// The all-reduce's launch shape comes from what every rank passes alike:
+// 16-byte vectors only when the offset and size allow them, whatever this
+// rank's pointers; never more blocks than channels.
+func TestAllReduceShape(t *testing.T) {
+	for _, c := range []struct {
+		offset, nbytes uint64
+		world, v       int
+	}{{0, 32768, 2, 4}, {4, 32768, 2, 1}, {16, 32772, 2, 1}, {1 << 20, 4 << 20, 8, 4}, {0, 64, 3, 4}} {
+		v, blocks, threads := allReduceShape(c.offset, c.nbytes, c.world)
+		require.Equal(t, c.v, v, "%+v", c)
+		require.LessOrEqual(t, int(blocks), SignalPadSize/4/c.world)
+		require.GreaterOrEqual(t, int(threads), c.world)
+	}
 }

@@ -113,7 +113,7 @@ func (m *Manager) runWatchdog(sm streamMarker) {
 		// Reports of kernels (read under mu: freeStatus takes a handle out
 		// of the set, under mu, before its words go back to the slab).
 		for h := range w.kernels {
-			if r, ok := kernels.DecodeReport(h.kstat.word(0).Load()); ok {
+			if r, ok := kernels.DecodeReport(word(h.kstat.host).Load()); ok {
 				h.fail(fmt.Errorf("a signal kernel of group %q (rank %d): %w", h.group, h.rank, h.reportError(r, m.cfg.Timeout)))
 				delete(w.kernels, h)
 			}

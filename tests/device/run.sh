@@ -142,12 +142,12 @@ fi
 
 if want graphs; then
   # CUDA graphs, make_graphed_callables, torch.compile, plain-recipe OOM,
-  # MemPool release, memory snapshots (issue 11); one child per check and mode.
+  # MemPool release, memory snapshots; one child per check and mode.
   run_step torch-graphs "${SYMM_GRAPHS_TIMEOUT:-570}" python3 -m pytest tests/device/test_torch_graphs.py -v -s -p no:cacheprovider
 fi
 
 if want kernels; then
-  # Signals and the one-shot all-reduce from PyTorch (issue 15): 2 and 4
+  # Signals and the one-shot all-reduce from PyTorch: 2 and 4
   # ranks (sharing GPUs when there are fewer), then the one-GPU comparison.
   run_step kernels-2 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py 2
   run_step kernels-4 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py 4
