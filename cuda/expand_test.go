@@ -2,7 +2,10 @@ package cuda
 
 import (
 	"bytes"
+	"sync/atomic"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -73,4 +76,69 @@ func TestGPUExpandablePool(t *testing.T) {
 	free1, _, err := b.MemInfo(0)
 	require.NoError(t, err)
 	require.InDelta(t, float64(free0), float64(free1), 4*mib, "device memory back after empty_cache")
+}
+
+// Release waits only for the stream of what it unmaps: another stream that
+// never finishes (a wait for a lost peer) does not hold up the out-of-memory
+// retry or empty_cache, as a device-wide synchronize would.
+func TestGPUReleaseIgnoresABlockedStream(t *testing.T) {
+	b, _ := gpu(t)
+	const mib = 1 << 20
+	p, err := allocator.New(b, allocator.Config{Expandable: true})
+	require.NoError(t, err)
+	host, dev, err := HostAllocMapped(0, 4096)
+	require.NoError(t, err)
+	flag := (*atomic.Uint32)(*(*unsafe.Pointer)(unsafe.Pointer(&host)))
+	flag.Store(0)
+	blocked, err := StreamCreate(0)
+	require.NoError(t, err)
+	require.NoError(t, StreamWaitValue32(0, blocked, dev, 1, WaitValueGEQ))
+	defer func() {
+		flag.Store(1) // let the blocked stream go, whatever happened
+		require.NoError(t, StreamSynchronize(0, blocked))
+		require.NoError(t, StreamDestroy(0, blocked))
+		require.NoError(t, HostFree(0, host))
+	}()
+	done, _ := StreamQuery(0, blocked)
+	require.False(t, done, "the stream waits for the flag")
+
+	mine, err := StreamCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, StreamDestroy(0, mine)) }()
+	result := make(chan error, 1)
+	go func() {
+		var ptrs []uintptr
+		for i := 0; i < 4; i++ {
+			ptr, err := p.Alloc(0, mine, 8*mib)
+			if err != nil {
+				result <- err
+				return
+			}
+			ptrs = append(ptrs, ptr)
+		}
+		for _, ptr := range ptrs[1:] {
+			if err := p.Free(0, mine, ptr, 8*mib); err != nil {
+				result <- err
+				return
+			}
+		}
+		if err := p.EmptyCache(); err != nil {
+			result <- err
+			return
+		}
+		result <- p.Free(0, mine, ptrs[0], 8*mib)
+	}()
+	select {
+	case err := <-result:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("allocation or empty_cache waited for a stream it never used")
+	}
+	m, err := p.StatsMap(0)
+	require.NoError(t, err)
+	require.EqualValues(t, 8*mib, m["reserved_bytes.all.current"], "the free tail was unmapped")
+	done, _ = StreamQuery(0, blocked)
+	require.False(t, done, "still blocked: nothing waited for it")
+	require.NoError(t, p.EmptyCache())
+	require.NoError(t, p.CheckInvariants())
 }

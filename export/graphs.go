@@ -9,9 +9,9 @@ import "C"
 import "github.com/libsymm/libsymm/allocator"
 
 // Private pools (CUDA graphs), segment-serving mode (torch.cuda.MemPool) and
-// memory history/snapshots. shim.cpp decides which allocations are routed
-// where (the capture filters and PyTorch's mode live there, in C++); these
-// exports only carry the calls to the pool.
+// memory history/snapshots. The C++ shim decides which allocations are routed
+// where (the capture filters in routes.cpp, PyTorch's mode in torchmode.cpp);
+// these exports only carry the calls to the pool.
 
 //export goPoolAllocIn
 func goPoolAllocIn(api C.int, size C.size_t, device C.int, stream C.uintptr_t, first, second C.uint64_t, bsize *C.uint64_t) C.uintptr_t {

@@ -14,8 +14,8 @@ import (
 	"github.com/libsymm/libsymm/allocator"
 )
 
-// The //export functions below are called only by shim.cpp, which owns the
-// public symm_* names, the fork check and the size-0 shortcut.
+// The //export functions below are called only by the C++ shim (export/*.cpp),
+// which owns the public symm_* names, the fork check and the size-0 shortcut.
 
 // The C functions an allocation can come through, by the api argument of
 // goPoolAlloc, goPoolAllocIn and goPoolAllocSegment: the name its errors carry.

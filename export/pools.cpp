@@ -1,24 +1,16 @@
 // What PyTorch's allocator interface asks besides alloc and free (the section
 // "what PyTorch's allocator interface asks" of include/symm.h): thin wrappers,
-// as in shim.cpp, that check the fork flag and the pointers, give the front
+// as in wrappers.cpp, that check the fork flag and the pointers, give the front
 // cache's blocks back where the pool must see them as free, and call the Go
 // exports of pools.go. None of this is on the cached path.
-#include <string.h>
-
 #include "../include/symm.h"
 #include "_cgo_export.h"
 #include "front.h"
-#include "shim.h"
+#include "shim_internal.h"
+
+using namespace symmshim;
 
 namespace {
-// fail records code and msg as the calling thread's last error.
-int fail(int code, const char *msg) {
-  symmshim_set_error(code, msg, strlen(msg));
-  return code;
-}
-
-bool forked(const char *fn) { return symmshim_refuse_forked(fn) != 0; }
-
 // drain gives the front cache's blocks of device back to the pool: their
 // callers freed them, but to the pool they are allocated until then. A bad
 // device drains nothing (-1 would mean every device); the pool reports it.

@@ -1,4 +1,5 @@
-/* Internal to export/: what the Go side calls in the C++ shim. */
+/* Internal to export/: what the Go side calls in the C++ shim (C; the C++
+ * files share shim_internal.h as well). */
 #ifndef SYMM_SHIM_H
 #define SYMM_SHIM_H
 #include <stddef.h>
@@ -9,11 +10,6 @@ extern "C" {
 /* Records code and the len bytes at msg (not NUL-terminated) as the calling
  * thread's last error. Copies: msg may be Go memory. */
 void symmshim_set_error(int code, const char *msg, size_t len);
-/* 1 if the process is a fork child of the process that loaded the library. */
-int symmshim_forked(void);
-/* symmshim_forked, and when 1 also records SYMM_ERR_FORKED for fn (the C
- * function's name) as the last error, as every public function reports it. */
-int symmshim_refuse_forked(const char *fn);
 /* The front cache (front.cpp): switch it on; hand its blocks back to the pool. */
 void symmshim_front_enable(int on, uint64_t max_block);
 void symmshim_front_drain(int dev);

@@ -539,7 +539,10 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
  * kernels). A kernel's waits stop at the timeout (timeout_ms, else
  * SYMM_TIMEOUT_MS) and report through a host-mapped word, so the stream
  * goes on; the call (timeout_ms > 0) or the watchdog (0) turns the report
- * into SYMM_ERR_TIMEOUT naming the peer and channel. */
+ * into SYMM_ERR_TIMEOUT naming the peer and channel. Either way the handle
+ * fails: a wait that stopped may leave a late signal in the pad, which a
+ * later wait would take as its own, so every later call on the handle
+ * returns SYMM_ERR_TIMEOUT; free the block and rendezvous again. */
 
 /* 1 when libsymm's kernels run on device (NVRTC found, the kernels compiled
  * or read from the cache, and loaded); else 0 and the last error says why

@@ -49,7 +49,7 @@ _installed = False
 # CUDA graphs (torch 2.11's _CUDAPluggableAllocator): set_begin_allocate_to_pool:
 # void(int, MempoolId_t, std::function<bool(cudaStream_t)>),
 # set_end_allocate_to_pool_fn and set_release_pool: void(int, MempoolId_t);
-# the C++ functors are in export/shim.cpp.
+# the C++ functors are in export/routes.cpp.
 _HOOKS = (
     ("set_init_fn", "symm_torch_init"),
     ("set_reset_fn", "symm_pool_empty_cache"),

@@ -1,0 +1,72 @@
+// Internal to export/, C++ only: what the files of the C++ shim share.
+//   shim.cpp      the per-thread last error and the fork check
+//   torchmode.cpp how PyTorch calls symm_pool_alloc (replace or MemPool mode)
+//   routes.cpp    where an allocation goes: private pools of CUDA graphs,
+//                 the front cache (front.cpp), or the pool
+//   wrappers.cpp  the public functions that only check and call Go
+//   pools.cpp     PyTorch's allocator interface besides alloc and free
+// shim.h is the part Go sees as well; nothing here is exported (symm.map).
+#ifndef SYMM_SHIM_INTERNAL_H
+#define SYMM_SHIM_INTERNAL_H
+#include <stddef.h>
+
+#include "shim.h"
+
+// Hidden: the names cross files of libsymm.so only, so the compiler reaches
+// them directly instead of through the GOT, as within one file.
+#pragma GCC visibility push(hidden)
+namespace symmshim {
+
+// ---- errors and fork (shim.cpp) ----
+
+// Set in a fork child: the Go runtime's threads did not survive the fork.
+// Written only by the atfork child handler.
+extern volatile int g_forked;
+
+// set_error records code and msg (NUL-terminated; copied, truncated to the
+// buffer) as the calling thread's last error.
+void set_error(int code, const char *msg);
+
+// fail is set_error that returns code.
+int fail(int code, const char *msg);
+
+// last_error_msg is the calling thread's last error message, "" if none.
+const char *last_error_msg();
+
+// refuse_forked records SYMM_ERR_FORKED for fn (a public function's name).
+void refuse_forked(const char *fn);
+
+// forked reports whether the caller must stop, recording the error for fn if
+// so. Every public function calls it first; inline so that the common case
+// costs one load.
+inline bool forked(const char *fn) {
+  if (__builtin_expect(g_forked, 0)) {
+    refuse_forked(fn);
+    return true;
+  }
+  return false;
+}
+
+// ---- PyTorch's mode (torchmode.cpp) ----
+
+// How symm_pool_alloc's caller uses the pool (torchmode.cpp says how each is
+// recognised); symm_torch_mode returns these values.
+enum { kTorchNone = 0, kTorchReplace = 1, kTorchMemPool = 2 };
+
+// torch_resolve finds c10's current-allocator variable if PyTorch is loaded;
+// never loads PyTorch. Cheap once found.
+void torch_resolve();
+
+// ---- where an allocation goes (routes.cpp) ----
+
+// The entry points of pool_alloc (export/pool.go's allocAPIs): the name its
+// errors carry.
+enum { kApiAlloc = 0, kApiTryAlloc = 1 };
+
+// pool_alloc is symm_pool_alloc without the throw: mode (kTorch*) says how
+// PyTorch calls; NULL with the last error set on failure.
+void *pool_alloc(int api, size_t size, int device, void *stream, int mode);
+
+}  // namespace symmshim
+#pragma GCC visibility pop
+#endif
