@@ -42,8 +42,11 @@
 // Signal pads are arrays of uint32 slots: slot channel*world+src of rank
 // dst's pad is set to 1 by src (put_signal) and waited for, then reset to 0,
 // by dst (wait_signal), as PyTorch's pads are. On CUDA the operations are
-// stream memory operations (cuStreamWriteValue32 / cuStreamWaitValue32)
-// on the peer-mapped pads; on the host backend, atomics.
+// kernels where NVRTC can build them and SYMM_SIGNALS allows
+// (kernelsig.go), else stream memory operations (cuStreamWriteValue32 /
+// cuStreamWaitValue32) on the peer-mapped pads; on the host backend,
+// atomics. A handle's way is chosen on its first signal and kept
+// (signals.go).
 //
 // Multicast is never used: HasMulticastSupport is false.
 package symmetric

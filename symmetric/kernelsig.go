@@ -32,11 +32,12 @@ import (
 // and the block is freed and rendezvoused again to go on.
 //
 // Invariants: a handle's path (kernels or stream memory operations) is
-// decided on its first signal and kept; every word comes from the manager's
-// slab and is zero while no report is pending; the handle's word goes back
-// to the slab only when the block is freed, after the handle has left the
-// watchdog's set, and a call's word once its stream has passed its kernel
-// (a kernel that never finished keeps its word for good: 16 bytes).
+// decided on its first signal and kept (signals.go); every word comes from
+// the manager's slab and is zero while no report is pending; the handle's
+// word goes back to the slab only when the block is freed, after the handle
+// has left the watchdog's set, and a call's word once its stream has passed
+// its kernel (a kernel that never finished keeps its word for good: 16
+// bytes).
 //
 // Without NVRTC (or with SYMM_SIGNALS=memop) signals stay stream memory
 // operations; the one-shot all-reduce needs the kernels.
@@ -152,46 +153,13 @@ func (m *Manager) KernelsReady(dev int) error {
 	return err
 }
 
-// useKernels says whether this handle's signals run as kernels: false for
-// providers without device kernels and with SYMM_SIGNALS=memop; with
-// "auto", false when the kernels cannot run; with "kernel", an error then.
-// The answer is kept in the handle.
-func (h *Handle) useKernels() (bool, error) {
-	switch h.kstat.mode.Load() {
-	case modeKernels:
-		return true, nil
-	case modeMemops:
-		return false, nil
-	}
-	if _, ok := h.m.prov.(kernelDevice); !ok || h.m.cfg.Signals == SignalsMemop {
-		h.kstat.mode.Store(modeMemops)
-		return false, nil
-	}
-	if err := h.m.KernelsReady(h.b.Dev()); err != nil {
-		if h.m.cfg.Signals == SignalsKernel {
-			return false, fmt.Errorf("SYMM_SIGNALS=kernel: %w", err)
-		}
-		h.kstat.mode.Store(modeMemops)
-		return false, nil
-	}
-	h.kstat.mode.Store(modeKernels)
-	return true, nil
-}
-
-const (
-	modeUnknown = iota
-	modeKernels
-	modeMemops
-)
-
-// kernelStatus is a handle's kernel state: which path its signals take, its
-// function handles, and its status word (8 bytes of host-mapped memory that
-// its kernels launched without a timeout write a kernels.Report into, read
-// by the watchdog). The word comes from the manager's slab on the handle's
-// first kernel and goes back when the handle is released.
+// kernelStatus is a handle's kernel state: its function handles and its
+// status word (8 bytes of host-mapped memory that its kernels launched
+// without a timeout write a kernels.Report into, read by the watchdog). The
+// word comes from the manager's slab on the handle's first kernel and goes
+// back when the handle is released.
 type kernelStatus struct {
-	mode atomic.Int32 // modeUnknown, modeKernels, modeMemops
-	fns  [numKernels]atomic.Uintptr
+	fns [numKernels]atomic.Uintptr
 
 	once      sync.Once
 	host, dev uintptr
@@ -274,7 +242,7 @@ func (h *Handle) function(id int) (uintptr, error) {
 	if f := h.kstat.fns[id].Load(); f != 0 {
 		return f, nil
 	}
-	f, err := h.m.kern.loader.Function(h.b.Dev(), kernelNames[id]) // useKernels has opened it
+	f, err := h.m.kern.loader.Function(h.b.Dev(), kernelNames[id]) // KernelsReady has opened it
 	if err != nil {
 		return 0, err
 	}
@@ -404,6 +372,46 @@ func (h *Handle) awaitKernel(stream uintptr, timeout time.Duration, host, st uin
 
 // u32 is an int kernel parameter in a launch word.
 func u32(v int) uint64 { return uint64(uint32(int32(v))) }
+
+// kernelSignals runs a handle's signals as kernels (signals.go's
+// signaler): each call checks the handle and its slot (kernelCheck), then
+// launches one kernel.
+type kernelSignals struct{ h *Handle }
+
+func (s kernelSignals) put(dst, channel int, stream uintptr, timeout time.Duration) error {
+	if err := s.h.kernelCheck(dst, channel); err != nil {
+		return err
+	}
+	return s.h.kernelPut(dst, channel, stream, timeout)
+}
+
+func (s kernelSignals) wait(src, channel int, stream uintptr, timeout time.Duration) error {
+	if err := s.h.kernelCheck(src, channel); err != nil {
+		return err
+	}
+	return s.h.kernelWait(src, channel, stream, timeout)
+}
+
+// barrier in a world of one checks its channel and launches nothing.
+func (s kernelSignals) barrier(channel int, stream uintptr, timeout time.Duration) error {
+	h := s.h
+	if err := h.kernelCheck(h.rank, channel); err != nil || h.world == 1 {
+		return err
+	}
+	return h.kernelBarrier(channel, stream, timeout)
+}
+
+// kernelCheck refuses a kernel call on a failed handle, or whose peer or
+// channel is out of range: slot (channel, our rank) of peer's pad must
+// exist, for a wait as for a put (so a wait names a peer out of range
+// "destination rank").
+func (h *Handle) kernelCheck(peer, channel int) error {
+	if err := h.failed(); err != nil {
+		return err
+	}
+	_, err := h.slotAddr(peer, h.rank, channel)
+	return err
+}
 
 func (h *Handle) kernelBarrier(channel int, stream uintptr, timeout time.Duration) error {
 	words := [...]uint64{uint64(h.PadPtrsDev()), u32(h.rank), u32(h.world), u32(channel), 0, 0}

@@ -1,18 +1,12 @@
 package symmetric
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -77,6 +71,9 @@ func (m *Manager) Rendezvous(ptr uintptr, g Group) (*Handle, error) {
 	return h, nil
 }
 
+// nextSeq numbers the rendezvous of one group in this process. Every rank
+// joins a group's blocks in the same order, so the numbers agree across
+// ranks and keep one rendezvous's keys in the store apart from another's.
 func (m *Manager) nextSeq(group string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -84,31 +81,80 @@ func (m *Manager) nextSeq(group string) int {
 	return m.seq[group]
 }
 
-func socketBase(pid int, group string, seq int) string {
-	clean := strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
-			return r
-		}
-		return '_'
-	}, group)
-	if len(clean) > 40 {
-		clean = clean[:40]
-	}
-	return fmt.Sprintf("symm-%d-%s-%d", pid, clean, seq)
+// handshake is one rendezvous in progress: what its steps share. The steps,
+// in order (doc.go: the protocol): export our block in the background
+// (startExport), open our mailbox (openMailbox), publish our metadata and
+// gather every rank's (gatherMetas), check them (validate), map the peers
+// (mapPeers), agree on the outcome (complete), register with the provider
+// (register).
+// From the check on, a rank that fails tells its peers through their
+// mailboxes, so that none waits for its descriptor until the timeout
+// (ranks that see different devices may judge a group differently); from
+// the agreement on, every rank succeeds or every rank fails, naming the
+// rank that failed first.
+type handshake struct {
+	m        *Manager
+	b        *Block
+	g        Group
+	prefix   string // symm/<group>/<seq>/: the rendezvous's keys in the store
+	deadline time.Time
+	tr       *tracer
+	mb       *ipc.Mailbox
+	metas    []meta // every rank's, once gathered
 }
 
+// rendezvous joins b with g. Nothing stays mapped or open after a failure.
 func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
-	deadline := time.Now().Add(m.cfg.Timeout)
-	tr := newTracer(m.cfg.Trace, g)
-	defer tr.done()
-	// Exporting takes the driver about a millisecond: do it once per block,
-	// while the metadata goes round.
-	type exported struct {
-		fd  int
-		err error
-	}
-	exp := make(chan exported, 1)
+	r := &handshake{m: m, b: b, g: g, deadline: time.Now().Add(m.cfg.Timeout), tr: newTracer(m.cfg.Trace, g)}
+	defer r.tr.done()
 	pm, mapped := m.prov.(PeerMapper) // peers are mapped already: nothing to export
+	exp := m.startExport(b, mapped)
+	defer handOver(b, exp)
+	seq := m.nextSeq(g.Name)
+	r.prefix = fmt.Sprintf("symm/%s/%d/", g.Name, seq)
+	me, err := m.ownMeta(b, pm, mapped)
+	if err != nil {
+		return nil, err
+	}
+	if r.mb, err = openMailbox(&me, g, seq); err != nil {
+		return nil, err
+	}
+	defer r.mb.Close()
+	m.crashAt("publish")
+	if err = r.gatherMetas(me); err != nil {
+		return nil, err
+	}
+	fd, err := r.exported(exp)
+	if err != nil {
+		return nil, err
+	}
+
+	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World)}
+	defer func() {
+		if err != nil { // nothing stays mapped after a failed rendezvous
+			h.release()
+		}
+	}()
+	if err = r.complete(r.mapPeers(h, pm, mapped, fd)); err != nil {
+		return nil, err
+	}
+	if err = r.register(h); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// exported is the outcome of exporting a block's descriptor.
+type exported struct {
+	fd  int
+	err error
+}
+
+// startExport exports b's descriptor in the background, once per block:
+// the driver takes about a millisecond, which the metadata's round trip
+// hides. The channel holds the outcome until handOver takes it.
+func (m *Manager) startExport(b *Block, mapped bool) chan exported {
+	exp := make(chan exported, 1)
 	if b.exportFD >= 0 || mapped {
 		exp <- exported{fd: b.exportFD}
 	} else {
@@ -117,149 +163,161 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 			exp <- exported{fd, err}
 		}()
 	}
-	defer func() { // the block keeps its descriptor until it is freed
-		if e := <-exp; e.err == nil && b.exportFD < 0 {
-			b.exportFD = e.fd
-		}
-	}()
-	seq := m.nextSeq(g.Name)
-	prefix := fmt.Sprintf("symm/%s/%d/", g.Name, seq)
+	return exp
+}
+
+// handOver gives the block the descriptor exported for it, whatever became
+// of the rendezvous: the block keeps it until it is freed.
+func handOver(b *Block, exp chan exported) {
+	if e := <-exp; e.err == nil && b.exportFD < 0 {
+		b.exportFD = e.fd
+	}
+}
+
+// ownMeta is what this rank publishes, less its mailbox's name.
+func (m *Manager) ownMeta(b *Block, pm PeerMapper, mapped bool) (me meta, err error) {
 	host, _ := os.Hostname()
-	me := meta{PID: os.Getpid(), UID: os.Getuid(), Host: host, Provider: m.prov.Name(), Dev: b.Dev(),
+	me = meta{PID: os.Getpid(), UID: os.Getuid(), Host: host, Provider: m.prov.Name(), Dev: b.Dev(),
 		Size: b.bufSize, Block: b.mem.Size}
 	if p, ok := m.prov.(Peering); ok {
 		if me.DevID, err = p.DeviceID(b.Dev()); err != nil {
-			return nil, fmt.Errorf("naming device %d: %w", b.Dev(), err)
+			return me, fmt.Errorf("naming device %d: %w", b.Dev(), err)
 		}
 	}
 	if mapped {
 		if me.PE, err = pm.PeerID(); err != nil {
-			return nil, err
+			return me, err
 		}
 	}
+	return me, nil
+}
 
-	// Open our mailbox before publishing, so that a peer that reads our
-	// metadata can send at once. Descriptors in messages still queued when
-	// it closes are closed by the kernel. The name ends in a random nonce
-	// (peers learn it from the metadata), so another process cannot take
-	// it ahead of us; a name taken all the same is replaced by a new one.
-	var mb *ipc.Mailbox
-	for attempt := 0; ; attempt++ {
-		me.Socket = fmt.Sprintf("%s-%d-%s", socketBase(os.Getpid(), g.Name, seq), g.Rank, mailboxNonce())
-		if mb, err = ipc.OpenMailbox(me.Socket); err == nil || !errors.Is(err, unix.EADDRINUSE) || attempt == 2 {
-			break
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer mb.Close()
-	m.crashAt("publish")
+// gatherMetas publishes me, reads every rank's metadata into r.metas and
+// checks it.
+func (r *handshake) gatherMetas(me meta) error {
+	g := r.g
 	raw, _ := json.Marshal(me)
-	vals, err := store.AllGather(g.Store, prefix+"meta/", g.Rank, g.World, raw, time.Until(deadline))
+	vals, err := store.AllGather(g.Store, r.prefix+"meta/", g.Rank, g.World, raw, time.Until(r.deadline))
 	if err != nil {
 		var ge *store.GatherError
 		switch {
 		case errors.Is(err, store.ErrClosed):
-			return nil, fmt.Errorf("the store went away while gathering the ranks' metadata: %w", err)
+			return fmt.Errorf("the store went away while gathering the ranks' metadata: %w", err)
 		case errors.As(err, &ge):
-			return nil, fmt.Errorf("rank %d did not publish its metadata within %v (did it die, or not call rendezvous?): %w",
-				ge.Rank, m.cfg.Timeout, ge.Err)
+			return fmt.Errorf("rank %d did not publish its metadata within %v (did it die, or not call rendezvous?): %w",
+				ge.Rank, r.m.cfg.Timeout, ge.Err)
 		}
-		return nil, fmt.Errorf("publishing metadata: %w", err)
+		return fmt.Errorf("publishing metadata: %w", err)
 	}
 	metas := make([]meta, g.World)
 	for j, v := range vals {
 		if err := json.Unmarshal(v, &metas[j]); err != nil {
-			return nil, fmt.Errorf("rank %d published unreadable metadata: %w", j, err)
+			return fmt.Errorf("rank %d published unreadable metadata: %w", j, err)
 		}
 	}
-	// From here on a rank that fails tells its peers through their
-	// mailboxes, so that none waits for its descriptor until the timeout
-	// (ranks that see different devices may judge a group differently).
-	if err := m.validate(g, metas); err != nil {
-		tellFailure(mb, g, metas, err, deadline)
-		return nil, err
+	r.metas = metas
+	if err := r.m.validate(g, metas); err != nil {
+		tellFailure(r.mb, g, metas, err, r.deadline)
+		return err
 	}
-	tr.mark("listen+gather metadata")
-	m.crashAt("gathered")
+	r.tr.mark("listen+gather metadata")
+	r.m.crashAt("gathered")
+	return nil
+}
 
+// exported waits for our block's descriptor (startExport) and returns it,
+// leaving the outcome in exp for handOver.
+func (r *handshake) exported(exp chan exported) (int, error) {
 	e := <-exp
 	exp <- e // for the deferred hand-over to the block
 	if e.err != nil {
 		err := fmt.Errorf("exporting the block: %w", e.err)
-		tellFailure(mb, g, metas, err, deadline)
-		return nil, err
+		tellFailure(r.mb, r.g, r.metas, err, r.deadline)
+		return 0, err
 	}
-	tr.mark("export")
+	r.tr.mark("export")
+	return e.fd, nil
+}
 
-	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World)}
-	defer func() {
-		if err != nil { // nothing stays mapped after a failed rendezvous
-			h.release()
-		}
-	}()
+// mapPeers maps every peer's block into h, through the provider (mapped)
+// or by exchanging descriptors (fd: ours), then builds h's pointer arrays.
+func (r *handshake) mapPeers(h *Handle, pm PeerMapper, mapped bool, fd int) (err error) {
 	if mapped {
-		err = h.mapViews(pm, metas)
+		err = h.mapViews(pm, r.metas)
 	} else {
-		err = h.exchange(mb, metas, e.fd, g, deadline)
+		err = h.exchange(r.mb, r.metas, fd, r.g, r.deadline)
 	}
-	tr.mark(fmt.Sprintf("exchange descriptors + map (of which import+map %.3fms)", float64(h.importTime.Load())/1e6))
-	m.crashAt("mapped")
+	r.tr.mark(fmt.Sprintf("exchange descriptors + map (of which import+map %.3fms)", float64(h.importTime.Load())/1e6))
+	r.m.crashAt("mapped")
 	if err == nil {
-		// Before the agreement below: a rank that cannot build its arrays
-		// fails together with every other.
-		if err = m.failAt("arrays"); err == nil {
+		// Before the agreement: a rank that cannot build its arrays fails
+		// together with every other.
+		if err = r.m.failAt("arrays"); err == nil {
 			err = h.buildArrays()
 		}
-		tr.mark("pointer arrays")
+		r.tr.mark("pointer arrays")
 	}
+	return err
+}
 
-	// Done only when every rank has mapped every peer, so that all ranks
-	// succeed or all fail, and a failure is told to every rank at once:
-	// through the store (peers in the completion gather) and through the
-	// mailboxes (peers still waiting for our descriptor).
+// complete publishes our outcome of mapping (mine) and gathers every
+// rank's: done only when every rank has mapped every peer, so that all
+// ranks succeed or all fail, and a failure is told to every rank at once:
+// through the store (peers in the completion gather) and through the
+// mailboxes (peers still waiting for our descriptor).
+func (r *handshake) complete(mine error) error {
+	g := r.g
 	status := []byte{}
-	if err != nil {
-		status = []byte(err.Error())
-		g.Store.Set(fmt.Sprintf("%sdone/%d", prefix, g.Rank), status) // best effort: the peers time out otherwise
-		tellFailure(mb, g, metas, err, deadline)
-		return nil, err
+	if mine != nil {
+		status = []byte(mine.Error())
+		g.Store.Set(fmt.Sprintf("%sdone/%d", r.prefix, g.Rank), status) // best effort: the peers time out otherwise
+		tellFailure(r.mb, g, r.metas, mine, r.deadline)
+		return mine
 	}
-	vals, err = gatherWatching(g, prefix+"done/", status, deadline, metas)
+	vals, err := gatherWatching(g, r.prefix+"done/", status, r.deadline, r.metas)
 	if err != nil {
 		var ge *store.GatherError
 		switch {
 		case errors.As(err, &ge):
-			return nil, fmt.Errorf("rank %d (pid %d) did not finish mapping within %v: %w", ge.Rank, metas[ge.Rank].PID, m.cfg.Timeout, ge.Err)
+			return fmt.Errorf("rank %d (pid %d) did not finish mapping within %v: %w", ge.Rank, r.metas[ge.Rank].PID, r.m.cfg.Timeout, ge.Err)
 		case errors.Is(err, ErrPeerFailed):
-			return nil, err
+			return err
 		case errors.Is(err, store.ErrClosed):
-			return nil, fmt.Errorf("the store went away while gathering the ranks' completion: %w", err)
+			return fmt.Errorf("the store went away while gathering the ranks' completion: %w", err)
 		}
-		return nil, fmt.Errorf("publishing completion: %w", err)
+		return fmt.Errorf("publishing completion: %w", err)
 	}
 	for j, v := range vals {
 		if len(v) > 0 {
-			return nil, fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, metas[j].PID, v)
+			return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, r.metas[j].PID, v)
 		}
 	}
-	tr.mark("completion")
-	if r, ok := m.prov.(Registrar); ok { // every rank got here: the collective cannot hang on a failed one
-		if err = m.failAt("register"); err == nil {
-			h.unregister, err = r.Register(b.mem, g.Rank, g.World)
-		}
-		if err != nil {
-			err = fmt.Errorf("registering the block with %s: %w", m.prov.Name(), err)
-		}
-		// A second agreement: the registration can fail on one rank after
-		// all agreed above; then every rank fails, naming it.
-		if err = m.agree(g, prefix+"registered/", err, deadline, metas); err != nil {
-			return nil, err
-		}
-		tr.mark("registration")
+	r.tr.mark("completion")
+	return nil
+}
+
+// register registers b with providers that need it (Registrar: an NCCL
+// window), a collective: only after every rank has completed, so that it
+// cannot hang on a rank that failed before.
+func (r *handshake) register(h *Handle) error {
+	reg, ok := r.m.prov.(Registrar)
+	if !ok {
+		return nil
 	}
-	return h, nil
+	err := r.m.failAt("register")
+	if err == nil {
+		h.unregister, err = reg.Register(r.b.mem, r.g.Rank, r.g.World)
+	}
+	if err != nil {
+		err = fmt.Errorf("registering the block with %s: %w", r.m.prov.Name(), err)
+	}
+	// A second agreement: the registration can fail on one rank after all
+	// agreed on the completion; then every rank fails, naming it.
+	if err = r.m.agree(r.g, r.prefix+"registered/", err, r.deadline, r.metas); err != nil {
+		return err
+	}
+	r.tr.mark("registration")
+	return nil
 }
 
 // agree all-gathers each rank's outcome of a step (nil: success) and
@@ -281,14 +339,6 @@ func (m *Manager) agree(g Group, prefix string, mine error, deadline time.Time, 
 		if len(v) > 0 {
 			return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, metas[j].PID, v)
 		}
-	}
-	return nil
-}
-
-// failAt returns the injected failure of phase (Config.FailAt), or nil.
-func (m *Manager) failAt(phase string) error {
-	if m.cfg.FailAt == phase {
-		return fmt.Errorf("injected failure at %s (Config.FailAt)", phase)
 	}
 	return nil
 }
@@ -321,220 +371,6 @@ func (t *tracer) done() {
 		fmt.Fprintf(os.Stderr, "symm: rendezvous %q rank %d/%d: %.3fms: %s\n", t.g.Name, t.g.Rank, t.g.World,
 			float64(time.Since(t.start).Microseconds())/1e3, strings.Join(t.phases, ", "))
 	}
-}
-
-// exchange sends our block's descriptor fd to every peer's mailbox while
-// taking and mapping theirs from mb.
-func (h *Handle) exchange(mb *ipc.Mailbox, metas []meta, fd int, g Group, deadline time.Time) error {
-	// Send while receiving: a peer's queue may be full until it reads.
-	sent := make(chan error, 1)
-	gone := make(chan error, g.World) // peers found dead while sending
-	go func() {
-		var errs []error
-		payload := []byte(fmt.Sprint(g.Rank))
-		if err := h.m.failAt("send"); err != nil {
-			sent <- err
-			return
-		}
-		for j := 0; j < g.World; j++ {
-			if j != g.Rank {
-				if err := mb.SendTo(metas[j].Socket, payload, []int{fd}, time.Until(deadline)); err != nil {
-					if errors.Is(err, ipc.ErrNoMailbox) { // its process has exited
-						err = fmt.Errorf("%w: rank %d (pid %d) is gone: %w", ErrPeerFailed, j, metas[j].PID, err)
-						gone <- err
-					} else {
-						err = fmt.Errorf("sending our block to rank %d (pid %d): %w", j, metas[j].PID, err)
-					}
-					errs = append(errs, err)
-				}
-			}
-		}
-		sent <- errors.Join(errs...)
-		h.m.crashAt("sent")
-	}()
-	rerr := h.receive(mb, metas, deadline, gone)
-	serr := <-sent
-	if serr != nil && errors.Is(serr, ipc.ErrNoMailbox) {
-		if rerr != nil {
-			return rerr // the same failure, said once
-		}
-		// A peer whose mailbox is gone either died or failed after telling
-		// us why (its message was sent before its mailbox closed): prefer
-		// the cause to "gone".
-		if cause := h.pendingFailure(mb, metas, 100*time.Millisecond); cause != nil {
-			return cause
-		}
-	}
-	return errors.Join(rerr, serr)
-}
-
-// failureIn returns the failure a peer reported in msg (tellFailure), or nil
-// if msg is not one, or not from the process that published that rank.
-func (h *Handle) failureIn(msg ipc.Message, metas []meta) error {
-	if !strings.HasPrefix(string(msg.Payload), failurePrefix) {
-		return nil
-	}
-	rank, text, _ := strings.Cut(strings.TrimPrefix(string(msg.Payload), failurePrefix), ":")
-	if j, err := strconv.Atoi(rank); err == nil && j >= 0 && j < h.world && msg.PID == metas[j].PID && msg.UID == os.Getuid() {
-		return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, msg.PID, text)
-	}
-	return nil
-}
-
-// pendingFailure reads what is left in mb for up to wait and returns the
-// first failure a peer reported there, or nil. Descriptors in other
-// messages are closed: the rendezvous is failing anyway.
-func (h *Handle) pendingFailure(mb *ipc.Mailbox, metas []meta, wait time.Duration) error {
-	until := time.Now().Add(wait)
-	for time.Now().Before(until) {
-		msg, err := mb.Recv(1, time.Until(until))
-		if err != nil && !errors.Is(err, ipc.ErrBadMessage) {
-			return nil
-		}
-		for _, fd := range msg.FDs {
-			unix.Close(fd)
-		}
-		if err == nil {
-			if cause := h.failureIn(msg, metas); cause != nil {
-				return cause
-			}
-		}
-	}
-	return nil
-}
-
-// mapViews finds every peer's block through the provider (NVSHMEM's
-// nvshmem_ptr on our symmetric address): no descriptor changes hands.
-func (h *Handle) mapViews(pm PeerMapper, metas []meta) error {
-	for j, p := range metas {
-		if j == h.rank {
-			continue
-		}
-		ptr, err := pm.PeerPtr(h.b.mem, p.PE)
-		if err != nil {
-			return fmt.Errorf("rank %d (pid %d, PE %d): %w", j, p.PID, p.PE, err)
-		}
-		h.peers[j] = &Mem{Ptr: ptr, Size: h.b.mem.Size, Dev: h.b.Dev(), fd: -1, view: true}
-	}
-	return nil
-}
-
-// failurePrefix starts a mailbox message that reports a rank's failure
-// instead of carrying its descriptor.
-const failurePrefix = "!"
-
-// tellFailure sends err to every peer's mailbox (best effort).
-func tellFailure(mb *ipc.Mailbox, g Group, metas []meta, err error, deadline time.Time) {
-	msg := []byte(fmt.Sprintf("%s%d:%v", failurePrefix, g.Rank, err))
-	if len(msg) > 60<<10 {
-		msg = msg[:60<<10]
-	}
-	for j := 0; j < g.World; j++ {
-		if j != g.Rank {
-			mb.SendTo(metas[j].Socket, msg, nil, min(time.Until(deadline), time.Second))
-		}
-	}
-}
-
-// receive takes one descriptor from each peer in mb and maps it, until
-// deadline. A message is taken only from the process that published rank
-// j's metadata and runs as our uid; anything else is closed and ignored.
-// Peers are mapped as their messages come, in parallel.
-func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time, gone <-chan error) error {
-	var wg sync.WaitGroup
-	errs := make([]error, h.world)
-	got := make([]bool, h.world)
-	missing, ignored := h.world-1, 0
-	var lastErr error
-	for missing > 0 {
-		// Wait in short slices, so that a peer found dead by the sender
-		// (its mailbox is gone) ends the wait at once.
-		msg, err := mb.Recv(1, min(time.Until(deadline), 50*time.Millisecond))
-		if errors.Is(err, os.ErrDeadlineExceeded) && time.Now().Before(deadline) {
-			select {
-			case e := <-gone:
-				wg.Wait()
-				return errors.Join(append(errs, e)...)
-			default:
-			}
-			for j := range got {
-				if !got[j] && j != h.rank && !processAlive(metas[j].PID) {
-					wg.Wait()
-					return errors.Join(append(errs, fmt.Errorf("%w: rank %d (pid %d) exited before sending its block", ErrPeerFailed, j, metas[j].PID))...)
-				}
-			}
-			continue
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			var who []string
-			for j := range got {
-				if !got[j] && j != h.rank {
-					who = append(who, fmt.Sprintf("rank %d (pid %d)", j, metas[j].PID))
-				}
-			}
-			more := ""
-			if ignored > 0 {
-				more = fmt.Sprintf("; %d stray messages ignored, the last: %v", ignored, lastErr)
-			}
-			wg.Wait()
-			return errors.Join(append(errs, fmt.Errorf("no block came from %s by the deadline (did it die?)%s: %w",
-				strings.Join(who, ", "), more, err))...)
-		}
-		if err != nil && !errors.Is(err, ipc.ErrBadMessage) {
-			wg.Wait()
-			return err
-		}
-		if err == nil {
-			if cause := h.failureIn(msg, metas); cause != nil {
-				wg.Wait()
-				return cause
-			}
-		}
-		j, perr := strconv.Atoi(string(msg.Payload))
-		switch {
-		case err != nil:
-			lastErr = err // a malformed message: its descriptors are closed
-		case perr != nil || j < 0 || j >= h.world || j == h.rank || got[j]:
-			lastErr = fmt.Errorf("message %q from pid %d is not a peer's first", msg.Payload, msg.PID)
-		case msg.PID != metas[j].PID || msg.UID != os.Getuid():
-			lastErr = fmt.Errorf("pid %d uid %d claimed to be rank %d (pid %d)", msg.PID, msg.UID, j, metas[j].PID)
-		default:
-			got[j] = true
-			missing--
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[j] = h.mapPeer(j, msg.FDs, metas[j])
-			}()
-			continue
-		}
-		ignored++
-		strayMessages.Add(1)
-		for _, fd := range msg.FDs {
-			unix.Close(fd)
-		}
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// mapPeer imports the one descriptor rank j sent and closes it.
-func (h *Handle) mapPeer(j int, fds []int, peer meta) error {
-	if len(fds) != 1 {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		return fmt.Errorf("rank %d sent %d descriptors, expected 1", j, len(fds))
-	}
-	start := time.Now()
-	defer func() { h.importTime.Add(int64(time.Since(start))) }()
-	defer unix.Close(fds[0])
-	mem, err := h.m.prov.Import(h.b.Dev(), fds[0], peer.Block)
-	if err != nil {
-		return fmt.Errorf("mapping rank %d's block: %w", j, err)
-	}
-	h.peers[j] = mem
-	return nil
 }
 
 // validate checks that the ranks' blocks can be joined, naming the rank that
@@ -590,302 +426,6 @@ func (m *Manager) checkPaths(metas []meta) error {
 	return nil
 }
 
-// Handle is one block joined with one group.
-type Handle struct {
-	m     *Manager
-	b     *Block
-	group string
-	rank  int
-	world int
-	peers []*Mem // peers[j] maps rank j's block; nil for our own
-
-	// arrays: world buffer pointers then world signal-pad pointers, in host
-	// memory outside Go's heap (C callers keep these pointers) and, for
-	// devices, in device memory.
-	hostArr, devArr uintptr
-	hostSize        uint64
-	freeDev         func() error
-
-	importTime atomic.Int64 // ns spent importing and mapping peers (trace)
-	unregister func() error // undoes Registrar.Register (NCCL window)
-
-	// asyncErr is the first signal the watchdog saw time out (watchdog.go):
-	// once set, every signal call on the handle fails with it.
-	asyncErr atomic.Pointer[error]
-
-	kstat kernelStatus // where its kernels report timeouts (kernelsig.go)
-}
-
-// Acquire keeps the handle's block from being freed until release is
-// called, and fails (ErrUnknownPointer) if it was freed already. Every call
-// that touches the handle's mappings or arrays holds it; a free waits for
-// such calls to return.
-func (h *Handle) Acquire() (release func(), err error) {
-	h.b.life.RLock()
-	if h.b.freedLocked() {
-		h.b.life.RUnlock()
-		return nil, fmt.Errorf("%w: a handle of group %q whose block %#x was freed", ErrUnknownPointer, h.group, h.b.Ptr())
-	}
-	if testHookAcquired != nil {
-		testHookAcquired()
-	}
-	return h.b.runlock, nil
-}
-
-// testHookAcquired, set only by tests, runs inside Acquire's hold: it widens
-// the window in which a free racing the call would unmap what it uses.
-var testHookAcquired func()
-
-func (h *Handle) Rank() int          { return h.rank }
-func (h *Handle) World() int         { return h.world }
-func (h *Handle) BufferSize() uint64 { return h.b.bufSize }
-func (h *Handle) Block() *Block      { return h.b }
-
-// BufferPtr is rank r's buffer as mapped here; PadPtr its signal pad.
-func (h *Handle) BufferPtr(r int) uintptr {
-	if r == h.rank {
-		return h.b.Ptr()
-	}
-	return h.peers[r].Ptr
-}
-func (h *Handle) PadPtr(r int) uintptr { return h.BufferPtr(r) + uintptr(h.b.padOff) }
-
-// BufferPtrsHost and PadPtrsHost are arrays of world pointers in host memory.
-func (h *Handle) BufferPtrsHost() uintptr { return h.hostArr }
-func (h *Handle) PadPtrsHost() uintptr    { return h.hostArr + uintptr(8*h.world) }
-
-// BufferPtrsDev and PadPtrsDev are the same arrays in device memory.
-func (h *Handle) BufferPtrsDev() uintptr { return h.devArr }
-func (h *Handle) PadPtrsDev() uintptr    { return h.devArr + uintptr(8*h.world) }
-
-// DeviceArrays is implemented by providers whose devices cannot read host
-// memory: it copies vals to new device memory.
-type DeviceArrays interface {
-	DeviceArray(dev int, vals []uint64) (ptr uintptr, free func() error, err error)
-}
-
-func (h *Handle) buildArrays() error {
-	vals := make([]uint64, 2*h.world)
-	for r := 0; r < h.world; r++ {
-		vals[r] = uint64(h.BufferPtr(r))
-		vals[h.world+r] = uint64(h.PadPtr(r))
-	}
-	size := uint64(len(vals) * 8)
-	p, _, e := unix.Syscall6(unix.SYS_MMAP, 0, uintptr(size), unix.PROT_READ|unix.PROT_WRITE,
-		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uintptr(0), 0)
-	if e != 0 {
-		return fmt.Errorf("mapping the pointer arrays: %w", e)
-	}
-	h.hostArr, h.hostSize = p, size
-	copy(unsafe.Slice((*uint64)(*(*unsafe.Pointer)(unsafe.Pointer(&p))), len(vals)), vals)
-	h.devArr = h.hostArr
-	if da, ok := h.m.prov.(DeviceArrays); ok {
-		ptr, free, err := da.DeviceArray(h.b.Dev(), vals)
-		if err != nil {
-			return fmt.Errorf("device pointer arrays: %w", err)
-		}
-		h.devArr, h.freeDev = ptr, free
-	}
-	return nil
-}
-
-// release unmaps every peer and frees the arrays. Called with b.mu held.
-func (h *Handle) release() error {
-	var errs []error
-	if h.unregister != nil {
-		errs = append(errs, h.unregister())
-		h.unregister = nil
-	}
-	for j, p := range h.peers {
-		if p != nil {
-			errs = append(errs, h.m.prov.Release(p))
-			h.peers[j] = nil
-		}
-	}
-	errs = append(errs, h.freeStatus())
-	if h.freeDev != nil {
-		errs = append(errs, h.freeDev())
-		h.freeDev = nil
-	}
-	if h.hostArr != 0 {
-		if _, _, e := unix.Syscall(unix.SYS_MUNMAP, h.hostArr, uintptr(h.hostSize), 0); e != 0 {
-			errs = append(errs, e)
-		}
-		h.hostArr, h.devArr = 0, 0
-	}
-	return errors.Join(errs...)
-}
-
-// hostBound turns "no timeout" into the manager's timeout on the host
-// backend: there a signal is waited for by the calling thread, not queued on
-// a stream, so waiting for ever would hang the caller.
-func (h *Handle) hostBound(timeout time.Duration) time.Duration {
-	if timeout <= 0 && h.m.prov.Name() == "host" {
-		return h.m.cfg.Timeout
-	}
-	return timeout
-}
-
-// slotAddr is the address of slot (channel, src) in rank dst's pad.
-func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
-	switch {
-	case dst < 0 || dst >= h.world:
-		return 0, fmt.Errorf("%w: destination rank %d outside [0, %d)", ErrInvalid, dst, h.world)
-	case src < 0 || src >= h.world:
-		return 0, fmt.Errorf("%w: source rank %d outside [0, %d)", ErrInvalid, src, h.world)
-	}
-	i := channel*h.world + src
-	if channel < 0 || (i+1)*4 > SignalPadSize {
-		return 0, fmt.Errorf("%w: channel %d outside [0, %d) for world size %d", ErrInvalid, channel, SignalPadSize/4/h.world, h.world)
-	}
-	return h.PadPtr(dst) + uintptr(4*i), nil
-}
-
-// PutSignal sets our slot of channel in rank dst's pad, in stream order,
-// once dst has consumed our previous signal on it (the slot is 0 again), so
-// that back-to-back signals are never merged into one.
-func (h *Handle) PutSignal(dst, channel int, stream uintptr, timeout time.Duration) error {
-	release, err := h.Acquire()
-	if err != nil {
-		return err
-	}
-	defer release()
-	if k, err := h.kernelCall(dst, channel); err != nil || k {
-		if err != nil {
-			return err
-		}
-		return h.kernelPut(dst, channel, stream, timeout)
-	}
-	if err := h.putSignal(dst, channel, stream, timeout); err != nil {
-		return err
-	}
-	if timeout <= 0 {
-		return h.watchAsync(stream, fmt.Sprintf("put_signal to rank %d on channel %d of group %q (rank %d)", dst, channel, h.group, h.rank))
-	}
-	return nil
-}
-
-func (h *Handle) putSignal(dst, channel int, stream uintptr, timeout time.Duration) error {
-	if err := h.failed(); err != nil {
-		return err
-	}
-	timeout = h.hostBound(timeout)
-	a, err := h.slotAddr(dst, h.rank, channel)
-	if err != nil {
-		return err
-	}
-	if err := h.m.prov.PutSignal(h.b.Dev(), stream, a, timeout); err != nil {
-		return fmt.Errorf("put_signal to rank %d on channel %d of group %q (rank %d): rank %d has not taken our previous signal: %w",
-			dst, channel, h.group, h.rank, dst, err)
-	}
-	return nil
-}
-
-// WaitSignal waits for rank src's signal on channel and resets the slot.
-func (h *Handle) WaitSignal(src, channel int, stream uintptr, timeout time.Duration) error {
-	release, err := h.Acquire()
-	if err != nil {
-		return err
-	}
-	defer release()
-	if k, err := h.kernelCall(src, channel); err != nil || k {
-		if err != nil {
-			return err
-		}
-		return h.kernelWait(src, channel, stream, timeout)
-	}
-	if err := h.waitSignal(src, channel, stream, timeout); err != nil {
-		return err
-	}
-	if timeout <= 0 {
-		return h.watchAsync(stream, fmt.Sprintf("wait_signal from rank %d on channel %d of group %q (rank %d)", src, channel, h.group, h.rank))
-	}
-	return nil
-}
-
-func (h *Handle) waitSignal(src, channel int, stream uintptr, timeout time.Duration) error {
-	if err := h.failed(); err != nil {
-		return err
-	}
-	timeout = h.hostBound(timeout)
-	a, err := h.slotAddr(h.rank, src, channel)
-	if err != nil {
-		return err
-	}
-	if err := h.m.prov.WaitSignal(h.b.Dev(), stream, a, timeout); err != nil {
-		return fmt.Errorf("wait_signal from rank %d on channel %d of group %q (rank %d): %w", src, channel, h.group, h.rank, err)
-	}
-	return nil
-}
-
-// Barrier signals every peer on channel and waits for every peer's signal.
-func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) error {
-	release, err := h.Acquire()
-	if err != nil {
-		return err
-	}
-	defer release()
-	if err := h.failed(); err != nil {
-		return fmt.Errorf("barrier: %w", err)
-	}
-	if k, err := h.kernelCall(h.rank, channel); err != nil || k {
-		if err != nil || h.world == 1 {
-			return err
-		}
-		return h.kernelBarrier(channel, stream, timeout)
-	}
-	if err := h.signalPeers(channel, stream, timeout); err != nil {
-		return fmt.Errorf("barrier: %w", err)
-	}
-	if timeout <= 0 && h.world > 1 {
-		peers := make([]int, 0, h.world-1)
-		for r := 0; r < h.world; r++ {
-			if r != h.rank {
-				peers = append(peers, r)
-			}
-		}
-		return h.watchAsync(stream, fmt.Sprintf("barrier on channel %d of group %q (rank %d): a signal from or to rank(s) %v",
-			channel, h.group, h.rank, peers))
-	}
-	return nil
-}
-
-// signalPeers signals every peer on channel, then waits for each (a barrier
-// without kernels; the host all-reduce's synchronization).
-func (h *Handle) signalPeers(channel int, stream uintptr, timeout time.Duration) error {
-	for r := 0; r < h.world; r++ {
-		if r != h.rank {
-			if err := h.putSignal(r, channel, stream, timeout); err != nil {
-				return err
-			}
-		}
-	}
-	for r := 0; r < h.world; r++ {
-		if r != h.rank {
-			if err := h.waitSignal(r, channel, stream, timeout); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// kernelCall checks a signal call's peer and channel and the handle's
-// state, and says whether the call runs as a kernel (kernelsig.go).
-func (h *Handle) kernelCall(peer, channel int) (bool, error) {
-	k, err := h.useKernels()
-	if err != nil || !k {
-		return false, err
-	}
-	if err := h.failed(); err != nil {
-		return false, err
-	}
-	if _, err := h.slotAddr(peer, h.rank, channel); err != nil {
-		return false, err
-	}
-	return true, nil
-}
-
 // HasMulticastSupport is always false: libsymm never creates multicast objects.
 func HasMulticastSupport() bool { return false }
 
@@ -930,20 +470,6 @@ func (m *Manager) WorldWithinDirectAccess(dev int, g Group) (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// crashAt kills this process with SIGKILL when Config.CrashAt names phase:
-// fault injection for the tests of a peer dying in the middle of a
-// rendezvous (SYMM_FAULT_CRASH_AT). The phases, in order: "publish" (mailbox
-// open, metadata not yet published), "gathered" (every rank's metadata
-// read, nothing sent), "sent" (our descriptor sent to every peer, before
-// the completion step), "mapped" (every peer mapped, completion not
-// published).
-func (m *Manager) crashAt(phase string) {
-	if m.cfg.CrashAt == phase {
-		unix.Kill(os.Getpid(), unix.SIGKILL)
-		select {} // the signal is on its way
-	}
 }
 
 // gatherWatching is store.AllGather while watching the peers' processes
@@ -996,17 +522,3 @@ func processAlive(pid int) bool {
 	}
 	return true
 }
-
-// mailboxNonce makes the random end of a mailbox name (a variable: tests
-// make it predictable).
-var mailboxNonce = func() string {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return fmt.Sprint(time.Now().UnixNano())
-	}
-	return hex.EncodeToString(b[:])
-}
-
-// strayMessages counts mailbox messages refused over the process's life
-// (not from the expected peer process, malformed, or duplicates).
-var strayMessages atomic.Int64

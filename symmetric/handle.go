@@ -1,0 +1,146 @@
+package symmetric
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Handle is one block joined with one group: the peers' blocks mapped
+// here, the arrays of their pointers, and the state of its signals. It is
+// made by a rendezvous (rendezvous.go) and lives until its block is freed
+// (release, under the block's locks); every call that uses its mappings
+// holds Acquire's hold meanwhile.
+type Handle struct {
+	m     *Manager
+	b     *Block
+	group string
+	rank  int
+	world int
+	peers []*Mem // peers[j] maps rank j's block; nil for our own
+
+	// arrays: world buffer pointers then world signal-pad pointers, in host
+	// memory outside Go's heap (C callers keep these pointers) and, for
+	// devices, in device memory.
+	hostArr, devArr uintptr
+	hostSize        uint64
+	freeDev         func() error
+
+	importTime atomic.Int64 // ns spent importing and mapping peers (trace)
+	unregister func() error // undoes Registrar.Register (NCCL window)
+
+	// asyncErr is the handle's first asynchronous failure: a signal the
+	// watchdog saw time out (watchdog.go) or a kernel's report
+	// (kernelsig.go). Once set, every signal call on the handle fails with it.
+	asyncErr atomic.Pointer[error]
+
+	// sig is the handle's signal path (signals.go): nil until its first
+	// signal chooses one, then never changed, so that the calls of one
+	// handle never mix kernels and stream memory operations on its pads.
+	sig atomic.Pointer[signaler]
+
+	kstat kernelStatus // its kernels' function handles and status word (kernelsig.go)
+}
+
+// Acquire keeps the handle's block from being freed until release is
+// called, and fails (ErrUnknownPointer) if it was freed already. Every call
+// that touches the handle's mappings or arrays holds it; a free waits for
+// such calls to return.
+func (h *Handle) Acquire() (release func(), err error) {
+	h.b.life.RLock()
+	if h.b.freedLocked() {
+		h.b.life.RUnlock()
+		return nil, fmt.Errorf("%w: a handle of group %q whose block %#x was freed", ErrUnknownPointer, h.group, h.b.Ptr())
+	}
+	if testHookAcquired != nil {
+		testHookAcquired()
+	}
+	return h.b.runlock, nil
+}
+
+// testHookAcquired, set only by tests, runs inside Acquire's hold: it widens
+// the window in which a free racing the call would unmap what it uses.
+var testHookAcquired func()
+
+func (h *Handle) Rank() int          { return h.rank }
+func (h *Handle) World() int         { return h.world }
+func (h *Handle) BufferSize() uint64 { return h.b.bufSize }
+func (h *Handle) Block() *Block      { return h.b }
+
+// BufferPtr is rank r's buffer as mapped here; PadPtr its signal pad.
+func (h *Handle) BufferPtr(r int) uintptr {
+	if r == h.rank {
+		return h.b.Ptr()
+	}
+	return h.peers[r].Ptr
+}
+func (h *Handle) PadPtr(r int) uintptr { return h.BufferPtr(r) + uintptr(h.b.padOff) }
+
+// BufferPtrsHost and PadPtrsHost are arrays of world pointers in host memory.
+func (h *Handle) BufferPtrsHost() uintptr { return h.hostArr }
+func (h *Handle) PadPtrsHost() uintptr    { return h.hostArr + uintptr(8*h.world) }
+
+// BufferPtrsDev and PadPtrsDev are the same arrays in device memory.
+func (h *Handle) BufferPtrsDev() uintptr { return h.devArr }
+func (h *Handle) PadPtrsDev() uintptr    { return h.devArr + uintptr(8*h.world) }
+
+// DeviceArrays is implemented by providers whose devices cannot read host
+// memory: it copies vals to new device memory.
+type DeviceArrays interface {
+	DeviceArray(dev int, vals []uint64) (ptr uintptr, free func() error, err error)
+}
+
+func (h *Handle) buildArrays() error {
+	vals := make([]uint64, 2*h.world)
+	for r := 0; r < h.world; r++ {
+		vals[r] = uint64(h.BufferPtr(r))
+		vals[h.world+r] = uint64(h.PadPtr(r))
+	}
+	size := uint64(len(vals) * 8)
+	p, _, e := unix.Syscall6(unix.SYS_MMAP, 0, uintptr(size), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uintptr(0), 0)
+	if e != 0 {
+		return fmt.Errorf("mapping the pointer arrays: %w", e)
+	}
+	h.hostArr, h.hostSize = p, size
+	copy(unsafe.Slice((*uint64)(*(*unsafe.Pointer)(unsafe.Pointer(&p))), len(vals)), vals)
+	h.devArr = h.hostArr
+	if da, ok := h.m.prov.(DeviceArrays); ok {
+		ptr, free, err := da.DeviceArray(h.b.Dev(), vals)
+		if err != nil {
+			return fmt.Errorf("device pointer arrays: %w", err)
+		}
+		h.devArr, h.freeDev = ptr, free
+	}
+	return nil
+}
+
+// release unmaps every peer and frees the arrays. Called with b.mu held.
+func (h *Handle) release() error {
+	var errs []error
+	if h.unregister != nil {
+		errs = append(errs, h.unregister())
+		h.unregister = nil
+	}
+	for j, p := range h.peers {
+		if p != nil {
+			errs = append(errs, h.m.prov.Release(p))
+			h.peers[j] = nil
+		}
+	}
+	errs = append(errs, h.freeStatus())
+	if h.freeDev != nil {
+		errs = append(errs, h.freeDev())
+		h.freeDev = nil
+	}
+	if h.hostArr != 0 {
+		if _, _, e := unix.Syscall(unix.SYS_MUNMAP, h.hostArr, uintptr(h.hostSize), 0); e != 0 {
+			errs = append(errs, e)
+		}
+		h.hostArr, h.devArr = 0, 0
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,242 @@
+package symmetric
+
+import (
+	"fmt"
+	"time"
+)
+
+// Signals. A handle's signals run one of two ways, each a signaler:
+// memopSignals, stream memory operations through the provider (atomics
+// waited for by the caller on the host backend), or kernelSignals, one
+// kernel launch per call (kernelsig.go). The public calls below hold the
+// block, take the handle's signaler and hand it the call.
+//
+// Invariants:
+//   - a handle's signaler is chosen on its first signal and kept (Handle.sig):
+//     calls of one handle never mix the two ways on its pads;
+//   - each signaler checks the handle's failure and the call's arguments
+//     itself, as its path always did: the checks differ between the paths
+//     (a barrier of stream operations checks every slot it signals, and none
+//     in a world of one; a kernel checks its one call), and so do the errors;
+//   - a put or a wait queued as a kernel without a timeout makes no Go heap
+//     allocation: the signaler is an interface value stored once per
+//     handle, and its methods call the launches directly (a method value
+//     such as h.kernelPut would be allocated on every call).
+
+// signaler runs a handle's signals. timeout 0 queues the call and leaves it
+// to the watchdog (watchdog.go); a positive timeout makes the call wait for
+// its outcome and fail with ErrSignalTimeout past it.
+type signaler interface {
+	put(dst, channel int, stream uintptr, timeout time.Duration) error
+	wait(src, channel int, stream uintptr, timeout time.Duration) error
+	barrier(channel int, stream uintptr, timeout time.Duration) error
+}
+
+// signals returns the handle's signaler, chosen on the first call. A
+// failed choice (SYMM_SIGNALS=kernel where kernels cannot run) is not kept:
+// every call tries again, and fails the same way (KernelsReady keeps its
+// answer per device).
+func (h *Handle) signals() (signaler, error) {
+	if s := h.sig.Load(); s != nil {
+		return *s, nil
+	}
+	s, err := h.chooseSignaler()
+	if err != nil {
+		return nil, err
+	}
+	// Calls racing the first choice choose alike; the first stored is kept.
+	h.sig.CompareAndSwap(nil, &s)
+	return *h.sig.Load(), nil
+}
+
+// chooseSignaler picks the handle's signal path: stream memory operations
+// for providers without device kernels and with SYMM_SIGNALS=memop; else
+// kernels when they run on the handle's device; where they do not, stream
+// memory operations with "auto" and an error with "kernel".
+func (h *Handle) chooseSignaler() (signaler, error) {
+	if _, ok := h.m.prov.(kernelDevice); !ok || h.m.cfg.Signals == SignalsMemop {
+		return memopSignals{h}, nil
+	}
+	if err := h.m.KernelsReady(h.b.Dev()); err != nil {
+		if h.m.cfg.Signals == SignalsKernel {
+			return nil, fmt.Errorf("SYMM_SIGNALS=kernel: %w", err)
+		}
+		return memopSignals{h}, nil
+	}
+	return kernelSignals{h}, nil
+}
+
+// PutSignal sets our slot of channel in rank dst's pad, in stream order,
+// once dst has consumed our previous signal on it (the slot is 0 again), so
+// that back-to-back signals are never merged into one.
+func (h *Handle) PutSignal(dst, channel int, stream uintptr, timeout time.Duration) error {
+	release, err := h.Acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
+	s, err := h.signals()
+	if err != nil {
+		return err
+	}
+	return s.put(dst, channel, stream, timeout)
+}
+
+// WaitSignal waits for rank src's signal on channel and resets the slot.
+func (h *Handle) WaitSignal(src, channel int, stream uintptr, timeout time.Duration) error {
+	release, err := h.Acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
+	s, err := h.signals()
+	if err != nil {
+		return err
+	}
+	return s.wait(src, channel, stream, timeout)
+}
+
+// Barrier signals every peer on channel and waits for every peer's signal.
+// A failed handle is refused before a signaler is chosen.
+func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) error {
+	release, err := h.Acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := h.failed(); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
+	s, err := h.signals()
+	if err != nil {
+		return err
+	}
+	return s.barrier(channel, stream, timeout)
+}
+
+// slotAddr is the address of slot (channel, src) in rank dst's pad.
+func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
+	switch {
+	case dst < 0 || dst >= h.world:
+		return 0, fmt.Errorf("%w: destination rank %d outside [0, %d)", ErrInvalid, dst, h.world)
+	case src < 0 || src >= h.world:
+		return 0, fmt.Errorf("%w: source rank %d outside [0, %d)", ErrInvalid, src, h.world)
+	}
+	i := channel*h.world + src
+	if channel < 0 || (i+1)*4 > SignalPadSize {
+		return 0, fmt.Errorf("%w: channel %d outside [0, %d) for world size %d", ErrInvalid, channel, SignalPadSize/4/h.world, h.world)
+	}
+	return h.PadPtr(dst) + uintptr(4*i), nil
+}
+
+// memopSignals runs a handle's signals as the provider's stream memory
+// operations: a put or a wait is one operation, a barrier 2 × (world − 1).
+// Calls queued without a timeout are handed to the watchdog, which fails
+// the handle if the stream has not passed them within SYMM_TIMEOUT_MS.
+type memopSignals struct{ h *Handle }
+
+func (s memopSignals) put(dst, channel int, stream uintptr, timeout time.Duration) error {
+	h := s.h
+	if err := h.putSignal(dst, channel, stream, timeout); err != nil {
+		return err
+	}
+	if timeout <= 0 {
+		return h.watchAsync(stream, fmt.Sprintf("put_signal to rank %d on channel %d of group %q (rank %d)", dst, channel, h.group, h.rank))
+	}
+	return nil
+}
+
+func (s memopSignals) wait(src, channel int, stream uintptr, timeout time.Duration) error {
+	h := s.h
+	if err := h.waitSignal(src, channel, stream, timeout); err != nil {
+		return err
+	}
+	if timeout <= 0 {
+		return h.watchAsync(stream, fmt.Sprintf("wait_signal from rank %d on channel %d of group %q (rank %d)", src, channel, h.group, h.rank))
+	}
+	return nil
+}
+
+func (s memopSignals) barrier(channel int, stream uintptr, timeout time.Duration) error {
+	h := s.h
+	if err := h.signalPeers(channel, stream, timeout); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
+	if timeout <= 0 && h.world > 1 {
+		peers := make([]int, 0, h.world-1)
+		for r := 0; r < h.world; r++ {
+			if r != h.rank {
+				peers = append(peers, r)
+			}
+		}
+		return h.watchAsync(stream, fmt.Sprintf("barrier on channel %d of group %q (rank %d): a signal from or to rank(s) %v",
+			channel, h.group, h.rank, peers))
+	}
+	return nil
+}
+
+// hostBound turns "no timeout" into the manager's timeout on the host
+// backend: there a signal is waited for by the calling thread, not queued on
+// a stream, so waiting for ever would hang the caller.
+func (h *Handle) hostBound(timeout time.Duration) time.Duration {
+	if timeout <= 0 && h.m.prov.Name() == "host" {
+		return h.m.cfg.Timeout
+	}
+	return timeout
+}
+
+// putSignal queues one put as a stream memory operation; the handle's
+// failure and the call's arguments are checked first, on every call (the
+// host all-reduce's signalPeers relies on it).
+func (h *Handle) putSignal(dst, channel int, stream uintptr, timeout time.Duration) error {
+	if err := h.failed(); err != nil {
+		return err
+	}
+	timeout = h.hostBound(timeout)
+	a, err := h.slotAddr(dst, h.rank, channel)
+	if err != nil {
+		return err
+	}
+	if err := h.m.prov.PutSignal(h.b.Dev(), stream, a, timeout); err != nil {
+		return fmt.Errorf("put_signal to rank %d on channel %d of group %q (rank %d): rank %d has not taken our previous signal: %w",
+			dst, channel, h.group, h.rank, dst, err)
+	}
+	return nil
+}
+
+// waitSignal queues one wait as a stream memory operation, checked as
+// putSignal is.
+func (h *Handle) waitSignal(src, channel int, stream uintptr, timeout time.Duration) error {
+	if err := h.failed(); err != nil {
+		return err
+	}
+	timeout = h.hostBound(timeout)
+	a, err := h.slotAddr(h.rank, src, channel)
+	if err != nil {
+		return err
+	}
+	if err := h.m.prov.WaitSignal(h.b.Dev(), stream, a, timeout); err != nil {
+		return fmt.Errorf("wait_signal from rank %d on channel %d of group %q (rank %d): %w", src, channel, h.group, h.rank, err)
+	}
+	return nil
+}
+
+// signalPeers signals every peer on channel, then waits for each (a barrier
+// of stream memory operations; the host all-reduce's synchronization).
+func (h *Handle) signalPeers(channel int, stream uintptr, timeout time.Duration) error {
+	for r := 0; r < h.world; r++ {
+		if r != h.rank {
+			if err := h.putSignal(r, channel, stream, timeout); err != nil {
+				return err
+			}
+		}
+	}
+	for r := 0; r < h.world; r++ {
+		if r != h.rank {
+			if err := h.waitSignal(r, channel, stream, timeout); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
