@@ -76,10 +76,32 @@ func (p *Pool) CheckInvariants() error {
 
 // check verifies one shard; called with s.mu held.
 func (s *shard) check(visit func(*segment)) error {
-	var want struct {
-		st [numFamilies][numStatTypes]localStat
+	var tl tally
+	if err := s.checkSegments(visit, &tl); err != nil {
+		return err
 	}
-	nFree, nLive, nPending := 0, 0, 0
+	if err := s.checkBins(tl.nFree); err != nil {
+		return err
+	}
+	if s.live.n != tl.nLive {
+		return fmt.Errorf("%d allocated blocks, live table holds %d", tl.nLive, s.live.n)
+	}
+	if err := s.checkPending(tl.nPending); err != nil {
+		return err
+	}
+	return s.checkStats(&tl)
+}
+
+// tally is what the blocks of a shard add up to: the statistics they imply
+// and how many blocks are in each state.
+type tally struct {
+	st                     [numFamilies][numStatTypes]localStat
+	nFree, nLive, nPending int
+}
+
+// checkSegments walks every segment of s and its blocks (visit sees each
+// segment), checking their tiling and links, and tallies them.
+func (s *shard) checkSegments(visit func(*segment), tl *tally) error {
 	idle := map[*segment]bool{}
 	for seg := s.idle; seg != nil; seg = seg.inext {
 		if !seg.idle || seg.shard != s {
@@ -110,34 +132,8 @@ func (s *shard) check(visit func(*segment)) error {
 				return fmt.Errorf("block %#x: broken neighbour links", b.ptr)
 			}
 			total += b.size
-			t := statType(seg.kind)
-			switch b.state {
-			case blockFree:
-				nFree++
-				if b.next != nil && b.next.state == blockFree {
-					return fmt.Errorf("free blocks %#x and %#x are neighbours", b.ptr, b.next.ptr)
-				}
-				if !b.isWholeSegment() {
-					want.st[stInactiveSplit][t].cur++
-					want.st[stInactiveSplitBytes][t].cur += int64(b.size)
-				}
-			case blockAllocated:
-				nLive++
-				if s.live.get(b.ptr) != b {
-					return fmt.Errorf("allocated block %#x missing from the live table", b.ptr)
-				}
-				want.st[stAllocation][t].cur++
-				want.st[stAllocatedBytes][t].cur += int64(b.size)
-				want.st[stRequestedBytes][t].cur += int64(b.req)
-				want.st[stActive][t].cur++
-				want.st[stActiveBytes][t].cur += int64(b.size)
-				if b.req == 0 || roundSize(b.req) > b.size {
-					return fmt.Errorf("block %#x of %d bytes holds a request of %d", b.ptr, b.size, b.req)
-				}
-			case blockPending:
-				nPending++
-				want.st[stActive][t].cur++
-				want.st[stActiveBytes][t].cur += int64(b.size)
+			if err := s.tallyBlock(b, tl); err != nil {
+				return err
 			}
 		}
 		if total != seg.size {
@@ -151,6 +147,46 @@ func (s *shard) check(visit func(*segment)) error {
 			return fmt.Errorf("segment %#x: wholly free %v but on idle list %v", seg.ptr, whole, idle[seg])
 		}
 	}
+	return nil
+}
+
+// tallyBlock counts block b by its state.
+func (s *shard) tallyBlock(b *block, tl *tally) error {
+	t := statType(b.seg.kind)
+	switch b.state {
+	case blockFree:
+		tl.nFree++
+		if b.next != nil && b.next.state == blockFree {
+			return fmt.Errorf("free blocks %#x and %#x are neighbours", b.ptr, b.next.ptr)
+		}
+		if !b.isWholeSegment() {
+			tl.st[stInactiveSplit][t].cur++
+			tl.st[stInactiveSplitBytes][t].cur += int64(b.size)
+		}
+	case blockAllocated:
+		tl.nLive++
+		if s.live.get(b.ptr) != b {
+			return fmt.Errorf("allocated block %#x missing from the live table", b.ptr)
+		}
+		tl.st[stAllocation][t].cur++
+		tl.st[stAllocatedBytes][t].cur += int64(b.size)
+		tl.st[stRequestedBytes][t].cur += int64(b.req)
+		tl.st[stActive][t].cur++
+		tl.st[stActiveBytes][t].cur += int64(b.size)
+		if b.req == 0 || roundSize(b.req) > b.size {
+			return fmt.Errorf("block %#x of %d bytes holds a request of %d", b.ptr, b.size, b.req)
+		}
+	case blockPending:
+		tl.nPending++
+		tl.st[stActive][t].cur++
+		tl.st[stActiveBytes][t].cur += int64(b.size)
+	}
+	return nil
+}
+
+// checkBins checks that the bins hold exactly the nFree free blocks, each
+// in its own bin, and that the bitmaps agree with the lists.
+func (s *shard) checkBins(nFree int) error {
 	binned := 0
 	for k := range s.bins {
 		bs := &s.bins[k]
@@ -169,9 +205,12 @@ func (s *shard) check(visit func(*segment)) error {
 	if binned != nFree {
 		return fmt.Errorf("%d free blocks, %d in bins", nFree, binned)
 	}
-	if s.live.n != nLive {
-		return fmt.Errorf("%d allocated blocks, live table holds %d", nLive, s.live.n)
-	}
+	return nil
+}
+
+// checkPending checks that the pending list names the nPending pending
+// blocks, each as many times as it waits for events.
+func (s *shard) checkPending(nPending int) error {
 	pend := map[*block]int{}
 	for _, pf := range s.pending {
 		pend[pf.b]++
@@ -184,9 +223,15 @@ func (s *shard) check(visit func(*segment)) error {
 			return fmt.Errorf("pending block %#x waits for %d events, has %d entries", b.ptr, b.waiting, n)
 		}
 	}
+	return nil
+}
+
+// checkStats compares the shard's statistics with what its blocks add up to.
+func (s *shard) checkStats(tl *tally) error {
+	want := &tl.st
 	for t := 1; t < numStatTypes; t++ {
-		for f := range want.st {
-			want.st[f][stAll].cur += want.st[f][t].cur
+		for f := range want {
+			want[f][stAll].cur += want[f][t].cur
 		}
 	}
 	for t := range s.stats.c {
@@ -201,16 +246,14 @@ func (s *shard) check(visit func(*segment)) error {
 			stInactiveSplitBytes: s.stats.inactiveBytes[t].cur,
 		}
 		for f, g := range got {
-			if g != want.st[f][t].cur {
-				return fmt.Errorf("%s.%s.current is %d, blocks add up to %d", familyNames[f], typeNames[t], g, want.st[f][t].cur)
+			if g != want[f][t].cur {
+				return fmt.Errorf("%s.%s.current is %d, blocks add up to %d", familyNames[f], typeNames[t], g, want[f][t].cur)
 			}
 		}
 	}
 	return nil
 }
 
-// checkShape verifies seg's last-block link and, for an expandable segment,
-// its mapped size, a whole number of chunks (expandable.go).
 func (s *shard) checkShape(seg *segment) error {
 	last := seg.head
 	for last.next != nil {
