@@ -250,11 +250,15 @@ static int child(int rank, int world, int dev) {
   CHECK(symm_one_shot_all_reduce(h, 0, 0, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0) == SYMM_OK, "count 0 does nothing");
   check_all_reduce(h, p, rank, world, SYMM_FLOAT32, 0, 1024, 0, host, out, local); /* still works */
 
-  /* Peers that do not come, on a handle of its own (its slots are left out
-   * of step). The last rank stays away. */
-  char *q = symm_alloc(64 * KiB, dev, NULL);
-  symm_handle_t ht = 0;
+  /* Peers that do not come, each case on a handle of its own: a kernel that
+   * gave up leaves its handle's pads out of step, and fails the handle. The
+   * last rank stays away. */
+  char *q = symm_alloc(64 * KiB, dev, NULL), *qw = symm_alloc(64 * KiB, dev, NULL), *qd = symm_alloc(64 * KiB, dev, NULL);
+  symm_handle_t ht = 0, hw = 0, hd = 0;
   CHECK(q && symm_rendezvous(q, st, "timeouts", rank, world, &ht) == SYMM_OK, "timeouts rendezvous: %s", symm_last_error());
+  CHECK(qw && symm_rendezvous(qw, st, "timed-wait", rank, world, &hw) == SYMM_OK, "timed-wait rendezvous: %s",
+        symm_last_error());
+  CHECK(qd && symm_rendezvous(qd, st, "watched", rank, world, &hd) == SYMM_OK, "watched rendezvous: %s", symm_last_error());
   int absent = world - 1;
   if (rank != absent) {
     struct timespec a, b;
@@ -269,6 +273,11 @@ static int child(int rank, int world, int dev) {
     CHECK(ms >= 250 && ms < 20000, "the all-reduce gave up after %.0f ms (timeout 300)", ms);
     /* The stream goes on: work queued after it completes. */
     CHECK(dev_sync() == 0, "the stream is not blocked after the timeout");
+#ifdef SYMM_GPU
+    rc = symm_barrier(ht, 0, NULL, 0);
+    CHECK(rc == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), want), "the timed-out all-reduce failed its handle: %d %s", rc,
+          symm_last_error());
+#endif
     check_all_reduce(h, p, rank, world, SYMM_FLOAT32, 0, 1024, 0, host, out, local);
     if (rank == 0) printf("rank 0: all-reduce without rank %d: %s (%.0f ms)\n", absent, symm_last_error(), ms);
   } else {
@@ -279,19 +288,25 @@ static int child(int rank, int world, int dev) {
   store_sync("after-allreduce-timeout", world);
   if (rank == 0) {
     /* A wait nobody answers, with a timeout: the call says who. */
-    int rc = symm_wait_signal(h, 1, 31, NULL, 200);
+    int rc = symm_wait_signal(hw, 1, 31, NULL, 200);
     CHECK(rc == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), "rank 1") && strstr(symm_last_error(), "channel 31"),
           "wait without a signal: %d %s", rc, symm_last_error());
     CHECK(dev_sync() == 0, "the stream goes on after a timed-out wait");
+#ifdef SYMM_GPU
+    /* A late signal would now sit in the pad: the handle refuses every call. */
+    rc = symm_put_signal(hw, 1, 3, NULL);
+    CHECK(rc == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), "channel 31"), "the timed-out wait failed its handle: %d %s",
+          rc, symm_last_error());
+#endif
     /* Without a timeout: on GPUs queued and watched (SYMM_TIMEOUT_MS),
      * the handle fails once the kernel has given up; on the host the call
      * itself waits at most SYMM_TIMEOUT_MS. */
-    rc = symm_wait_signal(ht, 1, 7, NULL, 0);
+    rc = symm_wait_signal(hd, 1, 7, NULL, 0);
 #ifdef SYMM_GPU
     CHECK(rc == SYMM_OK, "a wait without timeout is queued: %d %s", rc, symm_last_error());
     CHECK(dev_sync() == 0, "the kernel gives up at SYMM_TIMEOUT_MS and the stream goes on");
     usleep(200 * 1000); /* the watchdog polls every 2 ms */
-    rc = symm_barrier(ht, 0, NULL, 0);
+    rc = symm_barrier(hd, 0, NULL, 0);
 #endif
     CHECK(rc == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), "rank 1") && strstr(symm_last_error(), "channel 7"),
           "a lost signal fails the handle, naming the peer and channel: %d %s", rc, symm_last_error());
@@ -303,6 +318,8 @@ static int child(int rank, int world, int dev) {
 
   symm_clear_error();
   symm_free(q, 64 * KiB, dev, NULL);
+  symm_free(qw, 64 * KiB, dev, NULL);
+  symm_free(qd, 64 * KiB, dev, NULL);
   symm_free(p, size, dev, NULL);
   CHECK(symm_last_error_code() == SYMM_OK, "free: %s", symm_last_error());
   dev_free(out);
