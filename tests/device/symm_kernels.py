@@ -16,7 +16,9 @@ barrier (libsymm's kernel vs PyTorch's symmetric memory) and the all-reduce
 (libsymm vs torch.ops.symm_mem.one_shot_all_reduce vs NCCL all_reduce, NVLS
 off). --bench1 times what one GPU can compare: a put/wait pair to oneself and
 the world-1 all-reduce, libsymm vs PyTorch, launch cost included.
-Rank 0 prints PASS/FAIL lines and tables; $OUT/symm_kernels.md gets them.
+SYMM_KERNELS_ONLY=misaligned runs the misaligned-pointer rounds alone (to try
+an older library with SYMM_LIB). Rank 0 prints PASS/FAIL lines and tables;
+$OUT/symm_kernels.md gets them.
 """
 
 import os
@@ -34,6 +36,59 @@ SIZES = [4 * KiB << k for k in range(11)]  # 4 KiB .. 4 MiB
 def log(rank, *a):
     if rank == 0:
         print(*a, flush=True)
+
+
+def misaligned_rounds(rank, world, dev, group, check):
+    """out and local_input one element into larger tensors (4-byte but not
+    16-byte aligned) on one rank, aligned on the others, switching each
+    round; 100 rounds, the sums checked bit for bit against float32 sums in
+    rank order (what the kernel computes), rounded to bfloat16 for bfloat16."""
+    import torch
+    import torch.distributed as dist
+
+    import symm
+
+    for dtype, n in ((torch.float32, 8192), (torch.bfloat16, 8192)):
+        x = symm.empty(n, dtype=dtype, device=dev)
+        big_out = torch.empty(n + 8, dtype=dtype, device=dev)
+        big_loc = torch.empty(n + 8, dtype=dtype, device=dev)
+        bad = ""
+        t0 = time.monotonic()
+        for rnd in range(100):
+            odd = rnd % world  # the rank whose pointers are misaligned
+            shift = 1 if rank == odd else 0
+            if dtype == torch.bfloat16 and shift:
+                shift = 2  # 4 bytes: the kernel needs 4-byte alignment
+            out = big_out[shift:shift + n]
+            use_local = rnd % 3 != 0
+            ins = [torch.randn(n, generator=torch.Generator().manual_seed(7919 * rnd + r)).to(dtype)
+                   for r in range(world)]
+            if use_local:
+                loc = big_loc[shift:shift + n]
+                loc.copy_(ins[rank])
+                x.fill_(-1)
+            else:
+                x.copy_(ins[rank])
+            try:
+                symm.one_shot_all_reduce(x, group=group, out=out, local_input=loc if use_local else None,
+                                         timeout_ms=5000)
+            except symm.SymmError as e:
+                bad = f"round {rnd}: {str(e)[:200]}"
+                break
+            acc = torch.zeros(n, dtype=torch.float32)
+            for r in range(world):
+                acc += ins[r].float()
+            want = acc.to(dtype)
+            got = out.cpu()
+            if not torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                               want.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)):
+                k = int((got != want).nonzero()[0])
+                bad = f"round {rnd} (local={use_local}, misaligned rank {odd}): word {k}: {got[k].item()} want {want[k].item()}"
+                break
+        dist.barrier()
+        check(f"one_shot_all_reduce {str(dtype)[6:]} misaligned out/local_input on one rank, 100 rounds bit-exact",
+              not bad, bad or f"{time.monotonic() - t0:.2f} s")
+        del x
 
 
 def run_rank(rank, world, port, bench1):
@@ -57,7 +112,9 @@ def run_rank(rank, world, port, bench1):
 
     check("kernels ready", symm.kernels_ready(dev.index), symm.kernels_status(dev.index))
 
-    if not bench1:
+    if os.environ.get("SYMM_KERNELS_ONLY") == "misaligned":
+        misaligned_rounds(rank, world, dev, group, check)
+    elif not bench1:
         t = symm.empty(4 * MiB, dtype=torch.uint8, device=dev)
         h = symm.rendezvous(t, group)
         for i in range(100):
@@ -102,52 +159,7 @@ def run_rank(rank, world, port, bench1):
                 del x
             check(f"one_shot_all_reduce {str(dtype)[6:]} 4 KiB..4 MiB vs dist.all_reduce", not bad, "; ".join(bad[:3]))
 
-        # Pointers aligned differently on each rank: out and local_input one
-        # element into larger tensors (4-byte but not 16-byte aligned) on one
-        # rank, aligned on the others, switching each round; 100 rounds, the
-        # sums checked bit for bit against float32 sums in rank order (what
-        # the kernel computes), rounded to bfloat16 for bfloat16.
-        for dtype, n in ((torch.float32, 8192), (torch.bfloat16, 8192)):
-            x = symm.empty(n, dtype=dtype, device=dev)
-            big_out = torch.empty(n + 8, dtype=dtype, device=dev)
-            big_loc = torch.empty(n + 8, dtype=dtype, device=dev)
-            bad = ""
-            t0 = time.monotonic()
-            for rnd in range(100):
-                odd = rnd % world  # the rank whose pointers are misaligned
-                shift = 1 if rank == odd else 0
-                if dtype == torch.bfloat16 and shift:
-                    shift = 2  # 4 bytes: the kernel needs 4-byte alignment
-                out = big_out[shift:shift + n]
-                use_local = rnd % 3 != 0
-                ins = [torch.randn(n, generator=torch.Generator().manual_seed(7919 * rnd + r)).to(dtype)
-                       for r in range(world)]
-                if use_local:
-                    loc = big_loc[shift:shift + n]
-                    loc.copy_(ins[rank])
-                    x.fill_(-1)
-                else:
-                    x.copy_(ins[rank])
-                try:
-                    symm.one_shot_all_reduce(x, group=group, out=out, local_input=loc if use_local else None,
-                                             timeout_ms=5000)
-                except symm.SymmError as e:
-                    bad = f"round {rnd}: {str(e)[:200]}"
-                    break
-                acc = torch.zeros(n, dtype=torch.float32)
-                for r in range(world):
-                    acc += ins[r].float()
-                want = acc.to(dtype)
-                got = out.cpu()
-                if not torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
-                                   want.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)):
-                    k = int((got != want).nonzero()[0])
-                    bad = f"round {rnd} (local={use_local}, misaligned rank {odd}): word {k}: {got[k].item()} want {want[k].item()}"
-                    break
-            dist.barrier()
-            check(f"one_shot_all_reduce {str(dtype)[6:]} misaligned out/local_input on one rank, 100 rounds bit-exact",
-                  not bad, bad or f"{time.monotonic() - t0:.2f} s")
-            del x
+        misaligned_rounds(rank, world, dev, group, check)
 
         # A rank that stays away: the others time out naming it; streams go on.
         y = symm.empty(1024, dtype=torch.float32, device=dev)
