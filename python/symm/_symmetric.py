@@ -140,7 +140,8 @@ class Handle:
         the host also watches the stream and raises SymmError(TIMEOUT) naming
         the rank and channel if it has not drained in time. 0: a watchdog
         checks it in the background for SYMM_TIMEOUT_MS; a barrier that never
-        completes fails the handle, and its next call raises SymmError(TIMEOUT)."""
+        completes fails the handle, and its next call raises SymmError(TIMEOUT).
+        With the signal kernels a timeout fails the handle in both cases."""
         _fast_rc(load().symm_barrier, self._h, int(channel), self._stream(stream), int(timeout_ms))
 
     def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
