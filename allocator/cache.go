@@ -3,7 +3,11 @@ package allocator
 // The cached path (Go's mcache): a shard's bins, its blocks' split and merge,
 // its segments and idle list, all under the shard's own lock.
 
-func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
+// alloc serves a request of n bytes from s. whole reports that the block is
+// a fixed segment of its own (no neighbours, never to grow): a later request
+// of the same size that gets it back gets what the best fit would pick, so
+// the front cache may keep it at any size (export/front.cpp).
+func (s *shard) alloc(n uint64) (ptr uintptr, size uint64, whole bool, err error) {
 	p := s.dev.pool
 	r := roundSize(n)
 	if p.roundup && !s.direct {
@@ -27,17 +31,17 @@ func (s *shard) alloc(n uint64) (uintptr, uint64, error) {
 		b = s.findFree(r, k)
 	}
 	if b == nil {
-		var err error
 		if b, err = s.allocSlow(n, r, k); err != nil {
 			s.mu.Unlock()
-			return 0, 0, err
+			return 0, 0, false, err
 		}
 	}
 	s.take(b, r, n)
-	ptr, size := b.ptr, b.size
+	ptr, size = b.ptr, b.size
+	whole = b.prev == nil && b.next == nil && b.seg.vsize == 0
 	s.dev.hist.record(ActAlloc, ptr, size, s.stream)
 	s.mu.Unlock()
-	return ptr, size, nil
+	return ptr, size, whole, nil
 }
 
 func (s *shard) findFree(r uint64, k poolKind) *block {

@@ -258,6 +258,21 @@ func (p *Pool) AllocBlock(dev int, stream uintptr, size uint64) (uintptr, uint64
 	if dev < 0 || dev >= len(p.devs) || size > maxRequest {
 		return 0, 0, p.badRequest(dev, size)
 	}
+	ptr, bsize, _, err := p.devs[dev].shardFor(stream).alloc(size)
+	return ptr, bsize, err
+}
+
+// AllocBlockWhole is AllocBlock that also reports whether the block is a
+// fixed segment of its own (no neighbour to merge with, never to grow): the
+// best fit for any later request of the same size, which a front cache may
+// hand it to without changing what the pool would have placed.
+func (p *Pool) AllocBlockWhole(dev int, stream uintptr, size uint64) (ptr uintptr, bsize uint64, whole bool, err error) {
+	if size == 0 {
+		return 0, 0, false, nil
+	}
+	if dev < 0 || dev >= len(p.devs) || size > maxRequest {
+		return 0, 0, false, p.badRequest(dev, size)
+	}
 	return p.devs[dev].shardFor(stream).alloc(size)
 }
 

@@ -186,7 +186,8 @@ func (p *Pool) AllocIn(dev int, stream uintptr, size uint64, id PoolID) (uintptr
 	}
 	s := d.poolShard(pp, stream)
 	d.privMu.Unlock()
-	return s.alloc(size)
+	ptr, bsize, _, err := s.alloc(size)
+	return ptr, bsize, err
 }
 
 // AllocSegment serves a request as a segment of its own, which goes back to
@@ -207,7 +208,8 @@ func (p *Pool) AllocSegment(dev int, stream uintptr, size uint64) (uintptr, uint
 	}
 	s := d.poolShard(d.direct, stream)
 	d.privMu.Unlock()
-	return s.alloc(size)
+	ptr, bsize, _, err := s.alloc(size)
+	return ptr, bsize, err
 }
 
 // poolShard returns pool pp's shard of stream, creating it. Called with

@@ -3,6 +3,7 @@ RAPIDS RMM vs plain cudaMalloc, timed in C++ so that Python does not drown the s
 
     python3 bench/bench_torch.py            # on the GPU machine; writes $OUT/bench.md
     python3 bench/bench_torch.py --configs native,rmm   # a subset
+    SYMM_BENCH_SIZES=512,64K,1M,4M,16M,64M,256M,1G python3 bench/bench_torch.py   # other sizes
 
 The rmm configuration needs the rmm-cu13 wheels: on the GPU machine run
 ``eval "$(bash bench/rmm_setup.sh)"`` first (it installs .whl/ into /tmp/site and
@@ -46,7 +47,20 @@ BUILD_DIR = Path(os.environ.get("SYMM_BENCH_BUILD", "/tmp/symm_bench_build"))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 CONFIGS = ("native", "symm", "rmm", "cudamalloc", "noop")
 RMM_INITIAL_POOL = 1 << 30  # bytes the RMM pool takes from the device up front (it grows on demand)
-SIZES = (512, 1 << 20, 64 << 20)
+
+
+def _sizes(text: str) -> tuple:
+    """SYMM_BENCH_SIZES: comma-separated sizes, each a number of bytes with an
+    optional K, M or G (binary) suffix, e.g. "512,1M,64M,1G"."""
+    out = []
+    for part in text.split(","):
+        part = part.strip().upper().removesuffix("IB").removesuffix("B")
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(part[-1:], 1)
+        out.append(int(part[:-1] if mult > 1 else part) * mult)
+    return tuple(out)
+
+
+SIZES = _sizes(os.environ.get("SYMM_BENCH_SIZES", "512,1M,64M"))  # the sizes each pair is timed at
 THREADS = (1, 4, 16)
 THREAD_SIZE = 1 << 20
 THREAD_SECONDS = 0.5

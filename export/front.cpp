@@ -15,14 +15,15 @@ namespace front {
 namespace {
 
 // Blocks larger than g_max_block (SYMM_POOL_FRONT_CACHE_MAX, default 1 MiB:
-// PyTorch's small-pool sizes) go back to the pool at once. Why small: a
-// parked block is allocated as far as the pool can see, so it can neither
-// coalesce with its free neighbours nor serve another size; large parked
-// blocks made GPT-2 training reserve 1.5 GiB more in one run of three
-// (bench/RESULTS.md). With kEntries, g_max_block bounds what the front cache
-// holds per CPU (4 MiB by default): the most by which a peak statistic can
-// exceed the true peak (stats reads and resets drain it first, so current
-// values are exact).
+// PyTorch's small-pool sizes) go back to the pool at once, unless they are a
+// fixed segment of their own (cacheable, below). Why small: a hit hands out
+// the parked block without the pool's best fit, and a large block cut from a
+// larger segment would break up the hole it was to join; with such blocks
+// cached (64 MiB) the GPT-2 trace reserved 1.164x its peak allocation
+// instead of 1.051 (bench/RESULTS.md). A segment of its own has no
+// neighbours, so a hit on it places what the best fit would. What is parked
+// costs no peak: every miss hands back its device's parked blocks before the
+// pool places anything (alloc_miss), and statistics reads drain first.
 constexpr uint64_t kDefaultMaxCachedBlock = 1ull << 20;
 constexpr int kEntries = 4;                         // blocks per CPU
 constexpr int kBatch = 32;                          // blocks returned with one pool call
@@ -68,7 +69,9 @@ struct Rec {
   uintptr_t stream;
   int32_t dev;
   uint8_t state, rs;
+  uint8_t whole;  // a fixed segment of its own: kept at any size (cacheable)
 };
+
 
 struct alignas(64) Stripe {
   SpinLock lk;
@@ -183,6 +186,14 @@ void for_each_nonempty(F fn) {
 std::atomic<int> g_enabled{0};
 std::atomic<uint64_t> g_max_block{kDefaultMaxCachedBlock};
 
+// cacheable says whether a block may be parked: one of at most g_max_block
+// bytes, or a fixed segment of its own at any size. Such a segment has no
+// neighbour to merge with and never grows, so handing it to the next request
+// of the same size is what the pool's best fit does too (up to ties between
+// equal fits), and the peaks stay exact because a miss hands back every
+// parked block before the pool places anything (alloc_miss).
+inline bool cacheable(uint64_t bsize, bool whole) { return whole || bsize <= g_max_block.load(std::memory_order_relaxed); }
+
 // forget drops ptr's record from the live set: it goes back to the pool.
 void forget(uintptr_t ptr) {
   Stripe &s = stripe_of(ptr);
@@ -216,11 +227,11 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
   return ptr;
 }
 
-void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream) {
+void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream, bool whole) {
   // A block the front cache will never keep is not recorded: its free finds
   // no record and goes straight to the pool, which saves an insert and an
   // erase on half the calls of a training step (bench/c/bench_trace.c).
-  bool keep = bsize <= g_max_block.load(std::memory_order_relaxed);
+  bool keep = cacheable(bsize, whole);
   Stripe &s = stripe_of(ptr);
   Rec *spare = nullptr, *old = nullptr;
   uint32_t spare_cap = 0;
@@ -235,7 +246,7 @@ void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t 
         spare = nullptr;
       }
       if (2 * (s.n + 1) <= s.cap) {
-        put(s, Rec{ptr, bsize, size, stream, dev, kLive, 0});
+        put(s, Rec{ptr, bsize, size, stream, dev, kLive, 0, (uint8_t)whole});
         break;
       }
       need = s.cap ? s.cap * 2 : 64;
@@ -267,7 +278,7 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
       return true;
     }
     if ((size != 0 && size != r->req) || dev != r->dev) return false;  // the pool explains the mismatch
-    if (r->rs || r->bsize > g_max_block.load(std::memory_order_relaxed)) {
+    if (r->rs || !cacheable(r->bsize, r->whole)) {
       erase(s, r);
       return false;
     }
@@ -375,8 +386,9 @@ uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
     k = take(dev, back, kBatch);
   }
   uint64_t bsize = 0;
-  uintptr_t p = goPoolAllocAfter(api, back, k, size, dev, stream, &bsize);
-  if (p != 0) on_go_alloc(p, bsize, size, dev, stream);
+  int whole = 0;
+  uintptr_t p = goPoolAllocAfter(api, back, k, size, dev, stream, &bsize, &whole);
+  if (p != 0) on_go_alloc(p, bsize, size, dev, stream, whole != 0);
   return p;
 }
 

@@ -28,8 +28,9 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream);
 // handing back in the same call the blocks parked for dev, and records it;
 // 0 with the last error set on failure.
 uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream);
-// on_go_alloc records a block the pool handed out (bsize: its block size).
-void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream);
+// on_go_alloc records a block the pool handed out (bsize: its block size;
+// whole: a fixed segment of its own).
+void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream, bool whole);
 // free returns true if it took care of the free (cached it or reported an
 // error); false means: hand it to Go (the record, if any, is already gone).
 bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream);

@@ -32,19 +32,26 @@ const (
 
 //export goPoolAlloc
 func goPoolAlloc(api C.int, size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t) C.uintptr_t {
-	ptr, n := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
+	ptr, n, _ := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
 	*bsize = C.uint64_t(n)
 	return C.uintptr_t(ptr)
 }
 
 // goPoolAllocAfter is goPoolAlloc for the front cache's misses: the n
 // blocks at back, parked there, go back to the pool first, in this one call
-// from C (export/front.cpp's alloc_miss says why).
+// from C (export/front.cpp's alloc_miss says why). *whole is 1 when the
+// block is a fixed segment of its own.
 //
 //export goPoolAllocAfter
-func goPoolAllocAfter(api C.int, back *C.symmshim_parked, n C.int, size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t) C.uintptr_t {
+func goPoolAllocAfter(api C.int, back *C.symmshim_parked, n C.int, size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t, whole *C.int) C.uintptr_t {
 	goPoolReturnParked(back, n)
-	return goPoolAlloc(api, size, device, stream, bsize)
+	ptr, b, w := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
+	*bsize = C.uint64_t(b)
+	*whole = 0
+	if w {
+		*whole = 1
+	}
+	return C.uintptr_t(ptr)
 }
 
 // goPoolReturnParked frees the n blocks at back that the front cache parked
@@ -86,23 +93,26 @@ func goPoolFree(ptr C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t
 // them (cgo is not allowed in tests): one atomic load for the pool, then the
 // pool's cached path; no heap allocation.
 func poolAlloc(size uint64, device int, stream uintptr) (ptr uintptr, bsize uint64) {
-	return poolAllocFrom(fromPool, 0, size, device, stream, allocator.PoolID{})
+	ptr, bsize, _ = poolAllocFrom(fromPool, 0, size, device, stream, allocator.PoolID{})
+	return ptr, bsize
 }
 
 // poolAllocFrom serves every allocation entry: from the pool, a private
 // pool id, or as a segment of its own; errors carry allocAPIs[api].
-func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uintptr, id allocator.PoolID) (ptr uintptr, bsize uint64) {
+// whole: the block is a fixed segment of its own (AllocBlockWhole), which
+// the front cache may keep at any size.
+func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uintptr, id allocator.PoolID) (ptr uintptr, bsize uint64, whole bool) {
 	fn := allocAPIs[api]
 	defer func() {
 		if recovered(fn, recover()) {
-			ptr, bsize = 0, 0
+			ptr, bsize, whole = 0, 0, false
 		}
 	}()
 	p, err := getPool()
 	if err == nil {
 		switch src {
 		case fromPool:
-			ptr, bsize, err = p.AllocBlock(device, stream, size)
+			ptr, bsize, whole, err = p.AllocBlockWhole(device, stream, size)
 		case fromPrivate:
 			if ptr, bsize, err = p.AllocIn(device, stream, size, id); err != nil {
 				err = fmt.Errorf("in private pool %v: %w", id, err)
@@ -113,9 +123,9 @@ func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uin
 	}
 	if err != nil {
 		fail(fn, err)
-		return 0, 0
+		return 0, 0, false
 	}
-	return ptr, bsize
+	return ptr, bsize, whole
 }
 
 func poolFree(ptr uintptr, size uint64, device int, stream uintptr) {

@@ -33,6 +33,10 @@ type Result struct {
 	// OOMs counts allocations the pool refused for lack of memory (the
 	// replay goes on; the block's free is then skipped).
 	OOMs int `json:"ooms"`
+	// FrontHits counts allocations the front cache model served (Options.
+	// FrontMax), FrontWholeHits those of them on a fixed segment of its own.
+	FrontHits      int `json:"front_cache_hits,omitempty"`
+	FrontWholeHits int `json:"front_cache_whole_hits,omitempty"`
 }
 
 // Replay runs t's alloc and free_completed rows, in order, through a pool
@@ -50,7 +54,8 @@ type Options struct {
 	Capacity uint64
 	// FrontMax, if not 0, puts in front of the pool a model of libsymm's
 	// front cache (export/front.cpp) on one CPU: the last 4 freed blocks of
-	// at most FrontMax bytes stay parked, allocated as far as the pool can
+	// at most FrontMax bytes, or of any size when they are a fixed segment
+	// of their own (Pool.AllocBlockWhole), stay parked, allocated as far as the pool can
 	// see, and serve a request of the same size and stream; any other
 	// request gives them all back to the pool before the pool serves it,
 	// and so does the end of the trace, before stats are read.
@@ -66,7 +71,7 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 	}
 	// Nothing is parked while the pool serves a request (alloc drains
 	// first), so the model needs none of Config's front-cache hooks.
-	r := &replayer{pool: p, ptrs: map[uint64]uintptr{}, frontMax: o.FrontMax}
+	r := &replayer{pool: p, ptrs: map[uint64]uintptr{}, whole: map[uintptr]bool{}, frontMax: o.FrontMax}
 	if err := t.play(r); err != nil {
 		return Result{}, err
 	}
@@ -93,9 +98,10 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 
 // replayer plays a trace into a pool on device 0.
 type replayer struct {
-	pool *allocator.Pool
-	ptrs map[uint64]uintptr // trace address -> the pool's block; 0: its alloc ran out of memory
-	res  Result
+	pool  *allocator.Pool
+	ptrs  map[uint64]uintptr // trace address -> the pool's block; 0: its alloc ran out of memory
+	whole map[uintptr]bool   // live blocks that are a fixed segment of their own
+	res   Result
 
 	frontMax uint64       // 0: no front cache
 	front    []frontEntry // parked blocks, oldest first; at most frontEntries
@@ -116,6 +122,7 @@ func (r *replayer) drain() {
 	back := r.front
 	r.front = nil
 	for _, e := range back {
+		delete(r.whole, e.ptr)
 		if err := r.pool.Free(0, e.stream, e.ptr, e.size); err != nil && r.err == nil {
 			r.err = fmt.Errorf("giving back a parked block: %w", err)
 		}
@@ -127,6 +134,10 @@ func (r *replayer) frontAlloc(size uint64, stream uintptr) uintptr {
 	for i := len(r.front) - 1; i >= 0; i-- {
 		if e := r.front[i]; e.size == size && e.stream == stream {
 			r.front = append(r.front[:i], r.front[i+1:]...)
+			r.res.FrontHits++
+			if r.whole[e.ptr] {
+				r.res.FrontWholeHits++
+			}
 			return e.ptr
 		}
 	}
@@ -137,12 +148,13 @@ func (r *replayer) frontAlloc(size uint64, stream uintptr) uintptr {
 // 512 B, as the pool rounds), evicting the oldest when full; it reports
 // whether it parked the block.
 func (r *replayer) frontFree(ptr uintptr, size uint64, stream uintptr) (bool, error) {
-	if r.frontMax == 0 || (size+511)&^511 > r.frontMax {
+	if r.frontMax == 0 || ((size+511)&^511 > r.frontMax && !r.whole[ptr]) {
 		return false, nil
 	}
 	if len(r.front) == frontEntries {
 		old := r.front[0]
 		r.front = r.front[1:]
+		delete(r.whole, old.ptr)
 		if err := r.pool.Free(0, old.stream, old.ptr, old.size); err != nil {
 			return false, err
 		}
@@ -159,7 +171,11 @@ func (r *replayer) alloc(e Event, pre bool) error {
 			return rowError(e, pre, r.err)
 		}
 		var err error
-		ptr, err = r.pool.Alloc(0, uintptr(e.Stream), e.Size)
+		var whole bool
+		ptr, _, whole, err = r.pool.AllocBlockWhole(0, uintptr(e.Stream), e.Size)
+		if whole {
+			r.whole[ptr] = true
+		}
 		switch {
 		case allocator.IsOutOfMemory(err):
 			r.res.OOMs++
@@ -199,6 +215,7 @@ func (r *replayer) free(a, by Event, lost bool) error {
 		}
 		return nil
 	}
+	delete(r.whole, ptr)
 	if err := r.pool.Free(0, uintptr(stream), ptr, a.Size); err != nil {
 		return rowError(by, false, err)
 	}

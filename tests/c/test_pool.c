@@ -197,6 +197,36 @@ static void test_large_blocks_skip_the_front_cache(void) {
   symm_pool_empty_cache();
 }
 
+/* A block that is a segment of its own is parked at any size (64 MiB here),
+ * and the next request of its size and stream gets it back from the front
+ * cache without the pool: the pool's count of allocations does not move. In
+ * expandable mode no block is a segment of its own, and with the front cache
+ * off every request reaches the pool. */
+static void test_whole_segments_hit_the_front_cache(void) {
+  const char *fc = getenv("SYMM_POOL_FRONT_CACHE"), *ex = getenv("SYMM_POOL_EXPANDABLE");
+  int hits = !(fc && !strcmp(fc, "0")) && !(ex && strcmp(ex, "0") && strcmp(ex, ""));
+  symm_pool_empty_cache();
+  CHECK(symm_pool_reset_accumulated(0) == SYMM_OK, "reset accumulated");
+  void *a = symm_pool_alloc(64 << 20, 0, NULL);
+  CHECK(a != NULL, "64 MiB");
+  symm_pool_free(a, 64 << 20, 0, NULL);
+  void *b = symm_pool_alloc(64 << 20, 0, NULL);
+  CHECK(b == a, "the same segment again (%p, %p)", b, a);
+  CHECK(stat(0, "allocation.all.allocated") == (hits ? 1 : 2), "the pool saw %lld allocations (front cache hit: %d)",
+        (long long)stat(0, "allocation.all.allocated"), hits);
+  CHECK(stat(0, "allocated_bytes.all.peak") == (64 << 20), "peak 64 MiB: %lld",
+        (long long)stat(0, "allocated_bytes.all.peak"));
+  symm_pool_free(b, 64 << 20, 0, NULL);
+  /* Another size misses, gets the parked segment back first and reuses it. */
+  void *c = symm_pool_alloc(60 << 20, 0, NULL);
+  CHECK(c == a || !hits, "a miss reuses the parked segment (%p, %p)", c, a);
+  CHECK(stat(0, "reserved_bytes.all.peak") == (64 << 20) || !hits, "reserved peak 64 MiB: %lld",
+        (long long)stat(0, "reserved_bytes.all.peak"));
+  symm_pool_free(c, 60 << 20, 0, NULL);
+  symm_pool_empty_cache();
+  CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache gives the parked segment back");
+}
+
 static void *worker(void *arg) {
   uintptr_t id = (uintptr_t)arg;
   void *stream = (void *)((id % 4 + 1) << 12);
@@ -286,6 +316,7 @@ int main(void) {
   test_limit();
   test_retry_reclaims_front_cache();
   test_large_blocks_skip_the_front_cache();
+  test_whole_segments_hit_the_front_cache();
   test_parked_blocks_do_not_grow_the_pool();
   test_a_miss_returns_parked_blocks();
   test_history_toggle_forgets_stale_blocks();
