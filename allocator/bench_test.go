@@ -8,7 +8,7 @@ import (
 // BenchmarkCachedAllocFree is the cached path: one stream, a block of the
 // size is free, so alloc+free never reach the backend.
 func BenchmarkCachedAllocFree(b *testing.B) {
-	for _, n := range []uint64{512, 1 << 20, 64 << 20} {
+	for _, n := range []uint64{512, 1 << 20, 4 << 20, 64 << 20} {
 		b.Run(human(n), func(b *testing.B) {
 			p, _ := newPool(b, Config{})
 			ptr := mustAlloc(b, p, 0, sA, n)
