@@ -1,0 +1,48 @@
+"""The product's documents speak of the product: no issue numbers, work
+sessions or submissions (the history of how it was built belongs in git).
+Dates, commits, GPUs and commands are what a figure names instead."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# What a user reads: the README, docs/, the benchmark results, the Python
+# package's own README.
+DOCS = [ROOT / "README.md", ROOT / "bench" / "RESULTS.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS += [p for p in [ROOT / "python" / "README.md"] if p.exists()]
+
+FORBIDDEN = [
+    (re.compile(r"\bissues?\s+#?\d+", re.I), "an issue number"),
+    (re.compile(r"\bsessions?\b", re.I), "a work session"),
+    (re.compile(r"\bsubmissions?\b", re.I), "a submission"),
+    (re.compile(r"\bthe \w+ issue\b", re.I), "an issue by name"),
+    (re.compile(r"\b(machines?|hosts?) here\b", re.I), "'here' (which machine?)"),
+    (re.compile(r"\bthe GPU machine\b", re.I), "'the GPU machine' (name the GPU)"),
+]
+
+
+def offending_lines(text: str) -> list[str]:
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for pat, what in FORBIDDEN:
+            m = pat.search(line)
+            if m:
+                out.append(f"{n}: {what}: {m.group(0)!r} in {line.strip()[:100]!r}")
+    return out
+
+
+def test_documents_speak_of_the_product():
+    bad = []
+    for doc in DOCS:
+        bad += [f"{doc.relative_to(ROOT)}:{x}" for x in offending_lines(doc.read_text())]
+    assert not bad, "words about how the product was built, not about the product:\n" + "\n".join(bad)
+
+
+def test_the_word_check_catches_each_kind():
+    for line in ["as issue 12 asked", "measured this session", "every submission", "the reliability issue says",
+                 "the H200 machines here say yes", "introspected on the GPU machine"]:
+        assert offending_lines(line), line
+    assert not offending_lines("a training step on an H100 (2026-11-25, commit 3c91cde)")
