@@ -16,6 +16,9 @@ func ParseSize(s string) (uint64, error) {
 	if t == "" {
 		return 0, fmt.Errorf("%w: empty size", ErrInvalid)
 	}
+	if t[0] == '-' {
+		return 0, fmt.Errorf("%w: size %q is negative (a byte count is 0 or more)", ErrInvalid, s)
+	}
 	i := 0
 	for i < len(t) && (t[i] >= '0' && t[i] <= '9' || t[i] == '.') {
 		i++

@@ -544,6 +544,8 @@ func TestParseSize(t *testing.T) {
 		require.True(t, errors.Is(err, ErrInvalid), in)
 		require.True(t, strings.Contains(err.Error(), fmt.Sprintf("%q", in)) || in == "", "message quotes the input: %v", err)
 	}
+	_, err := ParseSize("-5")
+	require.ErrorContains(t, err, `size "-5" is negative`)
 }
 
 func TestRecordStreamInteriorPointer(t *testing.T) {

@@ -9,12 +9,12 @@ error from an earlier call can never be reported twice.
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 from typing import Any
 
-from ._errors import ErrorCode, SymmError, make_error
+from ._errors import ErrorCode, OutOfMemoryError, SymmError, make_error
 from ._loader import Stat, load
-
 
 
 # ---- error plumbing ---------------------------------------------------------
@@ -50,6 +50,31 @@ def _call_rc(fn, *args) -> int:
 
 
 # ---- argument conversion ----------------------------------------------------
+
+_SIZE_MAX = (1 << 64) - 1
+
+
+def _nbytes(value: Any, call: str, what: str = "size") -> int:
+    """A byte count given to call: an integer (anything with __index__, not
+    a bool or a float), at least 0 and within size_t."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{call}: {what} must be an integer number of bytes, not {type(value).__name__} {value!r}")
+    n = operator.index(value)
+    if n < 0:
+        raise ValueError(f"{call}: {what} must be >= 0 bytes, got {n}")
+    if n > _SIZE_MAX:
+        raise OutOfMemoryError(ErrorCode.OUT_OF_MEMORY,
+                               f"{call}: {what} of {n} bytes is more than any device has (more than 2**64 - 1)")
+    return n
+
+
+def _from_call(err: SymmError, call: str, c_name: str) -> SymmError:
+    """err, reworded to name the Python call the user made instead of the C
+    entry point it went through (the C text after it stays)."""
+    msg = err.message
+    if msg.startswith(c_name + ": "):
+        msg = msg[len(c_name) + 2:]
+    return make_error(err.code, f"{call}: {msg}")
 
 
 def _device(device: Any) -> int:
@@ -222,29 +247,35 @@ def alloc(size: int, device: Any = 0, stream: Any = 0) -> int:
     The block must go back through free() with the same size, device and
     stream. Goes through symm_pool_try_alloc, which never throws: a failure
     is an exception here (OutOfMemoryError, SymmError), whatever mode PyTorch
-    uses libsymm in, never a C++ exception through ctypes.
+    uses libsymm in, never a C++ exception through ctypes. A size that is not
+    an integer raises TypeError, a negative one ValueError.
     """
-    size = int(size)
-    if size < 0:
-        raise ValueError(f"size must be >= 0, got {size}")
+    size = _nbytes(size, "symm.alloc")
+    dev = _device(device)
     lib = load()
     lib.symm_clear_error()
-    ptr = lib.symm_pool_try_alloc(size, _device(device), _stream(stream))
+    ptr = lib.symm_pool_try_alloc(size, dev, _stream(stream))
     if ptr:
         if _frames_on:
             _record_frames(ptr)
         return ptr
-    if lib.symm_last_error_code() != ErrorCode.OK:
-        raise _last_error(lib)
     if size == 0:
         return 0
-    raise SymmError(ErrorCode.INTERNAL, f"symm_pool_try_alloc({size}) returned NULL without an error")
+    call = f"symm.alloc({size}, device={dev})"
+    if lib.symm_last_error_code() != ErrorCode.OK:
+        raise _from_call(_last_error(lib), call, "symm_pool_try_alloc")
+    raise SymmError(ErrorCode.INTERNAL, f"{call}: the library returned no block and no error")
 
 
 def free(ptr: int, size: int = 0, device: Any = 0, stream: Any = 0) -> None:
     """Returns a block from alloc(); size, device and stream are those given to alloc()."""
+    size = _nbytes(size, "symm.free")
+    dev = _device(device)
     lib = load()
-    _call_void(lib.symm_pool_free, _pointer(ptr), int(size), _device(device), _stream(stream))
+    lib.symm_clear_error()
+    lib.symm_pool_free(_pointer(ptr), size, dev, _stream(stream))
+    if lib.symm_last_error_code() != ErrorCode.OK:
+        raise _from_call(_last_error(lib), f"symm.free({_pointer(ptr):#x}, {size}, device={dev})", "symm_pool_free")
 
 
 def record_stream(ptr: int, stream: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from ._errors import ErrorCode, SymmError
 from ._loader import HandleInfo, load, library_path
-from ._pool import _call_rc, _call_void, _device, _last_error
+from ._pool import _call_rc, _call_void, _device, _from_call, _last_error, _nbytes
 
 SIGNAL_PAD_SIZE = 2048
 
@@ -77,14 +77,18 @@ class Store:
 
 
 def symm_alloc(size: int, device: Any = 0) -> int:
-    """Allocates a symmetric block; returns the buffer's address."""
+    """Allocates a symmetric block; returns the buffer's address. A size that
+    is not an integer raises TypeError, a negative one ValueError."""
+    size = _nbytes(size, "symm.symm_alloc")
+    dev = _device(device)
     lib = load()
     lib.symm_clear_error()
-    ptr = lib.symm_alloc(int(size), _device(device), None)
+    ptr = lib.symm_alloc(size, dev, None)
     if not ptr:
+        call = f"symm.symm_alloc({size}, device={dev})"
         if lib.symm_last_error_code() != ErrorCode.OK:
-            raise _last_error(lib)
-        raise SymmError(ErrorCode.INVALID, f"symm_alloc({size}) returned NULL")
+            raise _from_call(_last_error(lib), call, "symm_alloc")
+        raise SymmError(ErrorCode.INVALID, f"{call}: the library returned no block and no error")
     return ptr
 
 
@@ -515,6 +519,17 @@ def get_mempool_allocator(device: Any = 0):
     return _mempool_allocators[dev].allocator()
 
 
+def _torch(call: str):
+    """torch, or an ImportError saying that call needs it (the rest of symm
+    works without torch)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(f"{call} makes PyTorch tensors and needs PyTorch with CUDA (importing torch failed: {e}); "
+                          "symm.symm_alloc and the handle's raw-pointer calls work without torch") from e
+    return torch
+
+
 def _cuda_device(device):
     import torch
 
@@ -559,7 +574,7 @@ def empty(*size, dtype=None, device=None):
     """A tensor whose storage is a symmetric block of its own, with its own
     signal pad (PyTorch's empty); rendezvous it with :func:`rendezvous`.
     dtype defaults to torch's default dtype, device to the current CUDA device."""
-    import torch
+    torch = _torch("symm.empty()")
 
     if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])

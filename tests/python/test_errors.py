@@ -191,5 +191,38 @@ print(json.dumps({"err": err, "ok": bool(p), "direct": direct, "direct_err": dir
     assert out["ok"]
     assert out["direct"] is None, out
     assert out["direct_err"][0] == 2 and out["direct_err"][1].startswith("symm_pool_alloc: "), out
-    assert out["err"] and out["err"][0] == 2 and out["err"][1].startswith("symm_pool_try_alloc: "), out
+    assert out["err"] and out["err"][0] == 2 and out["err"][1].startswith("symm.alloc(1125899906842624, device=0): "), out
     assert "1125899906842624" in out["err"][1], out
+
+
+def test_weak_arguments_get_clear_errors(symm):
+    """Each bad argument names the Python call and what was wrong with it."""
+    cases = [
+        (lambda: symm.alloc(1.5), TypeError, "symm.alloc: size must be an integer number of bytes, not float 1.5"),
+        (lambda: symm.alloc(True), TypeError, "not bool True"),
+        (lambda: symm.alloc(-5), ValueError, "symm.alloc: size must be >= 0 bytes, got -5"),
+        (lambda: symm.alloc(2**70), symm.OutOfMemoryError, "symm.alloc: size of 1180591620717411303424 bytes is more than any device"),
+        (lambda: symm.alloc(2**62), symm.OutOfMemoryError, "symm.alloc(4611686018427387904, device=0): "),
+        (lambda: symm.symm_alloc(-5), ValueError, "symm.symm_alloc: size must be >= 0 bytes, got -5"),
+        (lambda: symm.symm_alloc("4096"), TypeError, "symm.symm_alloc: size must be an integer number of bytes, not str"),
+        (lambda: symm.free(0x3039, 16), symm.SymmError, "symm.free(0x3039, 16, device=0): unknown pointer"),
+    ]
+    for call, kind, says in cases:
+        with pytest.raises(kind) as e:
+            call()
+        assert says in str(e.value), (says, str(e.value))
+        assert "symm_pool_try_alloc" not in str(e.value) and "returned NULL" not in str(e.value)
+
+
+def test_empty_without_torch_explains(tmp_path):
+    """symm.empty() in a process without torch says what it needs."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import symm\n"
+        "try:\n    symm.empty(4)\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "symm.empty() makes PyTorch tensors and needs PyTorch with CUDA" in out.stdout, out.stdout + out.stderr
