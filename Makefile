@@ -102,6 +102,7 @@ test-packaging: all
 	$(MAKE) -s wheel
 	bash tests/wheel_smoke.sh
 	bash tests/install_smoke.sh
+	bash tests/source_install_smoke.sh
 
 # The library and the tool cross-compiled for linux/arm64 (GH200/GB200
 # hosts): build/arm64/. Installs the aarch64 cross compiler if missing.

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `pip install ./python` from the checkout, as the README prints it: a plain
+# (not editable) install into a fresh virtual environment bundles
+# build/libsymm.so and build/symm, so the package works from anywhere. A
+# copy of python/ with no build/ beside it is refused with what to run.
+# Needs `make lib cli` first (make test-packaging does) and pip's index for
+# the build backend (setuptools, wheel).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+TMP=$(mktemp -d /tmp/symm-srcinstall-XXXXXX)
+trap 'rm -rf "$TMP" "$ROOT/python/build"' EXIT
+"$PY" -m venv "$TMP/venv"
+(cd "$ROOT" && "$TMP/venv/bin/pip" install --quiet ./python)
+cd "$TMP"  # away from the repository
+want=$(cat "$ROOT/internal/version/VERSION")
+SYMM_DEVICE=host "$TMP/venv/bin/python" - "$want" <<'PYEOF'
+import sys
+import symm
+path = symm.library_path()
+assert "site-packages" in path and path.endswith("symm/libsymm.so"), f"not the bundled library: {path}"
+assert symm.version() == sys.argv[1], symm.version()
+p = symm.alloc(1 << 20)
+symm.free(p, 1 << 20)
+print(f"source install OK: symm {symm.version()} from {path}")
+PYEOF
+out=$("$TMP/venv/bin/symm" version)
+[[ $out == "symm $want" ]] || { echo "symm version printed: $out"; exit 1; }
+# Without a build/ beside python/: refused, saying what to run.
+mkdir -p "$TMP/copy" && cp -rL "$ROOT/python" "$TMP/copy/python"
+rm -rf "$TMP/copy/python/build" "$TMP/copy/python/symm/libsymm.so" "$TMP/copy/python/symm/bin"
+if "$TMP/venv/bin/pip" install --quiet "$TMP/copy/python" > "$TMP/refused.txt" 2>&1; then
+  echo "pip install of python/ without build/ succeeded"; exit 1
+fi
+grep -q 'Run `make lib cli` in the repository first' "$TMP/refused.txt" || { cat "$TMP/refused.txt"; exit 1; }
+echo "source install OK: symm version from the console script; without build/ the install is refused with what to run"
