@@ -5,7 +5,7 @@
 # carry build/ along.
 #
 #   bash tests/device/run.sh                 # everything
-#   bash tests/device/run.sh go torch        # only some steps: env go c torch replace graphs kernels sanitizer bench
+#   bash tests/device/run.sh go torch        # only some steps: env go c torch replace graphs kernels recipes sanitizer bench
 #
 # Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
 # Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
@@ -38,7 +38,7 @@ mkdir -p "$LOGS"
 SUMMARY=()
 FAILED=0
 
-STEPS=${*:-env go c torch replace graphs kernels sanitizer bench}
+STEPS=${*:-env go c torch replace graphs kernels recipes sanitizer bench}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 # run_step NAME TIMEOUT CMD...: runs CMD with a time limit, tees its output to
@@ -152,6 +152,11 @@ if want kernels; then
   run_step kernels-2 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py 2
   run_step kernels-4 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py 4
   run_step kernels-bench1 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py --bench1
+fi
+
+if want recipes; then
+  # The README's GPU recipes, each as printed (tests/python/test_recipes.py runs the host ones in CI).
+  run_step recipes "${SYMM_RECIPES_TIMEOUT:-300}" python3 tests/device/recipes_gpu.py
 fi
 
 if want sanitizer; then
