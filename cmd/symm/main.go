@@ -48,7 +48,8 @@ commands:
   info       GPUs, how they are linked, libraries and backends (--json: machine-readable)
   bench      the pool's cached alloc+free against the driver's, per size
   replay     replay a recorded allocation trace through the pool, no GPU needed:
-             peak reserved against peak allocated per configuration (docs/REPLAY.md)
+             peak reserved against peak allocated per configuration
+             (https://github.com/libsymm/libsymm/blob/main/docs/REPLAY.md)
   version    libsymm's version
 
 "symm <command> --help" describes a command's flags.
@@ -87,9 +88,28 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: symm %s %s\n", name, synopsis)
-		fs.PrintDefaults()
+		printDefaults(fs, stderr)
 	}
 	return fs
+}
+
+// printDefaults is flag.PrintDefaults with the flags written as the usage
+// lines write them, --name (the flag package accepts both).
+func printDefaults(fs *flag.FlagSet, w io.Writer) {
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(f)
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + arg
+		}
+		line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+		switch f.DefValue {
+		case "", "false", "0", "[]":
+		default:
+			line += fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w, line)
+	})
 }
 
 // parse parses args; done is true when the command must end with code

@@ -35,6 +35,11 @@ func TestUsage(t *testing.T) {
 		{[]string{"bench", "--backend", "host", "--iters", "0"}, exitUsage, "--iters must be >= 1"},
 		{[]string{"bench", "--backend", "host", "--device", "7"}, exitUsage, "device 7 does not exist"},
 		{[]string{"version"}, exitOK, "symm 0.1.0"},
+		// Flags are listed as the usage line writes them.
+		{[]string{"replay", "--help"}, exitOK, "\n  --limit SIZE\n"},
+		{[]string{"bench", "--help"}, exitOK, "\n  --iters int\n"},
+		// The help names where the replay documentation is, wherever symm is installed.
+		{[]string{"help"}, exitOK, "https://github.com/libsymm/libsymm/blob/main/docs/REPLAY.md"},
 	} {
 		code, o, e := runCLI(tc.args...)
 		require.Equal(t, tc.code, code, "%v: %s%s", tc.args, o, e)

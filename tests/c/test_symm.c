@@ -182,7 +182,7 @@ static int child_crash(int rank, int world, symm_store_t st, const char *phase) 
   symm_free(p, 0, 0, NULL);
   CHECK(count_fds() == fds0, "descriptors back to %d (now %d)", fds0, count_fds());
   CHECK(count_maps() == maps0, "mappings back to %d (now %d)", maps0, count_maps());
-  printf("  crash at %-8s rank %d: rc %d after %.2f s: %.90s\n", phase, rank, rc, secs, symm_last_error());
+  printf("  expected failure, crash at %-8s rank %d: rc %d after %.2f s: %.90s\n", phase, rank, rc, secs, symm_last_error());
   return 0;
 }
 
