@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import operator
 import os
+import sys
 from typing import Any
 
 from ._errors import ErrorCode, OutOfMemoryError, SymmError, make_error
@@ -27,17 +28,26 @@ def _last_error(lib) -> SymmError:
     return make_error(code, raw.decode("utf-8", "replace"))
 
 
+def _python_call(depth: int = 2) -> str:
+    """The public call being served, "symm.<function>" or "symm.<Class>.<method>":
+    the function depth frames up (the caller of the helper that calls this)."""
+    code = sys._getframe(depth).f_code
+    return "symm." + getattr(code, "co_qualname", code.co_name)
+
+
 def _call_void(fn, *args) -> None:
-    """Calls a void C function and raises if it recorded a failure."""
+    """Calls a void C function and raises if it recorded a failure, naming
+    the Python call that made it."""
     lib = load()
     lib.symm_clear_error()
     fn(*args)
     if lib.symm_last_error_code() != ErrorCode.OK:
-        raise _last_error(lib)
+        raise _from_call(_last_error(lib), _python_call(), fn.__name__)
 
 
 def _call_rc(fn, *args) -> int:
-    """Calls a C function returning SYMM_OK / SYMM_ERR_*; raises on failure."""
+    """Calls a C function returning SYMM_OK / SYMM_ERR_*; raises on failure,
+    naming the Python call that made it."""
     lib = load()
     lib.symm_clear_error()
     rc = fn(*args)
@@ -45,7 +55,7 @@ def _call_rc(fn, *args) -> int:
         err = _last_error(lib)
         if err.code == ErrorCode.OK:  # the library returned a code but no message
             err = make_error(rc, f"{fn.__name__} failed with code {rc}")
-        raise err
+        raise _from_call(err, _python_call(), fn.__name__)
     return rc
 
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from ._errors import ErrorCode, SymmError
 from ._loader import HandleInfo, load, library_path
-from ._pool import _call_rc, _call_void, _device, _from_call, _last_error, _nbytes
+from ._pool import _call_rc, _call_void, _device, _from_call, _last_error, _nbytes, _python_call
 
 SIGNAL_PAD_SIZE = 2048
 
@@ -222,7 +222,7 @@ def _fast_rc(fn, *args) -> None:
             from ._errors import make_error
 
             err = make_error(rc, f"{fn.__name__} failed with code {rc}")
-        raise err
+        raise _from_call(err, _python_call(), fn.__name__)
 
 
 def _current_raw_stream(device) -> int:

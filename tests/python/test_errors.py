@@ -226,3 +226,17 @@ def test_empty_without_torch_explains(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "symm.empty() makes PyTorch tensors and needs PyTorch with CUDA" in out.stdout, out.stdout + out.stderr
+
+
+def test_errors_name_the_python_call(symm):
+    """A failure reported by the library names the Python call that made it,
+    not the C entry point behind it."""
+    for call, says in [
+        (lambda: symm.set_limit(5, device=9), "symm.set_limit: invalid argument: device 9"),
+        (lambda: symm.record_stream(0x1234, 0), "symm.record_stream: unknown pointer"),
+        (lambda: symm.set_memory_fraction(2.0), "symm.set_memory_fraction: invalid argument"),
+    ]:
+        with pytest.raises(symm.SymmError) as e:
+            call()
+        assert str(e.value).startswith(says), str(e.value)
+        assert "symm_pool_" not in str(e.value), str(e.value)
