@@ -12,7 +12,9 @@ import (
 func WriteText(w io.Writer, t *Topology) error {
 	var b strings.Builder
 	if !t.Driver.Found {
-		fmt.Fprintf(&b, "%s: %s\n", ErrNoDriver, t.Driver.Error)
+		// The loader's words are in the libraries table below (the cuda row):
+		// said once, there.
+		fmt.Fprintf(&b, "%s: the CUDA driver library does not open here (see libraries); the host backend runs without a GPU (SYMM_DEVICE=host)\n", ErrNoDriver)
 	} else {
 		ver := t.Driver.Version
 		if ver == "" {

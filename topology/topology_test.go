@@ -143,6 +143,14 @@ func TestDiscoverNoDriver(t *testing.T) {
 	var buf bytes.Buffer
 	require.NoError(t, WriteText(&buf, top))
 	require.True(t, strings.HasPrefix(buf.String(), "no NVIDIA driver found: "), buf.String())
+	lines := 0
+	for _, l := range strings.Split(buf.String(), "\n") {
+		if strings.Contains(l, "/nonexistent/libcuda.so.1") {
+			lines++
+		}
+	}
+	require.Equal(t, 1, lines, "the loader's error is said once (the cuda row): %s", buf.String())
+	require.Contains(t, buf.String(), "the host backend runs without a GPU (SYMM_DEVICE=host)")
 }
 
 // The JSON form is the documented schema: these names and types, in this
