@@ -3,15 +3,21 @@
 # (not editable) install into a fresh virtual environment bundles
 # build/libsymm.so and build/symm, so the package works from anywhere. A
 # copy of python/ with no build/ beside it is refused with what to run.
-# Needs `make lib cli` first (make test-packaging does) and pip's index for
-# the build backend (setuptools, wheel).
+# Needs `make lib cli` first (make test-packaging does). pip's isolated
+# build wants setuptools and wheel: the first run downloads them into
+# build/pip-wheels, later runs install from there with no network.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 TMP=$(mktemp -d /tmp/symm-srcinstall-XXXXXX)
 trap 'rm -rf "$TMP" "$ROOT/python/build"' EXIT
 "$PY" -m venv "$TMP/venv"
-(cd "$ROOT" && "$TMP/venv/bin/pip" install --quiet ./python)
+WHEELS="$ROOT/build/pip-wheels"
+if ! compgen -G "$WHEELS/setuptools-*.whl" > /dev/null || ! compgen -G "$WHEELS/wheel-*.whl" > /dev/null; then
+  "$TMP/venv/bin/pip" download --quiet --dest "$WHEELS" "setuptools>=61" wheel
+fi
+PIP=("$TMP/venv/bin/pip" install --quiet --no-index --find-links "$WHEELS")
+(cd "$ROOT" && "${PIP[@]}" ./python)
 cd "$TMP"  # away from the repository
 want=$(cat "$ROOT/internal/version/VERSION")
 SYMM_DEVICE=host "$TMP/venv/bin/python" - "$want" <<'PYEOF'
@@ -29,7 +35,7 @@ out=$("$TMP/venv/bin/symm" version)
 # Without a build/ beside python/: refused, saying what to run.
 mkdir -p "$TMP/copy" && cp -rL "$ROOT/python" "$TMP/copy/python"
 rm -rf "$TMP/copy/python/build" "$TMP/copy/python/symm/libsymm.so" "$TMP/copy/python/symm/bin"
-if "$TMP/venv/bin/pip" install --quiet "$TMP/copy/python" > "$TMP/refused.txt" 2>&1; then
+if "${PIP[@]}" "$TMP/copy/python" > "$TMP/refused.txt" 2>&1; then
   echo "pip install of python/ without build/ succeeded"; exit 1
 fi
 grep -q 'Run `make lib cli` in the repository first' "$TMP/refused.txt" || { cat "$TMP/refused.txt"; exit 1; }
