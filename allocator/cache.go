@@ -64,15 +64,22 @@ func (s *shard) take(b *block, r, n uint64) {
 	} else if shouldSplit(b.size, r, seg.kind) || (seg.vsize != 0 && b.size > r) {
 		s.splitTail(b, r)
 	}
+	s.markAllocated(b, n)
+}
+
+// markAllocated makes b, already cut to its size and out of the bins, an
+// allocated block of a request of n bytes: live, counted, and (in an
+// expandable segment) stamped with its birth.
+func (s *shard) markAllocated(b *block, n uint64) {
 	b.state = blockAllocated
 	b.req = n
-	if seg.vsize != 0 { // only nearNewer reads born, and only in expandable segments
+	if b.seg.vsize != 0 { // only nearNewer reads born, and only in expandable segments
 		s.births++
 		b.born = s.births
 	}
 	s.live.put(b)
 	sz := int64(b.size)
-	s.stats.alloc(seg.kind, sz, int64(n))
+	s.stats.alloc(b.seg.kind, sz, int64(n))
 	if s.dev.hot.multi.Load() {
 		s.dev.hot.alloc(sz, int64(n))
 	}

@@ -497,18 +497,7 @@ func (s *shard) carve(b *block, addr uintptr, size, req uint64) *block {
 	if b.size > size {
 		s.splitTail(b, size)
 	}
-	b.state = blockAllocated
-	b.req = req
-	if seg.vsize != 0 { // as take does; private pools' segments are fixed today
-		s.births++
-		b.born = s.births
-	}
-	s.live.put(b)
-	sz := int64(b.size)
-	s.stats.alloc(seg.kind, sz, int64(req))
-	if s.dev.hot.multi.Load() {
-		s.dev.hot.alloc(sz, int64(req))
-	}
+	s.markAllocated(b, req)
 	s.dev.hist.record(ActAlloc, b.ptr, b.size, s.stream)
 	return b
 }

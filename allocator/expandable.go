@@ -273,44 +273,43 @@ func (d *device) countSegment(k poolKind, bytes int64, segments int64) {
 // wait with s.mu held (the stream only, as processPending does).
 func (s *shard) releaseExpandable() error {
 	const tries = 3
-	for try := 0; try < tries; try++ {
+	for try := 0; ; try++ {
 		s.mu.Lock()
 		then := s.expandableCuts()
-		if len(then) == 0 {
-			s.mu.Unlock()
-			return nil
-		}
 		births := s.births
-		ev, err := s.recordOnStream()
-		s.mu.Unlock()
-		if err == nil {
-			err = s.dev.waitEvent(ev)
+		var err error
+		if len(then) > 0 {
+			err = s.waitForStream(try < tries)
 		}
-		if err != nil {
-			return fmt.Errorf("waiting for stream %#x before unmapping on device %d: %w", s.stream, s.dev.idx, err)
-		}
-		s.mu.Lock()
-		if s.births == births {
-			err = s.applyCuts(then)
+		if len(then) == 0 || err != nil || s.births == births {
+			if len(then) > 0 && err == nil {
+				err = s.applyCuts(then)
+			}
 			s.mu.Unlock()
 			return err
 		}
-		s.mu.Unlock()
+		s.mu.Unlock() // the stream took blocks meanwhile: list again
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cuts := s.expandableCuts()
-	if len(cuts) == 0 {
-		return nil
-	}
+}
+
+// waitForStream waits until the work queued on s's stream now has
+// completed, through an event recorded under s.mu; with unlocked, s.mu is
+// released while waiting. Called and returns with s.mu held.
+func (s *shard) waitForStream(unlocked bool) error {
 	ev, err := s.recordOnStream()
 	if err == nil {
+		if unlocked {
+			s.mu.Unlock()
+		}
 		err = s.dev.waitEvent(ev)
+		if unlocked {
+			s.mu.Lock()
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("waiting for stream %#x before unmapping on device %d: %w", s.stream, s.dev.idx, err)
 	}
-	return s.applyCuts(cuts)
+	return nil
 }
 
 // cut is what release takes of expandable segment seg: everything from
