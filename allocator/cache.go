@@ -3,11 +3,10 @@ package allocator
 // The cached path (Go's mcache): a shard's bins, its blocks' split and merge,
 // its segments and idle list, all under the shard's own lock.
 
-// alloc serves a request of n bytes from s. whole reports that the block is
-// a fixed segment of its own (no neighbours, never to grow): a later request
-// of the same size that gets it back gets what the best fit would pick, so
-// the front cache may keep it at any size (export/front.cpp).
-func (s *shard) alloc(n uint64) (ptr uintptr, size uint64, whole bool, err error) {
+// alloc serves a request of n bytes from s and says where it placed it
+// (Placement: a fixed segment of its own, or the shard's epoch, tell a
+// front cache which freed blocks it may hand out again; export/front.cpp).
+func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 	p := s.dev.pool
 	r := roundSize(n)
 	if p.roundup && !s.direct {
@@ -33,15 +32,14 @@ func (s *shard) alloc(n uint64) (ptr uintptr, size uint64, whole bool, err error
 	if b == nil {
 		if b, err = s.allocSlow(n, r, k); err != nil {
 			s.mu.Unlock()
-			return 0, 0, false, err
+			return 0, Placement{}, err
 		}
 	}
 	s.take(b, r, n)
-	ptr, size = b.ptr, b.size
-	whole = b.prev == nil && b.next == nil && b.seg.vsize == 0
-	s.dev.hist.record(ActAlloc, ptr, size, s.stream)
+	pl = Placement{Size: b.size, Whole: b.prev == nil && b.next == nil && b.seg.vsize == 0, Epoch: s.epoch, Mark: s.changes}
+	s.dev.hist.record(ActAlloc, b.ptr, b.size, s.stream)
 	s.mu.Unlock()
-	return ptr, size, whole, nil
+	return b.ptr, pl, nil
 }
 
 func (s *shard) findFree(r uint64, k poolKind) *block {
@@ -157,6 +155,7 @@ func (s *shard) splitTail(b *block, n uint64) {
 }
 
 func (s *shard) insertFree(b *block) {
+	s.changed()
 	s.bins[b.seg.kind].insert(b)
 	if !b.isWholeSegment() {
 		b.splitFree = true
@@ -165,6 +164,7 @@ func (s *shard) insertFree(b *block) {
 }
 
 func (s *shard) removeFree(b *block) {
+	s.changed()
 	s.bins[b.seg.kind].remove(b)
 	if b.splitFree {
 		b.splitFree = false

@@ -12,6 +12,7 @@ import "errors"
 func (s *shard) deferFree(b *block) {
 	d := s.dev
 	b.state = blockPending
+	s.changed() // a pending block joins the bins at a later request: the best fit may differ
 	capturing := !d.capture.mayRecord()
 	b.streams(func(st uintptr) {
 		if capturing {

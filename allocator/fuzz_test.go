@@ -46,6 +46,8 @@ func fuzzPoolOps(t *testing.T, data []byte, expandable bool) {
 			stream uintptr
 			tag    byte
 			pool   PoolID // the private pool it came from; zero: the default pool
+			pl     Placement
+			rs     bool // record_stream was called on it
 		}
 		var live []liveBlock
 		// Private pools: uses and open routes per (device, id), as the
@@ -100,12 +102,13 @@ func fuzzPoolOps(t *testing.T, data []byte, expandable bool) {
 				st := streams[(sel/8)%3]
 				var id PoolID
 				var ptr uintptr
+				var pl Placement
 				var err error
 				if k := (pkey{dev, poolIDs[sel/32%2]}); routes[k] > 0 && sel%64 < 32 {
 					id = k.id
 					ptr, _, err = p.AllocIn(dev, st, n, id)
 				} else {
-					ptr, err = p.Alloc(dev, st, n)
+					ptr, pl, err = p.AllocPlaced(dev, st, n)
 				}
 				if n == 0 {
 					if ptr != 0 || err != nil {
@@ -122,7 +125,7 @@ func fuzzPoolOps(t *testing.T, data []byte, expandable bool) {
 				if ptr%512 != 0 {
 					t.Fatalf("alloc %d: misaligned %#x", n, ptr)
 				}
-				l := liveBlock{ptr, n, dev, st, tag, id}
+				l := liveBlock{ptr, n, dev, st, tag, id, pl, false}
 				tag++
 				if privateSpan(dev, ptr, n, id) {
 					t.Fatalf("block [%#x,+%d) for pool %v lies in another pool's memory", ptr, n, id)
@@ -149,14 +152,27 @@ func fuzzPoolOps(t *testing.T, data []byte, expandable bool) {
 						t.Fatalf("block %#x lost its data before free", l.ptr)
 					}
 				}
+				unchanged := !l.rs && l.pl.Unchanged()
 				if err := p.Free(l.dev, l.stream, l.ptr, l.n); err != nil {
 					t.Fatal(err)
 				}
 				live = append(live[:i], live[i+1:]...)
+				if unchanged {
+					// What the front cache relies on (Placement): the same
+					// request again gets this very block from the best fit.
+					again, _, err := p.AllocPlaced(l.dev, l.stream, l.n)
+					if err != nil || again != l.ptr {
+						t.Fatalf("unchanged shard: %d bytes freed at %#x came back at %#x (%v)", l.n, l.ptr, again, err)
+					}
+					if err := p.Free(l.dev, l.stream, again, l.n); err != nil {
+						t.Fatal(err)
+					}
+				}
 			case 5: // record_stream, or stream work
 				if len(live) > 0 && next(1)%2 == 0 {
-					l := live[int(next(1))%len(live)]
-					if err := p.RecordStream(l.ptr, streams[next(1)%3]); err != nil {
+					j := int(next(1)) % len(live)
+					live[j].rs = true
+					if err := p.RecordStream(live[j].ptr, streams[next(1)%3]); err != nil {
 						t.Fatal(err)
 					}
 				} else {

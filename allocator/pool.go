@@ -155,6 +155,12 @@ type shard struct {
 	expandable bool
 	grow       [numPools]*segment
 	births     uint64 // blocks handed out from expandable segments so far (block.born)
+
+	// epoch counts changes to what the best fit sees (epoch.go); nil in
+	// private pools, which no front cache serves. changes is its value,
+	// written under mu.
+	epoch   *atomic.Uint64
+	changes uint64
 }
 
 // pendingFree is a freed block waiting for an event on a record_stream stream.
@@ -258,8 +264,8 @@ func (p *Pool) AllocBlock(dev int, stream uintptr, size uint64) (uintptr, uint64
 	if dev < 0 || dev >= len(p.devs) || size > maxRequest {
 		return 0, 0, p.badRequest(dev, size)
 	}
-	ptr, bsize, _, err := p.devs[dev].shardFor(stream).alloc(size)
-	return ptr, bsize, err
+	ptr, pl, err := p.devs[dev].shardFor(stream).alloc(size)
+	return ptr, pl.Size, err
 }
 
 // AllocBlockWhole is AllocBlock that also reports whether the block is a
@@ -267,11 +273,20 @@ func (p *Pool) AllocBlock(dev int, stream uintptr, size uint64) (uintptr, uint64
 // best fit for any later request of the same size, which a front cache may
 // hand it to without changing what the pool would have placed.
 func (p *Pool) AllocBlockWhole(dev int, stream uintptr, size uint64) (ptr uintptr, bsize uint64, whole bool, err error) {
+	ptr, pl, err := p.AllocPlaced(dev, stream, size)
+	return ptr, pl.Size, pl.Whole, err
+}
+
+// AllocPlaced is AllocBlock that also reports where the block was placed
+// (Placement): what a cache in front of the pool needs to know when it may
+// hand the block, once freed, to the next request of its size without
+// changing what the pool would have placed.
+func (p *Pool) AllocPlaced(dev int, stream uintptr, size uint64) (uintptr, Placement, error) {
 	if size == 0 {
-		return 0, 0, false, nil
+		return 0, Placement{}, nil
 	}
 	if dev < 0 || dev >= len(p.devs) || size > maxRequest {
-		return 0, 0, false, p.badRequest(dev, size)
+		return 0, Placement{}, p.badRequest(dev, size)
 	}
 	return p.devs[dev].shardFor(stream).alloc(size)
 }

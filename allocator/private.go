@@ -186,7 +186,8 @@ func (p *Pool) AllocIn(dev int, stream uintptr, size uint64, id PoolID) (uintptr
 	}
 	s := d.poolShard(pp, stream)
 	d.privMu.Unlock()
-	ptr, bsize, _, err := s.alloc(size)
+	ptr, pl, err := s.alloc(size)
+	bsize := pl.Size
 	return ptr, bsize, err
 }
 
@@ -208,7 +209,8 @@ func (p *Pool) AllocSegment(dev int, stream uintptr, size uint64) (uintptr, uint
 	}
 	s := d.poolShard(d.direct, stream)
 	d.privMu.Unlock()
-	ptr, bsize, _, err := s.alloc(size)
+	ptr, pl, err := s.alloc(size)
+	bsize := pl.Size
 	return ptr, bsize, err
 }
 

@@ -58,7 +58,7 @@ func (d *device) newShard(stream uintptr) *shard {
 	if s := d.lookup(stream); s != nil {
 		return s
 	}
-	s := &shard{dev: d, stream: stream, expandable: d.pool.exp != nil}
+	s := &shard{dev: d, stream: stream, expandable: d.pool.exp != nil, epoch: newEpochCell()}
 	for k := range s.bins {
 		s.bins[k].highTies = s.expandable
 	}

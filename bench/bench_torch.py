@@ -4,6 +4,8 @@ RAPIDS RMM vs plain cudaMalloc, timed in C++ so that Python does not drown the s
     python3 bench/bench_torch.py            # on the GPU machine; writes $OUT/bench.md
     python3 bench/bench_torch.py --configs native,rmm   # a subset
     SYMM_BENCH_SIZES=512,64K,1M,4M,16M,64M,256M,1G python3 bench/bench_torch.py   # other sizes
+    python3 bench/bench_torch.py --configs native,symm,native_expandable,symm_expandable --rounds 3
+        # interleaved rounds (native, symm, ..., native, symm, ...): medians and their spread
 
 The rmm configuration needs the rmm-cu13 wheels: on the GPU machine run
 ``eval "$(bash bench/rmm_setup.sh)"`` first (it installs .whl/ into /tmp/site and
@@ -23,7 +25,9 @@ REPS runs of N calls, N sized so that one run takes about TARGET_MS):
 
 The process-wide allocator can be swapped only once, so each configuration
 runs in its own interpreter (``--child CONFIG``): ``native`` (no swap),
-``symm`` (symm.use_as_default()), ``rmm`` (RMM's
+``symm`` (symm.use_as_default()), ``native_expandable`` and
+``symm_expandable`` (the same with expandable segments:
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, SYMM_POOL_EXPANDABLE=1), ``rmm`` (RMM's
 ``rmm.allocators.torch.rmm_torch_allocator`` over
 ``rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource())``, set as the current
 device resource before torch touches CUDA) and ``cudamalloc`` (a pluggable
@@ -45,7 +49,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = Path(os.environ.get("SYMM_BENCH_BUILD", "/tmp/symm_bench_build"))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-CONFIGS = ("native", "symm", "rmm", "cudamalloc", "noop")
+CONFIGS = ("native", "symm", "rmm", "cudamalloc", "noop", "native_expandable", "symm_expandable")
+TABLE_CONFIGS = ("native", "symm", "rmm", "cudamalloc", "noop")  # the columns of the one-round table
+# What each configuration's child adds to the environment (after child_env
+# removed any allocator setting the caller had).
+CONFIG_ENV = {"native_expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+              "symm_expandable": {"SYMM_POOL_EXPANDABLE": "1"}}
 RMM_INITIAL_POOL = 1 << 30  # bytes the RMM pool takes from the device up front (it grows on demand)
 
 
@@ -292,35 +301,39 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 # ---- parent: build, run children, write the table ---------------------------
 
 
-def build_extension() -> Path:
-    """Compiles the timing extension (about 20 s the first time) and returns its .so."""
+def build_extension(name: str = "symm_bench", source: str = CPP_SOURCE, build_dir: Path = BUILD_DIR,
+                    ldflags: tuple = ("-ldl",)) -> Path:
+    """Compiles a timing extension (about 20 s the first time) and returns its
+    .so; bench/replay_torch.py builds its own through this too."""
     import torch
     from torch.utils.cpp_extension import load
 
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    src = BUILD_DIR / "symm_bench.cpp"
-    if not src.exists() or src.read_text() != CPP_SOURCE:
-        src.write_text(CPP_SOURCE)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    src = build_dir / f"{name}.cpp"
+    if not src.exists() or src.read_text() != source:
+        src.write_text(source)
     if "TORCH_CUDA_ARCH_LIST" not in os.environ:
         major, minor = torch.cuda.get_device_capability(0)
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
     module = load(
-        name="symm_bench",
+        name=name,
         sources=[str(src)],
-        build_directory=str(BUILD_DIR),
+        build_directory=str(build_dir),
         with_cuda=True,
         extra_cflags=["-O2"],
-        extra_ldflags=["-ldl"],
+        extra_ldflags=list(ldflags),
         verbose=False,
     )
     return Path(module.__file__).resolve()
 
 
-def child_env() -> dict:
+def child_env(config: str = "native") -> dict:
     env = dict(os.environ)
     env.update(SAFE_ENV)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
-    env.pop("SYMM_DEVICE", None)
+    for k in ("SYMM_DEVICE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "SYMM_POOL_EXPANDABLE"):
+        env.pop(k, None)
+    env.update(CONFIG_ENV.get(config, {}))
     return env
 
 
@@ -329,7 +342,7 @@ def run_config(config: str, ext: Path) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", config, "--ext", str(ext)]
     start = time.time()
     try:
-        proc = subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        proc = subprocess.run(cmd, env=child_env(config), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"config": config, "error": f"timed out after {CHILD_TIMEOUT_S} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -409,7 +422,7 @@ def render(results: dict, meta: dict) -> str:
     for op, label in (("raw", "raw_alloc + raw_delete"), ("empty", "at::empty + destroy")):
         for size in SIZES:
             k = str(size)
-            n, s, r, c, z = (get(results, cfg, op, k) for cfg in CONFIGS)
+            n, s, r, c, z = (get(results, cfg, op, k) for cfg in TABLE_CONFIGS)
             out.append(
                 f"| {label} | {fmt_size(size)} | {fmt_ns(n)} | {fmt_ns(s)} | {ratio(med(s), med(n))} | "
                 f"{fmt_ns(r)} | {ratio(med(r), med(n))} | {ratio(med(s), med(r))} | {fmt_ns(c)} | {fmt_ns(z)} |"
@@ -463,6 +476,51 @@ def render(results: dict, meta: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_rounds(rounds: list, configs) -> str:
+    """The interleaved rounds: per operation and size, each configuration's
+    median over the rounds of its ns per pair, and the median and range of
+    the per-round ratios to native (each round's ratio compares runs made
+    minutes apart at most)."""
+    others = [c for c in configs if c != "native"]
+    head = "| operation | size | native | " + " | ".join(f"{c} | {c}/native (median, range)" for c in others) + " |"
+    out = [
+        "",
+        f"## {len(rounds)} interleaved rounds ({', '.join(configs)}, then again): median of the rounds",
+        "",
+        head,
+        "| --- | --- | ---: |" + " ---: | --- |" * len(others),
+    ]
+
+    def series(cfg, *keys):
+        vals = [get(r, cfg, *keys) for r in rounds]
+        return [v["median_ns"] if isinstance(v, dict) else v for v in vals]
+
+    def mid(xs):
+        xs = sorted(x for x in xs if isinstance(x, (int, float)))
+        return xs[len(xs) // 2] if xs else None
+
+    for op, label in (("raw", "raw_alloc + raw_delete"), ("empty", "at::empty + destroy")):
+        for size in SIZES:
+            k = str(size)
+            nat = series("native", op, k)
+            row = f"| {label} | {fmt_size(size)} | {fmt_ns({'median_ns': mid(nat)}) if mid(nat) else '–'} |"
+            for c in others:
+                xs = series(c, op, k)
+                rs = sorted(x / n for x, n in zip(xs, nat) if isinstance(x, (int, float)) and isinstance(n, (int, float)) and n)
+                cell = fmt_ns({"median_ns": mid(xs)}) if mid(xs) else "–"
+                rr = f"{rs[len(rs) // 2]:.2f}× ({rs[0]:.2f}–{rs[-1]:.2f})" if rs else "–"
+                row += f" {cell} | {rr} |"
+            out.append(row)
+    nat = [get(r, "native", "threads", "16") for r in rounds]
+    for c in others:
+        xs = [get(r, c, "threads", "16") for r in rounds]
+        rs = sorted(x / n for x, n in zip(xs, nat) if isinstance(x, (int, float)) and isinstance(n, (int, float)) and n)
+        if rs:
+            out.append(f"\n16 threads, {fmt_size(THREAD_SIZE)} pairs: {c} is {rs[len(rs) // 2]:.2f}× native's "
+                       f"pairs per second (range {rs[0]:.2f}–{rs[-1]:.2f}).")
+    return "\n".join(out) + "\n"
+
+
 def metadata() -> dict:
     import torch
 
@@ -488,18 +546,25 @@ def metadata() -> dict:
     return meta
 
 
-def parent_main(configs) -> int:
+def parent_main(configs, rounds: int = 1) -> int:
     t0 = time.time()
     ext = build_extension()
     print(f"extension built: {ext} ({time.time() - t0:.0f} s)", flush=True)
-    results = {}
-    for config in configs:
-        results[config] = run_config(config, ext)
-        r = results[config]
-        status = ("error" if "error" in r else f"SKIP ({r['skip']})" if "skip" in r
-                  else f"{r['seconds']} s" + (", then failed" if "exit_error" in r else ""))
-        print(f"  {config}: {status}", flush=True)
+    all_rounds = []
+    for rnd in range(rounds):
+        results = {}
+        for config in configs:
+            results[config] = run_config(config, ext)
+            r = results[config]
+            status = ("error" if "error" in r else f"SKIP ({r['skip']})" if "skip" in r
+                      else f"{r['seconds']} s" + (", then failed" if "exit_error" in r else ""))
+            print(f"  round {rnd + 1}: {config}: {status}", flush=True)
+        all_rounds.append(results)
+    # The one-round table shows the last round; the rounds table all of them.
     report = render(results, metadata())
+    if rounds > 1:
+        report += render_rounds(all_rounds, configs)
+        results = {"rounds": all_rounds}
     out_dir = os.environ.get("OUT")
     if out_dir:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -507,7 +572,7 @@ def parent_main(configs) -> int:
         (Path(out_dir) / "bench.json").write_text(json.dumps(results, indent=1))
     print(report, flush=True)
     print(f"total {time.time() - t0:.0f} s", flush=True)
-    return 1 if any("error" in r or "exit_error" in r for r in results.values()) else 0
+    return 1 if any("error" in r or "exit_error" in r for rs in all_rounds for r in rs.values()) else 0
 
 
 # ---- child: one allocator configuration -------------------------------------
@@ -555,7 +620,7 @@ def install(config: str, ext: Path) -> None:
 
     if config == "rmm":
         install_rmm(torch)
-    elif config == "symm":
+    elif config in ("symm", "symm_expandable"):
         import symm
 
         symm.use_as_default()
@@ -605,8 +670,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", choices=CONFIGS)
     ap.add_argument("--ext", type=Path)
-    ap.add_argument("--configs", default=",".join(CONFIGS),
-                    help=f"comma-separated subset of {','.join(CONFIGS)} (default: all)")
+    ap.add_argument("--configs", default=",".join(TABLE_CONFIGS),
+                    help=f"comma-separated subset of {','.join(CONFIGS)} (default: {','.join(TABLE_CONFIGS)})")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the configurations this many times, interleaved, and add a table of medians and ranges")
     args = ap.parse_args()
     if args.child:
         child_main(args.child, args.ext)
@@ -615,7 +682,9 @@ def main() -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         ap.error(f"unknown configs {unknown}; known: {', '.join(CONFIGS)}")
-    return parent_main(configs)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, not {args.rounds}")
+    return parent_main(configs, args.rounds)
 
 
 if __name__ == "__main__":

@@ -15,15 +15,15 @@ namespace front {
 namespace {
 
 // Blocks larger than g_max_block (SYMM_POOL_FRONT_CACHE_MAX, default 1 MiB:
-// PyTorch's small-pool sizes) go back to the pool at once, unless they are a
-// fixed segment of their own (cacheable, below). Why small: a hit hands out
-// the parked block without the pool's best fit, and a large block cut from a
-// larger segment would break up the hole it was to join; with such blocks
-// cached (64 MiB) the GPT-2 trace reserved 1.164x its peak allocation
-// instead of 1.051 (bench/RESULTS.md). A segment of its own has no
-// neighbours, so a hit on it places what the best fit would. What is parked
-// costs no peak: every miss hands back its device's parked blocks before the
-// pool places anything (alloc_miss), and statistics reads drain first.
+// PyTorch's small-pool sizes) go back to the pool at once, unless the pool's
+// best fit would place the next request of their size on them anyway
+// (cacheable, below). Why: a hit hands out the parked block without the
+// pool's best fit, and a large block cut from a larger segment would break
+// up the hole it was to join; with such blocks cached (64 MiB) the GPT-2
+// trace reserved 1.164x its peak allocation instead of 1.051
+// (bench/RESULTS.md). What is parked costs no peak: every miss hands back
+// its device's parked blocks before the pool places anything (alloc_miss),
+// and statistics reads drain first.
 constexpr uint64_t kDefaultMaxCachedBlock = 1ull << 20;
 constexpr int kEntries = 4;                         // blocks per CPU
 constexpr int kBatch = 32;                          // blocks returned with one pool call
@@ -70,6 +70,10 @@ struct Rec {
   int32_t dev;
   uint8_t state, rs;
   uint8_t whole;  // a fixed segment of its own: kept at any size (cacheable)
+  // The block's shard's change count and what it read right after the
+  // allocation (shim.h symmshim_placed); epoch NULL: none.
+  const uint64_t *epoch;
+  uint64_t mark;
 };
 
 
@@ -186,13 +190,26 @@ void for_each_nonempty(F fn) {
 std::atomic<int> g_enabled{0};
 std::atomic<uint64_t> g_max_block{kDefaultMaxCachedBlock};
 
-// cacheable says whether a block may be parked: one of at most g_max_block
-// bytes, or a fixed segment of its own at any size. Such a segment has no
-// neighbour to merge with and never grows, so handing it to the next request
-// of the same size is what the pool's best fit does too (up to ties between
-// equal fits), and the peaks stay exact because a miss hands back every
-// parked block before the pool places anything (alloc_miss).
-inline bool cacheable(uint64_t bsize, bool whole) { return whole || bsize <= g_max_block.load(std::memory_order_relaxed); }
+// unchanged says whether the shard that placed a block has not changed since
+// (allocator/epoch.go): the pool would place the next request of the same
+// size and stream on that very block if it were freed now.
+inline bool unchanged(const uint64_t *epoch, uint64_t mark) {
+  return epoch != nullptr && __atomic_load_n(epoch, __ATOMIC_ACQUIRE) == mark;
+}
+
+// small says whether a block is parked whatever the pool did since: one of
+// at most g_max_block bytes, or a fixed segment of its own at any size. Such
+// a segment has no neighbour to merge with and never grows, so handing it to
+// the next request of the same size is what the pool's best fit does too (up
+// to ties between equal fits).
+inline bool small(uint64_t bsize, bool whole) { return whole || bsize <= g_max_block.load(std::memory_order_relaxed); }
+
+// cacheable says whether a block may be parked now: a small one, or one of
+// any size whose shard has not changed since it was placed; the latter is
+// handed out again only while that still holds (alloc_hit). Either way the
+// peaks stay exact, because a miss hands back every parked block before the
+// pool places anything (alloc_miss).
+inline bool cacheable(const Rec &r) { return small(r.bsize, r.whole) || unchanged(r.epoch, r.mark); }
 
 // forget drops ptr's record from the live set: it goes back to the pool.
 void forget(uintptr_t ptr) {
@@ -212,7 +229,10 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
     Guard g(c.lk);
     for (int i = c.n - 1; i >= 0; i--) {  // newest first: warm in caches
       Entry &e = c.e[i];
-      if (e.req == size && e.dev == dev && e.stream == stream) {
+      // An entry with an epoch was parked for its shard's being unchanged:
+      // if the shard has changed since, the best fit might place elsewhere,
+      // and the entry waits for the next miss to go back.
+      if (e.req == size && e.dev == dev && e.stream == stream && (e.epoch == nullptr || unchanged(e.epoch, e.mark))) {
         ptr = e.ptr;
         memmove(&c.e[i], &c.e[i + 1], (c.n - i - 1) * sizeof(Entry));
         __atomic_store_n(&c.n, c.n - 1, __ATOMIC_RELAXED);  // read without the lock by parked()
@@ -227,11 +247,11 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
   return ptr;
 }
 
-void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream, bool whole) {
+void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const symmshim_placed &pl) {
   // A block the front cache will never keep is not recorded: its free finds
   // no record and goes straight to the pool, which saves an insert and an
   // erase on half the calls of a training step (bench/c/bench_trace.c).
-  bool keep = cacheable(bsize, whole);
+  bool keep = small(pl.bsize, pl.whole != 0) || pl.epoch != nullptr;
   Stripe &s = stripe_of(ptr);
   Rec *spare = nullptr, *old = nullptr;
   uint32_t spare_cap = 0;
@@ -246,7 +266,7 @@ void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t 
         spare = nullptr;
       }
       if (2 * (s.n + 1) <= s.cap) {
-        put(s, Rec{ptr, bsize, size, stream, dev, kLive, 0, (uint8_t)whole});
+        put(s, Rec{ptr, pl.bsize, size, stream, dev, kLive, 0, (uint8_t)(pl.whole != 0), pl.epoch, pl.mark});
         break;
       }
       need = s.cap ? s.cap * 2 : 64;
@@ -278,12 +298,13 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
       return true;
     }
     if ((size != 0 && size != r->req) || dev != r->dev) return false;  // the pool explains the mismatch
-    if (r->rs || !cacheable(r->bsize, r->whole)) {
+    if (r->rs || !cacheable(*r)) {
       erase(s, r);
       return false;
     }
     r->state = kCached;
-    mine = Entry{ptr, r->req, r->stream, r->dev};
+    bool exact = !small(r->bsize, r->whole);  // parked for the shard's being unchanged
+    mine = Entry{ptr, r->req, r->stream, r->dev, exact ? r->epoch : nullptr, exact ? r->mark : 0};
   }
   (void)stream;  // the block's own stream is its cache key
   Entry evicted;
@@ -385,10 +406,9 @@ uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
     goPoolReturnParked(back, k);
     k = take(dev, back, kBatch);
   }
-  uint64_t bsize = 0;
-  int whole = 0;
-  uintptr_t p = goPoolAllocAfter(api, back, k, size, dev, stream, &bsize, &whole);
-  if (p != 0) on_go_alloc(p, bsize, size, dev, stream, whole != 0);
+  symmshim_placed pl{};
+  uintptr_t p = goPoolAllocAfter(api, back, k, size, dev, stream, &pl);
+  if (p != 0) on_go_alloc(p, size, dev, stream, pl);
   return p;
 }
 

@@ -11,6 +11,9 @@
 //    validates it (unknown pointer, wrong size) and changes nothing on error.
 //  - A CACHED block is reused only for the same device, stream and requested
 //    size: the stream contract holds as in the pool (same stream at once).
+//    One larger than SYMM_POOL_FRONT_CACHE_MAX (and not a segment of its
+//    own) is parked and reused only while its pool shard has not changed
+//    since it was allocated, when the pool would place it there anyway.
 //  - Before the pool places a block for a device (alloc_miss), the blocks
 //    parked for that device go back to it, in the same call: the pool sees
 //    the frees it would have seen without the front cache, except those
@@ -20,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shim.h"
+
 namespace front {
 bool enabled();
 // alloc_hit returns a cached block for (size, dev, stream) or 0.
@@ -28,9 +33,8 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream);
 // handing back in the same call the blocks parked for dev, and records it;
 // 0 with the last error set on failure.
 uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream);
-// on_go_alloc records a block the pool handed out (bsize: its block size;
-// whole: a fixed segment of its own).
-void on_go_alloc(uintptr_t ptr, uint64_t bsize, size_t size, int dev, uintptr_t stream, bool whole);
+// on_go_alloc records a block the pool handed out (pl: where it placed it).
+void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const symmshim_placed &pl);
 // free returns true if it took care of the free (cached it or reported an
 // error); false means: hand it to Go (the record, if any, is already gone).
 bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream);

@@ -16,15 +16,15 @@ import "github.com/libsymm/libsymm/allocator"
 //export goPoolAllocIn
 func goPoolAllocIn(api C.int, size C.size_t, device C.int, stream C.uintptr_t, first, second C.uint64_t, bsize *C.uint64_t) C.uintptr_t {
 	id := allocator.PoolID{First: uint64(first), Second: uint64(second)}
-	ptr, n, _ := poolAllocFrom(fromPrivate, int(api), uint64(size), int(device), uintptr(stream), id)
-	*bsize = C.uint64_t(n)
+	ptr, pl := poolAllocFrom(fromPrivate, int(api), uint64(size), int(device), uintptr(stream), id)
+	*bsize = C.uint64_t(pl.Size)
 	return C.uintptr_t(ptr)
 }
 
 //export goPoolAllocSegment
 func goPoolAllocSegment(api C.int, size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t) C.uintptr_t {
-	ptr, n, _ := poolAllocFrom(asSegment, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
-	*bsize = C.uint64_t(n)
+	ptr, pl := poolAllocFrom(asSegment, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
+	*bsize = C.uint64_t(pl.Size)
 	return C.uintptr_t(ptr)
 }
 

@@ -32,24 +32,28 @@ const (
 
 //export goPoolAlloc
 func goPoolAlloc(api C.int, size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t) C.uintptr_t {
-	ptr, n, _ := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
-	*bsize = C.uint64_t(n)
+	ptr, pl := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
+	*bsize = C.uint64_t(pl.Size)
 	return C.uintptr_t(ptr)
 }
 
 // goPoolAllocAfter is goPoolAlloc for the front cache's misses: the n
 // blocks at back, parked there, go back to the pool first, in this one call
-// from C (export/front.cpp's alloc_miss says why). *whole is 1 when the
-// block is a fixed segment of its own.
+// from C (export/front.cpp's alloc_miss says why). *out says where the
+// block was placed (shim.h symmshim_placed).
 //
 //export goPoolAllocAfter
-func goPoolAllocAfter(api C.int, back *C.symmshim_parked, n C.int, size C.size_t, device C.int, stream C.uintptr_t, bsize *C.uint64_t, whole *C.int) C.uintptr_t {
+func goPoolAllocAfter(api C.int, back *C.symmshim_parked, n C.int, size C.size_t, device C.int, stream C.uintptr_t, out *C.symmshim_placed) C.uintptr_t {
 	goPoolReturnParked(back, n)
-	ptr, b, w := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
-	*bsize = C.uint64_t(b)
-	*whole = 0
-	if w {
-		*whole = 1
+	ptr, pl := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
+	*out = C.symmshim_placed{bsize: C.uint64_t(pl.Size)}
+	if pl.Whole {
+		out.whole = 1
+	}
+	if pl.Epoch != nil {
+		// Memory outside the Go heap (allocator/epoch.go): C may keep it.
+		out.epoch = (*C.uint64_t)(unsafe.Pointer(pl.Epoch))
+		out.mark = C.uint64_t(pl.Mark)
 	}
 	return C.uintptr_t(ptr)
 }
@@ -93,39 +97,39 @@ func goPoolFree(ptr C.uintptr_t, size C.size_t, device C.int, stream C.uintptr_t
 // them (cgo is not allowed in tests): one atomic load for the pool, then the
 // pool's cached path; no heap allocation.
 func poolAlloc(size uint64, device int, stream uintptr) (ptr uintptr, bsize uint64) {
-	ptr, bsize, _ = poolAllocFrom(fromPool, 0, size, device, stream, allocator.PoolID{})
-	return ptr, bsize
+	ptr, pl := poolAllocFrom(fromPool, 0, size, device, stream, allocator.PoolID{})
+	return ptr, pl.Size
 }
 
 // poolAllocFrom serves every allocation entry: from the pool, a private
-// pool id, or as a segment of its own; errors carry allocAPIs[api].
-// whole: the block is a fixed segment of its own (AllocBlockWhole), which
-// the front cache may keep at any size.
-func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uintptr, id allocator.PoolID) (ptr uintptr, bsize uint64, whole bool) {
+// pool id, or as a segment of its own; errors carry allocAPIs[api]. pl says
+// where the pool placed a block of its own (allocator.Placement), which
+// tells the front cache whether it may hand the block out again once freed.
+func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uintptr, id allocator.PoolID) (ptr uintptr, pl allocator.Placement) {
 	fn := allocAPIs[api]
 	defer func() {
 		if recovered(fn, recover()) {
-			ptr, bsize, whole = 0, 0, false
+			ptr, pl = 0, allocator.Placement{}
 		}
 	}()
 	p, err := getPool()
 	if err == nil {
 		switch src {
 		case fromPool:
-			ptr, bsize, whole, err = p.AllocBlockWhole(device, stream, size)
+			ptr, pl, err = p.AllocPlaced(device, stream, size)
 		case fromPrivate:
-			if ptr, bsize, err = p.AllocIn(device, stream, size, id); err != nil {
+			if ptr, pl.Size, err = p.AllocIn(device, stream, size, id); err != nil {
 				err = fmt.Errorf("in private pool %v: %w", id, err)
 			}
 		default:
-			ptr, bsize, err = p.AllocSegment(device, stream, size)
+			ptr, pl.Size, err = p.AllocSegment(device, stream, size)
 		}
 	}
 	if err != nil {
 		fail(fn, err)
-		return 0, 0, false
+		return 0, allocator.Placement{}
 	}
-	return ptr, bsize, whole
+	return ptr, pl
 }
 
 func poolFree(ptr uintptr, size uint64, device int, stream uintptr) {

@@ -17,13 +17,29 @@ void symmshim_front_drain(int dev);
 int symmshim_front_parked(int dev);
 /* A block the front cache parked, as it hands it back to the pool
  * (goPoolReturnParked, goPoolAllocAfter; req: the size it was allocated
- * with; stream: the one it was allocated on). */
+ * with; stream: the one it was allocated on). epoch/mark: as in
+ * symmshim_placed when the block is parked because its shard had not
+ * changed since its allocation (NULL otherwise); the pool ignores them. */
 typedef struct {
   uintptr_t ptr;
   uint64_t req;
   uintptr_t stream;
   int32_t dev;
+  const uint64_t *epoch;
+  uint64_t mark;
 } symmshim_parked;
+/* Where the pool placed a block (goPoolAllocAfter; allocator.Placement):
+ * its size; whole: a fixed segment of its own; epoch: its shard's change
+ * count (memory outside Go's heap that lives as long as the process; NULL:
+ * none), which read mark right after the allocation. While it still reads
+ * mark, the pool would place the next request of the same size and stream
+ * on this very block if it were freed. */
+typedef struct {
+  uint64_t bsize;
+  int32_t whole;
+  const uint64_t *epoch;
+  uint64_t mark;
+} symmshim_placed;
 #ifdef __cplusplus
 }
 #endif

@@ -34,9 +34,12 @@ type Result struct {
 	// replay goes on; the block's free is then skipped).
 	OOMs int `json:"ooms"`
 	// FrontHits counts allocations the front cache model served (Options.
-	// FrontMax), FrontWholeHits those of them on a fixed segment of its own.
-	FrontHits      int `json:"front_cache_hits,omitempty"`
-	FrontWholeHits int `json:"front_cache_whole_hits,omitempty"`
+	// FrontMax), FrontWholeHits those of them on a fixed segment of its
+	// own, FrontUnchangedHits those on a larger block reused because its
+	// shard had not changed since it was placed (allocator.Placement).
+	FrontHits          int `json:"front_cache_hits,omitempty"`
+	FrontWholeHits     int `json:"front_cache_whole_hits,omitempty"`
+	FrontUnchangedHits int `json:"front_cache_unchanged_hits,omitempty"`
 }
 
 // Replay runs t's alloc and free_completed rows, in order, through a pool
@@ -55,8 +58,10 @@ type Options struct {
 	// FrontMax, if not 0, puts in front of the pool a model of libsymm's
 	// front cache (export/front.cpp) on one CPU: the last 4 freed blocks of
 	// at most FrontMax bytes, or of any size when they are a fixed segment
-	// of their own (Pool.AllocBlockWhole), stay parked, allocated as far as the pool can
-	// see, and serve a request of the same size and stream; any other
+	// of their own or their shard has not changed since they were placed
+	// (allocator.Placement), stay parked, allocated as far as the pool can
+	// see, and serve a request of the same size and stream (a larger one
+	// only while its shard is still unchanged); any other
 	// request gives them all back to the pool before the pool serves it,
 	// and so does the end of the trace, before stats are read.
 	FrontMax uint64
@@ -71,7 +76,7 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 	}
 	// Nothing is parked while the pool serves a request (alloc drains
 	// first), so the model needs none of Config's front-cache hooks.
-	r := &replayer{pool: p, ptrs: map[uint64]uintptr{}, whole: map[uintptr]bool{}, frontMax: o.FrontMax}
+	r := &replayer{pool: p, ptrs: map[uint64]uintptr{}, placed: map[uintptr]allocator.Placement{}, frontMax: o.FrontMax}
 	if err := t.play(r); err != nil {
 		return Result{}, err
 	}
@@ -98,10 +103,12 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 
 // replayer plays a trace into a pool on device 0.
 type replayer struct {
-	pool  *allocator.Pool
-	ptrs  map[uint64]uintptr // trace address -> the pool's block; 0: its alloc ran out of memory
-	whole map[uintptr]bool   // live blocks that are a fixed segment of their own
-	res   Result
+	pool *allocator.Pool
+	ptrs map[uint64]uintptr // trace address -> the pool's block; 0: its alloc ran out of memory
+	// placed says where the pool placed each live block it handed out
+	// (kept only with a front cache).
+	placed map[uintptr]allocator.Placement
+	res    Result
 
 	frontMax uint64       // 0: no front cache
 	front    []frontEntry // parked blocks, oldest first; at most frontEntries
@@ -115,6 +122,10 @@ type frontEntry struct {
 	ptr    uintptr
 	size   uint64
 	stream uintptr
+	// pl is where the pool placed the block; large: it is parked for its
+	// shard's being unchanged, and may be handed out only while that holds.
+	pl    allocator.Placement
+	large bool
 }
 
 // drain gives every parked block back to the pool.
@@ -122,7 +133,7 @@ func (r *replayer) drain() {
 	back := r.front
 	r.front = nil
 	for _, e := range back {
-		delete(r.whole, e.ptr)
+		delete(r.placed, e.ptr)
 		if err := r.pool.Free(0, e.stream, e.ptr, e.size); err != nil && r.err == nil {
 			r.err = fmt.Errorf("giving back a parked block: %w", err)
 		}
@@ -132,11 +143,14 @@ func (r *replayer) drain() {
 // frontAlloc takes the newest parked block of this size and stream, if any.
 func (r *replayer) frontAlloc(size uint64, stream uintptr) uintptr {
 	for i := len(r.front) - 1; i >= 0; i-- {
-		if e := r.front[i]; e.size == size && e.stream == stream {
+		if e := r.front[i]; e.size == size && e.stream == stream && (!e.large || e.pl.Unchanged()) {
 			r.front = append(r.front[:i], r.front[i+1:]...)
 			r.res.FrontHits++
-			if r.whole[e.ptr] {
+			switch {
+			case e.pl.Whole:
 				r.res.FrontWholeHits++
+			case e.large:
+				r.res.FrontUnchangedHits++
 			}
 			return e.ptr
 		}
@@ -145,21 +159,27 @@ func (r *replayer) frontAlloc(size uint64, stream uintptr) uintptr {
 }
 
 // frontFree parks a block of at most frontMax bytes (its size rounded to
-// 512 B, as the pool rounds), evicting the oldest when full; it reports
-// whether it parked the block.
+// 512 B, as the pool rounds), a fixed segment of its own, or one whose shard
+// has not changed since it was placed, evicting the oldest when full; it
+// reports whether it parked the block.
 func (r *replayer) frontFree(ptr uintptr, size uint64, stream uintptr) (bool, error) {
-	if r.frontMax == 0 || ((size+511)&^511 > r.frontMax && !r.whole[ptr]) {
+	if r.frontMax == 0 {
+		return false, nil
+	}
+	pl := r.placed[ptr]
+	large := (size+511)&^511 > r.frontMax && !pl.Whole
+	if large && !pl.Unchanged() {
 		return false, nil
 	}
 	if len(r.front) == frontEntries {
 		old := r.front[0]
 		r.front = r.front[1:]
-		delete(r.whole, old.ptr)
+		delete(r.placed, old.ptr)
 		if err := r.pool.Free(0, old.stream, old.ptr, old.size); err != nil {
 			return false, err
 		}
 	}
-	r.front = append(r.front, frontEntry{ptr, size, stream})
+	r.front = append(r.front, frontEntry{ptr, size, stream, pl, large})
 	return true, nil
 }
 
@@ -171,10 +191,10 @@ func (r *replayer) alloc(e Event, pre bool) error {
 			return rowError(e, pre, r.err)
 		}
 		var err error
-		var whole bool
-		ptr, _, whole, err = r.pool.AllocBlockWhole(0, uintptr(e.Stream), e.Size)
-		if whole {
-			r.whole[ptr] = true
+		var pl allocator.Placement
+		ptr, pl, err = r.pool.AllocPlaced(0, uintptr(e.Stream), e.Size)
+		if err == nil && r.frontMax != 0 {
+			r.placed[ptr] = pl
 		}
 		switch {
 		case allocator.IsOutOfMemory(err):
@@ -215,7 +235,7 @@ func (r *replayer) free(a, by Event, lost bool) error {
 		}
 		return nil
 	}
-	delete(r.whole, ptr)
+	delete(r.placed, ptr)
 	if err := r.pool.Free(0, uintptr(stream), ptr, a.Size); err != nil {
 		return rowError(by, false, err)
 	}

@@ -108,6 +108,33 @@ free_completed,5,4194304,0
 	require.Equal(t, uint64(4*mib), res.PeakReserved)
 }
 
+// A block over the front cache's size limit is parked, and reused by the
+// next request of its size and stream, while its shard has not changed
+// since it was placed; a change in between (another allocation) sends it
+// back to the pool. The peaks are those of the pool alone.
+func TestReplayFrontCacheUnchangedShard(t *testing.T) {
+	tr := mustParse(t, `action,addr,size,stream
+alloc,1,4194304,0
+free_completed,1,4194304,0
+alloc,2,4194304,0
+alloc,3,2097152,0
+free_completed,2,4194304,0
+alloc,4,4194304,0
+free_completed,4,4194304,0
+free_completed,3,2097152,0
+`)
+	for _, ex := range []bool{false, true} {
+		off, err := ReplayWith(tr, allocator.Config{Expandable: ex}, Options{})
+		require.NoError(t, err)
+		on, err := ReplayWith(tr, allocator.Config{Expandable: ex}, Options{FrontMax: 1 << 20})
+		require.NoError(t, err)
+		require.Equal(t, 1, on.FrontUnchangedHits, "expandable %v: row 3 reuses row 1's block; row 6 misses", ex)
+		require.Equal(t, 1, on.FrontHits, "expandable %v", ex)
+		require.Equal(t, off.PeakReserved, on.PeakReserved, "expandable %v", ex)
+		require.Equal(t, off.PeakAllocated, on.PeakAllocated, "expandable %v", ex)
+	}
+}
+
 // Peaks with the front cache are the true ones: a block parked when a
 // request of another size comes goes back to the pool before the pool
 // serves it, so it is never counted next to that request.

@@ -200,11 +200,13 @@ static void test_large_blocks_skip_the_front_cache(void) {
 /* A block that is a segment of its own is parked at any size (64 MiB here),
  * and the next request of its size and stream gets it back from the front
  * cache without the pool: the pool's count of allocations does not move. In
- * expandable mode no block is a segment of its own, and with the front cache
- * off every request reaches the pool. */
+ * expandable mode no block is a segment of its own, but nothing else
+ * happened on the stream in between, so it is parked all the same (see
+ * test_unchanged_blocks_hit_the_front_cache); with the front cache off
+ * every request reaches the pool. */
 static void test_whole_segments_hit_the_front_cache(void) {
-  const char *fc = getenv("SYMM_POOL_FRONT_CACHE"), *ex = getenv("SYMM_POOL_EXPANDABLE");
-  int hits = !(fc && !strcmp(fc, "0")) && !(ex && strcmp(ex, "0") && strcmp(ex, ""));
+  const char *fc = getenv("SYMM_POOL_FRONT_CACHE");
+  int hits = !(fc && !strcmp(fc, "0"));
   symm_pool_empty_cache();
   CHECK(symm_pool_reset_accumulated(0) == SYMM_OK, "reset accumulated");
   void *a = symm_pool_alloc(64 << 20, 0, NULL);
@@ -225,6 +227,40 @@ static void test_whole_segments_hit_the_front_cache(void) {
   symm_pool_free(c, 60 << 20, 0, NULL);
   symm_pool_empty_cache();
   CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache gives the parked segment back");
+}
+
+/* A 4 MiB block is cut from a 20 MiB segment, so it is neither small nor a
+ * segment of its own; it is still parked, and the next 4 MiB request on its
+ * stream gets it back without the pool, as long as the pool has placed or
+ * taken back nothing else of that stream since (the best fit would place
+ * that request on it anyway). Otherwise the free reaches the pool. */
+static void test_unchanged_blocks_hit_the_front_cache(void) {
+  const char *fc = getenv("SYMM_POOL_FRONT_CACHE");
+  int hits = !(fc && !strcmp(fc, "0"));
+  symm_pool_empty_cache();
+  CHECK(symm_pool_reset_accumulated(0) == SYMM_OK, "reset accumulated");
+  void *a = symm_pool_alloc(4 << 20, 0, NULL);
+  CHECK(a != NULL, "4 MiB");
+  for (int i = 0; i < 3; i++) {
+    symm_pool_free(a, 4 << 20, 0, NULL);
+    void *b = symm_pool_alloc(4 << 20, 0, NULL);
+    CHECK(b == a, "the same block again (%p, %p)", b, a);
+  }
+  CHECK(stat(0, "allocation.all.allocated") == (hits ? 1 : 4), "the pool saw %lld allocations (front cache: %d)",
+        (long long)stat(0, "allocation.all.allocated"), hits);
+  void *c = symm_pool_alloc(3 << 20, 0, NULL); /* the pool places another block: the shard changed */
+  CHECK(c != NULL, "3 MiB");
+  symm_pool_free(a, 4 << 20, 0, NULL); /* not parked: to the pool */
+  CHECK(stat(0, "allocation.all.freed") == (hits ? 1 : 4), "the pool saw %lld frees",
+        (long long)stat(0, "allocation.all.freed"));
+  void *d = symm_pool_alloc(4 << 20, 0, NULL);
+  CHECK(d == a, "the best fit places it where it was (%p, %p)", d, a);
+  CHECK(stat(0, "allocation.all.allocated") == (hits ? 3 : 6), "a miss: the pool saw %lld allocations",
+        (long long)stat(0, "allocation.all.allocated"));
+  symm_pool_free(d, 4 << 20, 0, NULL);
+  symm_pool_free(c, 3 << 20, 0, NULL);
+  symm_pool_empty_cache();
+  CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache gives everything back");
 }
 
 static void *worker(void *arg) {
@@ -317,6 +353,7 @@ int main(void) {
   test_retry_reclaims_front_cache();
   test_large_blocks_skip_the_front_cache();
   test_whole_segments_hit_the_front_cache();
+  test_unchanged_blocks_hit_the_front_cache();
   test_parked_blocks_do_not_grow_the_pool();
   test_a_miss_returns_parked_blocks();
   test_history_toggle_forgets_stale_blocks();

@@ -6,6 +6,7 @@
 #
 #   bash tests/device/run.sh                 # everything
 #   bash tests/device/run.sh go torch        # only some steps: env go c torch replace graphs kernels recipes sanitizer bench
+#   bash tests/device/run.sh sweep replay    # the longer benchmarks, not run by default
 #
 # Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
 # Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
@@ -175,6 +176,16 @@ fi
 
 if want bench; then
   run_step bench-torch "${SYMM_BENCH_TIMEOUT:-300}" python3 bench/bench_torch.py
+fi
+
+# The size sweep in both modes, interleaved rounds (about 4 minutes), and
+# the recorded traces replayed through PyTorch's allocator API (about 5).
+if want sweep; then
+  run_step bench-sweep "${SYMM_BENCH_TIMEOUT:-580}" env SYMM_BENCH_SIZES=512,64K,1M,4M,16M,64M,256M,1G \
+    python3 bench/bench_torch.py --configs native,symm,native_expandable,symm_expandable --rounds 3
+fi
+if want replay; then
+  run_step bench-replay "${SYMM_BENCH_TIMEOUT:-580}" python3 bench/replay_torch.py --rounds 3
 fi
 
 echo
