@@ -67,6 +67,7 @@ CPP_SOURCE = r"""
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <chrono>
 #include <cstring>
@@ -97,7 +98,32 @@ bool guarded(F&& f, std::string& first_error) {
   return false;
 }
 
-Pass run_pass(const std::vector<Op>& ops, const std::vector<cudaStream_t>& streams,
+// Through PyTorch: what a program's allocations go through.
+struct TorchCalls {
+  void* alloc(size_t size, cudaStream_t stream) const { return CCA::raw_alloc_with_stream(size, stream); }
+  void free(void* p, size_t, cudaStream_t) const { CCA::raw_delete(p); }
+};
+
+// libsymm's C functions called directly (found in the copy the process loaded): the pool's own
+// share of a call, without PyTorch's entry points and libsymm's extension above them.
+struct DirectCalls {
+  void* (*fa)(size_t, int, void*) = nullptr;
+  void (*ff)(void*, size_t, int, void*) = nullptr;
+  int dev = 0;
+  explicit DirectCalls(const std::string& lib) {
+    void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (!h) throw std::runtime_error("replay: " + lib + " is not loaded in this process");
+    fa = reinterpret_cast<void* (*)(size_t, int, void*)>(dlsym(h, "symm_pool_alloc"));
+    ff = reinterpret_cast<void (*)(void*, size_t, int, void*)>(dlsym(h, "symm_pool_free"));
+    if (!fa || !ff) throw std::runtime_error("replay: symm_pool_alloc/symm_pool_free not found in " + lib);
+    cudaGetDevice(&dev);
+  }
+  void* alloc(size_t size, cudaStream_t stream) const { return fa(size, dev, stream); }
+  void free(void* p, size_t size, cudaStream_t stream) const { ff(p, size, dev, stream); }
+};
+
+template <class Calls>
+Pass run_pass(const Calls& c, const std::vector<Op>& ops, const std::vector<cudaStream_t>& streams,
               std::vector<void*>& live, std::string& first_error) {
   Pass r;
   auto t0 = Clock::now();
@@ -105,20 +131,26 @@ Pass run_pass(const std::vector<Op>& ops, const std::vector<cudaStream_t>& strea
     void*& p = live[op.slot];
     if (op.alloc) {
       p = nullptr;  // stays NULL if the call fails: the matching free is then skipped
-      guarded([&] { p = CCA::raw_alloc_with_stream(static_cast<size_t>(op.size), streams[op.stream]); },
-              first_error);
+      guarded([&] { p = c.alloc(static_cast<size_t>(op.size), streams[op.stream]); }, first_error);
       r.errors += p == nullptr;
       ++r.calls;
     } else if (p != nullptr) {
-      r.errors += !guarded([&] { CCA::raw_delete(p); }, first_error);
+      r.errors += !guarded([&] { c.free(p, static_cast<size_t>(op.size), streams[op.stream]); }, first_error);
       p = nullptr;
       ++r.calls;
     }
   }
   r.ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
-  for (void*& p : live) {  // what the trace left live, untimed: every pass starts from nothing live
+  for (size_t i = 0; i < live.size(); ++i) {  // left live, untimed: every pass starts from nothing live
+    void*& p = live[i];
     if (p == nullptr) continue;
-    r.errors += !guarded([&] { CCA::raw_delete(p); }, first_error);
+    size_t size = 0;  // the slot's size: its last alloc's
+    for (auto it = ops.rbegin(); it != ops.rend(); ++it)
+      if (it->alloc && it->slot == static_cast<int64_t>(i)) {
+        size = static_cast<size_t>(it->size);
+        break;
+      }
+    r.errors += !guarded([&] { c.free(p, size, streams[0]); }, first_error);
     p = nullptr;
     ++r.end_frees;
   }
@@ -128,8 +160,10 @@ Pass run_pass(const std::vector<Op>& ops, const std::vector<cudaStream_t>& strea
 
 // columns: 4 int64 columns of nops values (op 1 alloc / 0 free, slot, size, stream index), as
 // bench/replay_torch.py's columns_bytes lays them out. stream_handles[0] is ignored (current stream).
+// direct_lib: when not empty, the path of libsymm.so as loaded in this process; its
+// symm_pool_alloc/symm_pool_free are called instead of PyTorch's allocator.
 py::dict replay(const std::string& columns, int64_t nops, int64_t nslots,
-                const std::vector<uint64_t>& stream_handles, int64_t passes) {
+                const std::vector<uint64_t>& stream_handles, int64_t passes, const std::string& direct_lib) {
   if (nops < 0 || nslots < 0 || passes < 1 || stream_handles.empty() ||
       columns.size() != static_cast<size_t>(nops) * 4 * sizeof(int64_t))
     throw std::invalid_argument("replay: want 4 int64 columns of nops values, a stream, a pass");
@@ -152,9 +186,13 @@ py::dict replay(const std::string& columns, int64_t nops, int64_t nslots,
   std::vector<void*> live(static_cast<size_t>(nslots), nullptr);
   std::vector<Pass> out;
   std::string first_error;
-  {
+  if (direct_lib.empty()) {
     py::gil_scoped_release nogil;
-    for (int64_t k = 0; k < passes; ++k) out.push_back(run_pass(ops, streams, live, first_error));
+    for (int64_t k = 0; k < passes; ++k) out.push_back(run_pass(TorchCalls{}, ops, streams, live, first_error));
+  } else {
+    DirectCalls c(direct_lib);
+    py::gil_scoped_release nogil;
+    for (int64_t k = 0; k < passes; ++k) out.push_back(run_pass(c, ops, streams, live, first_error));
   }
   std::vector<std::tuple<double, int64_t, int64_t, int64_t>> per_pass;
   for (const Pass& p : out) per_pass.emplace_back(p.calls ? p.ns / p.calls : 0.0, p.calls, p.errors, p.end_frees);
@@ -373,15 +411,16 @@ def render(rows: list, comps: dict, preds: dict, meta: dict, configs) -> str:
            f"- command: `{meta['command']}`",
            f"- method: raw_alloc_with_stream/raw_delete in C++, {meta['passes']} passes per child, "
            f"{meta['rounds']} rounds of {', '.join(configs)} in turn; ns per call: median over rounds of each "
-           "round's median pass after the first; ratio: median (range) of per-round ratios to native",
+           "round's median pass after the first; ratio: median (range) of per-round ratios to native; direct C call: "
+           "the same passes through symm_pool_alloc/symm_pool_free called directly (no PyTorch, no extension)",
            f"- predicted: {meta['predictions']}", ""]
     for name, comp in comps.items():
         pred = preds.get(name) or {}
         out += [f"## {name}: {comp['ops']:,} calls per pass ({comp['allocs']:,} allocs, {comp['frees']:,} "
                 f"frees), at most {comp['nslots']:,} blocks live, {comp['streams']} stream(s)", "",
-                "| config | ns per call | range over rounds | ratio to native | first pass ns | peak reserved "
-                "MiB (pass 1) | predicted MiB | peak reserved MiB (all passes) | peak allocated MiB (pass 1) "
-                "| errors |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                "| config | ns per call | range over rounds | ratio to native | direct C call ns | first pass ns | "
+                "peak reserved MiB (pass 1) | predicted MiB | peak reserved MiB (all passes) | peak allocated MiB "
+                "(pass 1) | errors |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         mine = [r for r in rows if r["trace"] == name]
         native = {r["round"]: round_ns(r) for r in mine if r["config"] == "native"}
         for config in configs:
@@ -395,7 +434,10 @@ def render(rows: list, comps: dict, preds: dict, meta: dict, configs) -> str:
                 return _span([r[key] / MiB for r in cr if isinstance(r.get(key), (int, float))])
 
             predicted = pred.get(PREDICTED.get(config, ""))
+            direct = [statistics.median(r["direct_ns_per_call"]) for r in cr
+                      if r.get("direct_ns_per_call") and not r.get("direct_errors")]
             out.append(f"| {config} | {f'{statistics.median(ns):,.0f}' if ns else '–'} | {_span(ns)} | {ratio} | "
+                       f"{f'{statistics.median(direct):,.0f}' if direct else '–'} | "
                        f"{_span([r['ns_per_call'][0] for r in cr if r.get('ns_per_call')])} | "
                        f"{mib('peak_reserved_pass1')} | {_span([predicted / MiB] if predicted else [])} | "
                        f"{mib('peak_reserved')} | {mib('peak_allocated_pass1')} | {errs.replace('|', '/')} |")
@@ -519,10 +561,14 @@ def child_main(a) -> None:
         streams = [torch.cuda.Stream() for _ in range(comp["streams"] - 1)]  # made once, kept alive
         handles = [0] + [s.cuda_stream for s in streams]  # 0: the extension takes the current stream
         # Pass 1 alone first: its peaks are a fresh pool's, what `symm replay` predicts.
-        results = [ext.replay(cols, comp["ops"], comp["nslots"], handles, 1)]
+        results = [ext.replay(cols, comp["ops"], comp["nslots"], handles, 1, "")]
         p1 = read_peaks(torch, symm)
         res.update(peak_reserved_pass1=p1["reserved"], peak_allocated_pass1=p1["allocated"])
-        results.append(ext.replay(cols, comp["ops"], comp["nslots"], handles, a.passes - 1))
+        results.append(ext.replay(cols, comp["ops"], comp["nslots"], handles, a.passes - 1, ""))
+        if symm is not None:  # the same passes again, calling libsymm's C functions directly
+            direct = ext.replay(cols, comp["ops"], comp["nslots"], handles, a.passes - 1, symm.library_path())
+            res["direct_ns_per_call"] = [p[0] for p in direct["passes"]]
+            res["direct_errors"] = sum(p[2] for p in direct["passes"])
         torch.cuda.synchronize()
         pall = read_peaks(torch, symm)
         res.update(peak_reserved=pall["reserved"], peak_allocated=pall["allocated"],

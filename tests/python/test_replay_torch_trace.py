@@ -130,7 +130,7 @@ def test_render(rt, tmp_path):
         return dict(config=config, trace="small", round=rnd, ns_per_call=[9000.0] + ns, alloc_errors=0,
                     peak_reserved_pass1=reserved, peak_reserved=reserved, peak_allocated_pass1=90 * MiB)
 
-    rows = [row("native", 1, [100, 110, 120]), row("symm", 1, [50, 60, 70]),
+    rows = [row("native", 1, [100, 110, 120]), dict(row("symm", 1, [50, 60, 70]), direct_ns_per_call=[30, 40, 35]),
             row("native", 2, [200, 200, 200]), row("symm", 2, [50, 50, 50], 101 * MiB),
             dict(config="symm", trace="small", round=3, error="timed out after 300 s")]
     preds = {"small": dict(default=1, default_front=99 * MiB, expandable=1, expandable_front=1, recorded=98 * MiB,
@@ -138,8 +138,8 @@ def test_render(rt, tmp_path):
     meta = dict(date="d", gpu="g", torch="t", symm="s", command="c", passes=4, rounds=3, predictions="p")
     md = rt.render(rows, comps, preds, meta, ["native", "symm"])
     # native: round medians 110 and 200; symm: 60 and 50; ratios 60/110 and 50/200, median 0.40.
-    assert "| native | 155 | 110–200 | 1.00× (1.00) | 9,000 | 100 | 98 | 100 | 90 |  |" in md
-    assert ("| symm | 55 | 50–60 | 0.40× (0.25–0.55) | 9,000 | 100–101 | 99 | 100–101 | 90 | "
+    assert "| native | 155 | 110–200 | 1.00× (1.00) | – | 9,000 | 100 | 98 | 100 | 90 |  |" in md
+    assert ("| symm | 55 | 50–60 | 0.40× (0.25–0.55) | 35 | 9,000 | 100–101 | 99 | 100–101 | 90 | "
             "round 3: timed out after 300 s |") in md
     assert rt.failed(rows[-1]) == "timed out after 300 s" and not rt.failed(rows[0])
     assert rt.failed(dict(rows[0], alloc_errors=2)) == "2 failed calls"
