@@ -25,8 +25,9 @@ namespace {
 // its device's parked blocks before the pool places anything (alloc_miss),
 // and statistics reads drain first.
 constexpr uint64_t kDefaultMaxCachedBlock = 1ull << 20;
-constexpr int kEntries = 4;                         // blocks per CPU
-constexpr int kBatch = 32;                          // blocks returned with one pool call
+constexpr int kEntries = 4;                         // blocks per CPU that a request may reuse
+constexpr int kDeferred = 32;                       // frees per CPU waiting to reach the pool together
+constexpr int kBatch = 64;                          // blocks returned with one pool call (more than a CPU holds)
 constexpr int kCpus = 256;
 constexpr int kStripes = 256;
 
@@ -144,10 +145,15 @@ void erase(Stripe &s, Rec *r) {
 // slots hand their blocks to Go as they are.
 using Entry = symmshim_parked;
 
+// e holds blocks a request of the same size and stream may reuse; d holds
+// frees of blocks none may (cacheable says which), deferred so that up to
+// kDeferred of them reach the pool in one C->Go call, usually the next
+// miss's. Both are allocated as far as the pool can see, until taken.
 struct alignas(64) Cpu {
   SpinLock lk;
-  int n = 0;
+  int n = 0, nd = 0;
   Entry e[kEntries];
+  Entry d[kDeferred];
 };
 Cpu g_cpus[kCpus];
 
@@ -176,7 +182,7 @@ inline void mark_nonempty(int k) {
 
 // unmark_if_empty clears k's bit if its slots are empty; with g_cpus[k].lk held.
 inline void unmark_if_empty(int k) {
-  if (g_cpus[k].n == 0) g_nonempty[k / 64].fetch_and(~(1ull << (k % 64)), std::memory_order_relaxed);
+  if (g_cpus[k].n == 0 && g_cpus[k].nd == 0) g_nonempty[k / 64].fetch_and(~(1ull << (k % 64)), std::memory_order_relaxed);
 }
 
 // for_each_nonempty calls fn(k) for every CPU k whose bit is set.
@@ -230,9 +236,11 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
     for (int i = c.n - 1; i >= 0; i--) {  // newest first: warm in caches
       Entry &e = c.e[i];
       // An entry with an epoch was parked for its shard's being unchanged:
-      // if the shard has changed since, the best fit might place elsewhere,
-      // and the entry waits for the next miss to go back.
-      if (e.req == size && e.dev == dev && e.stream == stream && (e.epoch == nullptr || unchanged(e.epoch, e.mark))) {
+      // if the shard has changed since, or other frees wait here (the pool
+      // would have merged them, and might now place elsewhere), the entry
+      // waits for the next miss to go back.
+      if (e.req == size && e.dev == dev && e.stream == stream &&
+          (e.epoch == nullptr || (c.n == 1 && c.nd == 0 && unchanged(e.epoch, e.mark)))) {
         ptr = e.ptr;
         memmove(&c.e[i], &c.e[i + 1], (c.n - i - 1) * sizeof(Entry));
         __atomic_store_n(&c.n, c.n - 1, __ATOMIC_RELAXED);  // read without the lock by parked()
@@ -248,10 +256,10 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
 }
 
 void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const symmshim_placed &pl) {
-  // A block the front cache will never keep is not recorded: its free finds
-  // no record and goes straight to the pool, which saves an insert and an
-  // erase on half the calls of a training step (bench/c/bench_trace.c).
-  bool keep = small(pl.bsize, pl.whole != 0) || pl.epoch != nullptr;
+  // Every block is recorded: one the front cache may not hand out again is
+  // still freed through it (deferred, free below), so that its free costs
+  // no C->Go call of its own.
+  bool keep = true;
   Stripe &s = stripe_of(ptr);
   Rec *spare = nullptr, *old = nullptr;
   uint32_t spare_cap = 0;
@@ -282,9 +290,34 @@ void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const sy
   ::free(old);
 }
 
+// defer queues a free no request may reuse on this CPU; a full queue goes to
+// the pool in one call.
+void defer(const Entry &mine) {
+  Entry out[kDeferred];
+  int k = 0;
+  {
+    int cpu = cpu_index();
+    Cpu &c = g_cpus[cpu];
+    Guard g(c.lk);
+    mark_nonempty(cpu);
+    if (c.nd == kDeferred) {
+      k = kDeferred;
+      memcpy(out, c.d, sizeof out);
+      __atomic_store_n(&c.nd, 0, __ATOMIC_RELAXED);
+    }
+    c.d[c.nd] = mine;
+    __atomic_store_n(&c.nd, c.nd + 1, __ATOMIC_RELAXED);
+  }
+  if (k > 0) {
+    for (int i = 0; i < k; i++) forget(out[i].ptr);
+    goPoolReturnParked(out, k);
+  }
+}
+
 bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
   Stripe &s = stripe_of(ptr);
   Entry mine;
+  bool deferred = false;
   {
     Guard g(s.lk);
     Rec *r = find(s, ptr);
@@ -298,13 +331,22 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
       return true;
     }
     if ((size != 0 && size != r->req) || dev != r->dev) return false;  // the pool explains the mismatch
-    if (r->rs || !cacheable(*r)) {
+    if (r->rs) {  // its free waits for events: the pool's business, at once
       erase(s, r);
       return false;
     }
     r->state = kCached;
-    bool exact = !small(r->bsize, r->whole);  // parked for the shard's being unchanged
-    mine = Entry{ptr, r->req, r->stream, r->dev, exact ? r->epoch : nullptr, exact ? r->mark : 0};
+    if (!cacheable(*r)) {
+      mine = Entry{ptr, r->req, r->stream, r->dev, nullptr, 0};
+      deferred = true;
+    } else {
+      bool exact = !small(r->bsize, r->whole);  // parked for the shard's being unchanged
+      mine = Entry{ptr, r->req, r->stream, r->dev, exact ? r->epoch : nullptr, exact ? r->mark : 0};
+    }
+  }
+  if (deferred) {
+    defer(mine);
+    return true;
   }
   (void)stream;  // the block's own stream is its cache key
   Entry evicted;
@@ -353,6 +395,14 @@ int take(int dev, Entry *out, int max) {
           c.e[keep++] = c.e[i];
       }
       __atomic_store_n(&c.n, keep, __ATOMIC_RELAXED);
+      keep = 0;
+      for (int i = 0; i < c.nd; i++) {
+        if (k < max && (dev < 0 || c.d[i].dev == dev))
+          out[k++] = c.d[i];
+        else
+          c.d[keep++] = c.d[i];
+      }
+      __atomic_store_n(&c.nd, keep, __ATOMIC_RELAXED);
       unmark_if_empty(cpu);
     }
   });
@@ -364,17 +414,21 @@ bool parked(int dev) {
   bool found = false;
   for_each_nonempty([&](int cpu) {
     Cpu &c = g_cpus[cpu];
-    if (found || __atomic_load_n(&c.n, __ATOMIC_RELAXED) == 0) return;
+    if (found || (__atomic_load_n(&c.n, __ATOMIC_RELAXED) == 0 && __atomic_load_n(&c.nd, __ATOMIC_RELAXED) == 0)) return;
     Guard g(c.lk);
     for (int i = 0; i < c.n; i++)
       if (c.e[i].dev == dev) found = true;
+    for (int i = 0; i < c.nd; i++)
+      if (c.d[i].dev == dev) found = true;
   });
   return found;
 }
 
 bool any_cached() {
   bool found = false;
-  for_each_nonempty([&](int cpu) { found = found || __atomic_load_n(&g_cpus[cpu].n, __ATOMIC_RELAXED) > 0; });
+  for_each_nonempty([&](int cpu) {
+    found = found || __atomic_load_n(&g_cpus[cpu].n, __ATOMIC_RELAXED) > 0 || __atomic_load_n(&g_cpus[cpu].nd, __ATOMIC_RELAXED) > 0;
+  });
   return found;
 }
 

@@ -9,6 +9,9 @@
 //  - A free is cached only if the block is LIVE, has no record_stream stream,
 //    and size/device match the allocation; anything else goes to Go, which
 //    validates it (unknown pointer, wrong size) and changes nothing on error.
+//    A cached block that no request may reuse (a large block cut from a
+//    shared segment, see below) waits in its CPU's deferred list: up to 32
+//    such frees reach the pool in one C->Go call, usually the next miss's.
 //  - A CACHED block is reused only for the same device, stream and requested
 //    size: the stream contract holds as in the pool (same stream at once).
 //    One larger than SYMM_POOL_FRONT_CACHE_MAX (and not a segment of its

@@ -143,7 +143,10 @@ func (r *replayer) drain() {
 // frontAlloc takes the newest parked block of this size and stream, if any.
 func (r *replayer) frontAlloc(size uint64, stream uintptr) uintptr {
 	for i := len(r.front) - 1; i >= 0; i-- {
-		if e := r.front[i]; e.size == size && e.stream == stream && (!e.large || e.pl.Unchanged()) {
+		// A large entry only while nothing else is parked (export/front.cpp:
+		// the pool would have merged the others' frees, and might place
+		// elsewhere) and its shard is unchanged.
+		if e := r.front[i]; e.size == size && e.stream == stream && (!e.large || (len(r.front) == 1 && e.pl.Unchanged())) {
 			r.front = append(r.front[:i], r.front[i+1:]...)
 			r.res.FrontHits++
 			switch {

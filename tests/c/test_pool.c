@@ -263,6 +263,36 @@ static void test_unchanged_blocks_hit_the_front_cache(void) {
   CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache gives everything back");
 }
 
+/* Frees of blocks no request may reuse (3 MiB blocks cut from shared 20 MiB
+ * segments, each allocation changing the pool) are deferred, up to 32 per
+ * CPU reaching the pool in one call: none is lost, a double free of one
+ * still waiting is refused at the call, and the pool's figures read after
+ * them count every free. */
+static void test_deferred_frees(void) {
+  enum { N = 40 };
+  void *p[N];
+  symm_pool_empty_cache();
+  CHECK(symm_pool_reset_accumulated(0) == SYMM_OK, "reset accumulated");
+  for (int i = 0; i < N; i++) {
+    p[i] = symm_pool_alloc(3 << 20, 0, NULL);
+    CHECK(p[i] != NULL, "3 MiB #%d", i);
+  }
+  for (int i = 0; i < N; i++) symm_pool_free(p[i], 3 << 20, 0, NULL);
+  CHECK(symm_last_error_code() == SYMM_OK, "frees succeed");
+  symm_pool_free(p[N - 1], 3 << 20, 0, NULL);
+  CHECK(symm_last_error_code() == SYMM_ERR_UNKNOWN_POINTER, "a double free of a deferred free is refused: %d",
+        symm_last_error_code());
+  CHECK(stat(0, "allocation.all.current") == 0, "every free reached the pool: %lld live",
+        (long long)stat(0, "allocation.all.current"));
+  CHECK(stat(0, "allocation.all.freed") == N, "%lld frees counted", (long long)stat(0, "allocation.all.freed"));
+  long long reserved = stat(0, "reserved_bytes.all.current");
+  void *q = symm_pool_alloc(3 << 20, 0, NULL);
+  CHECK(q != NULL && stat(0, "reserved_bytes.all.current") == reserved, "the freed memory serves again");
+  symm_pool_free(q, 3 << 20, 0, NULL);
+  symm_pool_empty_cache();
+  CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache gives everything back");
+}
+
 static void *worker(void *arg) {
   uintptr_t id = (uintptr_t)arg;
   void *stream = (void *)((id % 4 + 1) << 12);
@@ -354,6 +384,7 @@ int main(void) {
   test_large_blocks_skip_the_front_cache();
   test_whole_segments_hit_the_front_cache();
   test_unchanged_blocks_hit_the_front_cache();
+  test_deferred_frees();
   test_parked_blocks_do_not_grow_the_pool();
   test_a_miss_returns_parked_blocks();
   test_history_toggle_forgets_stale_blocks();
