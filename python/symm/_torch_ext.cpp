@@ -514,6 +514,37 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     g_api.release_pool(device, {id.first, id.second});
   }
 
+  // torch.cuda.MemPool() while libsymm is PyTorch's allocator: a private pool
+  // of libsymm's, as PyTorch's own allocator makes one. The constructor takes
+  // a use of the pool (here: a route opened and closed at once, which
+  // creates the pool or adds a use), use_mem_pool routes the thread's
+  // allocations to it (beginAllocateToPool) and gives its own use back
+  // (releasePool), and the destructor's releasePool gives this one back.
+  // A MemPool over another allocator cannot be served: libsymm answers for
+  // every CUDA allocation of the process.
+  void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id, std::shared_ptr<CCA::CUDAAllocator> allocator) override {
+    TORCH_CHECK(allocator == nullptr || allocator.get() == this,
+                "libsymm: torch.cuda.MemPool(", allocator->name(), " allocator) while libsymm is PyTorch's allocator "
+                "(symm.use_as_default()): a MemPool over another allocator is not supported here. Make it without an "
+                "allocator (torch.cuda.MemPool(): a private pool of libsymm's), or keep PyTorch's allocator and put "
+                "libsymm inside MemPools only (torch.cuda.MemPool(symm.pool_allocator().allocator()))");
+    g_api.clear_error();
+    g_api.begin_pool(device, {id.first, id.second}, [](CUstream_st *) { return false; });  // throws on error
+    g_api.end_pool(device, {id.first, id.second});
+    TORCH_CHECK(g_api.last_error_code() == SYMM_OK, "libsymm: torch.cuda.MemPool: ", last_error());
+  }
+  // MemPool's destructor turns use_on_oom off (never throw here: it runs in a
+  // destructor); turning it on, or no_split, asks for what libsymm's private
+  // pools do not do, and is refused in the constructor with a clear error.
+  void setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) override {
+    TORCH_CHECK(!use_on_oom, "libsymm: torch.cuda.MemPool(use_on_oom=True) is not supported while libsymm is PyTorch's "
+                "allocator: an out-of-memory allocation outside the pool does not fall back to it");
+  }
+  void setNoSplit(c10::DeviceIndex, MempoolId_t) override {
+    TORCH_CHECK(false, "libsymm: torch.cuda.MemPool(no_split=True) is not supported while libsymm is PyTorch's "
+                "allocator: its private pools split blocks as the default pool does");
+  }
+
   std::vector<symm_block_info_t> pool_blocks(c10::DeviceIndex device, MempoolId_t id) {
     auto fn = need(g_api.blocks, "symm_pool_blocks");
     for (;;) {

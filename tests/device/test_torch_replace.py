@@ -21,7 +21,9 @@ eager; an eager tensor made between replays is never overwritten), tree
 (cudagraph trees whose path diverges: a private pool's checkpoint is restored,
 with PyTorch's slow-path asserts on), graphs
 (a captured graph that frees intermediates; tensors made after it survive
-replays), expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives
+replays), mempool (torch.cuda.MemPool() and use_mem_pool: the pool's tensors
+come from a segment of that pool, others do not, and a MemPool over another
+allocator is refused with a clear error under libsymm), expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives
 libsymm's expandable segments), plain (PyTorch's plain recipe: a capture is
 refused with a clear error, never silent corruption), noabort (a failed
 ctypes call of symm_pool_alloc after PyTorch's init returns NULL). Results go
@@ -41,8 +43,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-CHECKS = ("stats", "cudnn", "oom", "history", "mp", "mpexp", "compile", "tree", "graphs", "expandable", "plain",
-          "noabort")
+CHECKS = ("stats", "cudnn", "oom", "history", "mp", "mpexp", "compile", "tree", "graphs", "mempool", "expandable",
+          "plain", "noabort")
 ALLOCS = ("native", "symm")
 MiB = 1 << 20
 
@@ -348,6 +350,40 @@ def check_graphs(alloc):
     del g
     torch.cuda.empty_cache()
     return {"replays": 5, "y": float(y.item())}
+
+
+def check_mempool(alloc):
+    torch = install(alloc)
+    facts = {}
+    for round_ in range(2):  # a second MemPool after the first is gone
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            x = torch.full((4 * MiB,), 3, dtype=torch.uint8, device="cuda")
+        y = torch.full((4 * MiB,), 5, dtype=torch.uint8, device="cuda")
+        owner = {}
+        for seg in torch.cuda.memory._snapshot()["segments"]:
+            for blk in seg["blocks"]:
+                if blk["state"] == "active_allocated":
+                    owner[blk["address"]] = tuple(seg["segment_pool_id"])
+        assert owner.get(x.data_ptr()) == tuple(pool.id), (owner.get(x.data_ptr()), pool.id)
+        assert owner.get(y.data_ptr()) != tuple(pool.id), "a tensor made outside use_mem_pool came from the pool"
+        torch.cuda.synchronize()
+        assert int(x.sum()) == 3 * 4 * MiB and int(y.sum()) == 5 * 4 * MiB
+        facts[f"pool{round_}"] = list(pool.id)
+        del x, y, pool
+        torch.cuda.empty_cache()
+    if alloc == "symm":
+        import symm
+
+        # A MemPool over another allocator: refused, with what to do instead.
+        other = torch.cuda.memory.CUDAPluggableAllocator(symm.library_path(), "symm_pool_try_alloc", "symm_pool_free")
+        try:
+            torch.cuda.MemPool(other.allocator())
+            raise AssertionError("a MemPool over another allocator was accepted")
+        except RuntimeError as e:
+            assert "MemPool" in str(e) and "not supported" in str(e), e
+            facts["refused"] = str(e)[:120]
+    return facts
 
 
 def check_expandable(alloc):
