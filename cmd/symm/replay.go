@@ -159,17 +159,18 @@ func writeReplayText(w io.Writer, path string, n int, rec trace.Recorded, rows [
 	r0 := rows[0].Result // the counts below are the trace's: every configuration has the same
 	fmt.Fprintf(w, "trace %s: %d rows, %d alloc/free_completed replayed; %d pre-existing blocks, %d lost frees, %d unmatched frees\n",
 		path, n, r0.Rows, r0.PreExisting, r0.LostFrees, r0.UnmatchedFrees)
-	const format = "%-18s  %20s  %19s  %18s  %5s\n"
-	fmt.Fprintf(w, format, "configuration", "peak allocated (MiB)", "peak reserved (MiB)", "reserved/allocated", "OOMs")
+	const format = "%-18s  %20s  %19s  %18s  %19s  %17s  %5s\n"
+	fmt.Fprintf(w, format, "configuration", "peak allocated (MiB)", "peak reserved (MiB)", "reserved/allocated",
+		"peak physical (MiB)", "time-averaged r/a", "OOMs")
 	reserved, ratio := "-", "-"
 	if rec.HasReserved {
 		reserved = fmt.Sprint(rec.PeakReserved / mib)
 		ratio = fmt.Sprintf("%.3f", rec.Ratio())
 	}
-	fmt.Fprintf(w, format, "recorded (trace)", fmt.Sprint(rec.PeakAllocated/mib), reserved, ratio, fmt.Sprint(rec.OOMs))
+	fmt.Fprintf(w, format, "recorded (trace)", fmt.Sprint(rec.PeakAllocated/mib), reserved, ratio, "-", "-", fmt.Sprint(rec.OOMs))
 	for _, r := range rows {
 		fmt.Fprintf(w, format, r.Name, fmt.Sprint(r.PeakAllocated/mib), fmt.Sprint(r.PeakReserved/mib),
-			fmt.Sprintf("%.3f", r.Ratio), fmt.Sprint(r.OOMs))
+			fmt.Sprintf("%.3f", r.Ratio), fmt.Sprint(r.BackendPeak/mib), fmt.Sprintf("%.3f", r.TimeAveraged), fmt.Sprint(r.OOMs))
 	}
 }
 

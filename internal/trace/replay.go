@@ -19,6 +19,13 @@ type Result struct {
 	// BackendPeak is the most memory the virtual backend had handed out at
 	// once (segments plus mapped chunks).
 	BackendPeak uint64 `json:"backend_peak_bytes"`
+	// TimeAveraged is the time-averaged reserved over allocated: the
+	// device memory the pool held (the backend's) after each replayed row,
+	// summed over the rows, over the program's live bytes (its requests)
+	// summed the same way; each row is one tick of the clock (a trace has
+	// no times). Where PeakReserved/PeakAllocated says what a peak costs,
+	// this says what the whole run holds beyond what it uses.
+	TimeAveraged float64 `json:"time_averaged_reserved_per_allocated"`
 	// Rows counts the alloc and free_completed rows replayed (those of size
 	// 0 and unmatched frees are not).
 	Rows int `json:"rows_replayed"`
@@ -76,7 +83,7 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 	}
 	// Nothing is parked while the pool serves a request (alloc drains
 	// first), so the model needs none of Config's front-cache hooks.
-	r := &replayer{pool: p, ptrs: map[uint64]uintptr{}, placed: map[uintptr]allocator.Placement{}, frontMax: o.FrontMax}
+	r := &replayer{pool: p, v: v, ptrs: map[uint64]uintptr{}, placed: map[uintptr]allocator.Placement{}, frontMax: o.FrontMax}
 	if err := t.play(r); err != nil {
 		return Result{}, err
 	}
@@ -98,12 +105,21 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 		res.Ratio = float64(res.PeakReserved) / float64(res.PeakAllocated)
 	}
 	res.BackendPeak = v.Peak(0)
+	if r.liveArea > 0 {
+		res.TimeAveraged = r.heldArea / r.liveArea
+	}
 	return res, nil
 }
 
 // replayer plays a trace into a pool on device 0.
 type replayer struct {
 	pool *allocator.Pool
+	v    *allocator.Virtual
+	// live is the program's live bytes (the trace's sizes); heldArea and
+	// liveArea sum the backend's bytes and live after each row (Result.
+	// TimeAveraged).
+	live               uint64
+	heldArea, liveArea float64
 	ptrs map[uint64]uintptr // trace address -> the pool's block; 0: its alloc ran out of memory
 	// placed says where the pool placed each live block it handed out
 	// (kept only with a front cache).
@@ -213,7 +229,18 @@ func (r *replayer) alloc(e Event, pre bool) error {
 	} else {
 		r.res.Rows++
 	}
+	if ptr != 0 {
+		r.live += e.Size
+	}
+	r.tick()
 	return nil
+}
+
+// tick samples, after a row, the memory the backend holds and the bytes
+// the program has live (Result.TimeAveraged).
+func (r *replayer) tick() {
+	r.heldArea += float64(r.v.Used(0))
+	r.liveArea += float64(r.live)
 }
 
 // free returns a's block: on the free_completed row's stream, or for a lost
@@ -229,7 +256,14 @@ func (r *replayer) free(a, by Event, lost bool) error {
 		r.res.Rows++
 	}
 	if ptr == 0 {
+		if !lost {
+			r.tick()
+		}
 		return nil
+	}
+	r.live -= a.Size
+	if !lost { // a lost free's row goes on to its alloc, which ticks
+		defer r.tick()
 	}
 	// The front cache keys a block by the stream it was allocated for.
 	if parked, err := r.frontFree(ptr, a.Size, uintptr(a.Stream)); parked || err != nil {
