@@ -120,7 +120,7 @@ type replayer struct {
 	// TimeAveraged).
 	live               uint64
 	heldArea, liveArea float64
-	ptrs map[uint64]uintptr // trace address -> the pool's block; 0: its alloc ran out of memory
+	ptrs               map[uint64]uintptr // trace address -> the pool's block; 0: its alloc ran out of memory
 	// placed says where the pool placed each live block it handed out
 	// (kept only with a front cache).
 	placed map[uintptr]allocator.Placement
