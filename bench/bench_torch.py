@@ -49,6 +49,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = Path(os.environ.get("SYMM_BENCH_BUILD", "/tmp/symm_bench_build"))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# The children time CPU loops: OpenBLAS's idle threads (numpy, loaded by
+# torch) spin on the other cores otherwise, a quarter of the samples in one
+# profile, and add to the noise between runs.
+QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 CONFIGS = ("native", "symm", "rmm", "cudamalloc", "noop", "native_expandable", "symm_expandable")
 TABLE_CONFIGS = ("native", "symm", "rmm", "cudamalloc", "noop")  # the columns of the one-round table
 # What each configuration's child adds to the environment (after child_env
@@ -330,6 +334,7 @@ def build_extension(name: str = "symm_bench", source: str = CPP_SOURCE, build_di
 def child_env(config: str = "native") -> dict:
     env = dict(os.environ)
     env.update(SAFE_ENV)
+    env.update(QUIET_ENV)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "python"), env.get("PYTHONPATH")]))
     for k in ("SYMM_DEVICE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "SYMM_POOL_EXPANDABLE"):
         env.pop(k, None)

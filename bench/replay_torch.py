@@ -356,8 +356,9 @@ def _workloads():
 
 
 def child_env(config: str) -> dict:
-    """bench/workloads.py's child_env: both benchmarks set each configuration up alike."""
-    return _workloads().child_env(config)
+    """bench/workloads.py's child_env (both benchmarks set each configuration up alike), with
+    bench/bench_torch.py's QUIET_ENV: the children time CPU loops."""
+    return dict(_workloads().child_env(config), **_bench_torch().QUIET_ENV)
 
 
 def run_child(config: str, name: str, rnd: int, ext: Path, data: Path, a) -> dict:
