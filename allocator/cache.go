@@ -36,7 +36,13 @@ func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 		}
 	}
 	s.take(b, r, n)
-	pl = Placement{Size: b.size, Whole: b.prev == nil && b.next == nil && b.seg.vsize == 0, Epoch: s.epoch, Mark: s.changes}
+	pl = Placement{Size: b.size, Whole: b.prev == nil && b.next == nil && b.seg.vsize == 0}
+	if len(s.pending) == 0 {
+		// A pending free joins the bins when its events complete, at a
+		// later request, without a change the count could show beforehand:
+		// with any pending, no placement is claimed to stay.
+		pl.Epoch, pl.Mark = s.epoch, s.changes
+	}
 	s.dev.hist.record(ActAlloc, b.ptr, b.size, s.stream)
 	s.mu.Unlock()
 	return b.ptr, pl, nil

@@ -15,9 +15,11 @@ import (
 // calling into Go (cgo forbids C to keep a Go pointer).
 //
 // What the count proves: a block allocated for a request of n bytes on a
-// stream, freed while the count still reads what it read right after that
-// allocation, would be placed by the pool's best fit exactly where it was if
-// the same request came again. The free merges it back into the very hole
+// stream while the shard had no pending frees (record_stream blocks waiting
+// for events, which join the bins at a later request without a change the
+// count could show beforehand), freed while the count still reads what it
+// read right after that allocation, would be placed by the pool's best fit
+// exactly where it was if the same request came again. The free merges it back into the very hole
 // it was cut from (or leaves its fresh segment idle), so the bins are again
 // what the best fit chose from, and the best fit is a function of the bins.
 // A front cache may therefore hand such a block to the next request of the

@@ -46,6 +46,36 @@ func TestPlacementUnchanged(t *testing.T) {
 	}
 }
 
+// While a freed block waits for record_stream events, no placement is
+// claimed to stay: the pending block joins the bins at a later request (once
+// its events completed), with no change beforehand, and the best fit may
+// then place the same request elsewhere (FuzzPoolOpsExpandable found one: a
+// 4 KiB pending block below the freed one).
+func TestPlacementWithPendingFrees(t *testing.T) {
+	for _, expandable := range []bool{false, true} {
+		fb := newFake(1)
+		fb.capacity = 64 << 20 // an expandable segment reserves the device's memory as address space
+		p, err := New(fb, Config{Expandable: expandable})
+		require.NoError(t, err)
+		small, err := p.Alloc(0, 0, 4096)
+		require.NoError(t, err)
+		require.NoError(t, p.RecordStream(small, 0x2000))
+		fb.launch(0x2000) // the other stream has work queued: the free stays pending
+		require.NoError(t, p.Free(0, 0, small, 4096))
+		a, pa, err := p.AllocPlaced(0, 0, 9<<20)
+		require.NoError(t, err)
+		require.Nil(t, pa.Epoch, "expandable %v: a pending free", expandable)
+		require.False(t, pa.Unchanged())
+		fb.finish(0x2000)
+		require.NoError(t, p.Free(0, 0, a, 9<<20))
+		b, pb, err := p.AllocPlaced(0, 0, 9<<20) // the pending block joins the bins here
+		require.NoError(t, err)
+		require.True(t, pb.Unchanged(), "expandable %v: nothing pending any more", expandable)
+		require.NoError(t, p.Free(0, 0, b, 9<<20))
+		require.NoError(t, p.CheckInvariants())
+	}
+}
+
 // Private pools keep no epoch: no front cache serves them.
 func TestPlacementOfPrivatePools(t *testing.T) {
 	p, err := New(NewVirtual(1, 0), Config{})
