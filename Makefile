@@ -62,8 +62,14 @@ test: all test-go test-kernels test-torch-ext test-c test-python test-packaging 
 test-go:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.6.1 ./...
+	$(MAKE) -s $(BUILD)/bin/staticcheck
+	$(BUILD)/bin/staticcheck ./...
 	$(GO) test -race -count=1 ./...
+
+# Built once and kept in build/bin: `go run pkg@version` asks the module
+# proxy on every run, so a later make test would need the network.
+$(BUILD)/bin/staticcheck:
+	GOBIN=$(CURDIR)/$(BUILD)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@v0.6.1
 
 # A real NVRTC compiles the kernel source (kernels/symm.cu) for every
 # architecture libsymm runs on: pip's nvidia-cuda-nvrtc wheel, downloaded once
