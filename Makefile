@@ -144,6 +144,7 @@ set-version:
 fuzz:
 	@bash tests/fuzz.sh ./allocator FuzzPoolOps $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzPoolOpsExpandable $(FUZZTIME)
+	@bash tests/fuzz.sh ./allocator FuzzPoolOpsFreePages $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzRestoreBlocks $(FUZZTIME)
 	@bash tests/fuzz.sh ./internal/trace FuzzParse $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzParseSize $(FUZZTIME)

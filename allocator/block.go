@@ -90,6 +90,9 @@ type segment struct {
 	// (expandable.go): [ptr, ptr+size) is mapped and tiled by blocks,
 	// [ptr+size, ptr+vsize) is reserved with nothing mapped. 0: a fixed segment.
 	vsize uint64
+	// holes marks the chunks of an expandable segment below size that are
+	// unmapped, each wholly inside a free block (pages.go); nil: none ever.
+	holes *chunkSet
 
 	// all segments of the shard, for walks (invariant checks).
 	sprev, snext *segment

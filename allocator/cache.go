@@ -35,6 +35,16 @@ func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 			return 0, Placement{}, err
 		}
 	}
+	if h := b.seg.holes; h != nil && h.n > 0 {
+		if err = s.mapFor(b, r); err != nil { // its pages were unmapped (pages.go)
+			if IsOutOfMemory(err) {
+				s.dev.numOOMs.Add(1)
+				err = s.dev.oomError(s, n, r, k, err, nil)
+			}
+			s.mu.Unlock()
+			return 0, Placement{}, err
+		}
+	}
 	s.take(b, r, n)
 	pl = Placement{Size: b.size, Whole: b.prev == nil && b.next == nil && b.seg.vsize == 0}
 	if len(s.pending) == 0 {

@@ -29,7 +29,7 @@ func (p *Pool) CheckInvariants() error {
 			pendN += c.nFree - c.nDone
 			pendBytes += c.bFree - c.bDone
 			for seg := s.segs; seg != nil; seg = seg.snext {
-				reserved += int64(seg.size)
+				reserved += int64(seg.size - seg.unmappedBytes(d.chunk))
 				segs++
 			}
 			s.mu.Unlock()
@@ -272,6 +272,36 @@ func (s *shard) checkShape(seg *segment) error {
 	if !s.expandable || c == 0 || seg.size%c != 0 || seg.size > seg.vsize {
 		return fmt.Errorf("expandable segment %#x: %d of %d bytes mapped, chunk %d, shard expandable %v",
 			seg.ptr, seg.size, seg.vsize, c, s.expandable)
+	}
+	return checkHoles(seg, c)
+}
+
+// checkHoles verifies that every unmapped chunk of seg lies below its size
+// and wholly inside one free block, and that the count is right.
+func checkHoles(seg *segment, c uint64) error {
+	h := seg.holes
+	if h == nil {
+		return nil
+	}
+	if h.n != h.count() {
+		return fmt.Errorf("expandable segment %#x: %d unmapped chunks counted, %d marked", seg.ptr, h.n, h.count())
+	}
+	marked := 0
+	for b := seg.head; b != nil; b = b.next {
+		lo, hi := uint64(b.ptr-seg.ptr), uint64(b.ptr-seg.ptr)+b.size
+		for off := lo / c * c; off < hi; off += c {
+			if !h.has(off / c) {
+				continue
+			}
+			if b.state != blockFree || off < lo || off+c > hi {
+				return fmt.Errorf("expandable segment %#x: chunk at offset %d is unmapped under block %#x (+%d, state %d)",
+					seg.ptr, off, b.ptr, b.size, b.state)
+			}
+			marked++
+		}
+	}
+	if marked != h.n {
+		return fmt.Errorf("expandable segment %#x: %d unmapped chunks, %d of them under its blocks", seg.ptr, h.n, marked)
 	}
 	return nil
 }

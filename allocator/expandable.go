@@ -159,6 +159,10 @@ func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
 	if seg.size+need > seg.vsize {
 		return s.newExpandable(r, k)
 	}
+	// Free pages elsewhere give back as much as the segment takes.
+	if _, err := s.unmapFreePages(need); err != nil {
+		return nil, err
+	}
 	if err := s.dev.mapChunks(seg.ptr+uintptr(seg.size), need, s.stream); err != nil {
 		return nil, err
 	}
@@ -285,6 +289,9 @@ func (s *shard) releaseExpandable() error {
 			if len(then) > 0 && err == nil {
 				err = s.applyCuts(then)
 			}
+			if err == nil {
+				_, err = s.unmapFreePages(^uint64(0)) // with UnmapFreePages: every free page too
+			}
 			s.mu.Unlock()
 			return err
 		}
@@ -371,11 +378,24 @@ func (s *shard) trim(seg *segment, keep uint64) error {
 	d := s.dev
 	tail := seg.tail
 	cut := seg.size - keep
-	at := seg.ptr + uintptr(keep)
-	if err := d.pool.exp.UnmapChunks(d.idx, at, cut); err != nil {
-		return fmt.Errorf("unmapping %d free bytes at the end of the expandable segment at %#x on device %d: %w", cut, seg.ptr, d.idx, err)
+	// Only what is mapped of it: free pages inside may be unmapped already.
+	var mapped uint64
+	err := seg.runs(keep, seg.size, d.chunk, true, func(lo, hi uint64) error {
+		if err := d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo); err != nil {
+			return fmt.Errorf("unmapping %d free bytes at the end of the expandable segment at %#x on device %d: %w", hi-lo, seg.ptr, d.idx, err)
+		}
+		d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), hi-lo, s.stream)
+		mapped += hi - lo
+		return nil
+	})
+	if err != nil {
+		return err // nothing after the failed run was unmapped; the tail keeps its size
 	}
-	d.hist.record(ActSegmentUnmap, at, cut, s.stream)
+	if seg.holes != nil {
+		for off := keep; off < seg.size; off += d.chunk {
+			seg.holes.set(off/d.chunk, false)
+		}
+	}
 	s.removeFree(tail)
 	if uintptr(keep) == tail.ptr-seg.ptr {
 		// The whole block was in the unmapped chunks; its neighbour is
@@ -389,8 +409,8 @@ func (s *shard) trim(seg *segment, keep uint64) error {
 	}
 	seg.size = keep
 	t := statType(seg.kind)
-	d.unreserve(cut, true)
-	d.reserved[t].add(-int64(cut))
+	d.unreserve(mapped, true)
+	d.reserved[t].add(-int64(mapped))
 	d.numDeviceFree.Add(1)
 	return nil
 }

@@ -31,11 +31,29 @@ func FuzzPoolOpsExpandable(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) { fuzzPoolOps(t, data, true) })
 }
 
+// FuzzPoolOpsFreePages is FuzzPoolOpsExpandable with UnmapFreePages: the
+// free chunks between live blocks are unmapped before each growth and at
+// release, and mapped again under the blocks handed out over them (the fake
+// backend panics on a touch of an unmapped chunk, and the invariants check
+// that only chunks wholly inside free blocks are unmapped).
+func FuzzPoolOpsFreePages(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+	f.Add([]byte("\x00\x10\x00\x00\x00\x01\x20\x00\x00\x01\x02\x00\x03\x01\x04\x05\x00\x00\x10\x00"))
+	f.Add([]byte("\x02\x02\x80\x00\x00\x02\x02\x80\x00\x00\x03\x00\x07\x00\x02\x06\x00\x00\x00\x03\x00\x07\x01\x03"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fuzzPoolOpsWith(t, data, Config{MaxSplit: 40 << 20, Expandable: true, UnmapFreePages: true})
+	})
+}
+
 func fuzzPoolOps(t *testing.T, data []byte, expandable bool) {
+	fuzzPoolOpsWith(t, data, Config{MaxSplit: 40 << 20, Expandable: expandable})
+}
+
+func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 	{
 		fb := newFake(2)
 		fb.capacity = 96 << 20
-		p, err := New(fb, Config{MaxSplit: 40 << 20, Expandable: expandable})
+		p, err := New(fb, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -188,8 +188,13 @@ func (d *device) unreserve(size uint64, counted bool) {
 func (s *shard) releaseSegment(seg *segment) error {
 	d := s.dev
 	var rangeErr error
+	mapped := seg.size
 	if seg.vsize != 0 {
-		if err := d.pool.exp.UnmapChunks(d.idx, seg.ptr, seg.size); err != nil {
+		mapped -= seg.unmappedBytes(d.chunk)
+		err := seg.runs(0, seg.size, d.chunk, true, func(lo, hi uint64) error {
+			return d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
+		})
+		if err != nil {
 			return fmt.Errorf("unmapping a %d-byte expandable segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
 		}
 		// The memory is gone with the unmap; a range that cannot be given
@@ -213,8 +218,8 @@ func (s *shard) releaseSegment(seg *segment) error {
 	s.recycle(seg.head)
 	seg.head, seg.tail = nil, nil
 	t := statType(seg.kind)
-	d.unreserve(seg.size, true)
-	d.reserved[t].add(-int64(seg.size))
+	d.unreserve(mapped, true)
+	d.reserved[t].add(-int64(mapped))
 	d.segments[stAll].add(-1)
 	d.segments[t].add(-1)
 	if seg.kind == oversizePool {

@@ -23,6 +23,11 @@ type Config struct {
 	// and shrinks by: 0 is the backend's granularity; other values are
 	// rounded up to a multiple of it.
 	ExpandableChunk uint64
+	// UnmapFreePages unmaps, in expandable segments, the chunks that lie
+	// wholly inside free blocks between live ones: as many as a segment is
+	// about to grow by, and all of them at release (pages.go). A block
+	// handed out over them gets them mapped again first.
+	UnmapFreePages bool
 	// Limit caps every device's reserved bytes. 0: no cap.
 	Limit uint64
 	// LimitFraction caps every device's reserved bytes at this share of its

@@ -11,7 +11,7 @@ import (
 	"github.com/libsymm/libsymm/internal/trace"
 )
 
-const replaySynopsis = "TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--front-cache SIZE] [--alloc-conf SETTINGS] [--json]"
+const replaySynopsis = "TRACE [--expandable] [--unmap-free-pages] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--front-cache SIZE] [--alloc-conf SETTINGS] [--json]"
 
 // sizeFlag is a byte count given as allocator.ParseSize reads it ("16GiB").
 type sizeFlag uint64
@@ -26,6 +26,7 @@ func (s *sizeFlag) Set(v string) error {
 type replayOptions struct {
 	path                             string
 	expandableOnly, asJSON           bool
+	unmapFreePages                   bool
 	limit, maxSplit, chunk, capacity sizeFlag
 	frontCache                       sizeFlag
 	// allocConf is --alloc-conf: PyTorch allocator settings, parsed into torch.
@@ -68,6 +69,7 @@ func replay(args []string, stdout, stderr io.Writer) int {
 func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, done bool) {
 	fs := newFlags("replay", replaySynopsis, stderr)
 	fs.BoolVar(&o.expandableOnly, "expandable", false, "replay only the expandable-segment configuration (default: default and expandable)")
+	fs.BoolVar(&o.unmapFreePages, "unmap-free-pages", false, "expandable segments unmap the chunks wholly inside free blocks between live ones before they grow and at release (allocator.Config.UnmapFreePages; default: off, only a segment's free tail is unmapped, at release, as in the library today)")
 	fs.Var(&o.limit, "limit", "cap the pool's reserved bytes at this `SIZE` (16GiB), as SYMM_POOL_LIMIT; allocations past it count as OOMs")
 	fs.Var(&o.maxSplit, "max-split", "blocks of at least this `SIZE` are never split, as SYMM_POOL_MAX_SPLIT (more than 1MiB; default off)")
 	fs.Var(&o.chunk, "chunk", "expandable segments grow and shrink by chunks of this `SIZE` (default: the device's granularity, 2MiB)")
@@ -137,7 +139,7 @@ func (o replayOptions) configs() []namedConfig {
 		base.MaxSplit = uint64(o.maxSplit)
 	}
 	exp := base
-	exp.Expandable, exp.ExpandableChunk = true, uint64(o.chunk)
+	exp.Expandable, exp.ExpandableChunk, exp.UnmapFreePages = true, uint64(o.chunk), o.unmapFreePages
 	if o.expandableOnly {
 		return []namedConfig{{"expandable", exp}}
 	}

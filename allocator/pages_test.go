@@ -1,0 +1,103 @@
+package allocator
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func reservedNow(t *testing.T, p *Pool) int64 {
+	t.Helper()
+	m, err := p.StatsMap(0)
+	require.NoError(t, err)
+	return m["reserved_bytes.all.current"]
+}
+
+// With UnmapFreePages, a hole between live blocks gives its chunks back
+// when the segment grows, gets them mapped again under the blocks handed
+// out over it, and gives the rest back at EmptyCache. The fake backend
+// panics on a touch of an unmapped chunk; the invariants check that only
+// chunks wholly inside free blocks are unmapped.
+func TestUnmapFreePages(t *testing.T) {
+	fb := newFake(1)
+	fb.capacity = 64 << 20
+	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
+	require.NoError(t, err)
+	alloc := func(n uint64) uintptr {
+		ptr, err := p.Alloc(0, 0, n)
+		require.NoError(t, err)
+		m := fb.mem(ptr, n) // every byte of it is mapped
+		m[0], m[n-1] = 1, 1
+		require.NoError(t, p.CheckInvariants())
+		return ptr
+	}
+	a := alloc(4 << 20)
+	b := alloc(6 << 20)
+	c := alloc(4 << 20)
+	require.Equal(t, int64(14<<20), reservedNow(t, p))
+	require.NoError(t, p.Free(0, 0, b, 6<<20)) // a 6 MiB hole between two live blocks
+	require.Equal(t, int64(14<<20), reservedNow(t, p), "a free maps and unmaps nothing")
+
+	d := alloc(8 << 20) // no fit: the segment grows by 8 MiB, the hole's 3 chunks go back first
+	require.Equal(t, int64(16<<20), reservedNow(t, p), "14 - 6 + 8 MiB")
+	require.Equal(t, uint64(16<<20), fb.used[0])
+
+	e := alloc(2 << 20) // the best fit is the hole: one chunk mapped again under it
+	require.GreaterOrEqual(t, e, b)
+	require.Less(t, e, b+6<<20)
+	require.Equal(t, int64(18<<20), reservedNow(t, p))
+
+	// A mapping the limit refuses is an ordinary out of memory; nothing changes.
+	require.NoError(t, p.SetLimit(0, 18<<20))
+	_, err = p.Alloc(0, 0, 2<<20)
+	require.True(t, IsOutOfMemory(err), "%v", err)
+	require.Equal(t, int64(18<<20), reservedNow(t, p))
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.SetLimit(0, 0))
+	f := alloc(2 << 20)
+	require.Equal(t, int64(20<<20), reservedNow(t, p))
+
+	// Release gives back every free page (the 2 MiB left of the hole) and the
+	// free tail; the live blocks keep theirs.
+	for _, x := range []struct {
+		p uintptr
+		n uint64
+	}{{e, 2 << 20}, {f, 2 << 20}} {
+		require.NoError(t, p.Free(0, 0, x.p, x.n))
+	}
+	require.NoError(t, p.EmptyCache())
+	require.NoError(t, p.CheckInvariants())
+	require.Equal(t, int64(16<<20), reservedNow(t, p), "a, c and d: 4 + 4 + 8 MiB")
+	require.Equal(t, uint64(16<<20), fb.used[0])
+	for _, x := range []struct {
+		p uintptr
+		n uint64
+	}{{a, 4 << 20}, {c, 4 << 20}, {d, 8 << 20}} {
+		require.NoError(t, p.Free(0, 0, x.p, x.n))
+	}
+	require.NoError(t, p.EmptyCache())
+	require.Equal(t, int64(0), reservedNow(t, p))
+	require.Equal(t, uint64(0), fb.used[0])
+	require.NoError(t, p.CheckInvariants())
+}
+
+// Off (the default), a hole keeps its chunks: the segment grows by the
+// whole request.
+func TestFreePagesStayMappedByDefault(t *testing.T) {
+	fb := newFake(1)
+	fb.capacity = 64 << 20
+	p, err := New(fb, Config{Expandable: true})
+	require.NoError(t, err)
+	a, _ := p.Alloc(0, 0, 4<<20)
+	b, _ := p.Alloc(0, 0, 6<<20)
+	c, _ := p.Alloc(0, 0, 4<<20)
+	require.NoError(t, p.Free(0, 0, b, 6<<20))
+	d, err := p.Alloc(0, 0, 8<<20)
+	require.NoError(t, err)
+	require.Equal(t, int64(22<<20), reservedNow(t, p))
+	for _, x := range []uintptr{a, c} {
+		require.NoError(t, p.Free(0, 0, x, 4<<20))
+	}
+	require.NoError(t, p.Free(0, 0, d, 8<<20))
+	require.NoError(t, p.CheckInvariants())
+}
