@@ -159,8 +159,13 @@ func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
 	if seg.size+need > seg.vsize {
 		return s.newExpandable(r, k)
 	}
-	// Free pages elsewhere give back as much as the segment takes.
-	if _, err := s.unmapFreePages(need); err != nil {
+	// Free pages elsewhere give back as much as the segment takes (not
+	// those of the free last block it extends).
+	but := span{}
+	if tail.state == blockFree {
+		but = span{seg, uint64(tail.ptr-seg.ptr) / s.dev.chunk * s.dev.chunk, seg.size}
+	}
+	if _, err := s.unmapFreePagesBut(but, need); err != nil {
 		return nil, err
 	}
 	if err := s.dev.mapChunks(seg.ptr+uintptr(seg.size), need, s.stream); err != nil {

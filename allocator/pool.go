@@ -24,8 +24,8 @@ type Config struct {
 	// rounded up to a multiple of it.
 	ExpandableChunk uint64
 	// UnmapFreePages unmaps, in expandable segments, the chunks that lie
-	// wholly inside free blocks between live ones: as many as a segment is
-	// about to grow by, and all of them at release (pages.go). A block
+	// wholly inside free blocks: before the pool maps memory, as many as it
+	// is about to map, and all of them at release (pages.go). A block
 	// handed out over them gets them mapped again first.
 	UnmapFreePages bool
 	// Limit caps every device's reserved bytes. 0: no cap.

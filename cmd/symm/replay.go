@@ -69,7 +69,7 @@ func replay(args []string, stdout, stderr io.Writer) int {
 func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, done bool) {
 	fs := newFlags("replay", replaySynopsis, stderr)
 	fs.BoolVar(&o.expandableOnly, "expandable", false, "replay only the expandable-segment configuration (default: default and expandable)")
-	fs.BoolVar(&o.unmapFreePages, "unmap-free-pages", false, "expandable segments unmap the chunks wholly inside free blocks between live ones before they grow and at release (allocator.Config.UnmapFreePages; default: off, only a segment's free tail is unmapped, at release, as in the library today)")
+	fs.BoolVar(&o.unmapFreePages, "unmap-free-pages", false, "expandable segments unmap the chunks wholly inside free blocks whenever the pool maps memory (as many as it maps) and at release (allocator.Config.UnmapFreePages; default: off: only a segment's free tail is unmapped, at release, as the library does today)")
 	fs.Var(&o.limit, "limit", "cap the pool's reserved bytes at this `SIZE` (16GiB), as SYMM_POOL_LIMIT; allocations past it count as OOMs")
 	fs.Var(&o.maxSplit, "max-split", "blocks of at least this `SIZE` are never split, as SYMM_POOL_MAX_SPLIT (more than 1MiB; default off)")
 	fs.Var(&o.chunk, "chunk", "expandable segments grow and shrink by chunks of this `SIZE` (default: the device's granularity, 2MiB)")
