@@ -149,6 +149,10 @@ func (s *shard) release(b *block) {
 		}
 		s.recycle(nx)
 	}
+	if b.seg.vsize != 0 && s.dev.pool.cfg.UnmapFreePages {
+		s.frees++ // the merged block as a whole counts as freed now
+		b.freedAt = s.frees
+	}
 	s.insertFree(b)
 	if b.isWholeSegment() {
 		s.addIdle(b.seg)
@@ -159,7 +163,7 @@ func (s *shard) release(b *block) {
 // it becomes a free block right after it, in its bin.
 func (s *shard) splitTail(b *block, n uint64) {
 	rest := s.newBlock()
-	*rest = block{ptr: b.ptr + uintptr(n), size: b.size - n, seg: b.seg, prev: b, next: b.next}
+	*rest = block{ptr: b.ptr + uintptr(n), size: b.size - n, seg: b.seg, prev: b, next: b.next, freedAt: b.freedAt}
 	if b.next != nil {
 		b.next.prev = rest
 	} else {

@@ -78,7 +78,7 @@ func nearNewer(b *block) bool { return b.prev == nil || b.next.born > b.prev.bor
 // Called with s.mu held.
 func (s *shard) splitHigh(b *block, r uint64) {
 	rest := s.newBlock()
-	*rest = block{ptr: b.ptr, size: b.size - r, seg: b.seg, prev: b.prev, next: b}
+	*rest = block{ptr: b.ptr, size: b.size - r, seg: b.seg, prev: b.prev, next: b, freedAt: b.freedAt}
 	if b.prev != nil {
 		b.prev.next = rest
 	} else {
@@ -165,7 +165,7 @@ func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
 	if tail.state == blockFree {
 		but = span{seg, uint64(tail.ptr-seg.ptr) / s.dev.chunk * s.dev.chunk, seg.size}
 	}
-	if _, err := s.unmapFreePagesBut(but, need); err != nil {
+	if _, err := s.unmapFreePagesBut(but, need, false); err != nil {
 		return nil, err
 	}
 	if err := s.dev.mapChunks(seg.ptr+uintptr(seg.size), need, s.stream); err != nil {

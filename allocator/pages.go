@@ -23,12 +23,15 @@ import (
 //
 // A block handed out over unmapped chunks gets them mapped first (mapFor);
 // a failure there is an ordinary out of memory and changes nothing.
-// Unmapping waits for an event on the shard's stream first, as release
-// does: a free block was last used by work on that stream only (a block
+// A free block was last used by work on the shard's stream only (a block
 // with record_stream streams is pending until their events complete, never
-// free). That wait is what keeps the library from switching it on before
-// it is measured on a GPU: an allocation that maps would wait for its
-// stream.
+// free), so its pages may go once the stream has passed its free: each
+// free counts (shard.frees, block.freedAt), and a quiet event recorded
+// after the latest one tells, when it completes, how far the stream got
+// (passed). Mapping never waits for it: pages not known to be passed stay
+// mapped, and the pool maps new memory instead. Release waits, as for the
+// tails. The library does not switch this on yet: the map and unmap calls
+// it adds to a training step are still to be measured on a GPU.
 //
 // Invariants (CheckInvariants): an unmapped chunk of a segment lies below
 // seg.size and wholly inside one free block; seg.holes counts them; the
@@ -120,7 +123,7 @@ func (s *shard) mapFor(b *block, r uint64) error {
 	}
 	// Free pages elsewhere give back as much as this block takes (not
 	// those under it).
-	if _, err := s.unmapFreePagesBut(span{seg, lo, hi}, want); err != nil {
+	if _, err := s.unmapFreePagesBut(span{seg, lo, hi}, want, false); err != nil {
 		return err
 	}
 	var done [][2]uint64
@@ -177,7 +180,7 @@ func (s *shard) freePages(limit uint64, but span) (pages []page, total uint64) {
 			continue
 		}
 		for b := seg.head; b != nil && total < limit; b = b.next {
-			if b.state != blockFree {
+			if b.state != blockFree || b.freedAt > s.safe { // the stream may still use it
 				continue
 			}
 			lo := roundUp(uint64(b.ptr-seg.ptr), c)
@@ -212,12 +215,13 @@ func (s *shard) freePages(limit uint64, but span) (pages []page, total uint64) {
 }
 
 // unmapFreePages unmaps up to limit bytes of free pages (freePages) once the
-// work queued on s's stream has completed, and returns how many bytes it
-// unmapped. While a graph capture may be under way it does nothing (no
-// event may be recorded, no memory given back). Called with s.mu held; the
-// wait keeps it (this stream's allocations wait, as for a pending free).
+// work queued on s's stream has completed (waiting for it: release), and
+// returns how many bytes it unmapped. While a graph capture may be under
+// way it does nothing (no event may be recorded, no memory given back).
+// Called with s.mu held; the wait keeps it (this stream's allocations
+// wait, as for a pending free).
 func (s *shard) unmapFreePages(limit uint64) (uint64, error) {
-	return s.unmapFreePagesBut(span{}, limit)
+	return s.unmapFreePagesBut(span{}, limit, true)
 }
 
 // span is a range [lo, hi) of chunk offsets of seg; the zero span is empty.
@@ -226,19 +230,26 @@ type span struct {
 	lo, hi uint64
 }
 
-// unmapFreePagesBut is unmapFreePages leaving the chunks of but alone.
-func (s *shard) unmapFreePagesBut(but span, limit uint64) (uint64, error) {
+// unmapFreePagesBut is unmapFreePages leaving the chunks of but alone; with
+// wait false it never waits: only pages freed before the stream's last
+// completed quiet event go (passed).
+func (s *shard) unmapFreePagesBut(but span, limit uint64, wait bool) (uint64, error) {
 	d := s.dev
 	if !d.pool.cfg.UnmapFreePages || s.pool != nil || !d.capture.mayRelease() || !d.capture.mayRecord() {
 		return 0, nil
 	}
+	if wait && s.safe < s.frees {
+		tag := s.frees
+		if err := s.waitForStream(false); err != nil {
+			return 0, err
+		}
+		s.safe = tag
+	} else {
+		s.passed()
+	}
 	pages, total := s.freePages(limit, but)
-
 	if total == 0 {
 		return 0, nil
-	}
-	if err := s.waitForStream(false); err != nil {
-		return 0, err
 	}
 	c := d.chunk
 	var done uint64
@@ -259,4 +270,31 @@ func (s *shard) unmapFreePagesBut(but span, limit uint64) (uint64, error) {
 		done += n
 	}
 	return done, nil
+}
+
+// passed advances s.safe to the frees the stream has passed, without
+// waiting: a quiet event is recorded after the latest free when none is
+// outstanding, and asked (not waited for) whether it completed. An event
+// that cannot be recorded or asked leaves s.safe as it is: pages then stay
+// mapped, and the pool maps new memory instead. Called with s.mu held.
+func (s *shard) passed() {
+	d := s.dev
+	if !s.quietSet {
+		if s.safe == s.frees {
+			return
+		}
+		ev, err := s.recordOnStream()
+		if err != nil {
+			return
+		}
+		s.quiet, s.quietTag, s.quietSet = ev, s.frees, true
+	}
+	done, err := d.pool.backend.Query(d.idx, s.quiet)
+	if err != nil || done {
+		d.putEvent(s.quiet)
+		s.quietSet = false
+	}
+	if err == nil && done {
+		s.safe = s.quietTag
+	}
 }

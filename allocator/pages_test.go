@@ -101,3 +101,43 @@ func TestFreePagesStayMappedByDefault(t *testing.T) {
 	require.NoError(t, p.Free(0, 0, d, 8<<20))
 	require.NoError(t, p.CheckInvariants())
 }
+
+// When the pool maps memory it never waits for the stream: pages freed
+// after the last quiet event it has seen complete stay mapped (the pool
+// maps new memory instead), and go at a later mapping once the stream has
+// passed their free. A Sync would be a wait: the test fails on one.
+func TestFreePagesWaitForNothingWhenMapping(t *testing.T) {
+	fb := newFake(1)
+	fb.capacity = 64 << 20
+	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
+	require.NoError(t, err)
+	a, err := p.Alloc(0, 0, 4<<20)
+	require.NoError(t, err)
+	b, err := p.Alloc(0, 0, 6<<20)
+	require.NoError(t, err)
+	c, err := p.Alloc(0, 0, 4<<20)
+	require.NoError(t, err)
+	fb.launch(0) // work on the stream that may still use b
+	require.NoError(t, p.Free(0, 0, b, 6<<20))
+	fb.onSync = func() { t.Fatal("a mapping waited for the stream") }
+	d, err := p.Alloc(0, 0, 8<<20) // grows: b's hole is not known to be quiet, so it stays mapped
+	require.NoError(t, err)
+	require.Equal(t, int64(22<<20), reservedNow(t, p))
+	require.NoError(t, p.CheckInvariants())
+
+	fb.finish(0)                   // the stream passes b's free
+	e, err := p.Alloc(0, 0, 8<<20) // grows again (no hole fits): now the hole's chunks go first
+	require.NoError(t, err)
+	require.Equal(t, int64(24<<20), reservedNow(t, p), "22 - 6 + 8 MiB")
+	require.NoError(t, p.CheckInvariants())
+	fb.onSync = nil
+	for _, x := range []struct {
+		p uintptr
+		n uint64
+	}{{a, 4 << 20}, {c, 4 << 20}, {d, 8 << 20}, {e, 8 << 20}} {
+		require.NoError(t, p.Free(0, 0, x.p, x.n))
+	}
+	require.NoError(t, p.EmptyCache())
+	require.Equal(t, int64(0), reservedNow(t, p))
+	require.NoError(t, p.CheckInvariants())
+}

@@ -161,6 +161,14 @@ type shard struct {
 	grow       [numPools]*segment
 	births     uint64 // blocks handed out from expandable segments so far (block.born)
 
+	// frees counts frees into expandable segments with UnmapFreePages;
+	// safe is the count the stream had passed at the last completed quiet
+	// event, which is outstanding (recorded, not yet seen complete) when
+	// quietSet (pages.go).
+	frees, safe, quietTag uint64
+	quiet                 Event
+	quietSet              bool
+
 	// epoch counts changes to what the best fit sees (epoch.go); nil in
 	// private pools, which no front cache serves. changes is its value,
 	// written under mu.
