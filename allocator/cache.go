@@ -46,7 +46,7 @@ func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 		}
 	}
 	s.take(b, r, n)
-	pl = Placement{Size: b.size, Whole: b.prev == nil && b.next == nil && b.seg.vsize == 0}
+	pl = Placement{Size: b.size, Whole: b.prev == nil && b.next == nil && b.seg.vsize == 0, Type: statType(b.seg.kind)}
 	if len(s.pending) == 0 {
 		// A pending free joins the bins when its events complete, at a
 		// later request, without a change the count could show beforehand:

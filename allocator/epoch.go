@@ -74,6 +74,9 @@ type Placement struct {
 	// Whole: the block is a fixed segment of its own (no neighbour to merge
 	// with, never to grow).
 	Whole bool
+	// Type is the statistics type the block counts in: 1 small_pool, 2
+	// large_pool (FrontCounts).
+	Type int
 	// Epoch is the shard's change count (memory outside the Go heap, valid
 	// for the process's life; nil when the shard keeps none) and Mark what
 	// it read right after this allocation: while the count still reads

@@ -67,7 +67,17 @@ type Config struct {
 	// (The C front cache also hands its blocks back before every pool
 	// allocation; this covers frees parked by other threads meanwhile.)
 	Parked func(dev int) bool
+	// FrontServed, if set, reports what that cache served itself on dev:
+	// requests it answered with a block it held, each also a free the pool
+	// never saw. Stats counts them in the cumulative allocated and freed
+	// figures, as PyTorch counts every malloc and free.
+	FrontServed func(dev int) FrontCounts
 }
+
+// FrontCounts is, per statistics type (1 small_pool, 2 large_pool; 0
+// unused), how many requests a cache in front of the pool served, their
+// blocks' bytes and their requested bytes.
+type FrontCounts [numStatTypes]struct{ N, Bytes, Req int64 }
 
 // Pool is a caching allocator over a Backend, one set of pools per
 // (device, stream). It is safe for concurrent use.
@@ -119,8 +129,12 @@ type device struct {
 
 	// Private pools (private.go). Lock order: privMu before mu.
 	privMu sync.Mutex
-	privs  map[PoolID]*privatePool // under privMu
-	direct *privatePool            // segment-serving pool (MemPool mode), under privMu
+	// frontBase is Config.FrontServed at the last ResetAccumulated, under
+	// frontMu.
+	frontMu   sync.Mutex
+	frontBase FrontCounts
+	privs     map[PoolID]*privatePool // under privMu
+	direct    *privatePool            // segment-serving pool (MemPool mode), under privMu
 	// capture answers whether a graph capture may be under way (gate.go).
 	capture gate
 

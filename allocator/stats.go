@@ -50,6 +50,9 @@ var fieldNames = [4]string{"current", "peak", "allocated", "freed"}
 var scalarNames = []string{
 	"num_alloc_retries", "num_ooms", "num_sync_all_streams",
 	"num_device_alloc", "num_device_free", "max_split_size",
+	// libsymm's own: requests the front cache served with a block it held
+	// (Config.FrontServed), counted in the figures above too.
+	"num_front_cache_hits",
 }
 
 var statNames = func() []string {
@@ -315,6 +318,7 @@ func (p *Pool) Stats(dev int) ([]int64, error) {
 		sum[stActive][stAll].peak = h.activeCountPeak.Load()
 		sum[stActiveBytes][stAll].peak = h.activeBytesPeak.Load()
 	}
+	hits := d.addFrontServed(&sum)
 	for t := 0; t < numStatTypes; t++ {
 		for f, a := range [...]*atomicStat{stSegment: &d.segments[t], stReservedBytes: &d.reserved[t]} {
 			if a != nil {
@@ -333,7 +337,7 @@ func (p *Pool) Stats(dev int) ([]int64, error) {
 	os := &d.oversizeSegs
 	out = append(out, os.cur.Load(), os.peak.Load(), os.alloc.Load(), os.freed.Load())
 	out = append(out, d.numAllocRetries.Load(), d.numOOMs.Load(), d.numSyncAll.Load(),
-		d.numDeviceAlloc.Load(), d.numDeviceFree.Load(), int64(p.cfg.MaxSplit))
+		d.numDeviceAlloc.Load(), d.numDeviceFree.Load(), int64(p.cfg.MaxSplit), hits)
 	return out, nil
 }
 
@@ -401,6 +405,11 @@ func (p *Pool) ResetAccumulated(dev int) error {
 		d.segments[t].resetAccumulated()
 		d.reserved[t].resetAccumulated()
 	}
+	if fs := p.cfg.FrontServed; fs != nil {
+		d.frontMu.Lock()
+		d.frontBase = fs(d.idx)
+		d.frontMu.Unlock()
+	}
 	d.oversizeSegs.resetAccumulated()
 	for _, n := range []*atomic.Int64{&d.numAllocRetries, &d.numOOMs, &d.numSyncAll, &d.numDeviceAlloc, &d.numDeviceFree} {
 		n.Store(0)
@@ -413,4 +422,34 @@ func (p *Pool) ResetAccumulated(dev int) error {
 func (s *atomicStat) resetAccumulated() {
 	s.alloc.Store(0)
 	s.freed.Store(0)
+}
+
+// addFrontServed adds to sum's cumulative allocated and freed figures what a
+// cache in front of the pool served itself since the last reset
+// (Config.FrontServed): each such request is an allocation and a free the
+// pool never saw, of the same block. Current values and peaks do not move:
+// to the pool the block stayed allocated all along.
+func (d *device) addFrontServed(sum *[numFamilies][numStatTypes]localStat) (hits int64) {
+	fs := d.pool.cfg.FrontServed
+	if fs == nil {
+		return 0
+	}
+	now := fs(d.idx)
+	d.frontMu.Lock()
+	base := d.frontBase
+	d.frontMu.Unlock()
+	for t := 1; t < numStatTypes; t++ {
+		n, b, r := now[t].N-base[t].N, now[t].Bytes-base[t].Bytes, now[t].Req-base[t].Req
+		hits += n
+		for _, fv := range [...]struct {
+			f statFamily
+			v int64
+		}{{stAllocation, n}, {stAllocatedBytes, b}, {stRequestedBytes, r}, {stActive, n}, {stActiveBytes, b}} {
+			for _, tt := range [...]int{t, stAll} {
+				sum[fv.f][tt].alloc += fv.v
+				sum[fv.f][tt].freed += fv.v
+			}
+		}
+	}
+	return hits
 }

@@ -29,6 +29,7 @@ constexpr int kEntries = 4;                         // blocks per CPU that a req
 constexpr int kDeferred = 32;                       // frees per CPU waiting to reach the pool together
 constexpr int kBatch = 64;                          // blocks returned with one pool call (more than a CPU holds)
 constexpr int kCpus = 256;
+constexpr int kCountedDevs = 16;                     // devices whose front-served requests are counted per CPU
 constexpr int kStripes = 256;
 
 enum : uint8_t { kEmpty = 0, kLive = 1, kCached = 2 };
@@ -71,6 +72,7 @@ struct Rec {
   int32_t dev;
   uint8_t state, rs;
   uint8_t whole;  // a fixed segment of its own: kept at any size (cacheable)
+  uint8_t type;   // statistics type: 1 small_pool, 2 large_pool
   // The block's shard's change count and what it read right after the
   // allocation (shim.h symmshim_placed); epoch NULL: none.
   const uint64_t *epoch;
@@ -149,12 +151,26 @@ using Entry = symmshim_parked;
 // frees of blocks none may (cacheable says which), deferred so that up to
 // kDeferred of them reach the pool in one C->Go call, usually the next
 // miss's. Both are allocated as far as the pool can see, until taken.
+// served counts the requests a CPU answered from e, per device and
+// statistics type: requests, block bytes, requested bytes (written under
+// lk, read without it by symmshim_front_served).
 struct alignas(64) Cpu {
   SpinLock lk;
   int n = 0, nd = 0;
   Entry e[kEntries];
   Entry d[kDeferred];
+  uint64_t served[kCountedDevs][3][3] = {};
 };
+
+// count adds one to what c served; with c.lk held. Relaxed load and store,
+// not an atomic add: there is one writer (the lock holder), and a reader
+// only needs whole values.
+inline void count(Cpu &c, const Entry &e) {
+  if (e.dev < 0 || e.dev >= kCountedDevs || e.type < 1 || e.type > 2) return;
+  uint64_t *s = c.served[e.dev][e.type];
+  const uint64_t add[3] = {1, e.bsize, e.req};
+  for (int i = 0; i < 3; i++) __atomic_store_n(&s[i], __atomic_load_n(&s[i], __ATOMIC_RELAXED) + add[i], __ATOMIC_RELAXED);
+}
 Cpu g_cpus[kCpus];
 
 // g_nonempty has bit k set whenever CPU k's slots hold a block, so that the
@@ -242,6 +258,7 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
       if (e.req == size && e.dev == dev && e.stream == stream &&
           (e.epoch == nullptr || (c.n == 1 && c.nd == 0 && unchanged(e.epoch, e.mark)))) {
         ptr = e.ptr;
+        count(c, e);
         memmove(&c.e[i], &c.e[i + 1], (c.n - i - 1) * sizeof(Entry));
         __atomic_store_n(&c.n, c.n - 1, __ATOMIC_RELAXED);  // read without the lock by parked()
         break;
@@ -274,7 +291,7 @@ void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const sy
         spare = nullptr;
       }
       if (2 * (s.n + 1) <= s.cap) {
-        put(s, Rec{ptr, pl.bsize, size, stream, dev, kLive, 0, (uint8_t)(pl.whole != 0), pl.epoch, pl.mark});
+        put(s, Rec{ptr, pl.bsize, size, stream, dev, kLive, 0, (uint8_t)(pl.whole != 0), (uint8_t)pl.type, pl.epoch, pl.mark});
         break;
       }
       need = s.cap ? s.cap * 2 : 64;
@@ -337,11 +354,11 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
     }
     r->state = kCached;
     if (!cacheable(*r)) {
-      mine = Entry{ptr, r->req, r->stream, r->dev, nullptr, 0};
+      mine = Entry{ptr, r->req, r->stream, r->dev, nullptr, 0, r->bsize, r->type};
       deferred = true;
     } else {
       bool exact = !small(r->bsize, r->whole);  // parked for the shard's being unchanged
-      mine = Entry{ptr, r->req, r->stream, r->dev, exact ? r->epoch : nullptr, exact ? r->mark : 0};
+      mine = Entry{ptr, r->req, r->stream, r->dev, exact ? r->epoch : nullptr, exact ? r->mark : 0, r->bsize, r->type};
     }
   }
   if (deferred) {
@@ -476,6 +493,14 @@ void symmshim_front_enable(int on, uint64_t max_block) {
 }
 
 void symmshim_front_drain(int dev) { front::drain(dev); }
+
+void symmshim_front_served(int dev, int64_t out[9]) {
+  memset(out, 0, 9 * sizeof(int64_t));
+  if (dev < 0 || dev >= front::kCountedDevs) return;
+  for (front::Cpu &c : front::g_cpus)
+    for (int t = 1; t < 3; t++)
+      for (int i = 0; i < 3; i++) out[3 * t + i] += (int64_t)__atomic_load_n(&c.served[dev][t][i], __ATOMIC_RELAXED);
+}
 
 int symmshim_front_parked(int dev) { return front::enabled() && front::parked(dev); }
 

@@ -90,6 +90,7 @@ func initPool() (*allocator.Pool, error) {
 		// Before an out-of-memory retry, the front cache's blocks go back.
 		cfg.Reclaim = func(dev int) { C.symmshim_front_drain(C.int(dev)) }
 		cfg.Parked = func(dev int) bool { return C.symmshim_front_parked(C.int(dev)) != 0 }
+		cfg.FrontServed = frontServed
 	}
 	p, err := allocator.New(b, cfg)
 	if err != nil {
@@ -298,3 +299,14 @@ var versionC = C.CString(version.Version)
 
 //export goVersion
 func goVersion() *C.char { return versionC }
+
+// frontServed reports what the front cache served itself on dev
+// (allocator.Config.FrontServed).
+func frontServed(dev int) (fc allocator.FrontCounts) {
+	var out [9]C.int64_t
+	C.symmshim_front_served(C.int(dev), &out[0])
+	for t := 1; t < len(fc); t++ {
+		fc[t].N, fc[t].Bytes, fc[t].Req = int64(out[3*t]), int64(out[3*t+1]), int64(out[3*t+2])
+	}
+	return fc
+}

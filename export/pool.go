@@ -46,7 +46,7 @@ func goPoolAlloc(api C.int, size C.size_t, device C.int, stream C.uintptr_t, bsi
 func goPoolAllocAfter(api C.int, back *C.symmshim_parked, n C.int, size C.size_t, device C.int, stream C.uintptr_t, out *C.symmshim_placed) C.uintptr_t {
 	goPoolReturnParked(back, n)
 	ptr, pl := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
-	*out = C.symmshim_placed{bsize: C.uint64_t(pl.Size)}
+	*out = C.symmshim_placed{bsize: C.uint64_t(pl.Size), _type: C.int32_t(pl.Type)}
 	if pl.Whole {
 		out.whole = 1
 	}

@@ -262,7 +262,8 @@ int symm_pool_cache_info(int device, size_t *largest_block);
 
 /* Zeroes device's accumulated statistics (PyTorch's resetAccumulatedStats):
  * every ".allocated" and ".freed" of symm_pool_stats, and num_alloc_retries,
- * num_ooms, num_sync_all_streams, num_device_alloc and num_device_free.
+ * num_ooms, num_sync_all_streams, num_device_alloc, num_device_free and
+ * num_front_cache_hits.
  * Current and peak values are unchanged; from then on each family's current
  * is its value at the reset plus allocated minus freed. Returns SYMM_OK, or
  * SYMM_ERR_INVALID for a bad device (nothing reset). */

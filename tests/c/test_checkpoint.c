@@ -116,7 +116,7 @@ static int accumulated(const char *name) {
   size_t n = strlen(name);
   return (n > 10 && !strcmp(name + n - 10, ".allocated")) || (n > 6 && !strcmp(name + n - 6, ".freed")) ||
          !strcmp(name, "num_alloc_retries") || !strcmp(name, "num_ooms") || !strcmp(name, "num_sync_all_streams") ||
-         !strcmp(name, "num_device_alloc") || !strcmp(name, "num_device_free");
+         !strcmp(name, "num_device_alloc") || !strcmp(name, "num_device_free") || !strcmp(name, "num_front_cache_hits");
 }
 
 static void test_reset_accumulated(void) {

@@ -214,8 +214,10 @@ static void test_whole_segments_hit_the_front_cache(void) {
   symm_pool_free(a, 64 << 20, 0, NULL);
   void *b = symm_pool_alloc(64 << 20, 0, NULL);
   CHECK(b == a, "the same segment again (%p, %p)", b, a);
-  CHECK(stat(0, "allocation.all.allocated") == (hits ? 1 : 2), "the pool saw %lld allocations (front cache hit: %d)",
-        (long long)stat(0, "allocation.all.allocated"), hits);
+  CHECK(stat(0, "num_front_cache_hits") == hits, "%lld served in front (front cache: %d)",
+        (long long)stat(0, "num_front_cache_hits"), hits);
+  CHECK(stat(0, "allocation.all.allocated") == 2, "two allocations counted either way: %lld",
+        (long long)stat(0, "allocation.all.allocated"));
   CHECK(stat(0, "allocated_bytes.all.peak") == (64 << 20), "peak 64 MiB: %lld",
         (long long)stat(0, "allocated_bytes.all.peak"));
   symm_pool_free(b, 64 << 20, 0, NULL);
@@ -246,16 +248,16 @@ static void test_unchanged_blocks_hit_the_front_cache(void) {
     void *b = symm_pool_alloc(4 << 20, 0, NULL);
     CHECK(b == a, "the same block again (%p, %p)", b, a);
   }
-  CHECK(stat(0, "allocation.all.allocated") == (hits ? 1 : 4), "the pool saw %lld allocations (front cache: %d)",
-        (long long)stat(0, "allocation.all.allocated"), hits);
+  CHECK(stat(0, "num_front_cache_hits") == (hits ? 3 : 0), "%lld served in front (front cache: %d)",
+        (long long)stat(0, "num_front_cache_hits"), hits);
   void *c = symm_pool_alloc(3 << 20, 0, NULL); /* the pool places another block: the shard changed */
   CHECK(c != NULL, "3 MiB");
   symm_pool_free(a, 4 << 20, 0, NULL); /* not parked: to the pool */
-  CHECK(stat(0, "allocation.all.freed") == (hits ? 1 : 4), "the pool saw %lld frees",
-        (long long)stat(0, "allocation.all.freed"));
+  CHECK(stat(0, "allocation.all.freed") == 4, "%lld frees counted", (long long)stat(0, "allocation.all.freed"));
   void *d = symm_pool_alloc(4 << 20, 0, NULL);
   CHECK(d == a, "the best fit places it where it was (%p, %p)", d, a);
-  CHECK(stat(0, "allocation.all.allocated") == (hits ? 3 : 6), "a miss: the pool saw %lld allocations",
+  CHECK(stat(0, "num_front_cache_hits") == (hits ? 3 : 0) && stat(0, "allocation.all.allocated") == 6,
+        "a miss: %lld served in front, %lld allocations", (long long)stat(0, "num_front_cache_hits"),
         (long long)stat(0, "allocation.all.allocated"));
   symm_pool_free(d, 4 << 20, 0, NULL);
   symm_pool_free(c, 3 << 20, 0, NULL);
@@ -291,6 +293,42 @@ static void test_deferred_frees(void) {
   symm_pool_free(q, 3 << 20, 0, NULL);
   symm_pool_empty_cache();
   CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache gives everything back");
+}
+
+/* Cumulative counts are every allocation and free the program made, as
+ * PyTorch counts them, whether the front cache served it or the pool did:
+ * the same figures with the front cache on and off. */
+static void test_cumulative_counts(void) {
+  const char *ex = getenv("SYMM_POOL_EXPANDABLE");
+  int expandable = ex && strcmp(ex, "0") && strcmp(ex, ""); /* one segment per stream: all large_pool */
+  symm_pool_empty_cache();
+  CHECK(symm_pool_reset_accumulated(0) == SYMM_OK && symm_pool_reset_peak(0) == SYMM_OK, "reset");
+  for (int i = 0; i < 10; i++) {
+    void *p = symm_pool_alloc(1 << 20, 0, NULL); /* small pool */
+    CHECK(p != NULL, "1 MiB");
+    symm_pool_free(p, 1 << 20, 0, NULL);
+  }
+  for (int i = 0; i < 5; i++) {
+    void *p = symm_pool_alloc(4 << 20, 0, NULL); /* large pool, reused while the pool is unchanged */
+    CHECK(p != NULL, "4 MiB");
+    symm_pool_free(p, (4 << 20) - 512, 0, NULL); /* wrong size: refused, counts nothing */
+    CHECK(symm_last_error_code() == SYMM_ERR_INVALID, "wrong size refused");
+    symm_clear_error();
+    symm_pool_free(p, 4 << 20, 0, NULL);
+  }
+  CHECK(stat(0, "allocation.all.allocated") == 15, "15 allocations: %lld", (long long)stat(0, "allocation.all.allocated"));
+  CHECK(stat(0, "allocation.all.freed") == 15, "15 frees: %lld", (long long)stat(0, "allocation.all.freed"));
+  CHECK(stat(0, "allocation.small_pool.allocated") == (expandable ? 0 : 10), "small: %lld",
+        (long long)stat(0, "allocation.small_pool.allocated"));
+  CHECK(stat(0, "allocation.large_pool.allocated") == (expandable ? 15 : 5), "large: %lld",
+        (long long)stat(0, "allocation.large_pool.allocated"));
+  CHECK(stat(0, "allocated_bytes.all.allocated") == 10 * (1 << 20) + 5 * (4 << 20), "bytes: %lld",
+        (long long)stat(0, "allocated_bytes.all.allocated"));
+  CHECK(stat(0, "requested_bytes.all.freed") == 10 * (1 << 20) + 5 * (4 << 20), "requested bytes freed: %lld",
+        (long long)stat(0, "requested_bytes.all.freed"));
+  CHECK(stat(0, "active.all.allocated") == 15, "active: %lld", (long long)stat(0, "active.all.allocated"));
+  CHECK(stat(0, "allocation.all.current") == 0 && stat(0, "allocation.all.peak") == 1, "current 0, peak 1");
+  symm_pool_empty_cache();
 }
 
 static void *worker(void *arg) {
@@ -385,6 +423,7 @@ int main(void) {
   test_whole_segments_hit_the_front_cache();
   test_unchanged_blocks_hit_the_front_cache();
   test_deferred_frees();
+  test_cumulative_counts();
   test_parked_blocks_do_not_grow_the_pool();
   test_a_miss_returns_parked_blocks();
   test_history_toggle_forgets_stale_blocks();
