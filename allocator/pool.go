@@ -126,15 +126,15 @@ type device struct {
 
 	numAllocRetries, numOOMs, numSyncAll atomic.Int64
 	numDeviceAlloc, numDeviceFree        atomic.Int64
-
-	// Private pools (private.go). Lock order: privMu before mu.
-	privMu sync.Mutex
 	// frontBase is Config.FrontServed at the last ResetAccumulated, under
 	// frontMu.
 	frontMu   sync.Mutex
 	frontBase FrontCounts
-	privs     map[PoolID]*privatePool // under privMu
-	direct    *privatePool            // segment-serving pool (MemPool mode), under privMu
+
+	// Private pools (private.go). Lock order: privMu before mu.
+	privMu sync.Mutex
+	privs  map[PoolID]*privatePool // under privMu
+	direct *privatePool            // segment-serving pool (MemPool mode), under privMu
 	// capture answers whether a graph capture may be under way (gate.go).
 	capture gate
 
