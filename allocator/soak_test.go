@@ -24,7 +24,17 @@ import (
 // pool's invariants are checked and its allocation count must equal the
 // blocks the goroutines hold. At the end, everything freed and the cache
 // emptied, nothing is reserved and the backend holds no segment.
-func TestSoakConcurrentPool(t *testing.T) {
+func TestSoakConcurrentPool(t *testing.T) { soakConcurrentPool(t, allocator.Config{}) }
+
+// TestSoakConcurrentPoolFreePages is the same soak with expandable segments
+// whose free pages are unmapped whenever the pool maps memory and at every
+// empty_cache (Config.UnmapFreePages), while the other goroutines allocate
+// and free on their streams: under -race in CI.
+func TestSoakConcurrentPoolFreePages(t *testing.T) {
+	soakConcurrentPool(t, allocator.Config{Expandable: true, UnmapFreePages: true})
+}
+
+func soakConcurrentPool(t *testing.T, cfg allocator.Config) {
 	const (
 		workers = 16
 		devices = 2
@@ -36,7 +46,7 @@ func TestSoakConcurrentPool(t *testing.T) {
 	fds, maps := openFDs(t), memfdMaps(t)
 	h, err := host.New(devices, 1<<40) // address space only: memfd pages are touched at the marks
 	require.NoError(t, err)
-	p, err := allocator.New(h, allocator.Config{})
+	p, err := allocator.New(h, cfg)
 	require.NoError(t, err)
 
 	shared := []uintptr{0, 0xa000, 0xb000}
