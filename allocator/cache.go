@@ -73,7 +73,7 @@ func (s *shard) take(b *block, r, n uint64) {
 	if seg.idle {
 		s.removeIdle(seg)
 	}
-	if seg.vsize != 0 && b.size > r && b.next != nil && nearNewer(b) {
+	if cutsHigh(b, r) {
 		s.splitHigh(b, r)
 	} else if shouldSplit(b.size, r, seg.kind) || (seg.vsize != 0 && b.size > r) {
 		s.splitTail(b, r)

@@ -19,9 +19,10 @@ import (
 // for events, which join the bins at a later request without a change the
 // count could show beforehand), freed while the count still reads what it
 // read right after that allocation, would be placed by the pool's best fit
-// exactly where it was if the same request came again. The free merges it back into the very hole
-// it was cut from (or leaves its fresh segment idle), so the bins are again
-// what the best fit chose from, and the best fit is a function of the bins.
+// exactly where it was if the same request came again. The free merges it
+// back into the very hole it was cut from (or leaves its fresh segment
+// idle), so the bins are again what the best fit chose from, and the best
+// fit is a function of the bins.
 // A front cache may therefore hand such a block to the next request of the
 // same size and stream without the fragmentation that reusing an arbitrary
 // freed block causes (bench/RESULTS.md: GPT-2's 1.164).

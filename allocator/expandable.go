@@ -73,6 +73,13 @@ var expandableSmall = false
 // rest of the hole stays joined to the older side.
 func nearNewer(b *block) bool { return b.prev == nil || b.next.born > b.prev.born }
 
+// cutsHigh reports whether take hands out the r bytes of free block b from
+// its high end (splitHigh) rather than its low end: in an expandable
+// segment, from a hole next to a newer neighbour.
+func cutsHigh(b *block, r uint64) bool {
+	return b.seg.vsize != 0 && b.size > r && b.next != nil && nearNewer(b)
+}
+
 // splitHigh cuts free block b (out of its bin) in two: a free block of the
 // low b.size−r bytes and b itself, r bytes at the high end (0 < r < b.size).
 // Called with s.mu held.

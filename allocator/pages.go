@@ -101,9 +101,8 @@ func (seg *segment) runs(from, to, chunk uint64, mapped bool, fn func(lo, hi uin
 }
 
 // mapFor maps the unmapped chunks under the r bytes that take will hand out
-// of free block b (take's split rule for expandable segments: the high end
-// when nearNewer, else the low end). On failure nothing changes. Called
-// with s.mu held.
+// of free block b (cutsHigh says from which end). On failure nothing
+// changes. Called with s.mu held.
 func (s *shard) mapFor(b *block, r uint64) error {
 	seg := b.seg
 	if seg.holes == nil || seg.holes.n == 0 {
@@ -111,7 +110,7 @@ func (s *shard) mapFor(b *block, r uint64) error {
 	}
 	c := s.dev.chunk
 	lo := uint64(b.ptr - seg.ptr)
-	if b.size > r && b.next != nil && nearNewer(b) {
+	if cutsHigh(b, r) {
 		lo += b.size - r
 	}
 	hi := roundUp(lo+r, c)

@@ -295,15 +295,6 @@ func (p *Pool) AllocBlock(dev int, stream uintptr, size uint64) (uintptr, uint64
 	return ptr, pl.Size, err
 }
 
-// AllocBlockWhole is AllocBlock that also reports whether the block is a
-// fixed segment of its own (no neighbour to merge with, never to grow): the
-// best fit for any later request of the same size, which a front cache may
-// hand it to without changing what the pool would have placed.
-func (p *Pool) AllocBlockWhole(dev int, stream uintptr, size uint64) (ptr uintptr, bsize uint64, whole bool, err error) {
-	ptr, pl, err := p.AllocPlaced(dev, stream, size)
-	return ptr, pl.Size, pl.Whole, err
-}
-
 // AllocPlaced is AllocBlock that also reports where the block was placed
 // (Placement): what a cache in front of the pool needs to know when it may
 // hand the block, once freed, to the next request of its size without

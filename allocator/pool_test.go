@@ -609,10 +609,10 @@ func TestParkedBlocksAreReclaimedBeforeGrowing(t *testing.T) {
 	check(t, p)
 }
 
-// AllocBlockWhole says when a block is a fixed segment of its own: requests
+// AllocPlaced says when a block is a fixed segment of its own: requests
 // over 10 MiB get one; smaller ones share 2 or 20 MiB segments; expandable
 // segments grow, so none of their blocks is.
-func TestAllocBlockWhole(t *testing.T) {
+func TestAllocPlacedWhole(t *testing.T) {
 	for _, expandable := range []bool{false, true} {
 		p, err := New(NewVirtual(1, 0), Config{Expandable: expandable})
 		require.NoError(t, err)
@@ -620,25 +620,25 @@ func TestAllocBlockWhole(t *testing.T) {
 			size  uint64
 			whole bool
 		}{{512, false}, {1 << 20, false}, {6 << 20, false}, {12 << 20, true}, {64 << 20, true}} {
-			ptr, bsize, whole, err := p.AllocBlockWhole(0, 0, c.size)
+			ptr, pl, err := p.AllocPlaced(0, 0, c.size)
 			require.NoError(t, err)
-			require.GreaterOrEqual(t, bsize, c.size)
-			require.Equal(t, c.whole && !expandable, whole, "%d bytes, expandable %v", c.size, expandable)
+			require.GreaterOrEqual(t, pl.Size, c.size)
+			require.Equal(t, c.whole && !expandable, pl.Whole, "%d bytes, expandable %v", c.size, expandable)
 			require.NoError(t, p.Free(0, 0, ptr, c.size))
 			require.NoError(t, p.EmptyCache()) // each request on an empty pool
 		}
 		// A block cut from a larger free segment is not one of its own.
-		big, _, _, err := p.AllocBlockWhole(0, 0, 40<<20)
+		big, _, err := p.AllocPlaced(0, 0, 40<<20)
 		require.NoError(t, err)
 		require.NoError(t, p.Free(0, 0, big, 40<<20))
-		ptr, _, whole, err := p.AllocBlockWhole(0, 0, 12<<20)
+		ptr, pl, err := p.AllocPlaced(0, 0, 12<<20)
 		require.NoError(t, err)
-		require.False(t, whole, "12 MiB cut from the idle 40 MiB segment")
+		require.False(t, pl.Whole, "12 MiB cut from the idle 40 MiB segment")
 		require.NoError(t, p.Free(0, 0, ptr, 12<<20))
-		_, _, whole, err = p.AllocBlockWhole(0, 0, 0)
+		_, pl, err = p.AllocPlaced(0, 0, 0)
 		require.NoError(t, err)
-		require.False(t, whole)
-		_, _, _, err = p.AllocBlockWhole(3, 0, 1)
+		require.False(t, pl.Whole)
+		_, _, err = p.AllocPlaced(3, 0, 1)
 		require.Error(t, err)
 		require.NoError(t, p.CheckInvariants())
 	}

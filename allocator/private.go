@@ -187,8 +187,7 @@ func (p *Pool) AllocIn(dev int, stream uintptr, size uint64, id PoolID) (uintptr
 	s := d.poolShard(pp, stream)
 	d.privMu.Unlock()
 	ptr, pl, err := s.alloc(size)
-	bsize := pl.Size
-	return ptr, bsize, err
+	return ptr, pl.Size, err
 }
 
 // AllocSegment serves a request as a segment of its own, which goes back to
@@ -210,8 +209,7 @@ func (p *Pool) AllocSegment(dev int, stream uintptr, size uint64) (uintptr, uint
 	s := d.poolShard(d.direct, stream)
 	d.privMu.Unlock()
 	ptr, pl, err := s.alloc(size)
-	bsize := pl.Size
-	return ptr, bsize, err
+	return ptr, pl.Size, err
 }
 
 // poolShard returns pool pp's shard of stream, creating it. Called with

@@ -336,29 +336,23 @@ def predict(tool: Path, trace: Path) -> dict:
 
 def build_extension() -> Path:
     """Compiles the replay extension (about 20 s the first time) and returns its .so."""
-    return _bench_torch().build_extension("symm_replay", CPP_SOURCE, BUILD_DIR, ())
+    return _sibling("bench_torch").build_extension("symm_replay", CPP_SOURCE, BUILD_DIR, ())
 
 
 @functools.lru_cache(maxsize=None)
-def _bench_torch():
-    spec = importlib.util.spec_from_file_location("symm_bench_torch", ROOT / "bench" / "bench_torch.py")
+def _sibling(name: str):
+    """bench/NAME.py as a module (those used here import only the standard library at load: no torch)."""
+    spec = importlib.util.spec_from_file_location(f"symm_bench_{name}", ROOT / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # stdlib only at import: no torch
+    spec.loader.exec_module(mod)
     return mod
 
-
-@functools.lru_cache(maxsize=None)
-def _workloads():
-    spec = importlib.util.spec_from_file_location("symm_bench_workloads", ROOT / "bench" / "workloads.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # stdlib only at import: no torch
-    return mod
 
 
 def child_env(config: str) -> dict:
     """bench/workloads.py's child_env (both benchmarks set each configuration up alike), with
     bench/bench_torch.py's QUIET_ENV: the children time CPU loops."""
-    return dict(_workloads().child_env(config), **_bench_torch().QUIET_ENV)
+    return dict(_sibling("workloads").child_env(config), **_sibling("bench_torch").QUIET_ENV)
 
 
 def run_child(config: str, name: str, rnd: int, ext: Path, data: Path, a) -> dict:
@@ -526,7 +520,7 @@ def parent_main(a) -> int:
 
 def load_extension(path: Path):
     """Imports the already built extension from its .so, without rebuilding."""
-    return _bench_torch().load_extension(path)
+    return _sibling("bench_torch").load_extension(path)
 
 
 def read_peaks(torch, symm) -> dict:

@@ -404,22 +404,19 @@ int take(int dev, Entry *out, int max) {
     Cpu &c = g_cpus[cpu];
     {
       Guard g(c.lk);
-      int keep = 0;
-      for (int i = 0; i < c.n; i++) {
-        if (k < max && (dev < 0 || c.e[i].dev == dev))
-          out[k++] = c.e[i];
-        else
-          c.e[keep++] = c.e[i];
-      }
-      __atomic_store_n(&c.n, keep, __ATOMIC_RELAXED);
-      keep = 0;
-      for (int i = 0; i < c.nd; i++) {
-        if (k < max && (dev < 0 || c.d[i].dev == dev))
-          out[k++] = c.d[i];
-        else
-          c.d[keep++] = c.d[i];
-      }
-      __atomic_store_n(&c.nd, keep, __ATOMIC_RELAXED);
+      // Moves dev's entries of list (n long) to out, keeping the others.
+      auto move_out = [&](Entry *list, int &n) {
+        int keep = 0;
+        for (int i = 0; i < n; i++) {
+          if (k < max && (dev < 0 || list[i].dev == dev))
+            out[k++] = list[i];
+          else
+            list[keep++] = list[i];
+        }
+        __atomic_store_n(&n, keep, __ATOMIC_RELAXED);  // read without the lock by parked()
+      };
+      move_out(c.e, c.n);
+      move_out(c.d, c.nd);
       unmark_if_empty(cpu);
     }
   });
