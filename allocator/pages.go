@@ -138,6 +138,7 @@ func (s *shard) mapFor(b *block, r uint64) error {
 			if uerr := s.unmapRun(seg, d[0], d[1]); uerr != nil {
 				return fmt.Errorf("%w (undoing the mapping also failed: %v)", err, uerr)
 			}
+			s.dev.unreserve(d[1]-d[0], false) // mapChunks counted it against the limit
 		}
 		return err
 	}

@@ -141,3 +141,38 @@ func TestFreePagesWaitForNothingWhenMapping(t *testing.T) {
 	require.Equal(t, int64(0), reservedNow(t, p))
 	require.NoError(t, p.CheckInvariants())
 }
+
+// A block over two unmapped runs whose second the limit refuses: the first
+// is unmapped again and its bytes no longer count against the limit, so
+// what fits under it still does.
+func TestFreePagesFailedMappingGivesBackItsReservation(t *testing.T) {
+	fb := newFake(1)
+	fb.capacity = 64 << 20
+	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
+	require.NoError(t, err)
+	var blocks []uintptr
+	for i := 0; i < 5; i++ { // five chunks, one block each
+		b, err := p.Alloc(0, 0, 2<<20)
+		require.NoError(t, err)
+		blocks = append(blocks, b)
+	}
+	require.NoError(t, p.Free(0, 0, blocks[1], 2<<20))
+	require.NoError(t, p.Free(0, 0, blocks[3], 2<<20))
+	g, err := p.Alloc(0, 0, 4<<20) // grows: chunks 1 and 3 are unmapped first
+	require.NoError(t, err)
+	require.NoError(t, p.Free(0, 0, blocks[2], 2<<20)) // one hole, chunks 1-3: unmapped, mapped, unmapped
+	res := reservedNow(t, p)
+	require.NoError(t, p.SetLimit(0, uint64(res)+2<<20))
+	_, err = p.Alloc(0, 0, 6<<20) // chunk 1 maps, chunk 3 is over the limit
+	require.True(t, IsOutOfMemory(err), "%v", err)
+	require.Equal(t, res, reservedNow(t, p))
+	require.Equal(t, uint64(res), p.devs[0].committed, "the undone mapping counts against the limit no more")
+	require.NoError(t, p.CheckInvariants())
+	x, err := p.Alloc(0, 0, 2<<20) // one chunk fits under the limit
+	require.NoError(t, err)
+	for _, b := range []uintptr{blocks[0], blocks[4], x} {
+		require.NoError(t, p.Free(0, 0, b, 2<<20))
+	}
+	require.NoError(t, p.Free(0, 0, g, 4<<20))
+	require.NoError(t, p.CheckInvariants())
+}
