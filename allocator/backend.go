@@ -69,6 +69,36 @@ type Expander interface {
 	UnmapChunks(dev int, ptr uintptr, size uint64) error
 }
 
+// ChunkKeeper is the optional part of an Expander that keeps the physical
+// memory of unmapped chunks for later mappings (spare handles). With
+// Config.UnmapFreePages the pool moves memory from free holes to where it
+// is needed: unmapping into spare chunks and mapping those again costs an
+// unmap and a map per chunk, where unmapping and mapping new memory also
+// releases and creates a physical allocation (cuMemRelease, cuMemCreate:
+// the slow part).
+//
+// The pool keeps chunks only for the mapping it is about to make and
+// releases whatever that mapping did not take before it returns, so a
+// device's spare is empty between pool operations. Spare chunks are one
+// granularity each and interchangeable between ranges of the same device.
+type ChunkKeeper interface {
+	// KeepChunks unmaps [ptr, ptr+size) as UnmapChunks does, keeping its
+	// memory as spare chunks of dev. It returns how many bytes from ptr
+	// were unmapped and kept: size, or on error a prefix (the rest stays
+	// mapped).
+	KeepChunks(dev int, ptr uintptr, size uint64) (kept uint64, err error)
+	// MapKept maps [ptr, ptr+size), unmapped, with size bytes of dev's
+	// spare chunks, readable and writable by dev. On error nothing is
+	// mapped and the spare is unchanged.
+	MapKept(dev int, ptr uintptr, size uint64) error
+	// ReleaseKept releases size bytes of dev's spare chunks.
+	ReleaseKept(dev int, size uint64) error
+	// Chunks reports the chunk memory dev holds: mapped in ranges, and
+	// spare. Every chunk the backend created and has not released is one of
+	// the two (the fuzz tests check this after every step).
+	Chunks(dev int) (mapped, spare uint64)
+}
+
 // Event is a backend's event handle (a CUevent for CUDA).
 type Event uintptr
 

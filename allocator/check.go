@@ -15,7 +15,7 @@ func (p *Pool) CheckInvariants() error {
 	type span struct{ lo, hi uintptr }
 	var spans []span
 	for _, d := range p.devs {
-		var reserved, segs int64
+		var reserved, segs, chunkMapped, kept int64
 		var allocs, allocBytes, reqBytes, pendN, pendBytes int64
 		for _, s := range d.shardList() {
 			s.mu.Lock()
@@ -31,7 +31,11 @@ func (p *Pool) CheckInvariants() error {
 			for seg := s.segs; seg != nil; seg = seg.snext {
 				reserved += int64(seg.size - seg.unmappedBytes(d.chunk))
 				segs++
+				if seg.vsize != 0 {
+					chunkMapped += int64(seg.size - seg.unmappedBytes(d.chunk))
+				}
 			}
+			kept += int64(s.kept)
 			s.mu.Unlock()
 			if err != nil {
 				return fmt.Errorf("device %d stream %#x: %w", d.idx, s.stream, err)
@@ -43,6 +47,25 @@ func (p *Pool) CheckInvariants() error {
 		}{
 			{"reserved_bytes", d.reserved[stAll].cur.Load(), reserved},
 			{"segment", d.segments[stAll].cur.Load(), segs},
+		}
+		d.reserveMu.Lock()
+		committed := int64(d.committed)
+		d.reserveMu.Unlock()
+		// Between operations nothing is being asked of the backend, so the
+		// limit counts the segments and the chunks kept spare only.
+		checks = append(checks, struct {
+			name      string
+			got, want int64
+		}{"bytes counted against the limit", committed, reserved + kept})
+		if p.keeper != nil {
+			m, sp := p.keeper.Chunks(d.idx)
+			checks = append(checks, []struct {
+				name      string
+				got, want int64
+			}{
+				{"backend's mapped chunk bytes", int64(m), chunkMapped},
+				{"backend's spare chunk bytes", int64(sp), kept},
+			}...)
 		}
 		if d.hot.multi.Load() {
 			checks = append(checks, []struct {

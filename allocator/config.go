@@ -81,7 +81,8 @@ func ParseLimit(s string) (bytes uint64, fraction float64, err error) {
 // (the C environment in the library, a map in tests): first PyTorch's allocator
 // settings (PYTORCH_CUDA_ALLOC_CONF, else PYTORCH_ALLOC_CONF; see
 // torchconf.go), then libsymm's own SYMM_POOL_LIMIT, SYMM_POOL_MAX_SPLIT,
-// SYMM_POOL_EXPANDABLE and SYMM_POOL_EXPANDABLE_CHUNK. A SYMM_POOL_ variable
+// SYMM_POOL_EXPANDABLE, SYMM_POOL_EXPANDABLE_CHUNK and
+// SYMM_POOL_UNMAP_FREE_PAGES. A SYMM_POOL_ variable
 // that is set wins over the PyTorch setting of the same field:
 //
 //	SYMM_POOL_EXPANDABLE  over  expandable_segments
@@ -124,6 +125,16 @@ func ConfigFromEnv(getenv func(string) string) (Config, []string, error) {
 			return c, nil, fmt.Errorf("%w: SYMM_POOL_EXPANDABLE_CHUNK=%q: want a size from 1 byte to 1 TiB (rounded up to the driver's granularity)", ErrInvalid, v)
 		}
 		c.ExpandableChunk = b
+	}
+	switch v := getenv("SYMM_POOL_UNMAP_FREE_PAGES"); v {
+	case "":
+	case "0", "1":
+		c.UnmapFreePages = v == "1"
+	default:
+		return c, nil, fmt.Errorf("%w: SYMM_POOL_UNMAP_FREE_PAGES=%q: want 0 or 1", ErrInvalid, v)
+	}
+	if c.UnmapFreePages && !c.Expandable {
+		warns = append(warns, "SYMM_POOL_UNMAP_FREE_PAGES=1 has no effect without expandable segments (SYMM_POOL_EXPANDABLE=1 or expandable_segments:True)")
 	}
 	if v := getenv("SYMM_POOL_LIMIT"); v != "" {
 		b, f, err := ParseLimit(v)

@@ -172,10 +172,12 @@ func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
 	if tail.state == blockFree {
 		but = span{seg, uint64(tail.ptr-seg.ptr) / s.dev.chunk * s.dev.chunk, seg.size}
 	}
-	if _, err := s.unmapFreePagesBut(but, need, false); err != nil {
-		return nil, err
+	_, err := s.unmapFreePagesBut(but, need, false)
+	if err == nil {
+		err = s.mapRun(seg.ptr+uintptr(seg.size), need)
 	}
-	if err := s.dev.mapChunks(seg.ptr+uintptr(seg.size), need, s.stream); err != nil {
+	_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
+	if err != nil {
 		return nil, err
 	}
 	s.dev.countSegment(k, int64(need), 0)
@@ -204,22 +206,22 @@ func (s *shard) newExpandable(r uint64, k poolKind) (*block, error) {
 	if size > vsize {
 		return nil, &tooLargeErr{want: size, total: vsize}
 	}
-	if err := d.reserve(size); err != nil {
-		return nil, err
-	}
 	ptr, err := exp.ReserveRange(d.idx, vsize)
 	if err != nil {
-		d.unreserve(size, false)
 		return nil, fmt.Errorf("expandable segment: reserving %d bytes of address space on device %d: %w", vsize, d.idx, err)
 	}
-	if err := exp.MapChunks(d.idx, ptr, size); err != nil {
-		d.unreserve(size, false)
+	// Free pages of the other segments give back as much as this one maps.
+	_, err = s.unmapFreePagesBut(span{}, size, false)
+	if err == nil {
+		err = s.mapRun(ptr, size)
+	}
+	_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
+	if err != nil {
 		if ferr := exp.FreeRange(d.idx, ptr, vsize); ferr != nil {
 			err = errors.Join(err, fmt.Errorf("giving back the range: %w", ferr))
 		}
-		return nil, fmt.Errorf("expandable segment: mapping %d bytes on device %d: %w", size, d.idx, err)
+		return nil, err
 	}
-	d.hist.record(ActSegmentMap, ptr, size, s.stream)
 	d.countSegment(k, int64(size), 1)
 	seg := &segment{ptr: ptr, size: size, kind: k, vsize: vsize}
 	s.addSeg(seg)
@@ -240,20 +242,6 @@ func (e *tooLargeErr) Error() string {
 	return fmt.Sprintf("%d bytes are more than the device's %d bytes", e.want, e.total)
 }
 func (e *tooLargeErr) OutOfMemory() bool { return true }
-
-// mapChunks maps n bytes at ptr, counted against the device's limit; on
-// failure nothing is mapped or counted.
-func (d *device) mapChunks(ptr uintptr, n uint64, stream uintptr) error {
-	if err := d.reserve(n); err != nil {
-		return err
-	}
-	if err := d.pool.exp.MapChunks(d.idx, ptr, n); err != nil {
-		d.unreserve(n, false)
-		return fmt.Errorf("expandable segment: mapping %d more bytes at %#x on device %d: %w", n, ptr, d.idx, err)
-	}
-	d.hist.record(ActSegmentMap, ptr, n, stream)
-	return nil
-}
 
 // countSegment adds bytes (and segments) of kind k to the device's reserved
 // statistics; d.reserve has already counted the bytes against the limit.
@@ -303,6 +291,9 @@ func (s *shard) releaseExpandable() error {
 			}
 			if err == nil {
 				_, err = s.unmapFreePages(^uint64(0)) // with UnmapFreePages: every free page too
+			}
+			if s.kept != 0 { // left by a release that failed while mapping
+				err = errors.Join(err, s.dropSpare())
 			}
 			s.mu.Unlock()
 			return err
@@ -393,7 +384,7 @@ func (s *shard) trim(seg *segment, keep uint64) error {
 	// Only what is mapped of it: free pages inside may be unmapped already.
 	var mapped uint64
 	err := seg.runs(keep, seg.size, d.chunk, true, func(lo, hi uint64) error {
-		if err := d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo); err != nil {
+		if err := d.unmapChunks(seg.ptr+uintptr(lo), hi-lo); err != nil {
 			return fmt.Errorf("unmapping %d free bytes at the end of the expandable segment at %#x on device %d: %w", hi-lo, seg.ptr, d.idx, err)
 		}
 		d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), hi-lo, s.stream)

@@ -251,8 +251,21 @@ func TestConfigFromEnvExpandable(t *testing.T) {
 	c, _, err = ConfigFromEnv(env(map[string]string{"SYMM_POOL_EXPANDABLE": "0"}))
 	require.NoError(t, err)
 	require.False(t, c.Expandable)
+	c, warns, err := ConfigFromEnv(env(map[string]string{"SYMM_POOL_EXPANDABLE": "1", "SYMM_POOL_UNMAP_FREE_PAGES": "1"}))
+	require.NoError(t, err)
+	require.True(t, c.UnmapFreePages)
+	require.Empty(t, warns)
+	c, warns, err = ConfigFromEnv(env(map[string]string{"SYMM_POOL_UNMAP_FREE_PAGES": "1"}))
+	require.NoError(t, err)
+	require.Len(t, warns, 1)
+	require.Contains(t, warns[0], "no effect without expandable segments")
+	c, _, err = ConfigFromEnv(env(map[string]string{"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "SYMM_POOL_UNMAP_FREE_PAGES": "0"}))
+	require.NoError(t, err)
+	require.True(t, c.Expandable)
+	require.False(t, c.UnmapFreePages)
 	for _, bad := range []map[string]string{
 		{"SYMM_POOL_EXPANDABLE": "yes"},
+		{"SYMM_POOL_UNMAP_FREE_PAGES": "on"},
 		{"SYMM_POOL_EXPANDABLE_CHUNK": "0"},
 		{"SYMM_POOL_EXPANDABLE_CHUNK": "2 parsecs"},
 		{"SYMM_POOL_EXPANDABLE_CHUNK": "2TiB"},

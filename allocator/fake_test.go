@@ -27,6 +27,9 @@ type fakeBackend struct {
 	// chunks marked mapped may be touched) and the mapped chunks.
 	ranges map[uintptr][]byte
 	mapped map[uintptr]bool
+	// Chunk memory per device (ChunkKeeper): chunks mapped and spare, and
+	// chunks ever created minus released, which must equal their sum.
+	chunkMapped, chunkSpare, chunkHandles []uint64
 
 	// uses[chunk] is the last work queued on a chunk of an expandable range
 	// (use): unmapping it before that work completed fails, as it would
@@ -53,6 +56,7 @@ func newFake(devices int) *fakeBackend {
 		devices: devices, used: make([]uint64, devices), segs: map[uintptr][]byte{},
 		submitted: map[uintptr]int{}, completed: map[uintptr]int{}, events: map[Event]fakeEvent{}, nextEv: 1,
 		ranges: map[uintptr][]byte{}, mapped: map[uintptr]bool{}, uses: map[uintptr]fakeUse{},
+		chunkMapped: make([]uint64, devices), chunkSpare: make([]uint64, devices), chunkHandles: make([]uint64, devices),
 	}
 }
 
@@ -259,6 +263,8 @@ func (f *fakeBackend) MapChunks(dev int, ptr uintptr, size uint64) error {
 		f.mapped[c] = true
 	}
 	f.used[dev] += size
+	f.chunkMapped[dev] += size
+	f.chunkHandles[dev] += size
 	f.allocs++
 	return nil
 }
@@ -269,16 +275,108 @@ func (f *fakeBackend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
 	if err := f.chunks(ptr, size, true); err != nil {
 		return err
 	}
+	if err := f.busy(ptr, size); err != nil {
+		return err
+	}
+	f.unmapLocked(ptr, size)
+	f.used[dev] -= size
+	f.chunkMapped[dev] -= size
+	f.chunkHandles[dev] -= size
+	f.frees++
+	return nil
+}
+
+// busy fails when work queued on a chunk of [ptr, ptr+size) has not
+// completed: unmapping it would corrupt memory on a GPU. Called with f.mu
+// held.
+func (f *fakeBackend) busy(ptr uintptr, size uint64) error {
 	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
 		if u, ok := f.uses[c]; ok && f.completed[u.stream] < u.seq {
 			return fmt.Errorf("fake: unmap of chunk %#x while work %d of stream %#x on it has not completed", c, u.seq, u.stream)
 		}
 	}
+	return nil
+}
+
+// unmapLocked drops the chunks of [ptr, ptr+size), checked by the caller;
+// called with f.mu held.
+func (f *fakeBackend) unmapLocked(ptr uintptr, size uint64) {
 	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
 		delete(f.mapped, c)
 		delete(f.uses, c)
 	}
+}
+
+// ChunkKeeper: spare chunks keep their place in the capacity (used).
+
+func (f *fakeBackend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.chunks(ptr, size, true); err != nil {
+		return 0, err
+	}
+	if err := f.busy(ptr, size); err != nil {
+		return 0, err
+	}
+	f.unmapLocked(ptr, size)
+	f.chunkMapped[dev] -= size
+	f.chunkSpare[dev] += size
+	return size, nil
+}
+
+func (f *fakeBackend) MapKept(dev int, ptr uintptr, size uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.failAlloc; err != nil {
+		f.failAlloc = nil
+		return err
+	}
+	if err := f.chunks(ptr, size, false); err != nil {
+		return err
+	}
+	if f.chunkSpare[dev] < size {
+		return fmt.Errorf("fake: map of %d spare bytes on device %d, which keeps %d", size, dev, f.chunkSpare[dev])
+	}
+	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
+		f.mapped[c] = true
+	}
+	f.chunkSpare[dev] -= size
+	f.chunkMapped[dev] += size
+	return nil
+}
+
+func (f *fakeBackend) ReleaseKept(dev int, size uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.chunkSpare[dev] < size {
+		return fmt.Errorf("fake: release of %d spare bytes on device %d, which keeps %d", size, dev, f.chunkSpare[dev])
+	}
+	f.chunkSpare[dev] -= size
+	f.chunkHandles[dev] -= size
 	f.used[dev] -= size
-	f.frees++
+	return nil
+}
+
+func (f *fakeBackend) Chunks(dev int) (mapped, spare uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.chunkMapped[dev], f.chunkSpare[dev]
+}
+
+// checkChunks reports whether every chunk created and not released is
+// mapped or spare, and as many are mapped as the mapped set holds.
+func (f *fakeBackend) checkChunks() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var all uint64
+	for d := range f.chunkHandles {
+		if f.chunkHandles[d] != f.chunkMapped[d]+f.chunkSpare[d] {
+			return fmt.Errorf("fake: device %d holds %d bytes of chunks, but %d are mapped and %d spare", d, f.chunkHandles[d], f.chunkMapped[d], f.chunkSpare[d])
+		}
+		all += f.chunkMapped[d]
+	}
+	if n := uint64(len(f.mapped)) * fakeGranularity; n != all {
+		return fmt.Errorf("fake: %d bytes of chunks mapped, %d counted", n, all)
+	}
 	return nil
 }

@@ -243,6 +243,9 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 			if err := p.CheckInvariants(); err != nil {
 				t.Fatalf("step %d (op %d): %v", steps, op, err)
 			}
+			if err := fb.checkChunks(); err != nil {
+				t.Fatalf("step %d (op %d): %v", steps, op, err)
+			}
 		}
 		for k, n := range uses {
 			for ; n > 0; n-- {
@@ -265,6 +268,11 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 		for d := 0; d < 2; d++ {
 			if r := p.devs[d].reserved[stAll].cur.Load(); r != 0 {
 				t.Fatalf("device %d keeps %d bytes after freeing everything and empty_cache", d, r)
+			}
+		}
+		for d := 0; d < 2; d++ {
+			if m, sp := fb.Chunks(d); m != 0 || sp != 0 || fb.chunkHandles[d] != 0 {
+				t.Fatalf("device %d holds %d bytes of chunks (%d mapped, %d spare) after empty_cache", d, fb.chunkHandles[d], m, sp)
 			}
 		}
 		if len(fb.ranges) != 0 || len(fb.mapped) != 0 {

@@ -192,7 +192,7 @@ func (s *shard) releaseSegment(seg *segment) error {
 	if seg.vsize != 0 {
 		mapped -= seg.unmappedBytes(d.chunk)
 		err := seg.runs(0, seg.size, d.chunk, true, func(lo, hi uint64) error {
-			return d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
+			return d.unmapChunks(seg.ptr+uintptr(lo), hi-lo)
 		})
 		if err != nil {
 			return fmt.Errorf("unmapping a %d-byte expandable segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)

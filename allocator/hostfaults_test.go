@@ -94,6 +94,11 @@ func requireEmpty(t *testing.T, p *allocator.Pool, h *host.Backend, devices, fds
 		require.NoError(t, err)
 		require.Equal(t, total, free, "device %d: the backend counts bytes in use", dev)
 	}
+	for dev := 0; dev < devices; dev++ {
+		mapped, spare := h.Chunks(dev)
+		require.Zero(t, mapped, "device %d: mapped chunk bytes", dev)
+		require.Zero(t, spare, "device %d: spare chunk bytes", dev)
+	}
 	require.Zero(t, h.Segments(), "live backend segments")
 	require.Zero(t, h.Ranges(), "reserved ranges of expandable segments")
 	require.Equal(t, maps, memfdMaps(t), "memfd mappings")
@@ -177,8 +182,13 @@ func faultyRun(t *testing.T, rate float64, seed uint64, ops host.FaultOps, n int
 	for len(live) > 0 {
 		free(len(live)-1, false)
 	}
-	t.Logf("rate %g: %d operations, %d backend allocations, %d injected faults, %d out-of-memory errors",
-		rate, n, poolStat(t, p, 0, "num_device_alloc")+poolStat(t, p, 1, "num_device_alloc"), injected, ooms)
+	t.Logf("rate %g: %d operations, %d backend allocations, %d injected faults, %d out-of-memory errors, %d spare chunks reused",
+		rate, n, poolStat(t, p, 0, "num_device_alloc")+poolStat(t, p, 1, "num_device_alloc"), injected, ooms,
+		poolStat(t, p, 0, "num_spare_chunks_reused")+poolStat(t, p, 1, "num_spare_chunks_reused"))
+	if cfg.UnmapFreePages {
+		require.Positive(t, poolStat(t, p, 0, "num_spare_chunks_reused")+poolStat(t, p, 1, "num_spare_chunks_reused"),
+			"free pages moved to new mappings as spare chunks")
+	}
 	if ops == host.FaultAlloc {
 		require.EqualValues(t, injected, h.Faults().Injected(), "every injected fault reached the caller")
 	}
@@ -217,6 +227,17 @@ func TestExpandablePoolOverFaultyHostBackend(t *testing.T) {
 	injected, ooms := faultyRun(t, 0.1, 7, host.FaultAlloc, int(3e4*soakScale(t)), allocator.Config{Expandable: true})
 	require.Greater(t, injected, 0)
 	require.Greater(t, ooms, 0, "the out-of-memory retry ran")
+}
+
+// The same with free pages unmapped whenever the pool maps memory and kept
+// as spare chunks for that mapping (Config.UnmapFreePages over the host
+// backend's ChunkKeeper): a mapping of spare chunks fails at random too,
+// CheckInvariants compares the backend's mapped and spare chunks with the
+// pool's after every failure, and at the end nothing is mapped or spare.
+func TestFreePagesPoolOverFaultyHostBackend(t *testing.T) {
+	injected, _ := faultyRun(t, 0.1, 11, host.FaultAlloc, int(3e4*soakScale(t)),
+		allocator.Config{Expandable: true, UnmapFreePages: true})
+	require.Greater(t, injected, 0)
 }
 
 // soakScale is SYMM_SOAK_SCALE, the multiplier of the long tests' operation

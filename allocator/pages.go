@@ -1,8 +1,10 @@
 package allocator
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
+	"time"
 )
 
 // Free pages inside expandable segments (Config.UnmapFreePages).
@@ -30,8 +32,13 @@ import (
 // after the latest one tells, when it completes, how far the stream got
 // (passed). Mapping never waits for it: pages not known to be passed stay
 // mapped, and the pool maps new memory instead. Release waits, as for the
-// tails. The library does not switch this on yet: the map and unmap calls
-// it adds to a training step are still to be measured on a GPU.
+// tails. SYMM_POOL_UNMAP_FREE_PAGES=1 switches it on (off by default).
+//
+// With a backend that keeps chunks (ChunkKeeper), pages unmapped to make
+// room for a mapping are kept as spare chunks and that mapping takes them
+// first (mapRun), so moving memory costs an unmap and a map, no release and
+// create; what the mapping did not take is released before the operation
+// returns (dropSpare): the spare is empty between operations.
 //
 // Invariants (CheckInvariants): an unmapped chunk of a segment lies below
 // seg.size and wholly inside one free block; seg.holes counts them; the
@@ -123,11 +130,12 @@ func (s *shard) mapFor(b *block, r uint64) error {
 	// Free pages elsewhere give back as much as this block takes (not
 	// those under it).
 	if _, err := s.unmapFreePagesBut(span{seg, lo, hi}, want, false); err != nil {
+		_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
 		return err
 	}
 	var done [][2]uint64
 	err := seg.runs(lo, hi, c, false, func(a, z uint64) error {
-		if err := s.dev.mapChunks(seg.ptr+uintptr(a), z-a, s.stream); err != nil {
+		if err := s.mapRun(seg.ptr+uintptr(a), z-a); err != nil {
 			return err
 		}
 		done = append(done, [2]uint64{a, z})
@@ -138,10 +146,12 @@ func (s *shard) mapFor(b *block, r uint64) error {
 			if uerr := s.unmapRun(seg, d[0], d[1]); uerr != nil {
 				return fmt.Errorf("%w (undoing the mapping also failed: %v)", err, uerr)
 			}
-			s.dev.unreserve(d[1]-d[0], false) // mapChunks counted it against the limit
+			s.dev.unreserve(d[1]-d[0], false) // mapRun counted it against the limit
 		}
+		_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
 		return err
 	}
+	_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
 	for _, d := range done {
 		for off := d[0]; off < d[1]; off += c {
 			seg.holes.set(off/c, false)
@@ -155,10 +165,115 @@ func (s *shard) mapFor(b *block, r uint64) error {
 // accounts for them. Called with s.mu held.
 func (s *shard) unmapRun(seg *segment, lo, hi uint64) error {
 	d := s.dev
-	if err := d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo); err != nil {
+	if err := d.unmapChunks(seg.ptr+uintptr(lo), hi-lo); err != nil {
 		return fmt.Errorf("unmapping %d free bytes inside the expandable segment at %#x on device %d: %w", hi-lo, seg.ptr, d.idx, err)
 	}
 	d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), hi-lo, s.stream)
+	return nil
+}
+
+// keepRun unmaps the mapped chunks [lo, hi) of seg into s's spare
+// (Pool.keeper), uncounted, and returns how many bytes from lo it kept: all
+// of them, or on error a prefix. Called with s.mu held.
+func (s *shard) keepRun(seg *segment, lo, hi uint64) (uint64, error) {
+	d := s.dev
+	t0 := time.Now()
+	kept, err := d.pool.keeper.KeepChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
+	d.chunkUnmapNs.Add(int64(time.Since(t0)))
+	d.numChunkUnmaps.Add(1)
+	if kept > 0 {
+		d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), kept, s.stream)
+	}
+	if err != nil {
+		err = fmt.Errorf("unmapping %d free bytes inside the expandable segment at %#x on device %d into spare chunks: %w", hi-lo, seg.ptr, d.idx, err)
+	}
+	return kept, err
+}
+
+// unmapChunks unmaps n bytes at ptr of an expandable segment, timed and
+// counted (numChunkUnmaps, chunkUnmapNs).
+func (d *device) unmapChunks(ptr uintptr, n uint64) error {
+	t0 := time.Now()
+	err := d.pool.exp.UnmapChunks(d.idx, ptr, n)
+	d.chunkUnmapNs.Add(int64(time.Since(t0)))
+	d.numChunkUnmaps.Add(1)
+	return err
+}
+
+// mapRun maps n bytes at ptr, unmapped chunks of one of s's expandable
+// segments: with the chunks s keeps spare first, new ones for the rest.
+// The new bytes are counted against the limit (spare ones are already),
+// not in the statistics (countSegment does that). On failure nothing is
+// mapped or counted and the spare is as it was. Called with s.mu held.
+func (s *shard) mapRun(ptr uintptr, n uint64) error {
+	d := s.dev
+	take := min(s.kept, n)
+	if n > take {
+		if err := d.reserve(n - take); err != nil {
+			return err
+		}
+	}
+	t0 := time.Now()
+	defer func() { d.chunkMapNs.Add(int64(time.Since(t0))) }()
+	d.numChunkMaps.Add(1)
+	if take > 0 {
+		if err := d.pool.keeper.MapKept(d.idx, ptr, take); err != nil {
+			d.unreserve(n-take, false)
+			return fmt.Errorf("expandable segment: mapping %d bytes of spare chunks at %#x on device %d: %w", take, ptr, d.idx, err)
+		}
+	}
+	if n > take {
+		if err := d.pool.exp.MapChunks(d.idx, ptr+uintptr(take), n-take); err != nil {
+			d.unreserve(n-take, false)
+			err = fmt.Errorf("expandable segment: mapping %d more bytes at %#x on device %d: %w", n-take, ptr+uintptr(take), d.idx, err)
+			if take > 0 {
+				err = errors.Join(err, s.unmapSpareAgain(ptr, take))
+			}
+			return err
+		}
+	}
+	s.kept -= take
+	d.numSpareReused.Add(int64(take / d.chunk))
+	d.hist.record(ActSegmentMap, ptr, n, s.stream)
+	return nil
+}
+
+// unmapSpareAgain undoes MapKept of n bytes at ptr: the chunks go back to
+// the spare, or, those that cannot, are unmapped and released. Called with
+// s.mu held.
+func (s *shard) unmapSpareAgain(ptr uintptr, n uint64) error {
+	d := s.dev
+	kept, err := d.pool.keeper.KeepChunks(d.idx, ptr, n)
+	if err == nil {
+		return nil
+	}
+	// The chunks after the kept prefix are still mapped: they leave the
+	// spare, released.
+	err = fmt.Errorf("undoing a mapping of spare chunks: %w", err)
+	rest := n - kept
+	s.kept -= rest
+	if uerr := d.pool.exp.UnmapChunks(d.idx, ptr+uintptr(kept), rest); uerr != nil {
+		return fmt.Errorf("%w; unmapping them also failed, %d bytes stay mapped unused: %v", err, rest, uerr)
+	}
+	d.unreserve(rest, false)
+	return err
+}
+
+// dropSpare releases the spare chunks s kept that the mapping it made did
+// not take, so that the spare is empty between operations. On failure they
+// stay counted in s.kept (and against the limit): the next mapping uses
+// them, and release tries again and reports it. Called with s.mu held.
+func (s *shard) dropSpare() error {
+	n := s.kept
+	if n == 0 {
+		return nil
+	}
+	d := s.dev
+	if err := d.pool.keeper.ReleaseKept(d.idx, n); err != nil {
+		return fmt.Errorf("releasing %d bytes of spare chunks on device %d: %w", n, d.idx, err)
+	}
+	s.kept = 0
+	d.unreserve(n, false)
 	return nil
 }
 
@@ -252,22 +367,37 @@ func (s *shard) unmapFreePagesBut(but span, limit uint64, wait bool) (uint64, er
 		return 0, nil
 	}
 	c := d.chunk
+	// Pages unmapped to make room for a mapping are kept for it (spare
+	// chunks), those unmapped at release are released.
+	keep := !wait && d.pool.keeper != nil
 	var done uint64
 	for _, pg := range pages {
-		if err := s.unmapRun(pg.seg, pg.lo, pg.hi); err != nil {
+		n, err := pg.hi-pg.lo, error(nil)
+		if keep {
+			n, err = s.keepRun(pg.seg, pg.lo, pg.hi)
+		} else if err = s.unmapRun(pg.seg, pg.lo, pg.hi); err != nil {
+			n = 0
+		}
+		if n > 0 {
+			if pg.seg.holes == nil {
+				pg.seg.holes = &chunkSet{}
+			}
+			for off := pg.lo; off < pg.lo+n; off += c {
+				pg.seg.holes.set(off/c, true)
+			}
+			if keep { // still counted against the limit, as spare
+				s.kept += n
+				d.reserved[stAll].add(-int64(n))
+			} else {
+				d.unreserve(n, true)
+			}
+			d.reserved[statType(pg.seg.kind)].add(-int64(n))
+			d.numDeviceFree.Add(1)
+			done += n
+		}
+		if err != nil {
 			return done, err
 		}
-		if pg.seg.holes == nil {
-			pg.seg.holes = &chunkSet{}
-		}
-		for off := pg.lo; off < pg.hi; off += c {
-			pg.seg.holes.set(off/c, true)
-		}
-		n := pg.hi - pg.lo
-		d.unreserve(n, true)
-		d.reserved[statType(pg.seg.kind)].add(-int64(n))
-		d.numDeviceFree.Add(1)
-		done += n
 	}
 	return done, nil
 }

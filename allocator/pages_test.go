@@ -176,3 +176,77 @@ func TestFreePagesFailedMappingGivesBackItsReservation(t *testing.T) {
 	require.NoError(t, p.Free(0, 0, g, 4<<20))
 	require.NoError(t, p.CheckInvariants())
 }
+
+// Chunks unmapped to make room for a mapping are kept (ChunkKeeper) and
+// mapped again by it: growth over a hole's pages creates no new chunk, the
+// spare is empty after every operation, and every chunk the backend holds
+// is mapped or spare. A failed mapping of spare chunks is an ordinary
+// error, and they are released, not lost.
+func TestSpareChunksReused(t *testing.T) {
+	fb := newFake(1)
+	fb.capacity = 64 << 20
+	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
+	require.NoError(t, err)
+	check := func() {
+		t.Helper()
+		require.NoError(t, p.CheckInvariants())
+		require.NoError(t, fb.checkChunks())
+		_, spare := fb.Chunks(0)
+		require.Zero(t, spare, "nothing stays spare between operations")
+	}
+	stat := func(name string) int64 {
+		m, err := p.StatsMap(0)
+		require.NoError(t, err)
+		return m[name]
+	}
+	alloc := func(n uint64) uintptr {
+		ptr, err := p.Alloc(0, 0, n)
+		require.NoError(t, err)
+		m := fb.mem(ptr, n)
+		m[0], m[n-1] = 1, 1
+		check()
+		return ptr
+	}
+	a := alloc(4 << 20)
+	b := alloc(6 << 20)
+	c := alloc(4 << 20)
+	require.NoError(t, p.Free(0, 0, b, 6<<20))
+	created := fb.chunkHandles[0]
+	maps := fb.allocs
+	d := alloc(8 << 20) // grows by 8 MiB: 6 from the hole's spare chunks, 2 new
+	require.Equal(t, created+2<<20, fb.chunkHandles[0], "only the part the hole could not give is created")
+	require.Equal(t, maps+1, fb.allocs, "one MapChunks call, for the 2 new MiB")
+	require.EqualValues(t, 3, stat("num_spare_chunks_reused"))
+	require.Equal(t, int64(16<<20), reservedNow(t, p))
+	require.Positive(t, stat("num_chunk_maps"))
+	require.Positive(t, stat("num_chunk_unmaps"))
+
+	// A failure while mapping the spare chunks is an out of memory like any
+	// other: nothing stays mapped or spare, and the retry after release
+	// serves the request.
+	require.NoError(t, p.Free(0, 0, d, 8<<20))
+	e := alloc(8 << 20) // the hole of d serves it as it was
+	require.Equal(t, d, e)
+	require.NoError(t, p.Free(0, 0, e, 8<<20))
+	f := alloc(2 << 20)                        // one chunk of the 8 MiB hole at the end...
+	require.NoError(t, p.Free(0, 0, a, 4<<20)) // ...and a 4 MiB hole at the start
+	fb.failAlloc = fakeOOM{}
+	g, err := p.Alloc(0, 0, 40<<20) // grows: the first hole's chunks go spare, their mapping fails
+	require.NoError(t, err)
+	require.EqualValues(t, 1, stat("num_alloc_retries"), "served by the retry after release")
+	check()
+	m, _ := fb.Chunks(0)
+	require.Equal(t, uint64(reservedNow(t, p)), m, "what is mapped is what the pool counts")
+	require.NoError(t, p.Free(0, 0, g, 40<<20))
+
+	for _, x := range []struct {
+		p uintptr
+		n uint64
+	}{{c, 4 << 20}, {f, 2 << 20}} {
+		require.NoError(t, p.Free(0, 0, x.p, x.n))
+	}
+	require.NoError(t, p.EmptyCache())
+	check()
+	require.Zero(t, fb.chunkHandles[0])
+	require.Zero(t, fb.used[0])
+}

@@ -87,6 +87,10 @@ type Pool struct {
 	devs    []*device
 	// exp is the backend's Expander when cfg.Expandable; nil otherwise.
 	exp Expander
+	// keeper is exp's ChunkKeeper when cfg.UnmapFreePages and it has one:
+	// free pages unmapped to make room for a mapping are kept and mapped
+	// again (pages.go). nil otherwise.
+	keeper ChunkKeeper
 	// roundup: some interval of cfg.RoundupPower2Divisions rounds (d > 1);
 	// the cached path tests only this flag when none does.
 	roundup bool
@@ -126,6 +130,10 @@ type device struct {
 
 	numAllocRetries, numOOMs, numSyncAll atomic.Int64
 	numDeviceAlloc, numDeviceFree        atomic.Int64
+	// What expandable segments' chunk mappings cost (libsymm's own
+	// statistics): calls mapping and unmapping chunks inside segments,
+	// the nanoseconds spent in them, and chunks mapped from spare ones.
+	numChunkMaps, numChunkUnmaps, chunkMapNs, chunkUnmapNs, numSpareReused atomic.Int64
 	// frontBase is Config.FrontServed at the last ResetAccumulated, under
 	// frontMu.
 	frontMu   sync.Mutex
@@ -182,6 +190,10 @@ type shard struct {
 	frees, safe, quietTag uint64
 	quiet                 Event
 	quietSet              bool
+	// kept is the bytes of chunks this shard unmapped into the backend's
+	// spare (Pool.keeper) for the mapping it is making; 0 between
+	// operations (dropSpare).
+	kept uint64
 
 	// epoch counts changes to what the best fit sees (epoch.go); nil in
 	// private pools, which no front cache serves. changes is its value,
@@ -230,6 +242,9 @@ func New(b Backend, cfg Config) (*Pool, error) {
 			return nil, fmt.Errorf("%w: expandable segments: the %s backend cannot reserve address space and map chunks", ErrInvalid, b.Name())
 		}
 		p.exp = e
+		if k, ok := e.(ChunkKeeper); ok && cfg.UnmapFreePages {
+			p.keeper = k
+		}
 	}
 	for i := range p.devs {
 		d := &device{pool: p, idx: i}

@@ -53,6 +53,11 @@ var scalarNames = []string{
 	// libsymm's own: requests the front cache served with a block it held
 	// (Config.FrontServed), counted in the figures above too.
 	"num_front_cache_hits",
+	// libsymm's own: what mapping and unmapping chunks of expandable
+	// segments costs (growth, Config.UnmapFreePages, release): driver
+	// calls made, microseconds spent in them, and chunks mapped again from
+	// spare ones instead of created.
+	"num_chunk_maps", "num_chunk_unmaps", "chunk_map_us", "chunk_unmap_us", "num_spare_chunks_reused",
 }
 
 var statNames = func() []string {
@@ -337,7 +342,9 @@ func (p *Pool) Stats(dev int) ([]int64, error) {
 	os := &d.oversizeSegs
 	out = append(out, os.cur.Load(), os.peak.Load(), os.alloc.Load(), os.freed.Load())
 	out = append(out, d.numAllocRetries.Load(), d.numOOMs.Load(), d.numSyncAll.Load(),
-		d.numDeviceAlloc.Load(), d.numDeviceFree.Load(), int64(p.cfg.MaxSplit), hits)
+		d.numDeviceAlloc.Load(), d.numDeviceFree.Load(), int64(p.cfg.MaxSplit), hits,
+		d.numChunkMaps.Load(), d.numChunkUnmaps.Load(), d.chunkMapNs.Load()/1000, d.chunkUnmapNs.Load()/1000,
+		d.numSpareReused.Load())
 	return out, nil
 }
 
@@ -381,7 +388,8 @@ func (p *Pool) ResetPeak(dev int) error {
 
 // ResetAccumulated zeroes every "allocated" and "freed" statistic of device
 // dev and the counters num_alloc_retries, num_ooms, num_sync_all_streams,
-// num_device_alloc and num_device_free (PyTorch's resetAccumulatedStats);
+// num_device_alloc and num_device_free (PyTorch's resetAccumulatedStats),
+// and libsymm's chunk counters;
 // current and peak values are unchanged. Block counters keep their sums and
 // move a baseline (shardStats.base); the others are zeroed in place.
 func (p *Pool) ResetAccumulated(dev int) error {
@@ -411,7 +419,8 @@ func (p *Pool) ResetAccumulated(dev int) error {
 		d.frontMu.Unlock()
 	}
 	d.oversizeSegs.resetAccumulated()
-	for _, n := range []*atomic.Int64{&d.numAllocRetries, &d.numOOMs, &d.numSyncAll, &d.numDeviceAlloc, &d.numDeviceFree} {
+	for _, n := range []*atomic.Int64{&d.numAllocRetries, &d.numOOMs, &d.numSyncAll, &d.numDeviceAlloc, &d.numDeviceFree,
+		&d.numChunkMaps, &d.numChunkUnmaps, &d.chunkMapNs, &d.chunkUnmapNs, &d.numSpareReused} {
 		n.Store(0)
 	}
 	return nil

@@ -12,6 +12,8 @@ Modes, each in a fresh interpreter (the allocator can be swapped once per proces
 native_expandable (expandable_segments:True), symm (symm.use_as_default()), symm_expandable (with
 SYMM_POOL_EXPANDABLE=1), symm_hooks and symm_hooks_expandable (the same without libsymm's PyTorch
 extension: torch's plain CUDAPluggableAllocator with libsymm's hooks, SYMM_TORCH_EXT=0),
+symm_expandable_unmap (symm_expandable with SYMM_POOL_UNMAP_FREE_PAGES=1: free chunks anywhere in a
+segment are unmapped and their memory mapped where the pool grows; a table of what that costs),
 symm_mempool (MemPool(symm.pool_allocator().allocator()) around the whole
 workload; use_mem_pool routes only this thread's allocations, so backward's, made on autograd's
 device thread, come from PyTorch's default pool).
@@ -46,8 +48,10 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 WORKLOADS = ("gpt2", "cnn", "llm_infer")
 MODES = ("native", "native_expandable", "symm", "symm_expandable", "symm_mempool", "symm_hooks",
-         "symm_hooks_expandable")
-REPLACE_MODES = ("symm", "symm_expandable", "symm_hooks", "symm_hooks_expandable")
+         "symm_hooks_expandable", "symm_expandable_unmap")
+REPLACE_MODES = ("symm", "symm_expandable", "symm_hooks", "symm_hooks_expandable", "symm_expandable_unmap")
+# libsymm's statistics of what mapping and unmapping chunks cost, per run.
+CHUNK_STATS = ("num_chunk_maps", "num_chunk_unmaps", "chunk_map_us", "chunk_unmap_us", "num_spare_chunks_reused")
 DEFAULT_MODES = MODES[:5]  # the hooks-only modes compare libsymm with and without its extension: opt in
 SEED, WARMUP, POLL_S, MiB = 0, 3, 0.001, 1 << 20
 GPT2_SEQS = (128, 1024, 256, 768, 512, 1000, 64, 900, 333, 1024, 200, 640)
@@ -223,6 +227,7 @@ def run_child(a, res: dict) -> None:
     if mode in REPLACE_MODES:
         st = symm.memory_stats(0)
         alloc, reserved = st.get("allocated_bytes.all.peak"), st.get("reserved_bytes.all.peak")
+        res["chunk_stats"] = {k: st.get(k) for k in CHUNK_STATS}
     else:
         alloc, reserved = torch.cuda.max_memory_allocated(dev), torch.cuda.max_memory_reserved(dev)
         if mode == "symm_mempool":
@@ -323,13 +328,16 @@ def child_env(mode: str) -> dict:
     lib = ROOT / "build" / "libsymm.so"
     if "SYMM_LIB" not in env and lib.exists():
         env["SYMM_LIB"] = str(lib)
-    for k in ("SYMM_DEVICE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "SYMM_POOL_EXPANDABLE", "SYMM_TORCH_EXT"):
+    for k in ("SYMM_DEVICE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "SYMM_POOL_EXPANDABLE", "SYMM_TORCH_EXT",
+              "SYMM_POOL_UNMAP_FREE_PAGES"):
         env.pop(k, None)
     env.update({"native_expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
                 "symm": {"SYMM_TORCH_EXT": "1"},
                 "symm_expandable": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_TORCH_EXT": "1"},
                 "symm_hooks": {"SYMM_TORCH_EXT": "0"},
-                "symm_hooks_expandable": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_TORCH_EXT": "0"}}.get(mode, {}))
+                "symm_hooks_expandable": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_TORCH_EXT": "0"},
+                "symm_expandable_unmap": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_POOL_UNMAP_FREE_PAGES": "1",
+                                          "SYMM_TORCH_EXT": "1"}}.get(mode, {}))
     return env
 
 
@@ -411,6 +419,7 @@ def render(rows: list, workloads, modes) -> str:
             out.append(f"| {m} | {' / '.join(_f(x) for x in dv)} | {_f(max(num) if num else None)} | {_f(res_)} | "
                        f"{_f(al)} | {_f(ratio, '{:.3f}')} | {_f(meds[m], '{:.1f}')} | {_f(vs, '{:.2f}×')} | {errs} |")
         out.append("")
+        out += chunk_cost_table(by_mode)
     traces = [r for r in rows if r.get("run") == 0]
     if traces:
         out += ["Traces (extra untimed native runs): " + ", ".join(
@@ -421,6 +430,28 @@ def render(rows: list, workloads, modes) -> str:
             f"(native*, symm_mempool) or symm.memory_stats (symm*). step ms: median over runs of each run's median "
             f"after {WARMUP} warm-up steps; vs native < 1 is faster. Rows with every field: the .jsonl beside this file."]
     return "\n".join(out) + "\n"
+
+
+def chunk_cost_table(by_mode: dict) -> list:
+    """What mapping and unmapping chunks of expandable segments cost, per step (whole run, setup included,
+    over its steps): libsymm's modes with expandable segments only."""
+    rows = []
+    for m, mr in by_mode.items():
+        per = [r for r in mr if isinstance(r.get("chunk_stats"), dict) and r.get("steps")]
+        if not per or "expandable" not in m:
+            continue
+
+        def med(key):
+            v = [r["chunk_stats"][key] / r["steps"] for r in per if isinstance(r["chunk_stats"].get(key), int)]
+            return statistics.median(v) if v else None
+        rows.append(f"| {m} | {_f(med('num_chunk_maps'), '{:.1f}')} | {_f(med('chunk_map_us'), '{:.0f}')} | "
+                    f"{_f(med('num_chunk_unmaps'), '{:.1f}')} | {_f(med('chunk_unmap_us'), '{:.0f}')} | "
+                    f"{_f(med('num_spare_chunks_reused'), '{:.1f}')} |")
+    if not rows:
+        return []
+    return ["Chunk maps and unmaps per step (median over runs; the whole run, setup included, over its steps):", "",
+            "| mode | maps | µs mapping | unmaps | µs unmapping | spare chunks reused |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"] + rows + [""]
 
 
 def default_out() -> Path:

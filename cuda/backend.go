@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/libsymm/libsymm/allocator"
 )
@@ -21,6 +22,13 @@ const segmentAlign = 512
 // the process-wide driver.
 type Backend struct {
 	d *driver
+
+	// spare holds, per device, the handles of chunks kept by KeepChunks
+	// (expand.go), each one granularity; mapped counts the bytes of chunks
+	// mapped through the Expander. Under spareMu.
+	spareMu sync.Mutex
+	spare   map[int][]uint64
+	mapped  map[int]uint64
 }
 
 var _ allocator.Backend = (*Backend)(nil)
@@ -44,7 +52,7 @@ func newBackend(d *driver) (*Backend, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: the driver reports 0 devices (check CUDA_VISIBLE_DEVICES; set SYMM_DEVICE=host to run on host memory)", ErrNoDevice)
 	}
-	return &Backend{d: d}, nil
+	return &Backend{d: d, spare: map[int][]uint64{}, mapped: map[int]uint64{}}, nil
 }
 
 // Name returns "cuda".

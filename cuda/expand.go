@@ -22,7 +22,10 @@ import (
 // made: the mapping keeps the memory, and unmapping frees it, so no handle
 // has to be remembered.
 
-var _ allocator.Expander = (*Backend)(nil)
+var (
+	_ allocator.Expander    = (*Backend)(nil)
+	_ allocator.ChunkKeeper = (*Backend)(nil)
+)
 
 // Granularity is the driver's minimum allocation granularity on dev (2 MiB
 // on current GPUs).
@@ -65,7 +68,15 @@ func (b *Backend) MapChunks(dev int, ptr uintptr, size uint64) error {
 	if err := b.d.setAccess(dev, ptr, size, []int{dev}); err != nil {
 		return undone(err, b.unmapEach(dev, ptr, size, g))
 	}
+	b.countMapped(dev, int64(size))
 	return nil
+}
+
+// countMapped adds n to the chunk bytes mapped on dev.
+func (b *Backend) countMapped(dev int, n int64) {
+	b.spareMu.Lock()
+	b.mapped[dev] = uint64(int64(b.mapped[dev]) + n)
+	b.spareMu.Unlock()
 }
 
 func (b *Backend) mapChunk(dev int, at uintptr, g uint64) error {
@@ -108,5 +119,138 @@ func (b *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
 	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
 		return fmt.Errorf("cuda: unmap of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
 	}
-	return b.unmapEach(dev, ptr, size, g)
+	err = b.unmapEach(dev, ptr, size, g)
+	if err == nil {
+		b.countMapped(dev, -int64(size))
+	}
+	return err
+}
+
+// Spare chunks (allocator.ChunkKeeper). A mapped chunk's handle was
+// released when it was mapped, so the mapping alone holds its memory;
+// KeepChunks takes a new reference to it (cuMemRetainAllocationHandle)
+// before unmapping, which keeps the memory alive without a mapping. MapKept
+// maps such a handle again and drops the reference, and ReleaseKept drops
+// it without mapping, which frees the memory. Moving a chunk therefore
+// costs no cuMemCreate or cuMemRelease of memory: the driver's slow calls.
+
+// KeepChunks unmaps [ptr, ptr+size) chunk by chunk, keeping each chunk's
+// memory as a spare handle of dev. On error the chunks before the failing
+// one are kept and the rest stay mapped.
+func (b *Backend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
+	g, err := b.Granularity(dev)
+	if err != nil {
+		return 0, err
+	}
+	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
+		return 0, fmt.Errorf("cuda: unmap of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
+	}
+	for off := uint64(0); off < size; off += g {
+		at := ptr + uintptr(off)
+		h, err := b.d.retainAllocationHandle(dev, at)
+		if err != nil {
+			return off, err
+		}
+		if err := b.d.memUnmap(dev, at, g); err != nil {
+			return off, undone(err, b.d.memRelease(dev, h))
+		}
+		b.spareMu.Lock()
+		b.spare[dev] = append(b.spare[dev], h)
+		b.mapped[dev] -= g
+		b.spareMu.Unlock()
+	}
+	return size, nil
+}
+
+// MapKept maps [ptr, ptr+size) with size bytes of dev's spare chunks,
+// readable and writable by dev. On error nothing is mapped and the spare
+// is as it was.
+func (b *Backend) MapKept(dev int, ptr uintptr, size uint64) error {
+	g, err := b.Granularity(dev)
+	if err != nil {
+		return err
+	}
+	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
+		return fmt.Errorf("cuda: map of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
+	}
+	n := int(size / g)
+	b.spareMu.Lock()
+	have := b.spare[dev]
+	if len(have) < n {
+		b.spareMu.Unlock()
+		return fmt.Errorf("cuda: map of %d spare bytes on device %d, which keeps %d", size, dev, uint64(len(have))*g)
+	}
+	hs := append([]uint64(nil), have[len(have)-n:]...)
+	b.spare[dev] = have[:len(have)-n]
+	b.spareMu.Unlock()
+	giveBack := func(mapped int, err error) error {
+		err = undone(err, b.unmapEach(dev, ptr, uint64(mapped)*g, g))
+		b.spareMu.Lock()
+		b.spare[dev] = append(b.spare[dev], hs...)
+		b.spareMu.Unlock()
+		return err
+	}
+	for i, h := range hs {
+		if err := b.d.memMap(dev, ptr+uintptr(uint64(i)*g), g, h); err != nil {
+			return giveBack(i, err)
+		}
+	}
+	if err := b.d.setAccess(dev, ptr, size, []int{dev}); err != nil {
+		return giveBack(n, err)
+	}
+	b.countMapped(dev, int64(size))
+	// The mappings hold the memory now. A reference that cannot be dropped
+	// keeps its chunk alive after the unmap: reported, the mapping stays.
+	var rerr error
+	for _, h := range hs {
+		if err := b.d.memRelease(dev, h); err != nil && rerr == nil {
+			rerr = fmt.Errorf("cuda: mapped %d spare bytes at %#x on device %d, but a handle could not be released (its chunk stays allocated after its unmap): %w", size, ptr, dev, err)
+		}
+	}
+	return rerr
+}
+
+// ReleaseKept releases size bytes of dev's spare chunks.
+func (b *Backend) ReleaseKept(dev int, size uint64) error {
+	g, err := b.Granularity(dev)
+	if err != nil {
+		return err
+	}
+	n := int(size / g)
+	if size%g != 0 {
+		return fmt.Errorf("cuda: release of %d spare bytes on device %d: not whole %d-byte chunks", size, dev, g)
+	}
+	b.spareMu.Lock()
+	have := b.spare[dev]
+	if len(have) < n {
+		b.spareMu.Unlock()
+		return fmt.Errorf("cuda: release of %d spare bytes on device %d, which keeps %d", size, dev, uint64(len(have))*g)
+	}
+	hs := append([]uint64(nil), have[len(have)-n:]...)
+	b.spare[dev] = have[:len(have)-n]
+	b.spareMu.Unlock()
+	var first error
+	for i, h := range hs {
+		if err := b.d.memRelease(dev, h); err != nil {
+			// Those not released stay spare, to be released later.
+			b.spareMu.Lock()
+			b.spare[dev] = append(b.spare[dev], hs[i:]...)
+			b.spareMu.Unlock()
+			first = err
+			break
+		}
+	}
+	return first
+}
+
+// Chunks reports dev's chunk bytes mapped through MapChunks and MapKept and
+// not unmapped, and its spare chunk bytes.
+func (b *Backend) Chunks(dev int) (mapped, spare uint64) {
+	g, err := b.Granularity(dev)
+	if err != nil {
+		return 0, 0
+	}
+	b.spareMu.Lock()
+	defer b.spareMu.Unlock()
+	return b.mapped[dev], uint64(len(b.spare[dev])) * g
 }

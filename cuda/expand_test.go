@@ -142,3 +142,80 @@ func TestGPUReleaseIgnoresABlockedStream(t *testing.T) {
 	require.NoError(t, p.EmptyCache())
 	require.NoError(t, p.CheckInvariants())
 }
+
+// Free pages on the real driver (Config.UnmapFreePages): a hole between
+// live blocks gives its chunks to the segment's growth as spare handles
+// (cuMemRetainAllocationHandle, cuMemUnmap, cuMemMap: no cuMemCreate), the
+// blocks around it keep their bytes, a block handed out over the hole gets
+// memory mapped under it again, and every chunk goes back to the device at
+// empty_cache. The pool's invariants (mapped and spare chunks as the
+// backend counts them) hold after every step.
+func TestGPUFreePagesSpareChunks(t *testing.T) {
+	b, _ := gpu(t)
+	const mib = 1 << 20
+	free0, _, err := b.MemInfo(0)
+	require.NoError(t, err)
+	p, err := allocator.New(b, allocator.Config{Expandable: true, UnmapFreePages: true})
+	require.NoError(t, err)
+	fill := func(ptr uintptr, n uint64, v byte) { require.NoError(t, Memset(0, ptr, v, n)) }
+	check := func(ptr uintptr, n uint64, v byte) {
+		got := make([]byte, n)
+		require.NoError(t, MemcpyDtoH(0, got, ptr))
+		require.True(t, bytes.Equal(got, bytes.Repeat([]byte{v}, int(n))), "block %#x lost its bytes", ptr)
+	}
+	stat := func(name string) int64 {
+		m, err := p.StatsMap(0)
+		require.NoError(t, err)
+		return m[name]
+	}
+	alloc := func(n uint64, v byte) uintptr {
+		ptr, err := p.Alloc(0, 0, n)
+		require.NoError(t, err)
+		fill(ptr, n, v)
+		require.NoError(t, p.CheckInvariants())
+		return ptr
+	}
+	a := alloc(4*mib, 1)
+	hole := alloc(16*mib, 2)
+	c := alloc(4*mib, 3)
+	require.NoError(t, p.Free(0, 0, hole, 16*mib))
+	// The pool unmaps a free page only once the stream has passed its free,
+	// asked of an event without waiting: give the first one time. Each try
+	// grows the segment's free end by 2 MiB (more than the hole holds).
+	end := uint64(18 * mib)
+	for try := 0; try < 50 && stat("num_spare_chunks_reused") == 0; try++ {
+		end += 2 * mib
+		x := alloc(end, 4)
+		require.NoError(t, p.Free(0, 0, x, end))
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Positive(t, stat("num_spare_chunks_reused"), "growth took the hole's chunks")
+	require.Less(t, stat("reserved_bytes.all.current"), int64(24*mib+end), "the hole's chunks are no longer counted")
+	mapped, spare := b.Chunks(0)
+	require.Zero(t, spare, "nothing stays spare between operations")
+	require.EqualValues(t, stat("reserved_bytes.all.current"), mapped)
+	d := alloc(12*mib, 5) // the best fit is the hole: mapped again under it
+	require.GreaterOrEqual(t, d, hole)
+	require.Less(t, d, hole+16*mib)
+	check(a, 4*mib, 1)
+	check(c, 4*mib, 3)
+	check(d, 12*mib, 5)
+	require.Positive(t, stat("num_chunk_maps"))
+	require.Positive(t, stat("num_chunk_unmaps"))
+	t.Logf("chunk maps %d (%d µs), unmaps %d (%d µs), spare chunks reused %d",
+		stat("num_chunk_maps"), stat("chunk_map_us"), stat("num_chunk_unmaps"), stat("chunk_unmap_us"), stat("num_spare_chunks_reused"))
+	for _, x := range []struct {
+		p uintptr
+		n uint64
+	}{{a, 4 * mib}, {c, 4 * mib}, {d, 12 * mib}} {
+		require.NoError(t, p.Free(0, 0, x.p, x.n))
+	}
+	require.NoError(t, p.EmptyCache())
+	require.NoError(t, p.CheckInvariants())
+	mapped, spare = b.Chunks(0)
+	require.Zero(t, mapped)
+	require.Zero(t, spare)
+	free1, _, err := b.MemInfo(0)
+	require.NoError(t, err)
+	require.InDelta(t, float64(free0), float64(free1), 4*mib, "device memory back after empty_cache")
+}

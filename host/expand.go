@@ -18,7 +18,10 @@ import (
 // Granularity is the chunk of expandable segments: 2 MiB.
 const Granularity = 2 << 20
 
-var _ allocator.Expander = (*Backend)(nil)
+var (
+	_ allocator.Expander    = (*Backend)(nil)
+	_ allocator.ChunkKeeper = (*Backend)(nil)
+)
 
 // Granularity returns the chunk size (2 MiB).
 func (h *Backend) Granularity(dev int) (uint64, error) { return Granularity, h.check(dev) }
@@ -173,6 +176,95 @@ func (h *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
 	h.ranges[base] = r
 	h.used[dev] -= size
 	return nil
+}
+
+// Spare chunks (allocator.ChunkKeeper). Anonymous memory belongs to its
+// address, so a kept chunk's pages go back to the kernel as an unmapped
+// one's do; what is kept is its place in the device's capacity, as a CUDA
+// backend keeps the physical allocation: mapping it again cannot fail for
+// lack of memory, and the memory counts as the device's until released.
+
+// KeepChunks unmaps [ptr, ptr+size), keeping its size in the capacity as
+// spare chunks of dev.
+func (h *Backend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
+	if err := h.check(dev); err != nil {
+		return 0, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	base, err := h.rangeOf(dev, ptr, size)
+	if err != nil {
+		return 0, err
+	}
+	r := h.ranges[base]
+	if r.mapped < size {
+		return 0, fmt.Errorf("host: unmap of %d bytes at %#x on device %d: only %d bytes of its range are mapped", size, ptr, dev, r.mapped)
+	}
+	if err := reserveAgain(ptr, size); err != nil {
+		return 0, fmt.Errorf("host: unmapping %d bytes at %#x on device %d: %w", size, ptr, dev, err)
+	}
+	r.mapped -= size
+	h.ranges[base] = r
+	h.spare[dev] += size
+	return size, nil
+}
+
+// MapKept maps [ptr, ptr+size) with size bytes of dev's spare chunks.
+func (h *Backend) MapKept(dev int, ptr uintptr, size uint64) error {
+	if err := h.check(dev); err != nil {
+		return err
+	}
+	if h.pick(FaultAlloc, 2) == 0 {
+		return h.faults.Err(fmt.Sprintf("map of %d spare bytes on device %d", size, dev))
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	base, err := h.rangeOf(dev, ptr, size)
+	if err != nil {
+		return err
+	}
+	if h.spare[dev] < size {
+		return fmt.Errorf("host: map of %d spare bytes on device %d, which keeps %d", size, dev, h.spare[dev])
+	}
+	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, ptr, uintptr(size), unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED, ^uintptr(0), 0); errno != 0 {
+		return fmt.Errorf("host: mapping %d spare bytes at %#x on device %d: %w", size, ptr, dev, errno)
+	}
+	r := h.ranges[base]
+	r.mapped += size
+	h.ranges[base] = r
+	h.spare[dev] -= size
+	return nil
+}
+
+// ReleaseKept gives size bytes of dev's spare chunks back to its capacity.
+func (h *Backend) ReleaseKept(dev int, size uint64) error {
+	if err := h.check(dev); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.spare[dev] < size {
+		return fmt.Errorf("host: release of %d spare bytes on device %d, which keeps %d", size, dev, h.spare[dev])
+	}
+	h.spare[dev] -= size
+	h.used[dev] -= size
+	return nil
+}
+
+// Chunks reports dev's chunk bytes mapped in expandable ranges, and spare.
+func (h *Backend) Chunks(dev int) (mapped, spare uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, r := range h.ranges {
+		if r.dev == dev {
+			mapped += r.mapped
+		}
+	}
+	if dev >= 0 && dev < len(h.spare) {
+		spare = h.spare[dev]
+	}
+	return mapped, spare
 }
 
 // Ranges reports how many expandable ranges are reserved (for leak checks).

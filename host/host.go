@@ -34,6 +34,9 @@ type Backend struct {
 	segs map[uintptr]uint64 // base -> size, per live segment
 	// ranges: reserved ranges of expandable segments (expand.go), by base.
 	ranges map[uintptr]hostRange
+	// spare: bytes of chunks kept per device (ChunkKeeper, expand.go),
+	// counted in used.
+	spare []uint64
 
 	nextEvent atomic.Uintptr
 
@@ -92,7 +95,8 @@ func New(devices int, capacity uint64) (*Backend, error) {
 		}
 		capacity = uint64(si.Totalram) * uint64(si.Unit)
 	}
-	return &Backend{devices: devices, capacity: capacity, used: make([]uint64, devices), segs: map[uintptr]uint64{}, ranges: map[uintptr]hostRange{}}, nil
+	return &Backend{devices: devices, capacity: capacity, used: make([]uint64, devices), segs: map[uintptr]uint64{}, ranges: map[uintptr]hostRange{},
+		spare: make([]uint64, devices)}, nil
 }
 
 // OutOfMemoryError is a refused segment; the allocator recognizes it by its

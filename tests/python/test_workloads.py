@@ -62,10 +62,13 @@ def test_child_env_per_mode(wl, monkeypatch):
         assert "SYMM_DEVICE" not in env
         assert str(ROOT / "python") in env["PYTHONPATH"].split(":")
         assert env.get("PYTORCH_CUDA_ALLOC_CONF") == ("expandable_segments:True" if mode == "native_expandable" else None)
-        assert env.get("SYMM_POOL_EXPANDABLE") == ("1" if mode.endswith("_expandable") and mode.startswith("symm") else None)
+        expandable = "_expandable" in mode and mode.startswith("symm")
+        assert env.get("SYMM_POOL_EXPANDABLE") == ("1" if expandable else None)
+        assert env.get("SYMM_POOL_UNMAP_FREE_PAGES") == ("1" if mode == "symm_expandable_unmap" else None)
         # Replace modes name whether libsymm's PyTorch extension is required
         # (1) or left out (0): a silent fallback would measure the wrong thing.
-        want_ext = {"symm": "1", "symm_expandable": "1", "symm_hooks": "0", "symm_hooks_expandable": "0"}.get(mode)
+        want_ext = {"symm": "1", "symm_expandable": "1", "symm_hooks": "0", "symm_hooks_expandable": "0",
+                    "symm_expandable_unmap": "1"}.get(mode)
         assert env.get("SYMM_TORCH_EXT") == want_ext, mode
 
 
@@ -107,6 +110,24 @@ def test_render_table(wl):
     assert "| symm | 15500 / 15500 / – | 15500 | 15200 | 15067 | 1.009 | 99.0 | 0.98× | run 3: timeout |" in md
     assert "| native_expandable |" not in md  # a mode without rows gets no line
     assert "## cnn" not in md and "17000" not in md and "gpt2: /tmp/gpt2_trace.csv.gz" in md
+
+
+def test_render_chunk_costs(wl):
+    rows = []
+    for r, maps in ((1, 480), (2, 520), (3, 500)):
+        row = _row("gpt2", "symm_expandable_unmap", r, 15000, 14900, 14800, 100.0)
+        row["steps"] = 48
+        row["chunk_stats"] = {"num_chunk_maps": maps, "num_chunk_unmaps": 240, "chunk_map_us": 4800,
+                              "chunk_unmap_us": 960, "num_spare_chunks_reused": 96}
+        rows.append(row)
+    rows.append(dict(_row("gpt2", "symm", 1, 15500, 15200, 15067, 99.0), steps=48,
+                     chunk_stats={"num_chunk_maps": 0, "num_chunk_unmaps": 0, "chunk_map_us": 0,
+                                  "chunk_unmap_us": 0, "num_spare_chunks_reused": 0}))
+    md = wl.render(rows, ["gpt2"], ["symm", "symm_expandable_unmap"])
+    print(md)
+    assert "| mode | maps | µs mapping | unmaps | µs unmapping | spare chunks reused |" in md
+    assert "| symm_expandable_unmap | 10.4 | 100 | 5.0 | 20 | 2.0 |" in md
+    assert "| symm | 0.0" not in md  # fixed segments: no chunk costs to show
 
 
 def test_parse_result(wl):
