@@ -190,6 +190,13 @@ func (s *shard) keepRun(seg *segment, lo, hi uint64) (uint64, error) {
 	return kept, err
 }
 
+// raisesPeak reports whether mapping n more bytes would raise the device's
+// peak of reserved bytes.
+func (d *device) raisesPeak(n uint64) bool {
+	r := &d.reserved[stAll]
+	return r.cur.Load()+int64(n) > r.peak.Load()
+}
+
 // unmapChunks unmaps n bytes at ptr of an expandable segment, timed and
 // counted (numChunkUnmaps, chunkUnmapNs).
 func (d *device) unmapChunks(ptr uintptr, n uint64) error {
@@ -286,16 +293,16 @@ type page struct {
 
 // freePages lists, up to limit bytes (rounded up to a chunk), the mapped
 // chunks that lie wholly inside free blocks of s's expandable segments
-// other than a segment's last block (release trims that one). Called with
-// s.mu held.
-func (s *shard) freePages(limit uint64, but span) (pages []page, total uint64) {
+// other than a segment's last block (release trims that one), freed at or
+// before count safe of s.frees. Called with s.mu held.
+func (s *shard) freePages(limit uint64, but span, safe uint64) (pages []page, total uint64) {
 	c := s.dev.chunk
 	for seg := s.segs; seg != nil && total < limit; seg = seg.snext {
 		if seg.vsize == 0 {
 			continue
 		}
 		for b := seg.head; b != nil && total < limit; b = b.next {
-			if b.state != blockFree || b.freedAt > s.safe { // the stream may still use it
+			if b.state != blockFree || b.freedAt > safe { // the stream may still use it
 				continue
 			}
 			lo := roundUp(uint64(b.ptr-seg.ptr), c)
@@ -345,13 +352,28 @@ type span struct {
 	lo, hi uint64
 }
 
-// unmapFreePagesBut is unmapFreePages leaving the chunks of but alone; with
-// wait false it never waits: only pages freed before the stream's last
-// completed quiet event go (passed).
+// unmapFreePagesBut is unmapFreePages leaving the chunks of but alone. With
+// wait false (a mapping of limit bytes is about to be made) only pages
+// freed before the stream's last completed quiet event go (passed), unless
+// the mapping would raise the device's peak of reserved bytes and waiting
+// for the stream would free pages that are not known to be passed yet:
+// then it waits, as release does. A peak is set once, during the first
+// steps of a training loop, so this wait is rare, while a hole freed
+// moments ago is exactly what a mapping at the peak needs (on a GPU the
+// stream is usually still running the work that freed it).
 func (s *shard) unmapFreePagesBut(but span, limit uint64, wait bool) (uint64, error) {
 	d := s.dev
 	if !d.pool.cfg.UnmapFreePages || s.pool != nil || !d.capture.mayRelease() || !d.capture.mayRecord() {
 		return 0, nil
+	}
+	mapping := !wait
+	if mapping {
+		s.passed()
+		if s.safe < s.frees && d.raisesPeak(limit) {
+			_, passed := s.freePages(limit, but, s.safe)
+			_, all := s.freePages(limit, but, s.frees)
+			wait = all > passed
+		}
 	}
 	if wait && s.safe < s.frees {
 		tag := s.frees
@@ -359,17 +381,18 @@ func (s *shard) unmapFreePagesBut(but span, limit uint64, wait bool) (uint64, er
 			return 0, err
 		}
 		s.safe = tag
-	} else {
-		s.passed()
+		if mapping {
+			d.numPeakWaits.Add(1)
+		}
 	}
-	pages, total := s.freePages(limit, but)
+	pages, total := s.freePages(limit, but, s.safe)
 	if total == 0 {
 		return 0, nil
 	}
 	c := d.chunk
 	// Pages unmapped to make room for a mapping are kept for it (spare
 	// chunks), those unmapped at release are released.
-	keep := !wait && d.pool.keeper != nil
+	keep := mapping && d.pool.keeper != nil
 	var done uint64
 	for _, pg := range pages {
 		n, err := pg.hi-pg.lo, error(nil)

@@ -102,39 +102,55 @@ func TestFreePagesStayMappedByDefault(t *testing.T) {
 	require.NoError(t, p.CheckInvariants())
 }
 
-// When the pool maps memory it never waits for the stream: pages freed
-// after the last quiet event it has seen complete stay mapped (the pool
-// maps new memory instead), and go at a later mapping once the stream has
-// passed their free. A Sync would be a wait: the test fails on one.
-func TestFreePagesWaitForNothingWhenMapping(t *testing.T) {
+// When the pool maps memory below its peak it never waits for the stream:
+// pages freed after the last quiet event it has seen complete stay mapped
+// (the pool maps new memory instead), and go at a later mapping once the
+// stream has passed their free. A Sync would be a wait: the test fails on
+// one. A mapping that would raise the peak waits once, so that a hole
+// freed moments ago lowers the peak instead of adding to it.
+func TestFreePagesWaitOnlyToHoldThePeak(t *testing.T) {
 	fb := newFake(1)
-	fb.capacity = 64 << 20
+	fb.capacity = 96 << 20
 	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
 	require.NoError(t, err)
-	a, err := p.Alloc(0, 0, 4<<20)
-	require.NoError(t, err)
-	b, err := p.Alloc(0, 0, 6<<20)
-	require.NoError(t, err)
-	c, err := p.Alloc(0, 0, 4<<20)
-	require.NoError(t, err)
+	alloc := func(n uint64) uintptr {
+		ptr, err := p.Alloc(0, 0, n)
+		require.NoError(t, err)
+		require.NoError(t, p.CheckInvariants())
+		return ptr
+	}
+	x := alloc(24 << 20) // sets the peak, then goes
+	require.NoError(t, p.Free(0, 0, x, 24<<20))
+	require.NoError(t, p.EmptyCache())
+	require.Zero(t, reservedNow(t, p))
+
+	a, b, c := alloc(4<<20), alloc(6<<20), alloc(4<<20)
 	fb.launch(0) // work on the stream that may still use b
 	require.NoError(t, p.Free(0, 0, b, 6<<20))
-	fb.onSync = func() { t.Fatal("a mapping waited for the stream") }
-	d, err := p.Alloc(0, 0, 8<<20) // grows: b's hole is not known to be quiet, so it stays mapped
-	require.NoError(t, err)
+	fb.onSync = func() { t.Fatal("a mapping below the peak waited for the stream") }
+	d := alloc(8 << 20) // grows to 22 MiB, below the peak of 24: b's hole is not known to be quiet and stays mapped
 	require.Equal(t, int64(22<<20), reservedNow(t, p))
-	require.NoError(t, p.CheckInvariants())
 
-	fb.finish(0)                   // the stream passes b's free
-	e, err := p.Alloc(0, 0, 8<<20) // grows again (no hole fits): now the hole's chunks go first
-	require.NoError(t, err)
+	fb.finish(0)        // the stream passes b's free
+	e := alloc(8 << 20) // grows again (no hole fits): the hole's chunks go first, no wait needed
 	require.Equal(t, int64(24<<20), reservedNow(t, p), "22 - 6 + 8 MiB")
-	require.NoError(t, p.CheckInvariants())
+
+	fb.launch(0)
+	require.NoError(t, p.Free(0, 0, d, 8<<20)) // an 8 MiB hole the stream may still use
+	syncs := 0
+	fb.onSync = func() { syncs++ }
+	f := alloc(10 << 20) // 24 + 10 would pass the peak: wait, then the hole's chunks go
+	require.Equal(t, 1, syncs, "one wait for the stream")
+	m, err := p.StatsMap(0)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, m["num_free_page_waits"])
+	require.Equal(t, int64(26<<20), reservedNow(t, p), "24 - 8 + 10 MiB")
+	require.EqualValues(t, 26<<20, m["reserved_bytes.all.peak"])
 	fb.onSync = nil
 	for _, x := range []struct {
 		p uintptr
 		n uint64
-	}{{a, 4 << 20}, {c, 4 << 20}, {d, 8 << 20}, {e, 8 << 20}} {
+	}{{a, 4 << 20}, {c, 4 << 20}, {e, 8 << 20}, {f, 10 << 20}} {
 		require.NoError(t, p.Free(0, 0, x.p, x.n))
 	}
 	require.NoError(t, p.EmptyCache())

@@ -132,8 +132,9 @@ type device struct {
 	numDeviceAlloc, numDeviceFree        atomic.Int64
 	// What expandable segments' chunk mappings cost (libsymm's own
 	// statistics): calls mapping and unmapping chunks inside segments,
-	// the nanoseconds spent in them, and chunks mapped from spare ones.
-	numChunkMaps, numChunkUnmaps, chunkMapNs, chunkUnmapNs, numSpareReused atomic.Int64
+	// the nanoseconds spent in them, chunks mapped from spare ones, and
+	// waits for a stream before a mapping that would raise the peak.
+	numChunkMaps, numChunkUnmaps, chunkMapNs, chunkUnmapNs, numSpareReused, numPeakWaits atomic.Int64
 	// frontBase is Config.FrontServed at the last ResetAccumulated, under
 	// frontMu.
 	frontMu   sync.Mutex

@@ -383,7 +383,7 @@ func TestMemoryFraction(t *testing.T) {
 
 func TestStatsAndResetPeak(t *testing.T) {
 	p, _ := newPool(t, Config{})
-	require.Len(t, StatNames(), 9*3*4+2*4+12)
+	require.Len(t, StatNames(), 9*3*4+2*4+13)
 	for _, want := range []string{"allocated_bytes.all.current", "reserved_bytes.large_pool.peak",
 		"active_bytes.small_pool.freed", "requested_bytes.all.allocated", "num_alloc_retries", "num_ooms",
 		"num_device_alloc", "num_device_free", "inactive_split_bytes.all.peak", "oversize_segments.peak"} {
