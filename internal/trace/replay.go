@@ -26,6 +26,11 @@ type Result struct {
 	// no times). Where PeakReserved/PeakAllocated says what a peak costs,
 	// this says what the whole run holds beyond what it uses.
 	TimeAveraged float64 `json:"time_averaged_reserved_per_allocated"`
+	// ChunkMaps and ChunkUnmaps count the calls mapping and unmapping
+	// chunks of expandable segments (the num_chunk_maps and
+	// num_chunk_unmaps statistics): what Config.UnmapFreePages adds.
+	ChunkMaps   int64 `json:"chunk_maps"`
+	ChunkUnmaps int64 `json:"chunk_unmaps"`
 	// Rows counts the alloc and free_completed rows replayed (those of size
 	// 0 and unmatched frees are not).
 	Rows int `json:"rows_replayed"`
@@ -105,6 +110,7 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 		res.Ratio = float64(res.PeakReserved) / float64(res.PeakAllocated)
 	}
 	res.BackendPeak = v.Peak(0)
+	res.ChunkMaps, res.ChunkUnmaps = m["num_chunk_maps"], m["num_chunk_unmaps"]
 	if r.liveArea > 0 {
 		res.TimeAveraged = r.heldArea / r.liveArea
 	}

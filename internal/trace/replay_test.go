@@ -184,13 +184,17 @@ func TestReplayGPT2(t *testing.T) {
 // Unmapping free pages inside expandable segments whenever the pool maps
 // memory keeps the memory held within 1 % of the live bytes at the peak on
 // every recorded trace, and the backend's peak is the pool's. The ratios
-// are the ones docs/REPLAY.md quotes (--unmap-free-pages).
+// and chunk map and unmap counts are the ones docs/REPLAY.md quotes
+// (--unmap-free-pages).
 func TestReplayUnmapFreePages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("replays every recorded trace twice")
 	}
 	quoted := map[string][2]string{ // without, with
 		"gpt2_train": {"1.003", "1.001"}, "cnn_train": {"1.004", "1.001"}, "llm_infer": {"1.067", "1.006"},
+	}
+	calls := map[string][3]int64{ // maps without; maps and unmaps with
+		"gpt2_train": {395, 1255, 863}, "cnn_train": {161, 532, 393}, "llm_infer": {82, 6161, 7153},
 	}
 	for _, name := range []string{"gpt2_train", "cnn_train", "llm_infer"} {
 		tr, err := Open("../../bench/testdata/" + name + "_trace.csv.gz")
@@ -205,5 +209,7 @@ func TestReplayUnmapFreePages(t *testing.T) {
 		require.Less(t, on.PeakReserved, off.PeakReserved, name)
 		require.Equal(t, on.PeakReserved, on.BackendPeak, name)
 		require.Equal(t, quoted[name], [2]string{fmt.Sprintf("%.3f", off.Ratio), fmt.Sprintf("%.3f", on.Ratio)}, name)
+		require.Zero(t, off.ChunkUnmaps, name)
+		require.Equal(t, calls[name], [3]int64{off.ChunkMaps, on.ChunkMaps, on.ChunkUnmaps}, name)
 	}
 }
