@@ -145,6 +145,7 @@ fuzz:
 	@bash tests/fuzz.sh ./allocator FuzzPoolOps $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzPoolOpsExpandable $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzPoolOpsFreePages $(FUZZTIME)
+	@bash tests/fuzz.sh ./allocator FuzzHostFreePages $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzRestoreBlocks $(FUZZTIME)
 	@bash tests/fuzz.sh ./internal/trace FuzzParse $(FUZZTIME)
 	@bash tests/fuzz.sh ./allocator FuzzParseSize $(FUZZTIME)
