@@ -116,7 +116,10 @@ static int accumulated(const char *name) {
   size_t n = strlen(name);
   return (n > 10 && !strcmp(name + n - 10, ".allocated")) || (n > 6 && !strcmp(name + n - 6, ".freed")) ||
          !strcmp(name, "num_alloc_retries") || !strcmp(name, "num_ooms") || !strcmp(name, "num_sync_all_streams") ||
-         !strcmp(name, "num_device_alloc") || !strcmp(name, "num_device_free") || !strcmp(name, "num_front_cache_hits");
+         !strcmp(name, "num_device_alloc") || !strcmp(name, "num_device_free") || !strcmp(name, "num_front_cache_hits") ||
+         !strcmp(name, "num_chunk_maps") || !strcmp(name, "num_chunk_unmaps") || !strcmp(name, "chunk_map_us") ||
+         !strcmp(name, "chunk_unmap_us") || !strcmp(name, "num_spare_chunks_reused") ||
+         !strcmp(name, "num_free_page_waits");
 }
 
 static void test_reset_accumulated(void) {
