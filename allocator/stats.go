@@ -464,3 +464,39 @@ func (d *device) addFrontServed(sum *[numFamilies][numStatTypes]localStat) (hits
 	}
 	return hits
 }
+
+// StreamUsage is what one stream's part of a pool holds on a device.
+type StreamUsage struct {
+	Stream uintptr
+	// Private: the shard serves a graph private pool or a MemPool, not the
+	// default pool.
+	Private bool
+	// Allocated is the bytes of blocks handed out and not freed
+	// (allocated_bytes); Reserved the memory of its segments (mapped chunks
+	// only, for expandable ones); Segments how many.
+	Allocated, Reserved int64
+	Segments            int
+}
+
+// StreamUsage reports, per stream and pool, what the pool holds on device
+// dev, in no particular order. It takes each shard's lock in turn, briefly:
+// for monitors (symm top), not for the cached path.
+func (p *Pool) StreamUsage(dev int) ([]StreamUsage, error) {
+	d, err := p.device(dev)
+	if err != nil {
+		return nil, err
+	}
+	var out []StreamUsage
+	for _, s := range d.shardList() {
+		s.mu.Lock()
+		c := &s.stats.c[stAll]
+		u := StreamUsage{Stream: s.stream, Private: s.pool != nil, Allocated: c.bAlloc - c.bFree}
+		for seg := s.segs; seg != nil; seg = seg.snext {
+			u.Reserved += int64(seg.size - seg.unmappedBytes(d.chunk))
+			u.Segments++
+		}
+		s.mu.Unlock()
+		out = append(out, u)
+	}
+	return out, nil
+}

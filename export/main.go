@@ -98,6 +98,7 @@ func initPool() (*allocator.Pool, error) {
 	}
 	lib.backend.Store(kind)
 	lib.pool.Store(p)
+	startPublishing(p, map[int32]string{1: "cuda", 2: "host"}[kind])
 	if front {
 		lib.front.Store(true)
 		C.symmshim_front_enable(1, C.uint64_t(frontMax))

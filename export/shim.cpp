@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../include/symm.h"
 #include "_cgo_export.h"
@@ -109,3 +110,18 @@ size_t symm_copy_last_error(char *buf, size_t len) {
 }
 
 }  // extern "C"
+
+// The statistics page (publish.go) goes with the process. A destructor, not
+// Go: the Go runtime runs no code at exit. Only the process that made it
+// removes it, not a forked child that exits.
+static char publish_path[4096];
+static pid_t publish_pid;
+
+void symmshim_publish_path(const char *path) {
+  snprintf(publish_path, sizeof publish_path, "%s", path);
+  publish_pid = getpid();
+}
+
+__attribute__((destructor)) static void publish_cleanup(void) {
+  if (publish_path[0] != 0 && getpid() == publish_pid) unlink(publish_path);
+}

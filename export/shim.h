@@ -13,6 +13,10 @@ void symmshim_set_error(int code, const char *msg, size_t len);
 /* The front cache (front.cpp): switch it on; hand its blocks back to the pool. */
 void symmshim_front_enable(int on, uint64_t max_block);
 void symmshim_front_drain(int dev);
+/* Remember the path of this process's statistics page (publish.go), unlinked
+ * by a destructor when the process exits (the forked child of a process
+ * leaves it alone). Copies path. */
+void symmshim_publish_path(const char *path);
 /* 1 if the front cache holds blocks of device dev. */
 int symmshim_front_parked(int dev);
 /* A block the front cache parked, as it hands it back to the pool

@@ -232,3 +232,32 @@ func (m *Manager) Bootstrap(st store.Store, rank, world, dev int) error {
 	}
 	return nil
 }
+
+// Usage is what a Manager holds now: its live blocks and their bytes (as
+// asked), the handles made by rendezvous, and the peers' blocks those map.
+type Usage struct {
+	Blocks, Handles, PeerMappings int
+	Bytes                         uint64
+}
+
+// Usage reports the Manager's live blocks, handles and peer mappings.
+func (m *Manager) Usage() Usage {
+	m.mu.RLock()
+	blocks := append([]*Block(nil), m.blocks...)
+	m.mu.RUnlock()
+	u := Usage{Blocks: len(blocks)}
+	for _, b := range blocks {
+		u.Bytes += b.bufSize
+		b.mu.Lock()
+		u.Handles += len(b.handles)
+		for _, h := range b.handles {
+			for _, p := range h.peers {
+				if p != nil {
+					u.PeerMappings++
+				}
+			}
+		}
+		b.mu.Unlock()
+	}
+	return u
+}

@@ -1,0 +1,93 @@
+package main
+
+/*
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/publish"
+	"github.com/libsymm/libsymm/symmetric"
+)
+
+// publishInterval is how often the statistics page is refreshed.
+const publishInterval = 250 * time.Millisecond
+
+// publisher is the process's statistics page (package publish), made with
+// the pool unless SYMM_PUBLISH=0. Its refresh runs on its own goroutine and
+// reads the pool's statistics the way symm_pool_stats does, without first
+// handing the front cache's blocks back (their bytes count as allocated
+// until then), so the cached path never waits for it.
+var publisher struct {
+	once sync.Once
+	w    *publish.Writer
+	err  error
+}
+
+// startPublishing makes the page for pool p (once per process). A failure
+// is not the pool's: it is printed once and the program goes on.
+func startPublishing(p *allocator.Pool, backend string) {
+	publisher.once.Do(func() {
+		switch v := getenv("SYMM_PUBLISH"); v {
+		case "0":
+			return
+		case "", "1":
+		default:
+			fmt.Fprintf(os.Stderr, "symm: SYMM_PUBLISH=%q: want 0 or 1; publishing statistics anyway\n", v)
+		}
+		w, err := publish.Create(publish.Dir(getenv), publish.Source{
+			Devices: p.DeviceCount(), Names: allocator.StatNames(), Backend: backend,
+			Stats: p.Stats,
+			Streams: func(dev int) ([]publish.Stream, error) {
+				us, err := p.StreamUsage(dev)
+				out := make([]publish.Stream, len(us))
+				for i, u := range us {
+					out[i] = publish.Stream{Stream: uint64(u.Stream), Private: u.Private,
+						Allocated: u.Allocated, Reserved: u.Reserved, Segments: int64(u.Segments)}
+				}
+				return out, err
+			},
+			Symmetric: symmetricUsage,
+		})
+		if err != nil {
+			publisher.err = err
+			fmt.Fprintf(os.Stderr, "symm: statistics for symm top are not published: %v (SYMM_PUBLISH=0 turns this off)\n", err)
+			return
+		}
+		cs := C.CString(w.Path())
+		C.symmshim_publish_path(cs)
+		C.free(unsafe.Pointer(cs))
+		w.Run(publishInterval)
+		publisher.w = w
+	})
+}
+
+// lastSymm is the symmetric memory last read: kept while the manager is
+// being made (its lock held), so the refresh never waits for a rendezvous.
+var lastSymm publish.Symmetric
+
+func symmetricUsage() publish.Symmetric {
+	if !symmLib.mu.TryLock() {
+		return lastSymm
+	}
+	m := symmLib.mgr
+	symmLib.mu.Unlock()
+	if m == nil {
+		return lastSymm
+	}
+	u := m.Usage()
+	lastSymm = toPublished(u)
+	return lastSymm
+}
+
+func toPublished(u symmetric.Usage) publish.Symmetric {
+	return publish.Symmetric{Blocks: u.Blocks, Bytes: u.Bytes, Handles: u.Handles, PeerMappings: u.PeerMappings}
+}

@@ -1,0 +1,224 @@
+package publish
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Dir is where pages are written and read: SYMM_PUBLISH_DIR, else /dev/shm.
+func Dir(getenv func(string) string) string {
+	if d := getenv("SYMM_PUBLISH_DIR"); d != "" {
+		return d
+	}
+	return "/dev/shm"
+}
+
+// Name is the page file name of process pid of user uid.
+func Name(uid, pid int) string { return fmt.Sprintf("libsymm-%d-%d", uid, pid) }
+
+// Source is what a Writer publishes: called by the writer's goroutine only.
+type Source struct {
+	// Devices is how many devices the pool has.
+	Devices int
+	// Names are the statistic names, in the order Stats returns values.
+	Names []string
+	// Stats returns device dev's statistics.
+	Stats func(dev int) ([]int64, error)
+	// Streams returns device dev's per-stream usage (nil: none listed).
+	Streams func(dev int) ([]Stream, error)
+	// Symmetric returns the process's symmetric memory (nil: none).
+	Symmetric func() Symmetric
+	// Backend names the pool's backend (cuda, host).
+	Backend string
+}
+
+// Writer owns one process's page.
+type Writer struct {
+	path string
+	buf  []byte // the mapping of the file
+	l    layout
+	src  Source
+	stop chan struct{}
+	done chan struct{}
+}
+
+// Create makes the page of this process in dir (mode 0600), fills its
+// constant parts and publishes once. The caller starts the refresh (Run)
+// and removes the page at exit (Close, or Path from a C destructor).
+func Create(dir string, src Source) (*Writer, error) {
+	if src.Devices < 0 || src.Devices > maxDevices || len(src.Names) > maxStats {
+		return nil, fmt.Errorf("publish: %d devices and %d statistics (at most %d and %d)", src.Devices, len(src.Names), maxDevices, maxStats)
+	}
+	l := newLayout(src.Devices, len(src.Names), MaxStreams)
+	names := encodeNames(src.Names)
+	size := l.namesOff + len(names)
+	path := filepath.Join(dir, Name(os.Getuid(), os.Getpid()))
+	// O_EXCL after removing a leftover of an earlier process with this pid:
+	// the page is never shared with another writer.
+	_ = os.Remove(path)
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("publish: creating %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("publish: sizing %s: %w", path, err)
+	}
+	buf, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("publish: mapping %s: %w", path, err)
+	}
+	w := &Writer{path: path, buf: buf, l: l, src: src}
+	le := binary.LittleEndian
+	copy(buf, magic)
+	le.PutUint32(buf[8:], version)
+	le.PutUint32(buf[12:], uint32(size))
+	le.PutUint32(buf[16:], uint32(os.Getpid()))
+	le.PutUint32(buf[20:], uint32(os.Getuid()))
+	start, _ := StartTicks(os.Getpid())
+	le.PutUint64(buf[24:], start)
+	le.PutUint32(buf[52:], uint32(l.ndev))
+	le.PutUint32(buf[56:], uint32(l.nstats))
+	le.PutUint32(buf[60:], uint32(l.nstreams))
+	copy(buf[64:64+backendSize-1], src.Backend)
+	copy(buf[80:80+cmdlineSize-1], commandLine())
+	le.PutUint32(buf[360:], uint32(l.namesOff))
+	le.PutUint32(buf[364:], uint32(len(names)))
+	copy(buf[l.namesOff:], names)
+	w.Update()
+	return w, nil
+}
+
+// Path is the page's file.
+func (w *Writer) Path() string { return w.path }
+
+func (w *Writer) seq() *uint64 { return (*uint64)(unsafe.Pointer(&w.buf[offSeq])) }
+
+// Update reads the source and rewrites the page's changing parts under the
+// seqlock. A device whose statistics cannot be read keeps its last values.
+func (w *Writer) Update() {
+	le := binary.LittleEndian
+	type devVals struct {
+		stats   []int64
+		streams []Stream
+	}
+	vals := make([]devVals, w.l.ndev)
+	for i := range vals { // read before the page turns odd: readers wait less
+		vals[i].stats, _ = w.src.Stats(i)
+		if w.src.Streams != nil {
+			vals[i].streams, _ = w.src.Streams(i)
+		}
+	}
+	var sym Symmetric
+	if w.src.Symmetric != nil {
+		sym = w.src.Symmetric()
+	}
+	atomic.AddUint64(w.seq(), 1) // odd: writing
+	b := w.buf
+	le.PutUint64(b[40:], uint64(time.Now().UnixNano()))
+	le.PutUint32(b[336:], uint32(sym.Blocks))
+	le.PutUint32(b[340:], uint32(sym.Handles))
+	le.PutUint32(b[344:], uint32(sym.PeerMappings))
+	le.PutUint64(b[352:], sym.Bytes)
+	for i, v := range vals {
+		o := w.l.devOff(i)
+		if len(v.stats) == w.l.nstats {
+			for j, x := range v.stats {
+				le.PutUint64(b[o+8*j:], uint64(x))
+			}
+		}
+		o += 8 * w.l.nstats
+		n := min(len(v.streams), w.l.nstreams)
+		le.PutUint32(b[o:], uint32(n))
+		o += 8
+		for k, s := range v.streams[:n] {
+			slot := b[o+k*streamSlotSize:]
+			var flags uint64
+			if s.Private {
+				flags = 1
+			}
+			le.PutUint64(slot, s.Stream)
+			le.PutUint64(slot[8:], flags)
+			le.PutUint64(slot[16:], uint64(s.Allocated))
+			le.PutUint64(slot[24:], uint64(s.Reserved))
+			le.PutUint64(slot[32:], uint64(s.Segments))
+		}
+	}
+	atomic.AddUint64(w.seq(), 1) // even: done
+}
+
+// Run refreshes the page every interval until Close.
+func (w *Writer) Run(interval time.Duration) {
+	binary.LittleEndian.PutUint32(w.buf[48:], uint32(interval/time.Millisecond))
+	w.stop, w.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+				w.Update()
+			}
+		}
+	}()
+}
+
+// Close stops the refresh and removes the page.
+func (w *Writer) Close() error {
+	if w.stop != nil {
+		close(w.stop)
+		<-w.done
+		w.stop = nil
+	}
+	err := os.Remove(w.path)
+	if w.buf != nil {
+		_ = unix.Munmap(w.buf)
+		w.buf = nil
+	}
+	return err
+}
+
+// commandLine is /proc/self/cmdline with spaces between the arguments.
+func commandLine() string {
+	b, err := os.ReadFile("/proc/self/cmdline")
+	if err != nil {
+		return filepath.Base(os.Args[0])
+	}
+	return strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+}
+
+// StartTicks is process pid's start time in clock ticks since boot (field
+// 22 of /proc/PID/stat): with the pid, it names one process, so a page of a
+// dead process is told from one of a new process that got its pid.
+func StartTicks(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	// The command (field 2) is in parentheses and may hold spaces: count
+	// fields after the last ')'.
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command", pid, len(f))
+	}
+	return strconv.ParseUint(f[19], 10, 64) // field 22 overall
+}
