@@ -6,6 +6,7 @@
 //	symm info [--json] [--lib-dir DIR]...   devices, links, libraries, backends
 //	symm bench [--backend cuda|host] [--device N] [--iters N]
 //	symm replay TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--json]
+//	symm top [--json] [--once] [-n N] [--interval D] [--sort COLUMN] [--pid PID] [--record FILE] [--dir DIR]
 //	symm version
 //
 // Exit codes: 0 success; 1 a failure while running; 2 bad usage; 3 no
@@ -50,6 +51,8 @@ commands:
   replay     replay a recorded allocation trace through the pool, no GPU needed:
              peak reserved against peak allocated per configuration
              (https://github.com/libsymm/libsymm/blob/main/docs/REPLAY.md)
+  top        every libsymm process of this user on the machine, live: allocated,
+             reserved, cached, per device, pool and stream (--json: one snapshot)
   version    libsymm's version
 
 "symm <command> --help" describes a command's flags.
@@ -68,6 +71,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return bench(args[1:], stdout, stderr)
 	case "replay":
 		return replay(args[1:], stdout, stderr)
+	case "top":
+		return top(args[1:], stdout, stderr)
 	case "version":
 		fs := newFlags("version", "", stderr)
 		if code, done := parse(fs, args[1:]); done {

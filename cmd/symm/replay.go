@@ -1,17 +1,22 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/libsymm/libsymm/allocator"
 	"github.com/libsymm/libsymm/internal/trace"
 )
 
-const replaySynopsis = "TRACE [--expandable] [--unmap-free-pages] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--front-cache SIZE] [--alloc-conf SETTINGS] [--json]"
+const replaySynopsis = "TRACE [--expandable] [--unmap-free-pages] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--front-cache SIZE] [--alloc-conf SETTINGS] [--plot FILE] [--json]"
 
 // sizeFlag is a byte count given as allocator.ParseSize reads it ("16GiB").
 type sizeFlag uint64
@@ -32,6 +37,10 @@ type replayOptions struct {
 	// allocConf is --alloc-conf: PyTorch allocator settings, parsed into torch.
 	allocConf string
 	torch     allocator.TorchConf
+	// plot is --plot's FILE ("": none); given names the flags given but
+	// --plot and --json, as the chart's title shows them.
+	plot  string
+	given string
 }
 
 // replay runs a recorded trace through the pool on a virtual device, once per
@@ -46,9 +55,13 @@ func replay(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "symm replay:", err)
 		return exitFailure
 	}
+	samples := 0
+	if o.plot != "" {
+		samples = plotMaxPoints
+	}
 	rows := make([]replayRow, 0, 2)
 	for _, c := range o.configs() {
-		res, err := trace.ReplayWith(tr, c.cfg, trace.Options{Capacity: uint64(o.capacity), FrontMax: uint64(o.frontCache)})
+		res, err := trace.ReplayWith(tr, c.cfg, trace.Options{Capacity: uint64(o.capacity), FrontMax: uint64(o.frontCache), Samples: samples})
 		if err != nil {
 			fmt.Fprintf(stderr, "symm replay: %s: %s: %v\n", o.path, c.name, err)
 			return exitFailure
@@ -56,6 +69,12 @@ func replay(args []string, stdout, stderr io.Writer) int {
 		rows = append(rows, replayRow{Name: c.name, Result: res})
 	}
 	rec := tr.Recorded()
+	if o.plot != "" {
+		if err := writeReplayPlot(o, rec, tr.RecordedSeries(samples), rows); err != nil {
+			fmt.Fprintln(stderr, "symm replay: --plot:", err)
+			return exitFailure
+		}
+	}
 	if o.asJSON {
 		return writeReplayJSON(stdout, stderr, o, len(tr.Events), rec, rows)
 	}
@@ -76,6 +95,7 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 	fs.Var(&o.capacity, "capacity", "the virtual device's memory, a `SIZE` (default 1PiB: no out-of-memory)")
 	fs.Var(&o.frontCache, "front-cache", "model the library's front cache on one CPU: the last 4 freed blocks of at most this `SIZE`, any fixed segment of its own, and any freed while its shard was unchanged since it was placed, stay parked (the library's default is 1MiB, SYMM_POOL_FRONT_CACHE_MAX; default here: off, the pool alone)")
 	fs.StringVar(&o.allocConf, "alloc-conf", "", "PyTorch allocator `SETTINGS` applied as the library applies PYTORCH_CUDA_ALLOC_CONF (roundup_power2_divisions, garbage_collection_threshold, max_split_size_mb, ...); --limit and --max-split win for their fields, and each row sets its own expandable_segments")
+	fs.StringVar(&o.plot, "plot", "", "also write a chart of allocated and reserved bytes over the trace's rows, recorded and per configuration, to `FILE`: an SVG image (FILE ending in .svg) or an HTML page showing it (.html)")
 	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object instead of the table")
 	var pos []string
 	for {
@@ -96,6 +116,9 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 		fmt.Fprintf(stderr, "symm replay: --max-split must be more than 1MiB (small blocks are always split), not %d bytes\n", o.maxSplit)
 	case o.frontCache != 0 && (o.frontCache < 512 || o.frontCache > 64<<20):
 		fmt.Fprintf(stderr, "symm replay: --front-cache must be from 512 B to 64MiB (or 0: off), not %d bytes\n", o.frontCache)
+	case o.plot != "" && plotFormat(o.plot) == "":
+		fmt.Fprintf(stderr, "symm replay: --plot %q: FILE must end in .svg (an SVG image) or .html (an HTML page)\n", o.plot)
+		return o, exitUsage, true
 	default:
 		tc, warns, err := allocator.ParseTorchAllocConf(o.allocConf)
 		if err != nil {
@@ -105,7 +128,7 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 		for _, w := range warns {
 			fmt.Fprintln(stderr, "symm replay: --alloc-conf: "+w)
 		}
-		o.path, o.torch = pos[0], tc
+		o.path, o.torch, o.given = pos[0], tc, givenFlags(fs)
 		return o, 0, false
 	}
 	fs.Usage()
@@ -226,4 +249,111 @@ func writeReplayJSON(stdout, stderr io.Writer, o replayOptions, n int, rec trace
 		return exitFailure
 	}
 	return exitOK
+}
+
+// plotFormat is "svg" or "html", as FILE ends (in any case); "" otherwise.
+func plotFormat(file string) string {
+	switch strings.ToLower(filepath.Ext(file)) {
+	case ".svg":
+		return "svg"
+	case ".html":
+		return "html"
+	}
+	return ""
+}
+
+// givenFlags writes the flags given but --plot and --json, as a command
+// line would (sizes in GiB or MiB when they are at least that).
+func givenFlags(fs *flag.FlagSet) string {
+	var out []string
+	fs.Visit(func(f *flag.Flag) {
+		switch v := f.Value.(type) {
+		case *sizeFlag:
+			out = append(out, "--"+f.Name+" "+sizeText(uint64(*v)))
+		default:
+			if f.Name == "plot" || f.Name == "json" {
+				return
+			}
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				out = append(out, "--"+f.Name)
+				return
+			}
+			out = append(out, "--"+f.Name+" "+f.Value.String())
+		}
+	})
+	return strings.Join(out, " ")
+}
+
+// sizeText writes a byte count as --limit takes it: 14.5GiB, 64MiB, 4096.
+func sizeText(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return strconv.FormatFloat(float64(n)/(1<<30), 'f', -1, 64) + "GiB"
+	case n >= mib:
+		return strconv.FormatFloat(float64(n)/mib, 'f', -1, 64) + "MiB"
+	}
+	return strconv.FormatUint(n, 10)
+}
+
+// plotColors are the lines' colours, per configuration.
+var plotColors = map[string]string{"recorded": "#555555", "default": "#1f77b4", "expandable": "#d62728"}
+
+// replayPlot is the chart of a replay: per configuration (the trace's own
+// figures first), reserved as a solid line and allocated as a dashed one,
+// in GiB (MiB when everything is under 1 GiB) over the trace's rows. The
+// replayed lines are the pool's allocated_bytes and reserved_bytes (their
+// peaks are the table's), the recorded ones the trace's running sums (no
+// reserved line when the trace has no segment rows).
+func replayPlot(o replayOptions, rec trace.Recorded, recSeries []trace.Point, rows []replayRow) (title, yLabel string, series []plotSeries) {
+	top := max(rec.PeakAllocated, rec.PeakReserved)
+	for _, r := range rows {
+		top = max(top, r.PeakAllocated, r.PeakReserved)
+	}
+	unit, yLabel := float64(1<<30), "GiB"
+	if top < 1<<30 {
+		unit, yLabel = mib, "MiB"
+	}
+	add := func(name, color string, pts []trace.Point, reserved bool, peak uint64) {
+		s := plotSeries{Color: color, Dashed: !reserved, X: make([]float64, len(pts)), Y: make([]float64, len(pts))}
+		what := "allocated"
+		if reserved {
+			what = "reserved"
+		}
+		s.Name = fmt.Sprintf("%s: %s, peak %d MiB", name, what, peak/mib)
+		for i, p := range pts {
+			v := p.Allocated
+			if reserved {
+				v = p.Reserved
+			}
+			s.X[i], s.Y[i] = float64(p.Row), float64(v)/unit
+		}
+		series = append(series, s)
+	}
+	if rec.HasReserved {
+		add("recorded (trace)", plotColors["recorded"], recSeries, true, rec.PeakReserved)
+	}
+	add("recorded (trace)", plotColors["recorded"], recSeries, false, rec.PeakAllocated)
+	for _, r := range rows {
+		add("libsymm "+r.Name, plotColors[r.Name], r.Series, true, r.PeakReserved)
+		add("libsymm "+r.Name, plotColors[r.Name], r.Series, false, r.PeakAllocated)
+	}
+	title = "Allocated and reserved memory over the trace " + filepath.Base(o.path)
+	if o.given != "" {
+		title += "\nreplayed with " + o.given
+	}
+	return title, yLabel, series
+}
+
+// writeReplayPlot writes --plot's file: SVG or HTML, as its name ends.
+func writeReplayPlot(o replayOptions, rec trace.Recorded, recSeries []trace.Point, rows []replayRow) error {
+	title, yLabel, series := replayPlot(o, rec, recSeries, rows)
+	write := writePlotSVG
+	if plotFormat(o.plot) == "html" {
+		write = writePlotHTML
+	}
+	var b bytes.Buffer
+	if err := write(&b, title, "row of the trace", yLabel, series); err != nil {
+		return err
+	}
+	return os.WriteFile(o.plot, b.Bytes(), 0o644)
 }

@@ -35,9 +35,13 @@ func (t *Trace) play(p player) error {
 			return err
 		}
 	}
-	for _, e := range t.Events {
+	rs, _ := p.(rowSetter)
+	for i, e := range t.Events {
 		if e.Size == 0 || (e.Action != Alloc && e.Action != FreeCompleted) {
 			continue
+		}
+		if rs != nil {
+			rs.setRow(i + 1)
 		}
 		if err := step(p, live, e); err != nil {
 			return err

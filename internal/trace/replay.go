@@ -52,6 +52,9 @@ type Result struct {
 	FrontHits          int `json:"front_cache_hits,omitempty"`
 	FrontWholeHits     int `json:"front_cache_whole_hits,omitempty"`
 	FrontUnchangedHits int `json:"front_cache_unchanged_hits,omitempty"`
+	// Series is the pool's allocated and reserved bytes over the trace,
+	// in at most Options.Samples points (series.go); not in JSON.
+	Series []Point `json:"-"`
 }
 
 // Replay runs t's alloc and free_completed rows, in order, through a pool
@@ -77,6 +80,8 @@ type Options struct {
 	// request gives them all back to the pool before the pool serves it,
 	// and so does the end of the trace, before stats are read.
 	FrontMax uint64
+	// Samples, if positive, is the most points of Result.Series (0: none).
+	Samples int
 }
 
 // ReplayWith is Replay with the options above.
@@ -88,11 +93,14 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 	}
 	// Nothing is parked while the pool serves a request (alloc drains
 	// first), so the model needs none of Config's front-cache hooks.
-	r := &replayer{pool: p, v: v, ptrs: map[uint64]uintptr{}, placed: map[uintptr]allocator.Placement{}, frontMax: o.FrontMax}
+	r := &replayer{pool: p, v: v, ptrs: map[uint64]uintptr{}, placed: map[uintptr]allocator.Placement{}, frontMax: o.FrontMax,
+		series: newSampler(len(t.Events), o.Samples)}
 	if err := t.play(r); err != nil {
 		return Result{}, err
 	}
 	r.drain()
+	r.row = len(t.Events)
+	r.sample()
 	if r.err != nil {
 		return Result{}, r.err
 	}
@@ -110,6 +118,9 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 		res.Ratio = float64(res.PeakReserved) / float64(res.PeakAllocated)
 	}
 	res.BackendPeak = v.Peak(0)
+	if r.series != nil {
+		res.Series = r.series.finish()
+	}
 	res.ChunkMaps, res.ChunkUnmaps = m["num_chunk_maps"], m["num_chunk_unmaps"]
 	if r.liveArea > 0 {
 		res.TimeAveraged = r.heldArea / r.liveArea
@@ -135,6 +146,9 @@ type replayer struct {
 	frontMax uint64       // 0: no front cache
 	front    []frontEntry // parked blocks, oldest first; at most frontEntries
 	err      error        // a failure giving a parked block back
+
+	row    int      // the row being played (series.go)
+	series *sampler // nil: no Result.Series
 }
 
 // frontEntries is export/front.cpp's kEntries: blocks parked per CPU.
@@ -243,10 +257,12 @@ func (r *replayer) alloc(e Event, pre bool) error {
 }
 
 // tick samples, after a row, the memory the backend holds and the bytes
-// the program has live (Result.TimeAveraged).
+// the program has live (Result.TimeAveraged), and the pool's allocated and
+// reserved bytes (Result.Series).
 func (r *replayer) tick() {
 	r.heldArea += float64(r.v.Used(0))
 	r.liveArea += float64(r.live)
+	r.sample()
 }
 
 // free returns a's block: on the free_completed row's stream, or for a lost

@@ -1,0 +1,515 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/libsymm/libsymm/publish"
+	"github.com/libsymm/libsymm/topology"
+)
+
+// symm top: every libsymm process of this user on the machine, from the
+// statistics pages they publish (package publish), and the devices' memory
+// from NVML. Nothing changes in the watched programs.
+
+const topSynopsis = "[--json] [--once] [-n N] [--interval D] [--sort COLUMN] [--pid PID] [--record FILE] [--dir DIR]"
+
+type topOptions struct {
+	json, once bool
+	n          int
+	interval   time.Duration
+	sortBy     string
+	pid        int
+	record     string
+	dir        string
+}
+
+// topColumns are the columns --sort and the s key choose from.
+var topColumns = []string{"reserved", "allocated", "peak", "cached", "pid", "command"}
+
+func top(args []string, stdout, stderr io.Writer) int {
+	fs := newFlags("top", topSynopsis, stderr)
+	var o topOptions
+	fs.BoolVar(&o.json, "json", false, "print one snapshot as JSON and exit")
+	fs.BoolVar(&o.once, "once", false, "print the table once and exit")
+	fs.IntVar(&o.n, "n", 0, "with text output (--once, or standard output not a terminal), print this many tables (0: until interrupted)")
+	fs.DurationVar(&o.interval, "interval", time.Second, "time between refreshes")
+	fs.StringVar(&o.sortBy, "sort", "reserved", "column to sort by: "+strings.Join(topColumns, ", "))
+	fs.IntVar(&o.pid, "pid", 0, "show this process in detail: pools, streams, symmetric memory")
+	fs.StringVar(&o.record, "record", "", "record every refresh: FILE.jsonl gets one JSON snapshot per line, FILE.svg or FILE.html a chart of allocated and reserved bytes per process over time, rewritten at each refresh")
+	fs.StringVar(&o.dir, "dir", "", "directory of the statistics pages (default: SYMM_PUBLISH_DIR, else /dev/shm)")
+	if code, done := parse(fs, args); done {
+		return code
+	}
+	switch {
+	case o.interval < 10*time.Millisecond:
+		fmt.Fprintf(stderr, "symm top: --interval must be at least 10ms, not %s\n", o.interval)
+		return exitUsage
+	case o.n < 0:
+		fmt.Fprintf(stderr, "symm top: -n must be 0 or more, not %d\n", o.n)
+		return exitUsage
+	case sortIndex(o.sortBy) < 0:
+		fmt.Fprintf(stderr, "symm top: --sort %q: want one of %s\n", o.sortBy, strings.Join(topColumns, ", "))
+		return exitUsage
+	}
+	if o.record != "" {
+		if ext := filepath.Ext(o.record); ext != ".jsonl" && ext != ".svg" && ext != ".html" {
+			fmt.Fprintf(stderr, "symm top: --record %q: want a file ending in .jsonl, .svg or .html\n", o.record)
+			return exitUsage
+		}
+	}
+	if o.dir == "" {
+		o.dir = publish.Dir(os.Getenv)
+	}
+	if o.json {
+		snap := takeSnapshot(o.dir)
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(snap); err != nil {
+			fmt.Fprintf(stderr, "symm top: %v\n", err)
+			return exitFailure
+		}
+		return exitOK
+	}
+	rec, err := newRecorder(o.record)
+	if err != nil {
+		fmt.Fprintf(stderr, "symm top: %v\n", err)
+		return exitFailure
+	}
+	defer rec.close()
+	if f, ok := stdout.(*os.File); ok && !o.once && term.IsTerminal(int(f.Fd())) {
+		if err := runTUI(o, rec); err != nil {
+			fmt.Fprintf(stderr, "symm top: %v\n", err)
+			return exitFailure
+		}
+		return exitOK
+	}
+	return runText(o, rec, stdout, stderr)
+}
+
+func sortIndex(col string) int {
+	for i, c := range topColumns {
+		if c == col {
+			return i
+		}
+	}
+	return -1
+}
+
+// snapshot is what symm top shows at one moment (and --json prints).
+type snapshot struct {
+	Time      time.Time            `json:"time"`
+	Processes []*publish.Page      `json:"processes"`
+	GPUs      []topology.GPUMemory `json:"gpus,omitempty"`
+	GPUError  string               `json:"gpu_error,omitempty"`
+	Problems  []publish.Problem    `json:"problems,omitempty"`
+	Removed   []string             `json:"removed,omitempty"`
+	Totals    map[int]deviceTotals `json:"-"`
+}
+
+// deviceTotals sums the libsymm processes' figures of one device.
+type deviceTotals struct{ allocated, reserved int64 }
+
+func takeSnapshot(dir string) *snapshot {
+	l := publish.List(dir, os.Getuid())
+	s := &snapshot{Time: time.Now(), Processes: l.Pages, Problems: l.Problems, Removed: l.Removed, Totals: map[int]deviceTotals{}}
+	if s.Processes == nil {
+		s.Processes = []*publish.Page{}
+	}
+	if g, err := topology.MemoryUse(""); err != nil {
+		s.GPUError = err.Error()
+	} else {
+		s.GPUs = g
+	}
+	for _, p := range s.Processes {
+		for _, d := range p.Devices {
+			t := s.Totals[d.Index]
+			t.allocated += d.Stats["allocated_bytes.all.current"]
+			t.reserved += d.Stats["reserved_bytes.all.current"]
+			s.Totals[d.Index] = t
+		}
+	}
+	return s
+}
+
+// row is one process on one device: a line of the table.
+type row struct {
+	page                              *publish.Page
+	dev                               int
+	allocated, reserved, peak, cached int64
+	ooms, retries                     int64
+}
+
+// rows lists every process on every device it reserves memory on (device
+// 0 for a process that holds nothing yet), sorted by column col, largest
+// first (pid and command: ascending).
+func (s *snapshot) rows(col string) []row {
+	var out []row
+	for _, p := range s.Processes {
+		n := 0
+		for _, d := range p.Devices {
+			st := d.Stats
+			if st["reserved_bytes.all.current"] == 0 && st["reserved_bytes.all.peak"] == 0 && !(n == 0 && d.Index == len(p.Devices)-1) {
+				continue
+			}
+			n++
+			out = append(out, row{page: p, dev: d.Index,
+				allocated: st["allocated_bytes.all.current"], reserved: st["reserved_bytes.all.current"],
+				peak: st["reserved_bytes.all.peak"], cached: st["reserved_bytes.all.current"] - st["allocated_bytes.all.current"],
+				ooms: st["num_ooms"], retries: st["num_alloc_retries"]})
+		}
+	}
+	key := func(r row) int64 {
+		switch col {
+		case "allocated":
+			return r.allocated
+		case "peak":
+			return r.peak
+		case "cached":
+			return r.cached
+		}
+		return r.reserved
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		switch col {
+		case "pid":
+			return a.page.PID < b.page.PID || (a.page.PID == b.page.PID && a.dev < b.dev)
+		case "command":
+			return a.page.Command < b.page.Command || (a.page.Command == b.page.Command && a.page.PID < b.page.PID)
+		}
+		if key(a) != key(b) {
+			return key(a) > key(b)
+		}
+		return a.page.PID < b.page.PID || (a.page.PID == b.page.PID && a.dev < b.dev)
+	})
+	return out
+}
+
+// human writes a byte count in binary units, at most 6 characters wide.
+func human(b int64) string {
+	neg := b < 0
+	if neg {
+		b = -b
+	}
+	v, unit := float64(b), "B"
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		if v < 1024 {
+			break
+		}
+		v, unit = v/1024, u
+	}
+	s := fmt.Sprintf("%.0f %s", v, unit)
+	if unit != "B" && v < 100 {
+		s = fmt.Sprintf("%.1f %s", v, unit)
+	}
+	if neg {
+		s = "-" + s
+	}
+	return s
+}
+
+// tableHeader and tableLine format the process table.
+const tableFormat = "%7s %3s %10s %10s %10s %10s %5s %-14s %s"
+
+func tableHeader() string {
+	return fmt.Sprintf(tableFormat, "PID", "DEV", "ALLOCATED", "RESERVED", "PEAK", "CACHED", "OOMS", "SYMMETRIC", "COMMAND")
+}
+
+func tableLine(r row) string {
+	sym := "-"
+	if s := r.page.Symmetric; s.Blocks > 0 {
+		sym = fmt.Sprintf("%d/%s", s.Blocks, human(int64(s.Bytes)))
+	}
+	return fmt.Sprintf(tableFormat, fmt.Sprint(r.page.PID), fmt.Sprint(r.dev), human(r.allocated), human(r.reserved),
+		human(r.peak), human(r.cached), fmt.Sprint(r.ooms), sym, oneLine(r.page.Command))
+}
+
+// oneLine is a command line on one line: runs of white space (newlines of
+// a python -c script included) and control characters become one space.
+func oneLine(s string) string {
+	return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }), " ")
+}
+
+// barWidth is the device bars' width in cells.
+const barWidth = 50
+
+// bar draws one device: libsymm's allocated (#), its cached free (=), the
+// device's other used memory (-: CUDA contexts, libraries, other processes)
+// and free memory (.), from NVML's totals; without them, allocated within
+// reserved only.
+func (s *snapshot) bar(dev int) (line string, parts [4]int) {
+	t := s.Totals[dev]
+	var total, other, free int64
+	for _, g := range s.GPUs {
+		if g.Index == dev {
+			total = int64(g.Total)
+			other = max(int64(g.Used)-t.reserved, 0)
+			free = int64(g.Free)
+		}
+	}
+	if total == 0 {
+		total = max(t.reserved, 1)
+	}
+	cells := func(b int64) int { return int(float64(barWidth) * float64(b) / float64(total)) }
+	parts = [4]int{cells(t.allocated), cells(t.reserved - t.allocated), cells(other), 0}
+	parts[3] = max(barWidth-parts[0]-parts[1]-parts[2], 0)
+	if len(s.GPUs) == 0 {
+		parts[3] = 0
+		parts[1] = max(barWidth-parts[0], 0)
+	}
+	_ = free
+	b := strings.Repeat("#", parts[0]) + strings.Repeat("=", parts[1]) + strings.Repeat("-", parts[2]) + strings.Repeat(".", parts[3])
+	what := fmt.Sprintf("%s allocated, %s cached", human(t.allocated), human(t.reserved-t.allocated))
+	if len(s.GPUs) > 0 {
+		what += fmt.Sprintf(", %s other, %s free of %s", human(other), human(free), human(total))
+	}
+	return fmt.Sprintf("GPU %-2d [%s] %s", dev, b, what), parts
+}
+
+// devicesShown are the devices with a bar: NVML's, else those the
+// processes use.
+func (s *snapshot) devicesShown() []int {
+	var out []int
+	if len(s.GPUs) > 0 {
+		for _, g := range s.GPUs {
+			out = append(out, g.Index)
+		}
+		return out
+	}
+	for d := range s.Totals {
+		out = append(out, d)
+	}
+	sort.Ints(out)
+	return out
+}
+
+// textView is what the text output and the live view print: a title, the
+// device bars, the table (or a process in detail) and the problems.
+func (s *snapshot) textView(col string, pid int) []string {
+	lines := []string{fmt.Sprintf("symm top - %s - %d libsymm processes - sorted by %s",
+		s.Time.Format("15:04:05"), len(s.Processes), col)}
+	for _, d := range s.devicesShown() {
+		l, _ := s.bar(d)
+		lines = append(lines, l)
+	}
+	if len(s.GPUs) == 0 {
+		lines = append(lines, "(no NVML: device bars show libsymm's memory only; # allocated, = cached free)")
+	} else {
+		lines = append(lines, "(# libsymm allocated, = libsymm cached free, - other used: CUDA contexts, other processes; . free)")
+	}
+	lines = append(lines, "")
+	if pid != 0 {
+		lines = append(lines, s.detail(pid)...)
+	} else {
+		lines = append(lines, tableHeader())
+		for _, r := range s.rows(col) {
+			lines = append(lines, tableLine(r))
+		}
+		if len(s.Processes) == 0 {
+			lines = append(lines, "(no libsymm process of this user publishes statistics here)")
+		}
+	}
+	for _, p := range s.Problems {
+		lines = append(lines, fmt.Sprintf("skipped %s: %s", p.Path, p.Err))
+	}
+	for _, r := range s.Removed {
+		lines = append(lines, fmt.Sprintf("removed %s: its process is gone", r))
+	}
+	return lines
+}
+
+// detail describes one process: per device its pools (size classes),
+// libsymm's own counters and its streams, then its symmetric memory.
+func (s *snapshot) detail(pid int) []string {
+	var p *publish.Page
+	for _, q := range s.Processes {
+		if q.PID == pid {
+			p = q
+		}
+	}
+	if p == nil {
+		return []string{fmt.Sprintf("process %d publishes no statistics here (gone, or not a libsymm process of this user)", pid)}
+	}
+	lines := []string{fmt.Sprintf("process %d: %s (backend %s, refreshed every %d ms)", p.PID, oneLine(p.Command), p.Backend, p.Interval)}
+	for _, d := range p.Devices {
+		st := d.Stats
+		lines = append(lines, "", fmt.Sprintf("device %d", d.Index),
+			fmt.Sprintf("  %-26s %10s %10s %10s %10s %9s", "pool", "allocated", "reserved", "peak res.", "cached", "segments"))
+		for _, pool := range []struct{ name, key string }{{"all", "all"}, {"small blocks (<= 1 MiB)", "small_pool"}, {"large blocks", "large_pool"}} {
+			a, r := st["allocated_bytes."+pool.key+".current"], st["reserved_bytes."+pool.key+".current"]
+			lines = append(lines, fmt.Sprintf("  %-26s %10s %10s %10s %10s %9d", pool.name, human(a), human(r),
+				human(st["reserved_bytes."+pool.key+".peak"]), human(r-a), st["segment."+pool.key+".current"]))
+		}
+		lines = append(lines, fmt.Sprintf("  allocations %d (peak %d), OOMs %d, retries %d, front-cache hits %d, chunk maps %d, unmaps %d",
+			st["allocation.all.current"], st["allocation.all.peak"], st["num_ooms"], st["num_alloc_retries"],
+			st["num_front_cache_hits"], st["num_chunk_maps"], st["num_chunk_unmaps"]))
+		if len(d.Streams) > 0 {
+			lines = append(lines, fmt.Sprintf("  %-20s %-8s %10s %10s %9s", "stream", "pool", "allocated", "reserved", "segments"))
+			for _, x := range d.Streams {
+				pool := "default"
+				if x.Private {
+					pool = "private"
+				}
+				lines = append(lines, fmt.Sprintf("  %#-20x %-8s %10s %10s %9d", x.Stream, pool, human(x.Allocated), human(x.Reserved), x.Segments))
+			}
+		}
+	}
+	sy := p.Symmetric
+	lines = append(lines, "", fmt.Sprintf("symmetric memory: %d blocks, %s, %d handles mapping %d peer blocks",
+		sy.Blocks, human(int64(sy.Bytes)), sy.Handles, sy.PeerMappings))
+	return lines
+}
+
+// runText prints the text view every interval (n times; 0: until
+// interrupted), or once with --once.
+func runText(o topOptions, rec *recorder, stdout, stderr io.Writer) int {
+	n := o.n
+	if o.once {
+		n = 1
+	}
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(stop)
+	for i := 0; n == 0 || i < n; i++ {
+		if i > 0 {
+			select {
+			case <-stop:
+				return exitOK
+			case <-time.After(o.interval):
+			}
+			fmt.Fprintln(stdout)
+		}
+		s := takeSnapshot(o.dir)
+		if err := rec.add(s); err != nil {
+			fmt.Fprintf(stderr, "symm top: %v\n", err)
+			return exitFailure
+		}
+		fmt.Fprintln(stdout, strings.Join(s.textView(o.sortBy, o.pid), "\n"))
+	}
+	return exitOK
+}
+
+// recorder keeps what --record asks for: snapshots as JSON lines, or a
+// chart of allocated and reserved bytes per process over time.
+type recorder struct {
+	path   string
+	jsonl  *os.File
+	start  time.Time
+	series map[string]*plotSeries // by name
+	order  []string
+	colors map[string]string // by process and device
+}
+
+// topPalette colours the processes of a recorded chart, in order of
+// appearance.
+var topPalette = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"}
+
+func newRecorder(path string) (*recorder, error) {
+	r := &recorder{path: path, series: map[string]*plotSeries{}, colors: map[string]string{}}
+	if path == "" {
+		return r, nil
+	}
+	if filepath.Ext(path) == ".jsonl" {
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("--record: %w", err)
+		}
+		r.jsonl = f
+	}
+	return r, nil
+}
+
+func (r *recorder) add(s *snapshot) error {
+	if r.path == "" {
+		return nil
+	}
+	if r.jsonl != nil {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return err
+		}
+		if _, err := r.jsonl.Write(append(b, '\n')); err != nil {
+			return fmt.Errorf("--record: %w", err)
+		}
+		return nil
+	}
+	if r.start.IsZero() {
+		r.start = s.Time
+	}
+	t := s.Time.Sub(r.start).Seconds()
+	for _, p := range s.Processes {
+		for _, d := range p.Devices {
+			if d.Stats["reserved_bytes.all.peak"] == 0 {
+				continue
+			}
+			for _, k := range []struct {
+				what   string
+				stat   string
+				dashed bool
+			}{{"reserved", "reserved_bytes.all.current", false}, {"allocated", "allocated_bytes.all.current", true}} {
+				key := fmt.Sprintf("pid %d GPU %d", p.PID, d.Index)
+				name := key + " " + k.what
+				ps := r.series[name]
+				if ps == nil {
+					if _, ok := r.colors[key]; !ok {
+						r.colors[key] = topPalette[len(r.colors)%len(topPalette)]
+					}
+					ps = &plotSeries{Name: name, Dashed: k.dashed, Color: r.colors[key]}
+					r.series[name] = ps
+					r.order = append(r.order, name)
+				}
+				ps.X = append(ps.X, t)
+				ps.Y = append(ps.Y, float64(d.Stats[k.stat]))
+			}
+		}
+	}
+	return r.writePlot()
+}
+
+// writePlot rewrites the chart, through a temporary file, so that a
+// recorder stopped at any moment leaves a whole chart behind.
+func (r *recorder) writePlot() error {
+	var series []plotSeries
+	for _, n := range r.order {
+		series = append(series, *r.series[n])
+	}
+	tmp := r.path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("--record: %w", err)
+	}
+	title := "symm top --record: memory of libsymm processes over time"
+	if filepath.Ext(r.path) == ".html" {
+		err = writePlotHTML(f, title, "seconds", "bytes", series)
+	} else {
+		err = writePlotSVG(f, title, "seconds", "bytes", series)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, r.path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("--record: %w", err)
+	}
+	return nil
+}
+
+func (r *recorder) close() {
+	if r.jsonl != nil {
+		r.jsonl.Close()
+	}
+}

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gdamore/tcell/v2"
+	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/publish"
+)
+
+// fakePage publishes, from this test process, a page whose device 0 holds
+// allocated and reserved bytes, in dir.
+func fakePage(t *testing.T, dir string, allocated, reserved *atomic.Int64) *publish.Writer {
+	t.Helper()
+	names := allocator.StatNames()
+	w, err := publish.Create(dir, publish.Source{
+		Devices: 2, Names: names, Backend: "host",
+		Stats: func(dev int) ([]int64, error) {
+			v := make([]int64, len(names))
+			for i, n := range names {
+				switch {
+				case dev != 0:
+				case n == "allocated_bytes.all.current" || n == "allocated_bytes.large_pool.current":
+					v[i] = allocated.Load()
+				case n == "reserved_bytes.all.current" || n == "reserved_bytes.all.peak" || n == "reserved_bytes.large_pool.current":
+					v[i] = reserved.Load()
+				case n == "num_ooms":
+					v[i] = 2
+				}
+			}
+			return v, nil
+		},
+		Streams: func(dev int) ([]publish.Stream, error) {
+			if dev != 0 {
+				return nil, nil
+			}
+			return []publish.Stream{{Stream: 0x7f00, Allocated: allocated.Load(), Reserved: reserved.Load(), Segments: 3}}, nil
+		},
+		Symmetric: func() publish.Symmetric {
+			return publish.Symmetric{Blocks: 1, Bytes: 1 << 20, Handles: 1, PeerMappings: 1}
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+func runSymm(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestTopJSONAndText(t *testing.T) {
+	dir := t.TempDir()
+	var a, r atomic.Int64
+	a.Store(3 << 20)
+	r.Store(8 << 20)
+	fakePage(t, dir, &a, &r)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, publish.Name(os.Getuid(), 1)), []byte("garbage"), 0o600))
+
+	code, out, errs := runSymm(t, "top", "--json", "--dir", dir)
+	require.Equal(t, exitOK, code, errs)
+	var snap struct {
+		Processes []publish.Page    `json:"processes"`
+		Problems  []publish.Problem `json:"problems"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &snap))
+	require.Len(t, snap.Processes, 1)
+	p := snap.Processes[0]
+	require.Equal(t, os.Getpid(), p.PID)
+	require.EqualValues(t, 3<<20, p.Devices[0].Stats["allocated_bytes.all.current"])
+	require.EqualValues(t, 8<<20, p.Devices[0].Stats["reserved_bytes.all.current"])
+	require.Len(t, snap.Problems, 1)
+	require.Contains(t, snap.Problems[0].Err, "shorter than the")
+
+	code, out, errs = runSymm(t, "top", "--once", "--dir", dir)
+	require.Equal(t, exitOK, code, errs)
+	require.Contains(t, out, "1 libsymm processes - sorted by reserved")
+	require.Contains(t, out, tableHeader())
+	require.Regexp(t, `\n +`+itoa(os.Getpid())+` +0 +3\.0 MiB +8\.0 MiB +8\.0 MiB +5\.0 MiB +2 +1/1\.0 MiB `, out)
+	require.Contains(t, out, "skipped "+filepath.Join(dir, publish.Name(os.Getuid(), 1)))
+
+	code, out, _ = runSymm(t, "top", "--once", "--dir", dir, "--pid", itoa(os.Getpid()))
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "process "+itoa(os.Getpid())+":")
+	require.Contains(t, out, "large blocks")
+	require.Regexp(t, `0x7f00 +default +3\.0 MiB +8\.0 MiB +3`, out)
+	require.Contains(t, out, "symmetric memory: 1 blocks, 1.0 MiB, 1 handles mapping 1 peer blocks")
+
+	// Text output when standard output is not a terminal: -n tables.
+	code, out, _ = runSymm(t, "top", "-n", "2", "--interval", "10ms", "--dir", dir)
+	require.Equal(t, exitOK, code)
+	require.Equal(t, 2, strings.Count(out, tableHeader()))
+}
+
+func TestTopBadFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--sort", "size"}, `--sort "size": want one of reserved, allocated`},
+		{[]string{"--interval", "1ms"}, "--interval must be at least 10ms"},
+		{[]string{"-n", "-1"}, "-n must be 0 or more"},
+		{[]string{"--record", "out.png"}, "want a file ending in .jsonl, .svg or .html"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+	} {
+		code, _, errs := runSymm(t, append([]string{"top"}, c.args...)...)
+		require.Equal(t, exitUsage, code, c.args)
+		require.Contains(t, errs, c.want, c.args)
+	}
+	code, _, errs := runSymm(t, "top", "--once", "--record", filepath.Join(t.TempDir(), "no", "such", "dir.jsonl"))
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errs, "--record")
+}
+
+func TestTopRecord(t *testing.T) {
+	dir := t.TempDir()
+	var a, r atomic.Int64
+	a.Store(1 << 20)
+	r.Store(2 << 20)
+	w := fakePage(t, dir, &a, &r)
+	out := t.TempDir()
+	jsonl, svg := filepath.Join(out, "run.jsonl"), filepath.Join(out, "run.svg")
+	for _, f := range []string{jsonl, svg} {
+		go func() { // the process's memory grows while it is recorded
+			for i := 0; i < 5; i++ {
+				time.Sleep(15 * time.Millisecond)
+				a.Add(1 << 20)
+				r.Add(1 << 20)
+				w.Update()
+			}
+		}()
+		code, _, errs := runSymm(t, "top", "-n", "5", "--interval", "20ms", "--dir", dir, "--record", f)
+		require.Equal(t, exitOK, code, errs)
+	}
+	b, err := os.ReadFile(jsonl)
+	require.NoError(t, err)
+	require.Equal(t, 5, strings.Count(string(b), "\n"), "one snapshot per refresh")
+	b, err = os.ReadFile(svg)
+	require.NoError(t, err)
+	require.NoError(t, xml.Unmarshal(b, new(struct{})), "a well-formed SVG")
+	require.Contains(t, string(b), "pid "+itoa(os.Getpid())+" GPU 0 reserved")
+	require.Contains(t, string(b), "pid "+itoa(os.Getpid())+" GPU 0 allocated")
+}
+
+// The live view on tcell's simulation screen: what it draws, and the keys.
+func TestTopLiveView(t *testing.T) {
+	dir := t.TempDir()
+	var a, r atomic.Int64
+	a.Store(3 << 20)
+	r.Store(8 << 20)
+	fakePage(t, dir, &a, &r)
+	sc := tcell.NewSimulationScreen("UTF-8")
+	require.NoError(t, sc.Init())
+	sc.SetSize(140, 30)
+	defer sc.Fini()
+	text := func() string {
+		cells, w, h := sc.(tcell.SimulationScreen).GetContents()
+		var b strings.Builder
+		for y := 0; y < h; y++ {
+			for x := 0; x < w; x++ {
+				if rs := cells[y*w+x].Runes; len(rs) > 0 {
+					b.WriteRune(rs[0])
+				} else {
+					b.WriteByte(' ')
+				}
+			}
+			b.WriteByte('\n')
+		}
+		return b.String()
+	}
+	done := make(chan error)
+	go func() {
+		done <- topLoop(sc, topOptions{interval: 20 * time.Millisecond, sortBy: "reserved", dir: dir}, &recorder{}, nil)
+	}()
+	waitFor := func(want string) {
+		t.Helper()
+		require.Eventually(t, func() bool { return strings.Contains(text(), want) }, 5*time.Second, 10*time.Millisecond, "screen lacks %q:\n%s", want, text())
+	}
+	waitFor("sorted by reserved")
+	waitFor(tableHeader())
+	waitFor("q quit  s sort")
+	sc.(tcell.SimulationScreen).InjectKey(tcell.KeyRune, 's', tcell.ModNone)
+	waitFor("sorted by allocated")
+	sc.(tcell.SimulationScreen).InjectKey(tcell.KeyEnter, 0, tcell.ModNone)
+	waitFor("process " + itoa(os.Getpid()) + ":")
+	sc.(tcell.SimulationScreen).InjectKey(tcell.KeyEscape, 0, tcell.ModNone)
+	waitFor(tableHeader())
+	sc.(tcell.SimulationScreen).InjectKey(tcell.KeyRune, 'q', tcell.ModNone)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("q did not end the live view")
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

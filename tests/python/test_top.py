@@ -1,0 +1,191 @@
+"""symm top against real processes on the host backend: several processes
+publish their statistics while others allocate, `symm top --json` sees each
+with the figures the process reports itself, a killed process's page is
+removed, bad pages are named, and the live view works in a real terminal
+(tmux)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import MiB, ROOT, child_env
+
+SYMM = ROOT / "build" / "symm"
+
+# A worker allocates its blocks, reports its own statistics (device 0) and pid
+# in DIR/ready-N.json, then either holds still or keeps allocating and freeing
+# (churn) until DIR/stop appears.
+WORKER = r"""
+import json, os, sys, time
+import symm
+d, n, churn = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+held = [symm.alloc((n + 1) * (12 << 20) + k * 4096) for k in range(3)]
+held.append(symm.alloc(2048 * (n + 1)))
+symm.free(held.pop(0))
+st = symm.memory_stats(0)
+keys = ("allocated_bytes.all.current", "reserved_bytes.all.current", "reserved_bytes.all.peak", "segment.all.current")
+with open(os.path.join(d, f"ready-{n}.tmp"), "w") as f:
+    json.dump({"pid": os.getpid(), **{k: st[k] for k in keys}}, f)
+os.rename(os.path.join(d, f"ready-{n}.tmp"), os.path.join(d, f"ready-{n}.json"))
+while not os.path.exists(os.path.join(d, "stop")):
+    if churn:
+        for size in (1 << 20, 5 << 20, 300, 9 << 20):
+            symm.free(symm.alloc(size))
+    else:
+        time.sleep(0.02)
+"""
+
+
+def top_json(pubdir: Path) -> dict:
+    p = subprocess.run([str(SYMM), "top", "--json"], env=dict(os.environ, SYMM_PUBLISH_DIR=str(pubdir)),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.fixture
+def workers(tmp_path):
+    if not SYMM.exists():
+        pytest.fail("build/symm is missing: make cli")
+    pubdir, ctl = tmp_path / "pages", tmp_path / "ctl"
+    pubdir.mkdir()
+    ctl.mkdir()
+    env = child_env({"SYMM_PUBLISH_DIR": str(pubdir), "SYMM_DEVICE": "host"})
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(ctl), str(n), "1" if n == 2 else "0"], env=env)
+             for n in range(3)]
+    try:
+        deadline = time.time() + 60
+        while not all((ctl / f"ready-{n}.json").exists() for n in range(3)):
+            assert time.time() < deadline, "workers did not start"
+            assert all(p.poll() is None for p in procs), "a worker died"
+            time.sleep(0.05)
+        reports = [json.loads((ctl / f"ready-{n}.json").read_text()) for n in range(3)]
+        yield pubdir, ctl, procs, reports
+    finally:
+        (ctl / "stop").touch()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def by_pid(snap: dict) -> dict:
+    return {p["pid"]: p for p in snap["processes"]}
+
+
+def test_top_json_sees_every_process(workers):
+    pubdir, ctl, procs, reports = workers
+    # The steady workers' pages converge to what they report (the page is
+    # refreshed every 250 ms); the churning one is listed while it allocates.
+    deadline = time.time() + 10
+    while True:
+        snap = by_pid(top_json(pubdir))
+        ok = all(r["pid"] in snap for r in reports) and all(
+            snap[r["pid"]]["devices"][0]["stats"][k] == r[k] for r in reports[:2] for k in r if k != "pid")
+        if ok or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    for r in reports[:2]:
+        st = snap[r["pid"]]["devices"][0]["stats"]
+        for k, v in r.items():
+            if k != "pid":
+                assert st[k] == v, (r["pid"], k, st[k], v)
+        assert snap[r["pid"]]["backend"] == "host"
+        assert "import symm" in snap[r["pid"]]["command"]
+        assert snap[r["pid"]]["devices"][0]["streams"], "per-stream usage is listed"
+    churner = snap[reports[2]["pid"]]["devices"][0]["stats"]
+    assert churner["allocation.all.allocated"] > 4, "the churning worker's page follows its allocations"
+
+    # A killed process leaves its page; the next listing removes it.
+    page = pubdir / f"libsymm-{os.getuid()}-{reports[2]['pid']}"
+    assert page.exists()
+    procs[2].send_signal(signal.SIGKILL)
+    procs[2].wait(timeout=10)
+    assert page.exists(), "SIGKILL runs no destructor"
+    snap = top_json(pubdir)
+    assert reports[2]["pid"] not in by_pid(snap)
+    assert str(page) in snap["removed"]
+    assert not page.exists()
+
+    # Pages that cannot be trusted or read are named, never read.
+    garbage = pubdir / f"libsymm-{os.getuid()}-1"
+    garbage.write_bytes(b"\x00" * 4096)
+    garbage.chmod(0o600)
+    problems = {p["path"]: p["error"] for p in top_json(pubdir)["problems"]}
+    assert "not a libsymm statistics page" in problems[str(garbage)]
+    if os.getuid() == 0:  # another user's page: only root can make one here
+        other = pubdir / f"libsymm-65534-{reports[0]['pid']}"
+        shutil.copy(pubdir / f"libsymm-{os.getuid()}-{reports[0]['pid']}", other)
+        os.chown(other, 65534, 65534)
+        problems = {p["path"]: p["error"] for p in top_json(pubdir)["problems"]}
+        assert f"owned by uid 65534, not by uid 0" in problems[str(other)]
+        other.unlink()
+    garbage.unlink()
+
+    # At exit a process removes its own page.
+    (ctl / "stop").touch()
+    for p in procs[:2]:
+        assert p.wait(timeout=30) == 0
+    assert not any(pubdir.iterdir()), list(pubdir.iterdir())
+
+
+def test_top_live_view_in_tmux(workers):
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is needed for the live view test (Debian package tmux)")
+    pubdir, _, _, reports = workers
+    sock = f"symmtop{os.getpid()}"
+    tmux = ["tmux", "-L", sock]
+    cmd = f"env SYMM_PUBLISH_DIR={pubdir} TERM=xterm-256color {SYMM} top --interval 200ms"
+    subprocess.run(tmux + ["new-session", "-d", "-s", "top", "-x", "200", "-y", "50", cmd], check=True, timeout=30)
+
+    def screen() -> str:
+        return subprocess.run(tmux + ["capture-pane", "-p", "-t", "top"], capture_output=True, text=True, timeout=30).stdout
+
+    def wait_for(want: str) -> str:
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            s = screen()
+            if want in s:
+                return s
+            time.sleep(0.1)
+        raise AssertionError(f"the screen lacks {want!r}:\n{screen()}")
+
+    try:
+        wait_for("sorted by reserved")
+        # Sorted by reserved, largest first: worker n holds about (n+1)*36 MiB
+        # once its page has been refreshed after its allocations.
+        want = [str(r["pid"]) for r in reversed(reports)]
+        deadline = time.time() + 15
+        while True:
+            s = screen()
+            order = [ln.split()[0] for ln in s.splitlines() if ln.split() and ln.split()[0].isdigit()]
+            if order[:3] == want or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        assert order[:3] == want, s
+        assert "PID DEV  ALLOCATED   RESERVED" in s and "q quit  s sort" in s
+        subprocess.run(tmux + ["send-keys", "-t", "top", "s"], check=True)
+        wait_for("sorted by allocated")
+        subprocess.run(tmux + ["send-keys", "-t", "top", "Down", "Enter"], check=True)
+        s = wait_for("large blocks")
+        assert f"process {reports[1]['pid']}:" in s, s
+        assert "symmetric memory: 0 blocks" in s
+        subprocess.run(tmux + ["send-keys", "-t", "top", "Escape"], check=True)
+        wait_for("PID DEV  ALLOCATED")
+        subprocess.run(tmux + ["send-keys", "-t", "top", "q"], check=True)
+        deadline = time.time() + 10
+        while subprocess.run(tmux + ["has-session", "-t", "top"], capture_output=True).returncode == 0:
+            assert time.time() < deadline, "q did not end symm top"
+            time.sleep(0.1)
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True)
