@@ -168,7 +168,7 @@ func TestTopLiveView(t *testing.T) {
 	sc.SetSize(140, 30)
 	defer sc.Fini()
 	text := func() string {
-		cells, w, h := sc.(tcell.SimulationScreen).GetContents()
+		cells, w, h := sc.GetContents()
 		var b strings.Builder
 		for y := 0; y < h; y++ {
 			for x := 0; x < w; x++ {
@@ -193,13 +193,13 @@ func TestTopLiveView(t *testing.T) {
 	waitFor("sorted by reserved")
 	waitFor(tableHeader())
 	waitFor("q quit  s sort")
-	sc.(tcell.SimulationScreen).InjectKey(tcell.KeyRune, 's', tcell.ModNone)
+	sc.InjectKey(tcell.KeyRune, 's', tcell.ModNone)
 	waitFor("sorted by allocated")
-	sc.(tcell.SimulationScreen).InjectKey(tcell.KeyEnter, 0, tcell.ModNone)
+	sc.InjectKey(tcell.KeyEnter, 0, tcell.ModNone)
 	waitFor("process " + itoa(os.Getpid()) + ":")
-	sc.(tcell.SimulationScreen).InjectKey(tcell.KeyEscape, 0, tcell.ModNone)
+	sc.InjectKey(tcell.KeyEscape, 0, tcell.ModNone)
 	waitFor(tableHeader())
-	sc.(tcell.SimulationScreen).InjectKey(tcell.KeyRune, 'q', tcell.ModNone)
+	sc.InjectKey(tcell.KeyRune, 'q', tcell.ModNone)
 	select {
 	case err := <-done:
 		require.NoError(t, err)
