@@ -70,6 +70,7 @@ func TestNoTornReads(t *testing.T) {
 	defer w.Close()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	defer func() { close(stop); wg.Wait() }() // before Close, on any exit
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -81,6 +82,9 @@ func TestNoTornReads(t *testing.T) {
 			}
 			v.Store(i)
 			w.Update()
+			// Updates back to back, far more often than the library's four
+			// a second, but with gaps a reader can fall into.
+			time.Sleep(20 * time.Microsecond)
 		}
 	}()
 	for i := 0; i < 2000; i++ {
@@ -98,8 +102,6 @@ func TestNoTornReads(t *testing.T) {
 			}
 		}
 	}
-	close(stop)
-	wg.Wait()
 }
 
 // A page whose process is gone (SIGKILL leaves it behind) is removed by the

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -44,7 +45,10 @@ type Source struct {
 // Writer owns one process's page.
 type Writer struct {
 	path string
-	buf  []byte // the mapping of the file
+	// mu serializes Update and Close: an update never writes to a page
+	// that Close has unmapped.
+	mu   sync.Mutex
+	buf  []byte // the mapping of the file; nil once closed
 	l    layout
 	src  Source
 	stop chan struct{}
@@ -124,6 +128,11 @@ func (w *Writer) Update() {
 	if w.src.Symmetric != nil {
 		sym = w.src.Symmetric()
 	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.buf == nil {
+		return
+	}
 	atomic.AddUint64(w.seq(), 1) // odd: writing
 	b := w.buf
 	le.PutUint64(b[40:], uint64(time.Now().UnixNano()))
@@ -185,10 +194,12 @@ func (w *Writer) Close() error {
 		w.stop = nil
 	}
 	err := os.Remove(w.path)
+	w.mu.Lock()
 	if w.buf != nil {
 		_ = unix.Munmap(w.buf)
 		w.buf = nil
 	}
+	w.mu.Unlock()
 	return err
 }
 

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -135,7 +136,9 @@ func TestTopRecord(t *testing.T) {
 	out := t.TempDir()
 	jsonl, svg := filepath.Join(out, "run.jsonl"), filepath.Join(out, "run.svg")
 	for _, f := range []string{jsonl, svg} {
+		grown := make(chan struct{})
 		go func() { // the process's memory grows while it is recorded
+			defer close(grown)
 			for i := 0; i < 5; i++ {
 				time.Sleep(15 * time.Millisecond)
 				a.Add(1 << 20)
@@ -144,6 +147,7 @@ func TestTopRecord(t *testing.T) {
 			}
 		}()
 		code, _, errs := runSymm(t, "top", "-n", "5", "--interval", "20ms", "--dir", dir, "--record", f)
+		<-grown
 		require.Equal(t, exitOK, code, errs)
 	}
 	b, err := os.ReadFile(jsonl)
@@ -167,7 +171,11 @@ func TestTopLiveView(t *testing.T) {
 	require.NoError(t, sc.Init())
 	sc.SetSize(140, 30)
 	defer sc.Fini()
-	text := func() string {
+	// The screen is read where it is drawn, on the view's goroutine (the
+	// simulation screen is not safe to read while it draws).
+	var mu sync.Mutex
+	var shown string
+	read := func() string {
 		cells, w, h := sc.GetContents()
 		var b strings.Builder
 		for y := 0; y < h; y++ {
@@ -184,8 +192,10 @@ func TestTopLiveView(t *testing.T) {
 	}
 	done := make(chan error)
 	go func() {
-		done <- topLoop(sc, topOptions{interval: 20 * time.Millisecond, sortBy: "reserved", dir: dir}, &recorder{}, nil)
+		done <- topLoop(sc, topOptions{interval: 20 * time.Millisecond, sortBy: "reserved", dir: dir}, &recorder{}, nil,
+			func() { mu.Lock(); shown = read(); mu.Unlock() })
 	}()
+	text := func() string { mu.Lock(); defer mu.Unlock(); return shown }
 	waitFor := func(want string) {
 		t.Helper()
 		require.Eventually(t, func() bool { return strings.Contains(text(), want) }, 5*time.Second, 10*time.Millisecond, "screen lacks %q:\n%s", want, text())

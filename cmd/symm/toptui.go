@@ -36,12 +36,13 @@ func runTUI(o topOptions, rec *recorder) error {
 		return err
 	}
 	defer sc.Fini()
-	return topLoop(sc, o, rec, nil)
+	return topLoop(sc, o, rec, nil, nil)
 }
 
 // topLoop draws and handles keys until q; refreshes come every o.interval.
-// snapshots, when set (tests), replaces reading the pages.
-func topLoop(sc tcell.Screen, o topOptions, rec *recorder, snapshots func() *snapshot) error {
+// snapshots, when set (tests), replaces reading the pages; drawn, when set
+// (tests), runs after each draw, on this goroutine.
+func topLoop(sc tcell.Screen, o topOptions, rec *recorder, snapshots func() *snapshot, drawn func()) error {
 	v := &topView{o: o, sortCol: sortIndex(o.sortBy), detail: o.pid}
 	take := snapshots
 	if take == nil {
@@ -64,6 +65,9 @@ func topLoop(sc tcell.Screen, o topOptions, rec *recorder, snapshots func() *sna
 	defer tick.Stop()
 	for {
 		v.draw(sc)
+		if drawn != nil {
+			drawn()
+		}
 		select {
 		case <-tick.C:
 			if err := refresh(); err != nil {
