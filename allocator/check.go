@@ -29,10 +29,11 @@ func (p *Pool) CheckInvariants() error {
 			pendN += c.nFree - c.nDone
 			pendBytes += c.bFree - c.bDone
 			for seg := s.segs; seg != nil; seg = seg.snext {
-				reserved += int64(seg.size - seg.unmappedBytes(d.chunk))
+				m := int64(seg.mappedBytes(d.chunk))
+				reserved += m
 				segs++
 				if seg.vsize != 0 {
-					chunkMapped += int64(seg.size - seg.unmappedBytes(d.chunk))
+					chunkMapped += m
 				}
 			}
 			kept += int64(s.kept)

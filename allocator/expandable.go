@@ -172,12 +172,7 @@ func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
 	if tail.state == blockFree {
 		but = span{seg, uint64(tail.ptr-seg.ptr) / s.dev.chunk * s.dev.chunk, seg.size}
 	}
-	_, err := s.unmapFreePagesBut(but, need, false)
-	if err == nil {
-		err = s.mapRun(seg.ptr+uintptr(seg.size), need)
-	}
-	_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
-	if err != nil {
+	if err := s.mapAfterFreeing(but, seg.ptr+uintptr(seg.size), need); err != nil {
 		return nil, err
 	}
 	s.dev.countSegment(k, int64(need), 0)
@@ -211,12 +206,7 @@ func (s *shard) newExpandable(r uint64, k poolKind) (*block, error) {
 		return nil, fmt.Errorf("expandable segment: reserving %d bytes of address space on device %d: %w", vsize, d.idx, err)
 	}
 	// Free pages of the other segments give back as much as this one maps.
-	_, err = s.unmapFreePagesBut(span{}, size, false)
-	if err == nil {
-		err = s.mapRun(ptr, size)
-	}
-	_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
-	if err != nil {
+	if err := s.mapAfterFreeing(span{}, ptr, size); err != nil {
 		if ferr := exp.FreeRange(d.idx, ptr, vsize); ferr != nil {
 			err = errors.Join(err, fmt.Errorf("giving back the range: %w", ferr))
 		}
@@ -384,10 +374,9 @@ func (s *shard) trim(seg *segment, keep uint64) error {
 	// Only what is mapped of it: free pages inside may be unmapped already.
 	var mapped uint64
 	err := seg.runs(keep, seg.size, d.chunk, true, func(lo, hi uint64) error {
-		if err := d.unmapChunks(seg.ptr+uintptr(lo), hi-lo); err != nil {
-			return fmt.Errorf("unmapping %d free bytes at the end of the expandable segment at %#x on device %d: %w", hi-lo, seg.ptr, d.idx, err)
+		if err := s.unmapRun(seg, lo, hi); err != nil {
+			return err
 		}
-		d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), hi-lo, s.stream)
 		mapped += hi - lo
 		return nil
 	})

@@ -270,58 +270,45 @@ func (f *fakeBackend) MapChunks(dev int, ptr uintptr, size uint64) error {
 }
 
 func (f *fakeBackend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.chunks(ptr, size, true); err != nil {
-		return err
-	}
-	if err := f.busy(ptr, size); err != nil {
-		return err
-	}
-	f.unmapLocked(ptr, size)
-	f.used[dev] -= size
-	f.chunkMapped[dev] -= size
-	f.chunkHandles[dev] -= size
-	f.frees++
-	return nil
-}
-
-// busy fails when work queued on a chunk of [ptr, ptr+size) has not
-// completed: unmapping it would corrupt memory on a GPU. Called with f.mu
-// held.
-func (f *fakeBackend) busy(ptr uintptr, size uint64) error {
-	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
-		if u, ok := f.uses[c]; ok && f.completed[u.stream] < u.seq {
-			return fmt.Errorf("fake: unmap of chunk %#x while work %d of stream %#x on it has not completed", c, u.seq, u.stream)
-		}
-	}
-	return nil
-}
-
-// unmapLocked drops the chunks of [ptr, ptr+size), checked by the caller;
-// called with f.mu held.
-func (f *fakeBackend) unmapLocked(ptr uintptr, size uint64) {
-	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
-		delete(f.mapped, c)
-		delete(f.uses, c)
-	}
+	return f.unmap(dev, ptr, size, false)
 }
 
 // ChunkKeeper: spare chunks keep their place in the capacity (used).
 
 func (f *fakeBackend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
+	if err := f.unmap(dev, ptr, size, true); err != nil {
+		return 0, err
+	}
+	return size, nil
+}
+
+// unmap drops the chunks of [ptr, ptr+size), refusing while work queued on
+// one has not completed (unmapping it would corrupt memory on a GPU); their
+// bytes are released, or with keep become spare chunks.
+func (f *fakeBackend) unmap(dev int, ptr uintptr, size uint64, keep bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.chunks(ptr, size, true); err != nil {
-		return 0, err
+		return err
 	}
-	if err := f.busy(ptr, size); err != nil {
-		return 0, err
+	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
+		if u, ok := f.uses[c]; ok && f.completed[u.stream] < u.seq {
+			return fmt.Errorf("fake: unmap of chunk %#x while work %d of stream %#x on it has not completed", c, u.seq, u.stream)
+		}
 	}
-	f.unmapLocked(ptr, size)
+	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
+		delete(f.mapped, c)
+		delete(f.uses, c)
+	}
 	f.chunkMapped[dev] -= size
-	f.chunkSpare[dev] += size
-	return size, nil
+	if keep {
+		f.chunkSpare[dev] += size
+		return nil
+	}
+	f.used[dev] -= size
+	f.chunkHandles[dev] -= size
+	f.frees++
+	return nil
 }
 
 func (f *fakeBackend) MapKept(dev int, ptr uintptr, size uint64) error {

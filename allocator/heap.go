@@ -188,9 +188,8 @@ func (d *device) unreserve(size uint64, counted bool) {
 func (s *shard) releaseSegment(seg *segment) error {
 	d := s.dev
 	var rangeErr error
-	mapped := seg.size
+	mapped := seg.mappedBytes(d.chunk)
 	if seg.vsize != 0 {
-		mapped -= seg.unmappedBytes(d.chunk)
 		err := seg.runs(0, seg.size, d.chunk, true, func(lo, hi uint64) error {
 			return d.unmapChunks(seg.ptr+uintptr(lo), hi-lo)
 		})

@@ -79,6 +79,10 @@ func (c *chunkSet) count() int {
 	return n
 }
 
+// mappedBytes is how much of [0, seg.size) is mapped: what the segment
+// holds of the device's memory.
+func (seg *segment) mappedBytes(chunk uint64) uint64 { return seg.size - seg.unmappedBytes(chunk) }
+
 // unmappedBytes is how much of [0, seg.size) is not mapped.
 func (seg *segment) unmappedBytes(chunk uint64) uint64 {
 	if seg.holes == nil {
@@ -129,8 +133,8 @@ func (s *shard) mapFor(b *block, r uint64) error {
 	}
 	// Free pages elsewhere give back as much as this block takes (not
 	// those under it).
+	defer s.dropSpareAfterMapping()
 	if _, err := s.unmapFreePagesBut(span{seg, lo, hi}, want, false); err != nil {
-		_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
 		return err
 	}
 	var done [][2]uint64
@@ -148,10 +152,8 @@ func (s *shard) mapFor(b *block, r uint64) error {
 			}
 			s.dev.unreserve(d[1]-d[0], false) // mapRun counted it against the limit
 		}
-		_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
 		return err
 	}
-	_ = s.dropSpare() // on failure they stay kept and counted: see dropSpare
 	for _, d := range done {
 		for off := d[0]; off < d[1]; off += c {
 			seg.holes.set(off/c, false)
@@ -166,7 +168,7 @@ func (s *shard) mapFor(b *block, r uint64) error {
 func (s *shard) unmapRun(seg *segment, lo, hi uint64) error {
 	d := s.dev
 	if err := d.unmapChunks(seg.ptr+uintptr(lo), hi-lo); err != nil {
-		return fmt.Errorf("unmapping %d free bytes inside the expandable segment at %#x on device %d: %w", hi-lo, seg.ptr, d.idx, err)
+		return fmt.Errorf("unmapping %d free bytes of the expandable segment at %#x on device %d: %w", hi-lo, seg.ptr, d.idx, err)
 	}
 	d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), hi-lo, s.stream)
 	return nil
@@ -179,8 +181,7 @@ func (s *shard) keepRun(seg *segment, lo, hi uint64) (uint64, error) {
 	d := s.dev
 	t0 := time.Now()
 	kept, err := d.pool.keeper.KeepChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
-	d.chunkUnmapNs.Add(int64(time.Since(t0)))
-	d.numChunkUnmaps.Add(1)
+	d.unmapped(t0)
 	if kept > 0 {
 		d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), kept, s.stream)
 	}
@@ -198,13 +199,30 @@ func (d *device) raisesPeak(n uint64) bool {
 }
 
 // unmapChunks unmaps n bytes at ptr of an expandable segment, timed and
-// counted (numChunkUnmaps, chunkUnmapNs).
+// counted (unmapped).
 func (d *device) unmapChunks(ptr uintptr, n uint64) error {
 	t0 := time.Now()
 	err := d.pool.exp.UnmapChunks(d.idx, ptr, n)
+	d.unmapped(t0)
+	return err
+}
+
+// unmapped counts one call that unmapped chunks, begun at t0
+// (num_chunk_unmaps, chunk_unmap_us).
+func (d *device) unmapped(t0 time.Time) {
 	d.chunkUnmapNs.Add(int64(time.Since(t0)))
 	d.numChunkUnmaps.Add(1)
-	return err
+}
+
+// mapAfterFreeing maps n bytes at ptr (unmapped chunks of one of s's
+// expandable segments) after unmapping as many bytes of free pages outside
+// but, which that mapping takes first. Called with s.mu held.
+func (s *shard) mapAfterFreeing(but span, ptr uintptr, n uint64) error {
+	defer s.dropSpareAfterMapping()
+	if _, err := s.unmapFreePagesBut(but, n, false); err != nil {
+		return err
+	}
+	return s.mapRun(ptr, n)
 }
 
 // mapRun maps n bytes at ptr, unmapped chunks of one of s's expandable
@@ -283,6 +301,11 @@ func (s *shard) dropSpare() error {
 	d.unreserve(n, false)
 	return nil
 }
+
+// dropSpareAfterMapping is dropSpare at the end of a mapping, whose
+// outcome does not depend on it: chunks that cannot be released stay kept
+// and counted (see dropSpare).
+func (s *shard) dropSpareAfterMapping() { _ = s.dropSpare() }
 
 // page is a run [lo, hi) of mapped chunks of seg (offsets) wholly inside
 // one of its free blocks.

@@ -492,7 +492,7 @@ func (p *Pool) StreamUsage(dev int) ([]StreamUsage, error) {
 		c := &s.stats.c[stAll]
 		u := StreamUsage{Stream: s.stream, Private: s.pool != nil, Allocated: c.bAlloc - c.bFree}
 		for seg := s.segs; seg != nil; seg = seg.snext {
-			u.Reserved += int64(seg.size - seg.unmappedBytes(d.chunk))
+			u.Reserved += int64(seg.mappedBytes(d.chunk))
 			u.Segments++
 		}
 		s.mu.Unlock()

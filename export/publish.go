@@ -21,21 +21,17 @@ import (
 // publishInterval is how often the statistics page is refreshed.
 const publishInterval = 250 * time.Millisecond
 
-// publisher is the process's statistics page (package publish), made with
+// publishOnce makes the process's statistics page (package publish) with
 // the pool unless SYMM_PUBLISH=0. Its refresh runs on its own goroutine and
 // reads the pool's statistics the way symm_pool_stats does, without first
 // handing the front cache's blocks back (their bytes count as allocated
 // until then), so the cached path never waits for it.
-var publisher struct {
-	once sync.Once
-	w    *publish.Writer
-	err  error
-}
+var publishOnce sync.Once
 
 // startPublishing makes the page for pool p (once per process). A failure
 // is not the pool's: it is printed once and the program goes on.
 func startPublishing(p *allocator.Pool, backend string) {
-	publisher.once.Do(func() {
+	publishOnce.Do(func() {
 		switch v := getenv("SYMM_PUBLISH"); v {
 		case "0":
 			return
@@ -58,7 +54,6 @@ func startPublishing(p *allocator.Pool, backend string) {
 			Symmetric: symmetricUsage,
 		})
 		if err != nil {
-			publisher.err = err
 			fmt.Fprintf(os.Stderr, "symm: statistics for symm top are not published: %v (SYMM_PUBLISH=0 turns this off)\n", err)
 			return
 		}
@@ -66,7 +61,6 @@ func startPublishing(p *allocator.Pool, backend string) {
 		C.symmshim_publish_path(cs)
 		C.free(unsafe.Pointer(cs))
 		w.Run(publishInterval)
-		publisher.w = w
 	})
 }
 

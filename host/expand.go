@@ -156,6 +156,28 @@ func reserveAgain(ptr uintptr, size uint64) error {
 
 // UnmapChunks gives the pages of [ptr, ptr+size) back; the range stays reserved.
 func (h *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
+	return h.unmap(dev, ptr, size, false)
+}
+
+// Spare chunks (allocator.ChunkKeeper). Anonymous memory belongs to its
+// address, so a kept chunk's pages go back to the kernel as an unmapped
+// one's do; what is kept is its place in the device's capacity, as a CUDA
+// backend keeps the physical allocation: mapping it again cannot fail for
+// lack of memory, and the memory counts as the device's until released.
+
+// KeepChunks unmaps [ptr, ptr+size), keeping its size in the capacity as
+// spare chunks of dev.
+func (h *Backend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
+	if err := h.unmap(dev, ptr, size, true); err != nil {
+		return 0, err
+	}
+	return size, nil
+}
+
+// unmap gives the pages of [ptr, ptr+size) back, the range staying
+// reserved; the bytes leave the device's capacity, or with keep become
+// spare chunks of it.
+func (h *Backend) unmap(dev int, ptr uintptr, size uint64, keep bool) error {
 	if err := h.check(dev); err != nil {
 		return err
 	}
@@ -174,39 +196,12 @@ func (h *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
 	}
 	r.mapped -= size
 	h.ranges[base] = r
-	h.used[dev] -= size
+	if keep {
+		h.spare[dev] += size
+	} else {
+		h.used[dev] -= size
+	}
 	return nil
-}
-
-// Spare chunks (allocator.ChunkKeeper). Anonymous memory belongs to its
-// address, so a kept chunk's pages go back to the kernel as an unmapped
-// one's do; what is kept is its place in the device's capacity, as a CUDA
-// backend keeps the physical allocation: mapping it again cannot fail for
-// lack of memory, and the memory counts as the device's until released.
-
-// KeepChunks unmaps [ptr, ptr+size), keeping its size in the capacity as
-// spare chunks of dev.
-func (h *Backend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
-	if err := h.check(dev); err != nil {
-		return 0, err
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	base, err := h.rangeOf(dev, ptr, size)
-	if err != nil {
-		return 0, err
-	}
-	r := h.ranges[base]
-	if r.mapped < size {
-		return 0, fmt.Errorf("host: unmap of %d bytes at %#x on device %d: only %d bytes of its range are mapped", size, ptr, dev, r.mapped)
-	}
-	if err := reserveAgain(ptr, size); err != nil {
-		return 0, fmt.Errorf("host: unmapping %d bytes at %#x on device %d: %w", size, ptr, dev, err)
-	}
-	r.mapped -= size
-	h.ranges[base] = r
-	h.spare[dev] += size
-	return size, nil
 }
 
 // MapKept maps [ptr, ptr+size) with size bytes of dev's spare chunks.

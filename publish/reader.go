@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 )
@@ -136,10 +135,4 @@ func readStable(path string) ([]byte, error) {
 		}
 	}
 	return nil, fmt.Errorf("the page changed during each of 1000 reads")
-}
-
-// Alive reports whether process pid runs (for tests and tools).
-func Alive(pid int) bool {
-	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
-	return err == nil
 }

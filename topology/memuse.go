@@ -1,21 +1,5 @@
 package topology
 
-/*
-#include <stdint.h>
-typedef int nvmlReturn_t;
-typedef struct { unsigned long long total, free, used; } symm_nvmlMemory_t2;
-static inline nvmlReturn_t symm_nvml_mem2(void *fn, uintptr_t d, symm_nvmlMemory_t2 *m) {
-  return ((nvmlReturn_t(*)(void *, symm_nvmlMemory_t2 *))fn)((void *)d, m);
-}
-static inline nvmlReturn_t symm_nvml_handle2(void *fn, unsigned i, uintptr_t *h) {
-  return ((nvmlReturn_t(*)(unsigned, uintptr_t *))fn)(i, h);
-}
-static inline nvmlReturn_t symm_nvml_count2(void *fn, unsigned *n) {
-  return ((nvmlReturn_t(*)(unsigned *))fn)(n);
-}
-*/
-import "C"
-
 import "fmt"
 
 // GPUMemory is one device's memory as NVML counts it now: every process's
@@ -35,25 +19,17 @@ func MemoryUse(path string) ([]GPUMemory, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := l.need("nvmlDeviceGetMemoryInfo")
+	hs, err := l.handles()
 	if err != nil {
 		return nil, err
 	}
-	var n C.uint
-	if err := l.err(C.symm_nvml_count2(l.fn["nvmlDeviceGetCount_v2"], &n)); err != nil {
-		return nil, fmt.Errorf("nvmlDeviceGetCount_v2: %w", err)
-	}
-	out := make([]GPUMemory, 0, n)
-	for i := 0; i < int(n); i++ {
-		var h C.uintptr_t
-		if err := l.err(C.symm_nvml_handle2(l.fn["nvmlDeviceGetHandleByIndex_v2"], C.uint(i), &h)); err != nil {
-			return nil, fmt.Errorf("nvmlDeviceGetHandleByIndex_v2(%d): %w", i, err)
+	out := make([]GPUMemory, 0, len(hs))
+	for i, h := range hs {
+		total, used, free, err := l.memory(h)
+		if err != nil {
+			return nil, fmt.Errorf("device %d: %w", i, err)
 		}
-		var m C.symm_nvmlMemory_t2
-		if err := l.err(C.symm_nvml_mem2(f, h, &m)); err != nil {
-			return nil, fmt.Errorf("nvmlDeviceGetMemoryInfo(%d): %w", i, err)
-		}
-		out = append(out, GPUMemory{Index: i, Total: uint64(m.total), Used: uint64(m.used), Free: uint64(m.free)})
+		out = append(out, GPUMemory{Index: i, Total: total, Used: used, Free: free})
 	}
 	return out, nil
 }

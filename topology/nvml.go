@@ -189,19 +189,46 @@ func (l *nvmlLib) CUDAVersion() (int, error) {
 
 // Devices returns what NVML knows of every device, in NVML's order.
 func (l *nvmlLib) Devices() ([]nvmlDevice, error) {
+	hs, err := l.handles()
+	if err != nil {
+		return nil, err
+	}
+	devs := make([]nvmlDevice, len(hs))
+	for i, h := range hs {
+		devs[i] = l.device(h)
+	}
+	return devs, nil
+}
+
+// handles returns every device's NVML handle, in NVML's order.
+func (l *nvmlLib) handles() ([]uintptr, error) {
 	var n C.uint
 	if err := l.err(C.symm_nvml_uint(l.fn["nvmlDeviceGetCount_v2"], &n)); err != nil {
 		return nil, fmt.Errorf("nvmlDeviceGetCount_v2: %w", err)
 	}
-	devs := make([]nvmlDevice, n)
-	for i := range devs {
+	hs := make([]uintptr, n)
+	for i := range hs {
 		var h C.uintptr_t
 		if err := l.err(C.symm_nvml_handle(l.fn["nvmlDeviceGetHandleByIndex_v2"], C.uint(i), &h)); err != nil {
 			return nil, fmt.Errorf("nvmlDeviceGetHandleByIndex_v2(%d): %w", i, err)
 		}
-		devs[i] = l.device(uintptr(h))
+		hs[i] = uintptr(h)
 	}
-	return devs, nil
+	return hs, nil
+}
+
+// memory reads device h's memory now (nvmlDeviceGetMemoryInfo): total,
+// used by every process, free.
+func (l *nvmlLib) memory(h uintptr) (total, used, free uint64, err error) {
+	f, err := l.need("nvmlDeviceGetMemoryInfo")
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var mem C.symm_nvmlMemory_t
+	if err := l.err(C.symm_nvml_mem(f, C.uintptr_t(h), &mem)); err != nil {
+		return 0, 0, 0, fmt.Errorf("nvmlDeviceGetMemoryInfo: %w", err)
+	}
+	return uint64(mem.total), uint64(mem.used), uint64(mem.free), nil
 }
 
 // device reads one device; facts NVML cannot give stay at their zero value
@@ -219,9 +246,8 @@ func (l *nvmlLib) device(h uintptr) nvmlDevice {
 	if f := l.fn["nvmlDeviceGetPciInfo_v3"]; f != nil && C.symm_nvml_pci(f, C.uintptr_t(h), &pci) == nvmlSuccess {
 		d.BusID = normalizeBusID(C.GoString(&pci.busId[0]))
 	}
-	var mem C.symm_nvmlMemory_t
-	if f := l.fn["nvmlDeviceGetMemoryInfo"]; f != nil && C.symm_nvml_mem(f, C.uintptr_t(h), &mem) == nvmlSuccess {
-		d.Memory = uint64(mem.total)
+	if total, _, _, err := l.memory(h); err == nil {
+		d.Memory = total
 	}
 	if f := l.fn["nvmlDeviceGetNumaNodeId"]; f != nil {
 		var v C.uint

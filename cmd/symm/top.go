@@ -144,29 +144,32 @@ func takeSnapshot(dir string) *snapshot {
 
 // row is one process on one device: a line of the table.
 type row struct {
-	page                              *publish.Page
-	dev                               int
-	allocated, reserved, peak, cached int64
-	ooms, retries                     int64
+	page                                    *publish.Page
+	dev                                     int
+	allocated, reserved, peak, cached, ooms int64
 }
 
-// rows lists every process on every device it reserves memory on (device
-// 0 for a process that holds nothing yet), sorted by column col, largest
-// first (pid and command: ascending).
+// rows lists every process on every device it has reserved memory on
+// (device 0 for a process that has reserved nothing yet), sorted by column
+// col, largest first (pid and command: ascending).
 func (s *snapshot) rows(col string) []row {
 	var out []row
 	for _, p := range s.Processes {
-		n := 0
+		var devs []publish.Device
 		for _, d := range p.Devices {
-			st := d.Stats
-			if st["reserved_bytes.all.current"] == 0 && st["reserved_bytes.all.peak"] == 0 && !(n == 0 && d.Index == len(p.Devices)-1) {
-				continue
+			if d.Stats["reserved_bytes.all.peak"] != 0 {
+				devs = append(devs, d)
 			}
-			n++
+		}
+		if len(devs) == 0 && len(p.Devices) > 0 {
+			devs = p.Devices[:1]
+		}
+		for _, d := range devs {
+			st := d.Stats
 			out = append(out, row{page: p, dev: d.Index,
 				allocated: st["allocated_bytes.all.current"], reserved: st["reserved_bytes.all.current"],
 				peak: st["reserved_bytes.all.peak"], cached: st["reserved_bytes.all.current"] - st["allocated_bytes.all.current"],
-				ooms: st["num_ooms"], retries: st["num_alloc_retries"]})
+				ooms: st["num_ooms"]})
 		}
 	}
 	key := func(r row) int64 {
@@ -248,33 +251,27 @@ const barWidth = 50
 // device's other used memory (-: CUDA contexts, libraries, other processes)
 // and free memory (.), from NVML's totals; without them, allocated within
 // reserved only.
-func (s *snapshot) bar(dev int) (line string, parts [4]int) {
+func (s *snapshot) bar(dev int) string {
 	t := s.Totals[dev]
-	var total, other, free int64
-	for _, g := range s.GPUs {
-		if g.Index == dev {
-			total = int64(g.Total)
-			other = max(int64(g.Used)-t.reserved, 0)
-			free = int64(g.Free)
+	cached := t.reserved - t.allocated
+	var g *topology.GPUMemory
+	for i := range s.GPUs {
+		if s.GPUs[i].Index == dev {
+			g = &s.GPUs[i]
 		}
 	}
-	if total == 0 {
-		total = max(t.reserved, 1)
+	if g == nil {
+		total := max(t.reserved, 1)
+		n := barWidth * t.allocated / total
+		return fmt.Sprintf("GPU %-2d [%s%s] %s allocated, %s cached", dev, strings.Repeat("#", int(n)),
+			strings.Repeat("=", int(barWidth-n)), human(t.allocated), human(cached))
 	}
-	cells := func(b int64) int { return int(float64(barWidth) * float64(b) / float64(total)) }
-	parts = [4]int{cells(t.allocated), cells(t.reserved - t.allocated), cells(other), 0}
-	parts[3] = max(barWidth-parts[0]-parts[1]-parts[2], 0)
-	if len(s.GPUs) == 0 {
-		parts[3] = 0
-		parts[1] = max(barWidth-parts[0], 0)
-	}
-	_ = free
-	b := strings.Repeat("#", parts[0]) + strings.Repeat("=", parts[1]) + strings.Repeat("-", parts[2]) + strings.Repeat(".", parts[3])
-	what := fmt.Sprintf("%s allocated, %s cached", human(t.allocated), human(t.reserved-t.allocated))
-	if len(s.GPUs) > 0 {
-		what += fmt.Sprintf(", %s other, %s free of %s", human(other), human(free), human(total))
-	}
-	return fmt.Sprintf("GPU %-2d [%s] %s", dev, b, what), parts
+	total, other := int64(g.Total), max(int64(g.Used)-t.reserved, 0)
+	cells := func(b int64) int { return int(barWidth * b / total) }
+	a, c, o := cells(t.allocated), cells(cached), cells(other)
+	b := strings.Repeat("#", a) + strings.Repeat("=", c) + strings.Repeat("-", o) + strings.Repeat(".", max(barWidth-a-c-o, 0))
+	return fmt.Sprintf("GPU %-2d [%s] %s allocated, %s cached, %s other, %s free of %s", dev, b,
+		human(t.allocated), human(cached), human(other), human(int64(g.Free)), human(total))
 }
 
 // devicesShown are the devices with a bar: NVML's, else those the
@@ -300,8 +297,7 @@ func (s *snapshot) textView(col string, pid int) []string {
 	lines := []string{fmt.Sprintf("symm top - %s - %d libsymm processes - sorted by %s",
 		s.Time.Format("15:04:05"), len(s.Processes), col)}
 	for _, d := range s.devicesShown() {
-		l, _ := s.bar(d)
-		lines = append(lines, l)
+		lines = append(lines, s.bar(d))
 	}
 	if len(s.GPUs) == 0 {
 		lines = append(lines, "(no NVML: device bars show libsymm's memory only; # allocated, = cached free)")
