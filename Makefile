@@ -57,6 +57,9 @@ $(BUILD)/tests/%: tests/c/%.cpp tests/c/check.h include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/tests
 	$(CXX) -O1 -g -Wall -Wextra -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
 
+# The extension's IPC-handle parsing, tested without torch or CUDA.
+$(BUILD)/tests/test_torch_ext_ipc: python/symm/_torch_ext_ipc.h
+
 test: all test-go test-kernels test-torch-ext test-c test-python test-packaging cross-arm64 fuzz
 
 test-go:

@@ -84,7 +84,8 @@ def build(lib: Path, tool: Path, out: Path) -> Path:
             files.append((f"symm/{f.name}", f.read_bytes(), False))
         # The PyTorch extension is compiled where it runs, against that torch:
         # its source and libsymm's header travel (python/symm/_torch_ext.py).
-        files.append(("symm/_torch_ext.cpp", (PKG / "_torch_ext.cpp").read_bytes(), False))
+        for src in ("_torch_ext.cpp", "_torch_ext_ipc.h"):
+            files.append((f"symm/{src}", (PKG / src).read_bytes(), False))
         files.append(("symm/include/symm.h", (ROOT / "include" / "symm.h").read_bytes(), False))
         files.append(("symm/VERSION", (version + "\n").encode(), False))
         files.append(("symm/libsymm.so", (tmpd / "libsymm.so").read_bytes(), True))

@@ -33,6 +33,7 @@
 #include <unistd.h>
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -49,6 +50,7 @@
 #include <vector>
 
 #include "symm.h"
+#include "_torch_ext_ipc.h"
 
 namespace py = pybind11;
 using c10::cuda::MempoolId_t;
@@ -191,15 +193,9 @@ size_t vmm_granularity(const Driver &d, int dev) {
   return g;
 }
 
-// PyTorch's header of a shared expandable segment (c10/cuda/CUDACachingAllocator.cpp,
-// ExpandableSegment::share): the sender's pid, the size of each physical
-// chunk and their number; then one POSIX descriptor (an int, valid in the
-// sender) per chunk, which the receiver duplicates with pidfd_getfd.
-struct ShareHeader {
-  pid_t pid;
-  size_t segment_size;
-  size_t num_handles;
-};
+// PyTorch's header of a shared expandable segment and its parsing:
+// _torch_ext_ipc.h (pure, tested without torch by tests/c/test_torch_ext_ipc.cpp).
+using symm_ipc::ShareHeader;
 
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -630,8 +626,8 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   // PyTorch's allocator read each other's tensors: version 2, type 'c', then
   // the cudaIpcMemHandle_t of the whole driver allocation (the segment); the
   // tensor's offset in it travels beside the handle.
-  static constexpr char kHandleVersion = 2;
-  static constexpr char kHandleCudaMalloc = 'c';
+  static constexpr char kHandleVersion = symm_ipc::kHandleVersion;
+  static constexpr char kHandleCudaMalloc = symm_ipc::kHandleCudaMalloc;
 
   CCA::ShareableHandle shareIpcHandle(void *ptr) override {
     uint64_t base = 0, size = 0;
@@ -679,7 +675,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   }
 
  private:
-  static constexpr char kHandleExpandable = 'e';
+  static constexpr char kHandleExpandable = symm_ipc::kHandleExpandable;
 
   std::shared_ptr<void> open_cuda_malloc(const std::string &handle, const char *raw, int device) {
     cudaIpcMemHandle_t h;
@@ -709,17 +705,16 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   // imported and mapped into a range of this process.
   std::shared_ptr<void> open_expandable(const std::string &handle, int device) {
     const Driver &d = driver();
-    ShareHeader hd;
-    memcpy(&hd, handle.data() + 2, sizeof hd);
-    TORCH_CHECK(hd.num_handles > 0 && hd.segment_size > 0 &&
-                    handle.size() == 2 + sizeof hd + hd.num_handles * sizeof(int),
-                "libsymm: getIpcDevPtr: an expandable-segment handle of ", handle.size(), " bytes for ",
-                hd.num_handles, " chunks of ", hd.segment_size,
-                " bytes: not the layout libsymm reads (POSIX descriptors); was it made with fabric handles?");
+    // Counts from another process: checked against the handle's bytes
+    // without overflow before anything is read or reserved.
+    symm_ipc::Expandable eh;
+    std::string bad = symm_ipc::parse_expandable(handle.data(), handle.size(), &eh);
+    TORCH_CHECK(bad.empty(), "libsymm: getIpcDevPtr: ", bad);
+    const ShareHeader &hd = eh.header;
     int pidfd = static_cast<int>(syscall(SYS_pidfd_open, hd.pid, 0));
     TORCH_CHECK(pidfd >= 0, "libsymm: getIpcDevPtr: pidfd_open(", hd.pid, ") of the sending process: ",
                 strerror(errno));
-    size_t total = hd.num_handles * hd.segment_size;
+    size_t total = eh.total;
     CUdeviceptr va = 0;
     // Default alignment (the granularity): PyTorch's chunks are 20 MiB, not
     // a power of two, which the driver refuses as an alignment.
@@ -731,8 +726,8 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     size_t mapped = 0;
     std::string err;
     for (size_t i = 0; i < hd.num_handles && err.empty(); i++) {
-      int fd = 0;
-      memcpy(&fd, handle.data() + 2 + sizeof hd + i * sizeof(int), sizeof fd);
+      int fd = eh.fds[i];
+      // pidfd_getfd's descriptor is close-on-exec.
       int mine = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
       if (mine < 0) {
         err = std::string("pidfd_getfd(descriptor ") + std::to_string(fd) + " of process " + std::to_string(hd.pid) +
@@ -819,6 +814,16 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
         CUresult r = d.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
         d.release(h);  // retain took a reference; the mapping keeps the memory
         drv_check(r, "cuMemExportToShareableHandle");
+        // The driver's descriptor is inherited across exec: a child that
+        // execs (a compiler, a shell, a DataLoader's subprocess) would keep
+        // the chunk's memory alive for its whole life. The Go side's are
+        // close-on-exec too.
+        int fl = fcntl(fd, F_GETFD);
+        if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0) {
+          int e = errno;
+          close(fd);
+          TORCH_CHECK(false, "libsymm: shareIpcHandle: making descriptor ", fd, " close-on-exec: ", strerror(e));
+        }
         it = chunk_fds_.emplace(a, ChunkFd{fd, 0}).first;
       }
       it->second.refs++;

@@ -46,6 +46,8 @@ from pathlib import Path
 ENV_MODE = "SYMM_TORCH_EXT"
 ENV_CACHE = "SYMM_TORCH_EXT_CACHE"
 SOURCE = Path(__file__).resolve().parent / "_torch_ext.cpp"
+# Headers the source includes from its own folder (part of the cache key).
+HEADERS = (SOURCE.parent / "_torch_ext_ipc.h",)
 
 # What a user loses when the extension cannot be built (the warning says it).
 LOST = (
@@ -177,8 +179,8 @@ def _flags(torch, cxx: str, cuda_inc: list[Path], symm_inc: Path, name: str) -> 
 
 def _key(torch, cxx: str, flags: list[str], symm_inc: Path) -> str:
     h = hashlib.sha256()
-    h.update(SOURCE.read_bytes())
-    h.update((symm_inc / "symm.h").read_bytes())
+    for f in (SOURCE, *HEADERS, symm_inc / "symm.h"):
+        h.update(f.read_bytes())
     for part in (torch.__version__, getattr(torch.version, "git_version", ""), sys.version, cxx, " ".join(flags)):
         h.update(part.encode())
         h.update(b"\0")

@@ -15,7 +15,10 @@ set_per_process_memory_fraction), history (_record_memory_history ->
 _snapshot with this file's frames -> _dump_snapshot -> memory_viz's
 trace_plot and segment_plot render), mp (a CUDA tensor through a
 torch.multiprocessing queue to a spawned child on each allocator and back),
-mpexp (the same with expandable segments everywhere), compile
+mpexp (the same with expandable segments everywhere), cloexec (the
+descriptors a shared expandable segment's handle names are close-on-exec: a
+child started with exec does not inherit them and keep the memory alive;
+asserted under libsymm, reported for PyTorch's allocator), compile
 (torch.compile(mode="reduce-overhead") training and inference equal
 eager; an eager tensor made between replays is never overwritten), tree
 (cudagraph trees whose path diverges: a private pool's checkpoint is restored,
@@ -43,7 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-CHECKS = ("stats", "cudnn", "oom", "history", "mp", "mpexp", "compile", "tree", "graphs", "mempool", "expandable",
+CHECKS = ("stats", "cudnn", "oom", "history", "mp", "mpexp", "cloexec", "compile", "tree", "graphs", "mempool", "expandable",
           "plain", "noabort")
 ALLOCS = ("native", "symm")
 MiB = 1 << 20
@@ -243,6 +246,38 @@ def check_mpexp(alloc):
     snap = torch.cuda.memory._snapshot()
     assert snap["segments"] and all(seg["is_expandable"] for seg in snap["segments"]), "not expandable"
     return res
+
+
+def check_cloexec(alloc):
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    torch = install(alloc)
+    import fcntl
+    import struct
+
+    t = torch.ones(8 * MiB, dtype=torch.uint8, device="cuda")
+    h = t.untyped_storage()._share_cuda_()[1]  # what torch.multiprocessing sends
+    assert h[:2] == b"\x02e", f"not an expandable-segment handle: {h[:2]!r}"
+    # PyTorch's ShareHeader {pid_t pid; size_t segment_size; size_t num_handles;}, then one int per chunk.
+    pid, seg, n = struct.unpack_from("@iQQ", h, 2)
+    head = 2 + struct.calcsize("@iQQ")
+    assert pid == os.getpid() and seg > 0 and len(h) == head + 4 * n and n >= 1, (pid, seg, n, len(h))
+    fds = list(struct.unpack_from(f"@{n}i", h, head))
+    inheritable = [fd for fd in fds if not fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC]
+    # End to end: a child started with exec, asked to keep what it can
+    # (close_fds=False), sees none of them.
+    mine = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in fds}
+    probe = ("import json, os, sys\n"
+             "print(json.dumps({a: os.readlink('/proc/self/fd/' + a) if os.path.exists('/proc/self/fd/' + a) "
+             "else None for a in sys.argv[1:]}))")
+    r = subprocess.run([sys.executable, "-c", probe, *map(str, fds)], close_fds=False, capture_output=True,
+                       text=True, check=True, timeout=60)
+    theirs = json.loads(r.stdout)
+    leaked = [fd for fd in fds if theirs[str(fd)] == mine[fd]]
+    facts = {"chunks": n, "inheritable": inheritable, "kept_by_exec_child": leaked, "link": mine[fds[0]]}
+    if alloc == "symm":
+        assert not inheritable and not leaked, f"descriptors not close-on-exec: {facts}"
+    del t
+    return facts
 
 
 def check_compile(alloc):

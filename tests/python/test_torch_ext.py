@@ -7,6 +7,7 @@ headers is tests/check_torch_ext.sh (make test-torch-ext)."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 import types
 from pathlib import Path
@@ -147,3 +148,15 @@ def test_build_lands_once_in_the_cache(env, monkeypatch):
                  f"-isystem{env / 'cuda' / 'include'}", "-D_GLIBCXX_USE_CXX11_ABI=1", "-DTORCH_EXTENSION_NAME=symm_torch_ext_"):
         assert flag in a, flag
     assert not list((env / "cache").glob("*.tmp")), "a temporary file was left"
+
+
+def test_extension_headers_are_shipped():
+    """Every header the source includes from its folder is part of the cache
+    key and travels in the wheel and the source install."""
+    root = ext.SOURCE.parents[2]
+    included = set(re.findall(r'#include "(_torch_ext[^"]*)"', ext.SOURCE.read_text()))
+    assert included == {h.name for h in ext.HEADERS}
+    pyproject = (root / "python" / "pyproject.toml").read_text()
+    wheel = (root / "tools" / "build_wheel.py").read_text()
+    for h in ext.HEADERS:
+        assert h.is_file() and f'"{h.name}"' in pyproject and f'"{h.name}"' in wheel, h.name
