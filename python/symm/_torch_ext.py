@@ -8,8 +8,11 @@ memory history and snapshots, the checks and checkpoints of
 torch the user runs (PyTorch's C++ ABI changes between releases), so it is
 built here, at first use, and cached:
 
-- the compiler is ``$CXX`` or ``c++`` (g++ or clang++), called directly:
-  no ninja, no setuptools;
+- the compiler is ``$CXX``, split as a shell splits it (so ``ccache g++``
+  works; a ``$CXX`` that is not on the PATH is an error, never replaced), else
+  the first of ``c++``, ``g++``, ``clang++``; it is called directly (no ninja,
+  no setuptools) and stopped after ``$SYMM_TORCH_EXT_TIMEOUT`` (default 10
+  minutes);
 - headers: torch's own (``torch/include``), libsymm's ``symm.h`` (shipped in
   the package, or the repository's ``include/``), and the CUDA runtime's
   ``cuda_runtime_api.h``, looked for in ``$CUDA_HOME/include``,
@@ -18,9 +21,14 @@ built here, at first use, and cached:
   for CUDA 12, which PyTorch's CUDA wheels install);
 - the library lands in ``$SYMM_TORCH_EXT_CACHE`` (default
   ``$XDG_CACHE_HOME/libsymm/torch_ext``, else ``~/.cache/libsymm/torch_ext``) under a name keyed by the source, ``symm.h``,
-  torch's version and git revision, Python's version and the compiler, so a
-  new torch or a new libsymm builds a new one and processes that start
-  together (torchrun) build it once, under a file lock.
+  torch's version and git revision, Python's version, the CPU architecture
+  and the compiler, so a new torch or a new libsymm builds a new one and
+  processes that start together (torchrun) build it once, under a file lock;
+- the cache is code this process loads: a cache directory, library or lock
+  that is not this user's, or that another user can write, is refused;
+- a build that failed with a compiler's error is remembered (``.failed``,
+  with the log's tail), so the other processes of a job do not retry it; one
+  that was stopped (a signal, the time limit, a full disk, no memory) is not.
 
 ``SYMM_TORCH_EXT=0`` skips the extension (the ctypes path with hooks);
 ``SYMM_TORCH_EXT=1`` makes a failure to build it an error instead of a warning.
@@ -33,8 +41,14 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import platform
+import pwd
+import re
+import shlex
 import shutil
+import signal
 import site
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -45,9 +59,17 @@ from pathlib import Path
 
 ENV_MODE = "SYMM_TORCH_EXT"
 ENV_CACHE = "SYMM_TORCH_EXT_CACHE"
+ENV_TIMEOUT = "SYMM_TORCH_EXT_TIMEOUT"
+DEFAULT_TIMEOUT = 600.0  # seconds; a build takes about 33 s (H100 host, 16 cores, torch 2.11)
 SOURCE = Path(__file__).resolve().parent / "_torch_ext.cpp"
 # Headers the source includes from its own folder (part of the cache key).
 HEADERS = (SOURCE.parent / "_torch_ext_ipc.h",)
+
+# A compiler that failed with one of these did not find an error in the
+# source: the machine was short of something. Such a failure is not remembered.
+TRANSIENT = ("No space left on device", "Disk quota exceeded", "Killed signal terminated program",
+             "internal compiler error: Killed", "virtual memory exhausted", "Cannot allocate memory",
+             "out of memory allocating")
 
 # What a user loses when the extension cannot be built (the warning says it).
 LOST = (
@@ -83,6 +105,19 @@ def mode() -> str:
     if v == "1":
         return "require"
     raise ValueError(f"{ENV_MODE}={v!r}: want 0 (off), 1 (required) or unset (auto)")
+
+
+def build_timeout() -> float:
+    """Seconds a build may take: $SYMM_TORCH_EXT_TIMEOUT, seconds or a
+    duration such as 300s or 10m (default 600)."""
+    v = os.environ.get(ENV_TIMEOUT, "").strip()
+    if not v:
+        return DEFAULT_TIMEOUT
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)?", v)
+    secs = float(m.group(1)) * {None: 1, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}[m.group(2)] if m else 0
+    if secs <= 0:
+        raise ValueError(f"{ENV_TIMEOUT}={v!r}: want seconds or a duration such as 300s or 10m, more than 0")
+    return secs
 
 
 def symm_header_dir() -> Path:
@@ -140,9 +175,115 @@ def cuda_include_dirs() -> tuple[list[Path], list[str]]:
     return [], looked
 
 
-def _compiler() -> str | None:
-    cxx = os.environ.get("CXX") or "c++"
-    return shutil.which(cxx) or shutil.which("g++") or shutil.which("clang++")
+def _compiler() -> list[str]:
+    """The compiler's command: $CXX split as a shell splits it (a wrapper such
+    as ``ccache g++`` works), else the first of c++, g++, clang++ on the PATH.
+    A $CXX that cannot be run is an error: another compiler in its place
+    would build with what the user did not choose."""
+    env = os.environ.get("CXX", "").strip()
+    if not env:
+        for name in ("c++", "g++", "clang++"):
+            exe = shutil.which(name)
+            if exe:
+                return [exe]
+        raise ExtensionUnavailable("no C++ compiler: none of c++, g++, clang++ is on the PATH (or set CXX)")
+    try:
+        argv = shlex.split(env)
+    except ValueError as e:
+        raise ExtensionUnavailable(f"no C++ compiler: CXX={env!r} cannot be split into words: {e}") from e
+    exe = shutil.which(argv[0]) if argv and argv[0] else None
+    if exe is None:
+        raise ExtensionUnavailable(
+            f"no C++ compiler: CXX={env!r} names {argv[0] if argv else ''!r}, which is not an executable on the PATH "
+            "(fix CXX, or unset it to use c++, g++ or clang++)")
+    return [exe, *argv[1:]]
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _check_owned(path: Path, st: os.stat_result, what: str) -> None:
+    """Refuses what another user wrote or can write: the extension is code
+    this process runs."""
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        raise ExtensionUnavailable(
+            f"the extension's {what} {path} belongs to {_user(st.st_uid)}, not to this user ({_user(euid)}): "
+            f"refused (set {ENV_CACHE} to a directory of your own)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ExtensionUnavailable(
+            f"the extension's {what} {path} (owner {_user(st.st_uid)}, mode {stat.filemode(st.st_mode)}) can be "
+            f"written by other users: refused (chmod go-w {path}, or set {ENV_CACHE} to a directory of your own)")
+
+
+def _owned_file(path: Path, what: str) -> bool:
+    """Whether path exists, as a regular file of this user's that no other
+    user can write (else ExtensionUnavailable)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise ExtensionUnavailable(f"the extension's {what} {path}: {e}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise ExtensionUnavailable(f"the extension's {what} {path} is not a regular file (a symbolic link?): refused "
+                                   f"(delete it)")
+    _check_owned(path, st, what)
+    return True
+
+
+def _write_file(path: Path, text: str) -> None:
+    """Writes path whole or not at all (a temporary file moved into place:
+    a full disk leaves no truncated file, and a link at path is replaced,
+    never followed)."""
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _failure_is_transient(returncode: int, output: str) -> str | None:
+    """Why a failed compiler run says nothing about the source (the machine
+    was short of something, or the compiler was stopped), or None for a
+    compile error."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"the compiler was killed by {name}"
+    for s in TRANSIENT:
+        if s in output:
+            return f"the compiler stopped: {s}"
+    if not output.strip():
+        return f"the compiler exited with code {returncode} and printed nothing"
+    return None
+
+
+def _run_compiler(cmd: list[str], timeout: float) -> tuple[int, str, str]:
+    """Runs the compiler in a session of its own, so that its children
+    (cc1plus, ld, a ccache) are stopped with it."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except BaseException:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.communicate()
+        raise
+    return p.returncode, out, err
 
 
 def _cache_dir() -> Path:
@@ -171,17 +312,18 @@ def link_flags(torch_dir: Path) -> list[str]:
             "-ltorch_cuda", "-ltorch_python", "-ldl"]
 
 
-def _flags(torch, cxx: str, cuda_inc: list[Path], symm_inc: Path, name: str) -> list[str]:
+def _flags(torch, cuda_inc: list[Path], symm_inc: Path, name: str) -> list[str]:
     torch_dir = Path(torch.__file__).resolve().parent
     abi = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     return compile_flags(torch_dir, cuda_inc, symm_inc, name, abi) + link_flags(torch_dir)
 
 
-def _key(torch, cxx: str, flags: list[str], symm_inc: Path) -> str:
+def _key(torch, cxx: list[str], flags: list[str], symm_inc: Path) -> str:
     h = hashlib.sha256()
     for f in (SOURCE, *HEADERS, symm_inc / "symm.h"):
         h.update(f.read_bytes())
-    for part in (torch.__version__, getattr(torch.version, "git_version", ""), sys.version, cxx, " ".join(flags)):
+    for part in (torch.__version__, getattr(torch.version, "git_version", ""), sys.version, platform.machine(),
+                 shlex.join(cxx), " ".join(flags)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
@@ -190,9 +332,8 @@ def _key(torch, cxx: str, flags: list[str], symm_inc: Path) -> str:
 def _build(torch) -> Path:
     """Compiles the extension unless the cache has it; returns the .so path."""
     global _build_seconds
+    timeout = build_timeout()
     cxx = _compiler()
-    if cxx is None:
-        raise ExtensionUnavailable("no C++ compiler: none of $CXX, c++, g++, clang++ is on the PATH")
     if not (Path(torch.__file__).resolve().parent / "include" / "torch" / "csrc" / "cuda" / "CUDAPluggableAllocator.h").is_file():
         raise ExtensionUnavailable(f"torch {torch.__version__} has no C++ headers (torch/include/torch/csrc/cuda)")
     symm_inc = symm_header_dir()
@@ -203,52 +344,113 @@ def _build(torch) -> Path:
             + "; set CUDA_HOME, or pip install nvidia-cuda-runtime nvidia-cuda-crt (CUDA 13) / "
             "nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12 (CUDA 12)"
         )
-    flags0 = _flags(torch, cxx, cuda_inc, symm_inc, "symm_torch_ext")
+    flags0 = _flags(torch, cuda_inc, symm_inc, "symm_torch_ext")
     key = _key(torch, cxx, flags0, symm_inc)
     name = f"symm_torch_ext_{key}"
-    flags = _flags(torch, cxx, cuda_inc, symm_inc, name)
+    flags = _flags(torch, cuda_inc, symm_inc, name)
     cache = _cache_dir()
     try:
-        cache.mkdir(parents=True, exist_ok=True)
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(cache)
     except OSError as e:
         raise ExtensionUnavailable(f"cannot create the extension cache {cache}: {e} (set {ENV_CACHE})") from e
+    if not stat.S_ISDIR(st.st_mode):
+        raise ExtensionUnavailable(f"the extension cache {cache} is not a directory (set {ENV_CACHE})")
+    _check_owned(cache, st, "cache directory")
     out, failed = cache / f"{name}.so", cache / f"{name}.failed"
 
     def known():
         # A build that failed with these very inputs fails again: every
         # process of a job (torchrun's ranks, DataLoader workers) would pay
         # the compiler's time for nothing. The key changes with the inputs.
-        if out.is_file():
+        if _owned_file(out, "library"):
             return out
-        if failed.is_file():
-            raise ExtensionUnavailable(failed.read_text() + f" (this build failed before: delete {failed} to retry)")
+        if _owned_file(failed, "record of a failed build"):
+            text = failed.read_text(errors="replace").strip()
+            if text:  # an empty record says nothing: build again
+                raise ExtensionUnavailable(text + f" (this build failed before: delete {failed} to retry)")
         return None
 
     if known():
         return out
-    with open(cache / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per cache, whatever the processes
+    lock_path = cache / f"{name}.lock"
+    try:
+        # Never through a link, never another user's file.
+        lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise ExtensionUnavailable(f"cannot open the extension's lock {lock_path}: {e} (a symbolic link is refused)") from e
+    try:
+        lst = os.fstat(lock)
+        if not stat.S_ISREG(lst.st_mode):
+            raise ExtensionUnavailable(f"the extension's lock {lock_path} is not a regular file: refused (delete it)")
+        _check_owned(lock_path, lst, "lock")
+        # One build per cache, whatever the processes. A builder stops its
+        # compiler at the time limit; one that waits gives up a little later.
+        give_up = time.monotonic() + timeout + 60
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > give_up:
+                    raise ExtensionUnavailable(
+                        f"another process has held {lock_path} for more than {timeout + 60:g} s while building the "
+                        f"extension ({ENV_TIMEOUT} is {timeout:g} s)") from None
+                time.sleep(0.2)
         if known():
             return out
         t0 = time.monotonic()
-        fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".so.tmp", dir=cache)
-        os.close(fd)
-        cmd = [cxx, str(SOURCE), "-o", tmp] + flags
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                log = cache / f"{name}.log"
-                log.write_text(" ".join(cmd) + "\n\n" + r.stdout + r.stderr)
-                tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-12:])
-                msg = f"compiling {SOURCE.name} failed (full log: {log}):\n{tail}"
-                failed.write_text(msg)
-                raise ExtensionUnavailable(msg)
-            os.replace(tmp, out)
+            fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".so.tmp", dir=cache)
+            os.close(fd)
+        except OSError as e:
+            raise ExtensionUnavailable(f"cannot write in the extension cache {cache}: {e}") from e
+        cmd = [*cxx, str(SOURCE), "-o", tmp] + flags
+        try:
+            try:
+                rc, stdout, stderr = _run_compiler(cmd, timeout)
+            except subprocess.TimeoutExpired:
+                raise ExtensionUnavailable(
+                    f"compiling {SOURCE.name} took more than {timeout:g} s and was stopped ({ENV_TIMEOUT} sets the "
+                    "limit; not remembered: the next process tries again)") from None
+            except OSError as e:
+                raise ExtensionUnavailable(f"running the compiler {shlex.join(cxx)} failed: {e}") from e
+            if rc != 0:
+                _failed(cmd, rc, stdout, stderr, cache / f"{name}.log", failed)
+            try:
+                os.chmod(tmp, 0o755)  # the linker's mode follows the umask
+                os.replace(tmp, out)
+            except OSError as e:
+                raise ExtensionUnavailable(f"cannot put the extension in the cache {cache}: {e}") from e
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         _build_seconds = time.monotonic() - t0
-    return out
+    finally:
+        os.close(lock)  # and the flock with it
+    return known() or out
+
+
+def _failed(cmd: list[str], rc: int, stdout: str, stderr: str, log: Path, failed: Path):
+    """Raises ExtensionUnavailable for a failed compiler run, with the log's
+    tail; records a compile error in `failed`, never a passing failure."""
+    output = stdout + stderr
+    tail = "\n".join((stderr or stdout).strip().splitlines()[-12:])
+    try:
+        _write_file(log, shlex.join(cmd) + "\n\n" + output)
+        where = f"full log: {log}"
+    except OSError as e:
+        where = f"no log: {e}"
+    why = _failure_is_transient(rc, output)
+    if why is not None:
+        raise ExtensionUnavailable(f"compiling {SOURCE.name} failed: {why} ({where}; not remembered: the next "
+                                   f"process tries again)" + (":\n" + tail if tail else ""))
+    msg = f"compiling {SOURCE.name} failed ({where}):\n{tail}"
+    try:
+        _write_file(failed, msg)
+    except OSError:
+        pass  # not remembered: the next process tries again
+    raise ExtensionUnavailable(msg)
 
 
 def load():
