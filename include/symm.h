@@ -543,7 +543,13 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
  * into SYMM_ERR_TIMEOUT naming the peer and channel. Either way the handle
  * fails: a wait that stopped may leave a late signal in the pad, which a
  * later wait would take as its own, so every later call on the handle
- * returns SYMM_ERR_TIMEOUT; free the block and rendezvous again. */
+ * returns SYMM_ERR_TIMEOUT; free the block and rendezvous again. A call
+ * with timeout_ms waits for its own kernel, not for the whole stream, and
+ * counts the timeout from when the stream reaches the kernel: work queued
+ * before it or after it is not a late peer. Earlier work that still holds
+ * the stream after SYMM_TIMEOUT_MS gives SYMM_ERR_TIMEOUT without failing
+ * the handle (the kernel stays queued; if it then reports a late peer, the
+ * handle fails). */
 
 /* 1 when libsymm's kernels run on device (NVRTC found, the kernels compiled
  * or read from the cache, and loaded); else 0 and the last error says why

@@ -3,6 +3,7 @@ package symmetric
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,9 +21,20 @@ import (
 //
 // A call without timeout_ms gives the kernel the manager's timeout
 // (SYMM_TIMEOUT_MS) and the handle's own word, which the watchdog polls. A
-// call with one takes a word of its own from the manager's slab, waits for
-// its stream and reads that word: no other call can consume its report, and
-// a late report can fail no later call.
+// call with one takes a word of its own from the manager's slab, records an
+// event before its kernel and one after it, waits for the second and reads
+// that word: no other call can consume its report, and a late report can
+// fail no later call. Only the kernel is waited for, never the whole stream:
+// work queued after it (by this thread later, or by another) is not the
+// peer's delay, and neither is work queued before it. The call's deadline
+// starts when the stream reaches the kernel (the first event has passed).
+// Earlier work that holds the stream for longer than SYMM_TIMEOUT_MS (and
+// at least the call's own deadline) gives ErrSignalTimeout without failing
+// the handle: no peer was waited for yet, the kernel stays queued, and the
+// watchdog reads its outcome once the stream has passed it (awaitKernel).
+// (An event is recorded just before and just after the launch: work that
+// another thread queues on the same stream in between counts as the
+// kernel's own; the API cannot exclude that.)
 //
 // Either way a report fails the handle. A kernel that gave up leaves its
 // pads in a state no rank can know: a put that did not happen, or a peer's
@@ -58,6 +70,25 @@ var ErrNoKernels = errors.New("kernels cannot run")
 type kernelDevice interface{ kernelDevice() }
 
 func (p *cudaProvider) kernelDevice() {}
+
+// kernelRunner is implemented by a provider that runs kernels itself rather
+// than through the CUDA driver (the tests' simulated device): it launches
+// them and gives the pinned host words their reports go to. Others use
+// cuda.LaunchWords and cuda.HostAllocMapped.
+type kernelRunner interface {
+	LaunchKernel(dev int, f uintptr, grid, block uint32, stream uintptr, words []uint64) error
+	HostMapped(dev int, n uint64) (host, device uintptr, err error)
+}
+
+// launchWords launches f on the handle's device. It makes no Go allocation
+// with the driver (words do not escape: cuda.LaunchWords is noescape; a
+// kernelRunner gets a copy).
+func (h *Handle) launchWords(f uintptr, grid, block uint32, stream uintptr, words []uint64) error {
+	if r, ok := h.m.prov.(kernelRunner); ok {
+		return r.LaunchKernel(h.b.Dev(), f, grid, block, stream, slices.Clone(words))
+	}
+	return cuda.LaunchWords(h.b.Dev(), f, grid, block, stream, words)
+}
 
 // Kernels by index: a handle keeps their function handles.
 const (
@@ -179,11 +210,15 @@ type statusSlab struct {
 
 const statusPage, statusPair = 4096, 16
 
-func (s *statusSlab) get(dev int) (host, device uintptr, err error) {
+func (s *statusSlab) get(prov Provider, dev int) (host, device uintptr, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.free) == 0 {
-		h, d, err := cuda.HostAllocMapped(dev, statusPage)
+		alloc := cuda.HostAllocMapped
+		if r, ok := prov.(kernelRunner); ok {
+			alloc = r.HostMapped
+		}
+		h, d, err := alloc(dev, statusPage)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -208,7 +243,7 @@ func (s *statusSlab) put(host, device uintptr) {
 // statusWord returns the device address of the handle's word.
 func (h *Handle) statusWord() (uintptr, error) {
 	s := &h.kstat
-	s.once.Do(func() { s.host, s.dev, s.err = h.m.kern.slab.get(h.b.Dev()) })
+	s.once.Do(func() { s.host, s.dev, s.err = h.m.kern.slab.get(h.m.prov, h.b.Dev()) })
 	return s.dev, s.err
 }
 
@@ -303,15 +338,31 @@ func (h *Handle) describe(c callDesc) string {
 // timeout in ns and the status word). Without a timeout it leaves the
 // kernel to the watchdog; with one, it waits for the kernel and returns
 // what it reported in a word of the call's own. It makes no Go allocation
-// on success.
+// on success without a timeout.
 func (h *Handle) launch(id int, grid, block uint32, stream uintptr, timeout time.Duration, words []uint64, c callDesc) error {
 	f, err := h.function(id)
 	if err != nil {
 		return fmt.Errorf("%s: %w", h.describe(c), err)
 	}
-	var host, st uintptr
+	dev := h.b.Dev()
+	var (
+		host, st, ready uintptr
+		sm              streamMarker
+	)
 	if timeout > 0 {
-		host, st, err = h.m.kern.slab.get(h.b.Dev())
+		var ok bool
+		if sm, ok = h.m.prov.(streamMarker); !ok {
+			return fmt.Errorf("%s: the %s backend records no events to wait for a kernel with", h.describe(c), h.m.prov.Name())
+		}
+		host, st, err = h.m.kern.slab.get(h.m.prov, dev)
+		if err == nil {
+			// Passed when the stream reaches the kernel: work queued
+			// before it is not the peer's delay.
+			if ready, err = sm.Mark(dev, stream); err != nil {
+				h.m.kern.slab.put(host, st)
+				return fmt.Errorf("%s: recording the event before the kernel: %w", h.describe(c), err)
+			}
+		}
 	} else {
 		st, err = h.statusWord()
 	}
@@ -321,8 +372,9 @@ func (h *Handle) launch(id int, grid, block uint32, stream uintptr, timeout time
 	kt := h.kernelTimeout(timeout)
 	n := len(words)
 	words[n-2], words[n-1] = uint64(kt.Nanoseconds()), uint64(st)
-	if err := cuda.LaunchWords(h.b.Dev(), f, grid, block, stream, words); err != nil {
+	if err := h.launchWords(f, grid, block, stream, words); err != nil {
 		if host != 0 {
+			sm.Forget(dev, ready, false)
 			h.m.kern.slab.put(host, st)
 		}
 		return fmt.Errorf("%s: %w", h.describe(c), err)
@@ -331,41 +383,79 @@ func (h *Handle) launch(id int, grid, block uint32, stream uintptr, timeout time
 		h.watchKernels()
 		return nil
 	}
-	err = h.awaitKernel(stream, timeout, host, st, c)
-	if err != nil {
-		h.fail(err)
-	}
-	return err
+	return h.awaitKernel(sm, stream, ready, timeout, host, st, c)
 }
 
-// awaitKernel waits for a kernel launched with a timeout (the stream must
-// get past it within twice the timeout plus a second: the kernel itself
-// gives up at the timeout, earlier work on the stream may delay it) and
-// returns what it reported in the call's word (host, st: its host and
-// device addresses). The word goes back
-// to the slab, cleared, once the stream is past the kernel.
-func (h *Handle) awaitKernel(stream uintptr, timeout time.Duration, host, st uintptr, c callDesc) error {
+// awaitKernel waits for a kernel launched with a timeout on stream after
+// event ready (sm's marker) and returns what it reported in the call's word
+// (host, st: its host and device addresses); a report, or a kernel that
+// cannot be waited for, fails the handle. It records an event right after
+// the kernel and waits for that event, not for the stream: work queued
+// after the kernel does not delay the call. The deadline (twice the timeout
+// plus a second: the kernel itself gives up at the timeout) starts when
+// ready has passed, so work queued before the kernel does not count
+// against the peer. Earlier work still running after SYMM_TIMEOUT_MS (at
+// least the deadline) gives ErrSignalTimeout without failing the handle:
+// the kernel has not run, and the watchdog takes over its word and reads
+// its report when the stream has passed it. The word goes back to the
+// slab, cleared, once the stream is past the kernel (one that never
+// finishes keeps it for good).
+func (h *Handle) awaitKernel(sm streamMarker, stream, ready uintptr, timeout time.Duration, host, st uintptr, c callDesc) error {
 	dev := h.b.Dev()
+	fail := func(err error) error {
+		h.fail(err)
+		return err
+	}
+	done, err := sm.Mark(dev, stream)
+	if err != nil {
+		sm.Forget(dev, ready, false)
+		return fail(fmt.Errorf("%s: recording the event after the kernel (its outcome cannot be read): %w", h.describe(c), err))
+	}
 	limit := 2*timeout + time.Second
-	deadline := time.Now().Add(limit)
+	behind := max(h.m.cfg.Timeout, limit)
+	start := time.Now()
 	for {
-		done, err := cuda.StreamQuery(dev, stream)
+		passed, err := sm.Passed(dev, ready)
 		if err != nil {
-			return fmt.Errorf("%s: %w", h.describe(c), err)
+			sm.Forget(dev, ready, false)
+			sm.Forget(dev, done, false)
+			return fail(fmt.Errorf("%s: %w", h.describe(c), err))
 		}
-		if done {
+		if passed {
 			break
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: %w: the stream did not get past the kernel within %v (earlier work on it is still running)",
-				h.describe(c), ErrSignalTimeout, limit)
+		if time.Since(start) > behind {
+			sm.Forget(dev, ready, false)
+			h.m.watchTimedKernel(h, sm, dev, done, host, st, timeout, h.describe(c))
+			return fmt.Errorf("%s: %w: the stream has not reached the kernel within %v: earlier work on it is still running "+
+				"(no peer was waited for and the handle stays usable; the kernel stays queued, and a late peer it reports fails the handle then)",
+				h.describe(c), ErrSignalTimeout, behind)
 		}
 		time.Sleep(10 * time.Microsecond)
 	}
+	sm.Forget(dev, ready, true)
+	deadline := time.Now().Add(limit)
+	for {
+		passed, err := sm.Passed(dev, done)
+		if err != nil {
+			sm.Forget(dev, done, false)
+			return fail(fmt.Errorf("%s: %w", h.describe(c), err))
+		}
+		if passed {
+			break
+		}
+		if time.Now().After(deadline) {
+			sm.Forget(dev, done, false)
+			return fail(fmt.Errorf("%s: %w: the kernel did not finish within %v of the stream reaching it",
+				h.describe(c), ErrSignalTimeout, limit))
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	sm.Forget(dev, done, true)
 	r, ok := kernels.DecodeReport(word(host).Swap(0))
 	h.m.kern.slab.put(host, st)
 	if ok {
-		return fmt.Errorf("%s: %w", h.describe(c), h.reportError(r, timeout))
+		return fail(fmt.Errorf("%s: %w", h.describe(c), h.reportError(r, timeout)))
 	}
 	return nil
 }

@@ -167,6 +167,51 @@ func TestKernelTimedCallsOwnTheirReports(t *testing.T) {
 	require.NoError(t, cuda.StreamSynchronize(0, other))
 }
 
+// A timed signal call on a stream held by earlier work for longer than the
+// call's deadline (a stream wait on a host word, released later), while
+// another thread queues more work behind it: the call waits for the earlier
+// work, gives the peer its whole timeout from there, returns once its own
+// kernel is done (not the stream) and the handle stays usable.
+func TestKernelTimedCallBehindEarlierAndLaterWork(t *testing.T) {
+	_, h := cudaKernelHandle(t, 10*time.Second)
+	s, err := cuda.StreamCreate(0)
+	require.NoError(t, err)
+	gates, gatesDev, err := cuda.HostAllocMapped(0, 4096)
+	require.NoError(t, err)
+	earlier, later := word(gates), word(gates+8) // their low 32 bits are waited for
+	t.Cleanup(func() {
+		earlier.Store(1)
+		later.Store(1)
+		require.NoError(t, cuda.StreamSynchronize(0, s))
+		require.NoError(t, cuda.StreamDestroy(0, s))
+		require.NoError(t, cuda.HostFree(0, gates))
+	})
+	require.NoError(t, cuda.StreamWaitValue32(0, s, gatesDev, 1, cuda.WaitValueGEQ))
+	require.NoError(t, h.PutSignal(0, 4, s, 0))
+	const hold = 1500 * time.Millisecond // more than the call's 2 × 100ms + 1s
+	queued := make(chan error, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond) // the call is waiting by now
+		queued <- cuda.StreamWaitValue32(0, s, gatesDev+8, 1, cuda.WaitValueGEQ)
+		time.Sleep(hold - 100*time.Millisecond)
+		earlier.Store(1)
+	}()
+	start := time.Now()
+	err = h.WaitSignal(0, 4, s, 100*time.Millisecond)
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.NoError(t, <-queued)
+	require.GreaterOrEqual(t, took, hold, "the call waited for the earlier work")
+	require.NoError(t, h.failed())
+	done, err := cuda.StreamQuery(0, s)
+	require.NoError(t, err)
+	require.False(t, done, "the later work still holds the stream: the call did not wait for it")
+	later.Store(1)
+	require.NoError(t, cuda.StreamSynchronize(0, s))
+	require.NoError(t, h.PutSignal(0, 4, s, time.Second))
+	require.NoError(t, h.WaitSignal(0, 4, s, time.Second))
+}
+
 // uintptrOf is the address of a Go slice's first element, for a call that
 // reads or writes it synchronously (the host backend's all-reduce).
 func uintptrOf(s []uint32) uintptr { return uintptr(unsafe.Pointer(&s[0])) }

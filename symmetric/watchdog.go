@@ -40,14 +40,29 @@ type pendingWatch struct {
 	what     string
 }
 
-// watchdog polls the markers of a Manager's pending signals, and the
-// status words of handles whose kernels were launched without a timeout
+// timedKernel is a kernel launched with a timeout whose call stopped
+// waiting before the stream reached it (awaitKernel): done is marked after
+// it, host and st are the call's word.
+type timedKernel struct {
+	h        *Handle
+	dev      int
+	done     uintptr
+	host, st uintptr
+	timeout  time.Duration
+	what     string
+}
+
+// watchdog polls the markers of a Manager's pending signals, the status
+// words of handles whose kernels were launched without a timeout
 // (kernelsig.go: those kernels give up at SYMM_TIMEOUT_MS by themselves and
-// write a report, so they need no marker).
+// write a report, so they need no marker), and the words of timed kernels
+// whose callers stopped waiting for earlier work (read once the stream has
+// passed them; they have no deadline: the kernel's own bounds its wait).
 type watchdog struct {
 	mu      sync.Mutex
 	pending []pendingWatch
 	kernels map[*Handle]struct{}
+	timed   []timedKernel
 	running bool
 }
 
@@ -100,12 +115,25 @@ func (h *Handle) watchKernels() {
 	}
 }
 
+// watchTimedKernel hands a timed kernel's word to the watchdog (see
+// timedKernel).
+func (m *Manager) watchTimedKernel(h *Handle, sm streamMarker, dev int, done, host, st uintptr, timeout time.Duration, what string) {
+	w := &m.dog
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.timed = append(w.timed, timedKernel{h: h, dev: dev, done: done, host: host, st: st, timeout: timeout, what: what})
+	if !w.running {
+		w.running = true
+		go m.runWatchdog(sm)
+	}
+}
+
 func (m *Manager) runWatchdog(sm streamMarker) {
 	w := &m.dog
 	for {
 		time.Sleep(pollEvery)
 		w.mu.Lock()
-		if len(w.pending) == 0 && len(w.kernels) == 0 {
+		if len(w.pending) == 0 && len(w.kernels) == 0 && len(w.timed) == 0 {
 			w.running = false
 			w.mu.Unlock()
 			return
@@ -118,9 +146,26 @@ func (m *Manager) runWatchdog(sm streamMarker) {
 				delete(w.kernels, h)
 			}
 		}
-		list := w.pending
-		w.pending = nil
+		list, timed := w.pending, w.timed
+		w.pending, w.timed = nil, nil
 		w.mu.Unlock()
+		keepTimed := timed[:0]
+		for _, k := range timed {
+			passed, err := sm.Passed(k.dev, k.done)
+			switch {
+			case err != nil: // its word is kept for good
+				k.h.fail(fmt.Errorf("%w: %s: the kernel cannot be watched: %v", ErrSignalTimeout, k.what, err))
+				sm.Forget(k.dev, k.done, false)
+			case passed:
+				sm.Forget(k.dev, k.done, true)
+				if r, ok := kernels.DecodeReport(word(k.host).Swap(0)); ok {
+					k.h.fail(fmt.Errorf("%s: %w", k.what, k.h.reportError(r, k.timeout)))
+				}
+				m.kern.slab.put(k.host, k.st)
+			default:
+				keepTimed = append(keepTimed, k)
+			}
+		}
 		now := time.Now()
 		keep := list[:0]
 		for _, x := range list {
@@ -141,6 +186,7 @@ func (m *Manager) runWatchdog(sm streamMarker) {
 		}
 		w.mu.Lock()
 		w.pending = append(keep, w.pending...)
+		w.timed = append(keepTimed, w.timed...)
 		w.mu.Unlock()
 	}
 }

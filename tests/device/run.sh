@@ -104,7 +104,9 @@ if want go; then
   done
   # Free racing put/wait/barrier on the CUDA provider (memop and kernel
   # signals; the host one runs too), at the default ~10^5 calls; the signal
-  # kernels' allocation and timeout tests.
+  # kernels' allocation and timeout tests (a timed call behind earlier work
+  # and before later work on its stream must not time out:
+  # TestKernelTimedCallBehindEarlierAndLaterWork).
   if [[ -x build/device/symmetric.test ]]; then
     run_step go-symmetric-race "${SYMM_GO_TIMEOUT:-300}" \
       env -u SYMM_SOAK_SCALE bash -c 'cd "$1" && exec "$2" -test.run "TestFreeRacesSignals|TestKernel" -test.v -test.timeout "$3s"' \
