@@ -569,7 +569,8 @@ enum { SYMM_SUM = 0 };
  * 24 channels) before reading and after, so the inputs may be rewritten as
  * soon as the call's work is done; do not run signals of h on those channels
  * concurrently. offset and count × element size must be multiples of 4, out
- * must not overlap this rank's input. timeout_ms as for symm_barrier. On the
+ * must not overlap this rank's input, nor local_input unless it is
+ * local_input itself (in place). timeout_ms as for symm_barrier. On the
  * host backend the calling thread does it (pointers are host memory).
  * SYMM_ERR_INVALID for a bad dtype, op, size, offset or output;
  * SYMM_ERR_NO_DEVICE when the kernels cannot run (see symm_kernels_ready);

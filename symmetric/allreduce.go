@@ -19,7 +19,8 @@ type AllReduce struct {
 	Dtype  kernels.Dtype // Float32 or BFloat16
 	Op     string        // "sum" (the only one, as in PyTorch)
 	// Out receives the sum (device memory on GPUs, Count elements). It may
-	// not overlap this rank's input, which peers read concurrently.
+	// not overlap this rank's input, which peers read concurrently, nor
+	// Local unless it is Local itself (in place).
 	Out uintptr
 	// Local, when not 0, is copied into this rank's buffer first (PyTorch's
 	// one_shot_all_reduce_copy): Count elements of the same dtype.
@@ -86,11 +87,31 @@ func (h *Handle) checkAllReduce(a AllReduce) (uint64, error) {
 		return 0, fmt.Errorf("%w: one_shot_all_reduce: output %#x and local input %#x must be 4-byte aligned", ErrInvalid, a.Out, a.Local)
 	}
 	in := h.BufferPtr(h.rank) + uintptr(a.Offset)
-	if a.Out < in+uintptr(nbytes) && in < a.Out+uintptr(nbytes) {
+	if overlap(a.Out, in, nbytes) {
 		return 0, fmt.Errorf("%w: one_shot_all_reduce: the output %#x overlaps this rank's input %#x (%d bytes), which peers read at the same time",
 			ErrInvalid, a.Out, in, nbytes)
 	}
+	// Block b copies its words of local_input in before it writes its words
+	// of out: with out shifted against local_input, one block overwrites
+	// input that another has not copied yet. The same address (in place)
+	// is safe: each thread reads its words before it writes them.
+	if a.Local != 0 && a.Local != a.Out && overlap(a.Out, a.Local, nbytes) {
+		shift := int64(a.Out - a.Local)
+		return 0, fmt.Errorf("%w: one_shot_all_reduce: the output %#x overlaps local_input %#x (%d bytes each) at a shift of %+d bytes; "+
+			"blocks would overwrite input other blocks have not copied yet: pass the same pointer (in place) or disjoint buffers",
+			ErrInvalid, a.Out, a.Local, nbytes, shift)
+	}
 	return nbytes, nil
+}
+
+// overlap reports whether the n bytes at a and the n bytes at b share one
+// (without overflow near the top of the address space).
+func overlap(a, b uintptr, n uint64) bool {
+	d := a - b
+	if b > a {
+		d = b - a
+	}
+	return uint64(d) < n
 }
 
 func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {

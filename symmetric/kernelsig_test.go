@@ -1,7 +1,10 @@
 package symmetric
 
 import (
+	"fmt"
+	"math"
 	"os"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
@@ -48,6 +51,52 @@ func TestHostHasNoKernels(t *testing.T) {
 	require.NoError(t, h.OneShotAllReduce(AllReduce{Count: 4, Dtype: kernels.Float32, Op: "sum", Out: uintptrOf(out)}))
 	require.Equal(t, []uint32{0x3f800000, 0xc0000000, 0x7fc00000, 0}, out, "a world of one sums to its input")
 	require.NoError(t, m.Free(b.Ptr()))
+}
+
+// An output that overlaps local_input at a shift would let one block of
+// the kernel overwrite input another has not copied in yet: refused, naming
+// both and the shift, before anything is copied or signalled. The same
+// address (in place) and disjoint neighbours are fine.
+func TestAllReduceRefusesOutShiftedAgainstLocalInput(t *testing.T) {
+	h := soloHandle(t, NewHostProvider(), Config{Timeout: time.Second})
+	const n = 16
+	mine := hostWords(h.BufferPtr(0), n)
+	for i := range mine {
+		mine[i] = 0x40000000 // 2.0
+	}
+	buf := make([]uint32, 3*n)
+	for i := range buf {
+		buf[i] = math.Float32bits(float32(i))
+	}
+	at := func(i int) uintptr { return uintptrOf(buf) + uintptr(4*i) }
+	ar := func(out, local uintptr) error {
+		return h.OneShotAllReduce(AllReduce{Count: n, Dtype: kernels.Float32, Op: "sum", Out: out, Local: local})
+	}
+	want := slices.Clone(buf)
+	for _, c := range []struct {
+		out, local int // word indexes into buf
+		shift      string
+	}{{n + 1, n, "+4"}, {n - 1, n, "-4"}, {2*n - 1, n, "+60"}, {1, n, "-60"}, {n, n + 1, "-4"}} {
+		err := ar(at(c.out), at(c.local))
+		require.ErrorIs(t, err, ErrInvalid, "%+v", c)
+		require.ErrorContains(t, err, fmt.Sprintf("the output %#x overlaps local_input %#x (64 bytes each) at a shift of %s bytes", at(c.out), at(c.local), c.shift))
+		require.Equal(t, want, buf, "nothing written")
+		require.Equal(t, uint32(0x40000000), mine[0], "nothing copied in")
+	}
+	// The bfloat16 size counts too: 16 elements are 32 bytes.
+	err := h.OneShotAllReduce(AllReduce{Count: n, Dtype: kernels.BFloat16, Op: "sum", Out: at(n + 7), Local: at(n)})
+	require.ErrorContains(t, err, "(32 bytes each) at a shift of +28 bytes")
+	require.NoError(t, h.OneShotAllReduce(AllReduce{Count: n, Dtype: kernels.BFloat16, Op: "sum", Out: at(n + 8), Local: at(n)}))
+	require.Equal(t, want[n:n+8], buf[n+8:2*n], "a world of one sums to its local input")
+	copy(buf, want)
+
+	require.NoError(t, ar(at(n), at(n)), "in place")
+	require.Equal(t, want, buf, "in place, a world of one sums to its local input")
+	require.Equal(t, want[n:2*n], mine, "local_input copied in")
+	require.NoError(t, ar(at(2*n), at(n)), "disjoint neighbours")
+	require.Equal(t, want[n:2*n], buf[2*n:])
+	require.NoError(t, ar(at(0), at(n)), "disjoint neighbours")
+	require.Equal(t, want[n:2*n], buf[:n])
 }
 
 func TestToBF16(t *testing.T) {

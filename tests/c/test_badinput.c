@@ -1019,6 +1019,21 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   memset(out, 0, sizeof out);
   NOOP(SYMM_OK, symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 1000));
   CHECK(!memcmp(in, out, sizeof in), "a world of one sums to its input");
+  /* An output overlapping local_input at a shift: refused, naming the shift
+   * (one block would overwrite input another has not copied yet); in place
+   * is fine. */
+  float io[80], io0[80];
+  for (int i = 0; i < 80; i++) io[i] = io0[i] = (float)i * 0.5f;
+  BAD(SYMM_ERR_INVALID, "overlaps local_input",
+      symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io + 1, io, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "at a shift of -60 bytes",
+      symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io, io + 15, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "at a shift of +252 bytes",
+      symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io + 63, io, NULL, 0));
+  CHECK(!memcmp(io, io0, sizeof io) && !memcmp(p, in, sizeof in), "a refused all-reduce writes and copies nothing");
+  NOOP(SYMM_OK, symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io, io, NULL, 1000));
+  CHECK(!memcmp(io, io0, sizeof io) && !memcmp(p, io0, sizeof in), "in place: a world of one sums to its local input");
+  memcpy(p, in, sizeof in);
   BADR(0, SYMM_ERR_NO_DEVICE, "host backend has no device kernels", symm_kernels_ready(0));
   /* After the block is freed its handle is dead everywhere. */
   symm_clear_error();

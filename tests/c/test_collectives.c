@@ -9,8 +9,9 @@
  *
  * Each rank checks: barriers and a put/wait ring that carries data; the
  * all-reduce of float32 and bfloat16 from 4 bytes to 4 MiB, at offsets that
- * take the 16-byte and the 4-byte kernels, with and without a local input,
- * bit for bit against a host sum in rank order (what the kernel computes);
+ * take the 16-byte and the 4-byte kernels, with and without a local input
+ * (also in place: out = local_input), bit for bit against a host sum in rank
+ * order (what the kernel computes);
  * every bad argument gets SYMM_ERR_INVALID and leaves the handle working; a
  * peer that does not come gives SYMM_ERR_TIMEOUT naming it, with and without
  * timeout_ms, and the stream goes on. The driver is opened with dlopen: no
@@ -219,6 +220,7 @@ static int child(int rank, int world, int dev) {
       if (sizes[s] <= 1 * MiB) {
         check_all_reduce(h, p, rank, world, dtype, 4, count, 0, host, out, local);  /* 4-byte kernel */
         check_all_reduce(h, p, rank, world, dtype, 32, count, 1, host, out, local); /* local input */
+        check_all_reduce(h, p, rank, world, dtype, 32, count, 1, host, local, local); /* in place */
       }
     }
   if (rank == 0) printf("rank 0: all-reduce float32 and bfloat16, 4 B to 4 MiB: checked\n");
@@ -227,20 +229,25 @@ static int child(int rank, int world, int dev) {
   struct {
     size_t offset, count;
     int dtype, op;
-    void *out;
+    void *out, *local;
     const char *what, *says;
   } bad[] = {
-      {0, 16, 7, SYMM_SUM, out, "unknown dtype", "dtype"},
-      {0, 16, SYMM_FLOAT32, 3, out, "unknown op", "op"},
-      {2, 16, SYMM_FLOAT32, SYMM_SUM, out, "offset not a multiple of 4", "multiples of 4"},
-      {0, 3, SYMM_BFLOAT16, SYMM_SUM, out, "6 bytes of bf16", "multiples of 4"},
-      {0, 16, SYMM_FLOAT32, SYMM_SUM, NULL, "NULL output", "NULL"},
-      {0, 16, SYMM_FLOAT32, SYMM_SUM, p + 32, "output overlapping the input", "overlaps"},
-      {4 * MiB, 64, SYMM_FLOAT32, SYMM_SUM, out, "past the buffer's end", "do not fit"},
-      {0, SIZE_MAX / 2, SYMM_FLOAT32, SYMM_SUM, out, "a count that overflows", "overflow"},
+      {0, 16, 7, SYMM_SUM, out, NULL, "unknown dtype", "dtype"},
+      {0, 16, SYMM_FLOAT32, 3, out, NULL, "unknown op", "op"},
+      {2, 16, SYMM_FLOAT32, SYMM_SUM, out, NULL, "offset not a multiple of 4", "multiples of 4"},
+      {0, 3, SYMM_BFLOAT16, SYMM_SUM, out, NULL, "6 bytes of bf16", "multiples of 4"},
+      {0, 16, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, "NULL output", "NULL"},
+      {0, 16, SYMM_FLOAT32, SYMM_SUM, p + 32, NULL, "output overlapping the input", "overlaps"},
+      {0, 16, SYMM_FLOAT32, SYMM_SUM, (char *)local + 4, local, "output 4 bytes past local_input",
+       "overlaps local_input"},
+      {0, 16, SYMM_FLOAT32, SYMM_SUM, out, (char *)out + 32, "local_input 32 bytes past the output",
+       "shift of -32 bytes"},
+      {4 * MiB, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, "past the buffer's end", "do not fit"},
+      {0, SIZE_MAX / 2, SYMM_FLOAT32, SYMM_SUM, out, NULL, "a count that overflows", "overflow"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    int rc = symm_one_shot_all_reduce(h, bad[i].offset, bad[i].count, bad[i].dtype, bad[i].op, bad[i].out, NULL, NULL, 0);
+    int rc = symm_one_shot_all_reduce(h, bad[i].offset, bad[i].count, bad[i].dtype, bad[i].op, bad[i].out, bad[i].local,
+                                      NULL, 0);
     CHECK(rc == SYMM_ERR_INVALID && strstr(symm_last_error(), bad[i].says), "%s: %d %s", bad[i].what, rc,
           symm_last_error());
   }

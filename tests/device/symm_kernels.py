@@ -8,7 +8,8 @@ NCCL; with fewer GPUs it is gloo (NCCL refuses two ranks on one GPU), ranks
 share devices (SYMM_ALLOW_OVERLAPPING_DEVICES=1) and the reference sums come
 from gloo on CPU copies. Checks: kernels ready; barriers; a put/wait ring that
 carries data; symm.one_shot_all_reduce against dist.all_reduce for float32
-and bfloat16 from 4 KiB to 4 MiB (with and without local_input); out and
+and bfloat16 from 4 KiB to 4 MiB (with and without local_input); out shifted
+against local_input refused (INVALID), out = local_input (in place) summed; out and
 local_input aligned differently on each rank, 100 rounds, sums bit-exact; a rank that
 does not come gives SymmError(TIMEOUT) naming it, and the stream goes on.
 With a GPU per rank it then times, side by side in the same processes:
@@ -158,6 +159,28 @@ def run_rank(rank, world, port, bench1):
                         bad.append(f"{nbytes}B local={local}: max rel err {err:.2e}")
                 del x
             check(f"one_shot_all_reduce {str(dtype)[6:]} 4 KiB..4 MiB vs dist.all_reduce", not bad, "; ".join(bad[:3]))
+
+        # out overlapping local_input at a shift (blocks would overwrite input
+        # other blocks have not copied in yet) is refused on every rank before
+        # any signal; out = local_input (in place) works.
+        n = 1 << 16
+        x = symm.empty(n, dtype=torch.float32, device=dev)
+        src = torch.arange(n, dtype=torch.float32, device=dev) + rank
+        wide = torch.zeros(n + 1, dtype=torch.float32, device=dev)
+        wide[:n].copy_(src)
+        try:
+            symm.one_shot_all_reduce(x, group=group, out=wide[1:], local_input=wide[:n])
+            check("out shifted against local_input is refused", False, "no error")
+        except symm.SymmError as e:
+            check("out shifted against local_input is refused", e.code == symm.ErrorCode.INVALID
+                  and "overlaps local_input" in str(e) and "shift of +4 bytes" in str(e), str(e)[:200])
+        check("a refused all-reduce writes nothing", torch.equal(wide[:n], src) and float(wide[n]) == 0.0)
+        loc = src.clone()
+        res = symm.one_shot_all_reduce(x, group=group, out=loc, local_input=loc)
+        want = sum(torch.arange(n, dtype=torch.float32) + r for r in range(world))
+        check("one_shot_all_reduce in place (out = local_input)",
+              res.data_ptr() == loc.data_ptr() and torch.equal(loc.cpu(), want))
+        del x
 
         misaligned_rounds(rank, world, dev, group, check)
 

@@ -355,3 +355,40 @@ def test_one_shot_all_reduce_three_processes(tmp_path):
         assert "dtype" in r["errors"]["dtype"] and "sum" in r["errors"]["op"], r
         assert r["errors"]["offset"][0] == 1 and "multiples of 4" in r["errors"]["offset"][1], r  # SYMM_ERR_INVALID
         assert r["ready"] is False and "host backend has no device kernels" in r["why"], r
+
+
+def test_one_shot_all_reduce_refuses_out_shifted_against_local_input():
+    """An out that overlaps local_input at a shift (one block of the kernel
+    would overwrite input another has not copied yet) is SymmError(INVALID)
+    naming the shift, and writes nothing; the same buffer (in place) works."""
+    import array
+    import ctypes
+
+    import symm
+
+    n = 16
+    p = symm.symm_alloc(4096)
+    st = symm.Store.server()
+    try:
+        h = symm.rendezvous_ptr(p, st, "ar-shift", 0, 1)
+        ctypes.memset(p, 0, 4 * n)
+        buf = array.array("f", [i * 0.5 for i in range(3 * n)])
+        want = buf.tolist()
+        base = buf.buffer_info()[0]
+        cases = ((base + 4, base, "+4"), (base, base + 60, "-60"), (base + 4 * (2 * n - 1), base + 4 * n, "+60"))
+        for out, local, shift in cases:
+            with pytest.raises(symm.SymmError) as e:
+                h.one_shot_all_reduce_ptr(0, n, "float32", out, local_input=local, timeout_ms=1000)
+            assert e.value.code == symm.ErrorCode.INVALID, e.value
+            says = f"the output {out:#x} overlaps local_input {local:#x} (64 bytes each) at a shift of {shift} bytes"
+            assert says in str(e.value), e.value
+            assert buf.tolist() == want, "nothing written"
+            assert ctypes.string_at(p, 4 * n) == bytes(4 * n), "nothing copied in"
+        h.one_shot_all_reduce_ptr(0, n, "float32", base + 4 * n, local_input=base + 4 * n, timeout_ms=1000)
+        assert buf.tolist() == want, "in place: a world of one sums to its local input"
+        assert ctypes.string_at(p, 4 * n) == bytes(buf[n:2 * n]), "local_input copied in"
+        h.one_shot_all_reduce_ptr(0, n, "float32", base, local_input=base + 4 * n, timeout_ms=1000)
+        assert buf[:n] == buf[n:2 * n], "disjoint neighbours"
+    finally:
+        st.close()
+        symm.symm_free(p)
