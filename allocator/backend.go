@@ -65,8 +65,21 @@ type Expander interface {
 	// UnmapChunks releases the memory of [ptr, ptr+size) at once. The pool
 	// calls it only once no work can still use the range (it waits for an
 	// event on the segment's stream first), so the backend does not wait:
-	// no device-wide synchronize.
-	UnmapChunks(dev int, ptr uintptr, size uint64) error
+	// no device-wide synchronize. It returns how many bytes from ptr were
+	// unmapped: size, or on error a prefix of whole chunks (the rest stays
+	// mapped), so that the pool's books can follow exactly what is mapped.
+	UnmapChunks(dev int, ptr uintptr, size uint64) (unmapped uint64, err error)
+}
+
+// ChunkAuditor is an optional part of an Expander that can say which chunks
+// of a reserved range are mapped (the host backend and the test fakes):
+// CheckInvariants then proves, chunk by chunk, that the pool's books equal
+// what the backend really has mapped.
+type ChunkAuditor interface {
+	// MappedChunks reports, for the first size bytes of the range reserved
+	// at base on dev, one entry per chunk of the backend's granularity,
+	// true where it is mapped; and how many bytes of the whole range are.
+	MappedChunks(dev int, base uintptr, size uint64) (chunks []bool, rangeMapped uint64, err error)
 }
 
 // ChunkKeeper is the optional part of an Expander that keeps the physical

@@ -22,8 +22,9 @@ func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 		s.dev.gcClock.Add(1) // the collector's clock: large-pool requests (gc.go)
 	}
 	s.mu.Lock()
-	if len(s.pending) > 0 && s.dev.capture.mayRecord() {
+	if len(s.pending) > 0 && s.dev.capture.hold() {
 		s.processPending(false)
+		s.dev.capture.leave()
 	}
 	var b *block
 	if !s.direct {

@@ -10,11 +10,12 @@ package allocator
 // Called with s.mu held.
 func (s *shard) steal(r uint64, k poolKind) *block {
 	d := s.dev
-	if s.pool != nil || !d.capture.mayRecord() {
+	if s.pool != nil || !d.capture.hold() {
 		// Private pools take nothing from others; and while a capture may be
 		// under way, no event may be recorded or queried.
 		return nil
 	}
+	defer d.capture.leave()
 	for _, o := range d.shardList() {
 		if o == s || o.pool != nil || !o.mu.TryLock() {
 			continue

@@ -58,6 +58,9 @@ func (p *Pool) CheckInvariants() error {
 			name      string
 			got, want int64
 		}{"bytes counted against the limit", committed, reserved + kept})
+		if err := p.auditChunks(d); err != nil {
+			return err
+		}
 		if p.keeper != nil {
 			m, sp := p.keeper.Chunks(d.idx)
 			checks = append(checks, []struct {
@@ -93,6 +96,54 @@ func (p *Pool) CheckInvariants() error {
 	for i := 1; i < len(spans); i++ {
 		if spans[i].lo < spans[i-1].hi {
 			return fmt.Errorf("segments [%#x,%#x) and [%#x,%#x) overlap", spans[i-1].lo, spans[i-1].hi, spans[i].lo, spans[i].hi)
+		}
+	}
+	return nil
+}
+
+// auditChunks compares, chunk by chunk, what each expandable segment of d
+// books as mapped (below seg.size and not a hole) with what the backend has
+// mapped in its range, when the backend can tell (ChunkAuditor): after any
+// failure the two must still agree, or a block may be handed out over
+// memory that is gone.
+func (p *Pool) auditChunks(d *device) error {
+	a, ok := p.backend.(ChunkAuditor)
+	if !ok || p.exp == nil {
+		return nil
+	}
+	for _, s := range d.shardList() {
+		s.mu.Lock()
+		var err error
+		for seg := s.segs; seg != nil && err == nil; seg = seg.snext {
+			if seg.vsize == 0 {
+				continue
+			}
+			have, total, aerr := a.MappedChunks(d.idx, seg.ptr, seg.size)
+			if aerr != nil {
+				err = fmt.Errorf("device %d: expandable segment %#x: %w", d.idx, seg.ptr, aerr)
+				break
+			}
+			if len(have) == 0 || seg.size%uint64(len(have)) != 0 {
+				err = fmt.Errorf("device %d: expandable segment %#x: the backend describes %d bytes in %d chunks", d.idx, seg.ptr, seg.size, len(have))
+				break
+			}
+			g := seg.size / uint64(len(have)) // the backend's granularity divides the pool's chunk
+			for i, m := range have {
+				off := uint64(i) * g
+				if want := seg.holes == nil || !seg.holes.has(off/d.chunk); m != want {
+					err = fmt.Errorf("device %d: expandable segment %#x (%d of %d bytes): the chunk at offset %d is mapped %v in the backend, %v in the pool's books",
+						d.idx, seg.ptr, seg.size, seg.vsize, off, m, want)
+					break
+				}
+			}
+			if mb := seg.mappedBytes(d.chunk); err == nil && total != mb {
+				err = fmt.Errorf("device %d: expandable segment %#x: the backend has %d bytes of its range mapped, the pool's books %d",
+					d.idx, seg.ptr, total, mb)
+			}
+		}
+		s.mu.Unlock()
+		if err != nil {
+			return err
 		}
 	}
 	return nil

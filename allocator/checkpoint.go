@@ -276,7 +276,8 @@ func (p *Pool) RestoreBlocksCapped(dev int, id PoolID, want []BlockInfo, maxFree
 	if err != nil {
 		return Restored{}, err
 	}
-	if rp.busy != nil && d.capture.mayRecord() {
+	if rp.busy != nil && d.capture.hold() {
+		defer d.capture.leave()
 		// No capture can be under way: pending blocks may be waited for,
 		// as EmptyCache would. They are freed already, so this changes no
 		// state the caller can tell apart; then plan again.

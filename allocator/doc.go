@@ -21,7 +21,9 @@
 //     the free has completed: a whole idle segment moves from S to T only
 //     after an event recorded on S, after the free, reports completion.
 //     The pool never blocks the caller for this (except EmptyCache and the
-//     out-of-memory retry, which wait).
+//     out-of-memory retry, which wait, holding no lock another thread's
+//     allocation needs: only a capture that begins meanwhile waits for them,
+//     gate.go). Mapping memory never waits for a stream.
 //   - RecordStream(ptr, U) adds a stream U that must also pass: at free time
 //     an event is recorded on each such U, and the block returns to the
 //     cache only when all of them have completed.

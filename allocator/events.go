@@ -13,7 +13,10 @@ func (s *shard) deferFree(b *block) {
 	d := s.dev
 	b.state = blockPending
 	s.changed() // a pending block joins the bins at a later request: the best fit may differ
-	capturing := !d.capture.mayRecord()
+	capturing := !d.capture.hold()
+	if !capturing {
+		defer d.capture.leave()
+	}
 	b.streams(func(st uintptr) {
 		if capturing {
 			// The stream may be capturing: record the event once no
@@ -37,7 +40,8 @@ func (s *shard) deferFree(b *block) {
 }
 
 // processPending releases the pending blocks whose events have all
-// completed; with wait it first waits for every event. Called with s.mu held.
+// completed; with wait it first waits for every event. Called with s.mu held
+// and the capture gate held (gate.hold).
 func (s *shard) processPending(wait bool) error {
 	d := s.dev
 	var errs []error

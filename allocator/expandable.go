@@ -172,23 +172,37 @@ func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
 	if tail.state == blockFree {
 		but = span{seg, uint64(tail.ptr-seg.ptr) / s.dev.chunk * s.dev.chunk, seg.size}
 	}
-	if err := s.mapAfterFreeing(but, seg.ptr+uintptr(seg.size), need); err != nil {
+	// What was mapped before a failure is booked all the same: the segment
+	// holds it, free, as the backend does.
+	m, err := s.mapAfterFreeing(but, seg.ptr+uintptr(seg.size), need)
+	if m > 0 {
+		tail = s.extend(seg, m)
+	}
+	if err != nil {
 		return nil, err
 	}
-	s.dev.countSegment(k, int64(need), 0)
-	if have > 0 {
+	return tail, nil
+}
+
+// extend adds the m bytes mapped after the end of expandable segment seg to
+// it, counted, and returns its last block, free: the old one grown, or a new
+// one after a live last block. Called with s.mu held.
+func (s *shard) extend(seg *segment, m uint64) *block {
+	s.dev.countSegment(seg.kind, int64(m), 0)
+	tail := seg.tail
+	if tail.state == blockFree {
 		s.removeFree(tail)
-		tail.size += need
-		seg.size += need
+		tail.size += m
+		seg.size += m
 		s.insertFree(tail)
-		return tail, nil
+		return tail
 	}
 	b := s.newBlock()
-	*b = block{ptr: seg.ptr + uintptr(seg.size), size: need, seg: seg, prev: tail}
+	*b = block{ptr: seg.ptr + uintptr(seg.size), size: m, seg: seg, prev: tail}
 	tail.next, seg.tail = b, b
-	seg.size += need
+	seg.size += m
 	s.insertFree(b)
-	return b, nil
+	return b
 }
 
 // newExpandable reserves a new range, maps the chunks that hold r bytes and
@@ -206,21 +220,27 @@ func (s *shard) newExpandable(r uint64, k poolKind) (*block, error) {
 		return nil, fmt.Errorf("expandable segment: reserving %d bytes of address space on device %d: %w", vsize, d.idx, err)
 	}
 	// Free pages of the other segments give back as much as this one maps.
-	if err := s.mapAfterFreeing(span{}, ptr, size); err != nil {
+	m, err := s.mapAfterFreeing(span{}, ptr, size)
+	if m == 0 {
 		if ferr := exp.FreeRange(d.idx, ptr, vsize); ferr != nil {
 			err = errors.Join(err, fmt.Errorf("giving back the range: %w", ferr))
 		}
 		return nil, err
 	}
-	d.countSegment(k, int64(size), 1)
-	seg := &segment{ptr: ptr, size: size, kind: k, vsize: vsize}
+	// A part mapped before a failure makes a smaller segment, booked as
+	// the backend holds it (release gives it back).
+	d.countSegment(k, int64(m), 1)
+	seg := &segment{ptr: ptr, size: m, kind: k, vsize: vsize}
 	s.addSeg(seg)
 	b := s.newBlock()
-	*b = block{ptr: ptr, size: size, seg: seg}
+	*b = block{ptr: ptr, size: m, seg: seg}
 	seg.head, seg.tail = b, b
 	s.insertFree(b)
 	s.addIdle(seg)
 	s.grow[k] = seg
+	if err != nil {
+		return nil, err
+	}
 	return b, nil
 }
 
@@ -250,63 +270,74 @@ func (d *device) countSegment(k poolKind, bytes int64, segments int64) {
 }
 
 // releaseExpandable gives back what the expandable segments of s hold
-// unused: a wholly free segment is unmapped and its range given back, and
-// the chunks wholly inside the free last block of the others are unmapped.
-// Called with privMu held and the capture gate closed, s.mu not held.
+// unused: a wholly free segment is unmapped and its range given back, the
+// chunks wholly inside the free last block of the others are unmapped, and
+// with UnmapFreePages every other free page too. Called with the capture
+// gate held, s.mu not held.
 //
 // cuMemUnmap does not wait for work that may still use the memory. Once the
 // pending frees are waited for (releaseCached does that first), the only
 // work that can use an idle chunk is work queued on s's own stream before
 // the chunk became free. So an event is recorded on that stream under s.mu
-// and waited for without it: a stream that never finishes (a kernel waiting
-// for a lost peer) then stalls only this call, not every allocation of the
-// stream, and the rest of the device is never synchronized. Whatever was
-// free when the event was recorded and has not been handed out since is
-// quiet once it completes; s.births tells whether anything was handed out.
-// A stream that keeps allocating meanwhile makes the pool try again, then
-// wait with s.mu held (the stream only, as processPending does).
+// and waited for without it, once: a stream that never finishes (a kernel
+// waiting for a lost peer) then stalls only this call, never an allocation
+// of the stream, and the rest of the device is never synchronized.
+// Whatever was free when the event was recorded and has not been handed out
+// since is quiet once it completes: s.births tells whether anything was
+// handed out (for the tails), block.freedAt whether a free page was freed
+// again since (s.frees, for free pages). A stream that keeps allocating
+// meanwhile makes the pool list and wait again, a few times; then the tails
+// stay for the next release, rather than wait with s.mu held.
 func (s *shard) releaseExpandable() error {
 	const tries = 3
-	for try := 0; ; try++ {
+	var errs []error
+	for try := 0; try < tries; try++ {
 		s.mu.Lock()
 		then := s.expandableCuts()
-		births := s.births
-		var err error
-		if len(then) > 0 {
-			err = s.waitForStream(try < tries)
-		}
-		if len(then) == 0 || err != nil || s.births == births {
-			if len(then) > 0 && err == nil {
-				err = s.applyCuts(then)
-			}
-			if err == nil {
-				_, err = s.unmapFreePages(^uint64(0)) // with UnmapFreePages: every free page too
-			}
-			if s.kept != 0 { // left by a release that failed while mapping
-				err = errors.Join(err, s.dropSpare())
-			}
+		births, frees := s.births, s.frees
+		pages := s.dev.pool.cfg.UnmapFreePages && s.safe < frees
+		if len(then) == 0 && !pages {
 			s.mu.Unlock()
-			return err
+			break
 		}
-		s.mu.Unlock() // the stream took blocks meanwhile: list again
+		err := s.waitForStream()
+		if err != nil {
+			errs = append(errs, err)
+			s.mu.Unlock()
+			break
+		}
+		s.safe = max(s.safe, frees) // the stream has passed every free counted then
+		errs = append(errs, s.unmapFreePages(s.safe))
+		done := s.births == births
+		if done {
+			errs = append(errs, s.applyCuts(then))
+		}
+		s.mu.Unlock()
+		if done {
+			break
+		}
+		// The stream took blocks meanwhile: list again.
 	}
+	s.mu.Lock()
+	if s.kept != 0 { // left by a mapping whose release of spare chunks failed
+		errs = append(errs, s.dropSpare())
+	}
+	s.mu.Unlock()
+	return errors.Join(errs...)
 }
 
 // waitForStream waits until the work queued on s's stream now has
-// completed, through an event recorded under s.mu; with unlocked, s.mu is
-// released while waiting. Called and returns with s.mu held.
-func (s *shard) waitForStream(unlocked bool) error {
+// completed, through an event recorded under s.mu and waited for without
+// it. Called and returns with s.mu held, and the capture gate held.
+func (s *shard) waitForStream() error {
 	ev, err := s.recordOnStream()
 	if err == nil {
-		if unlocked {
-			s.mu.Unlock()
-		}
+		s.mu.Unlock()
 		err = s.dev.waitEvent(ev)
-		if unlocked {
-			s.mu.Lock()
-		}
+		s.mu.Lock()
 	}
 	if err != nil {
+		s.dev.numReleaseFailures.Add(1)
 		return fmt.Errorf("waiting for stream %#x before unmapping on device %d: %w", s.stream, s.dev.idx, err)
 	}
 	return nil
@@ -366,28 +397,25 @@ func (s *shard) applyCuts(then []cut) error {
 }
 
 // trim unmaps the chunks of seg from offset keep (a chunk boundary inside
-// its free last block) to its mapped end. Called with s.mu held.
+// its free last block) to its mapped end, and shrinks the segment to keep.
+// When an unmap fails, what was unmapped before it is booked as holes of
+// the free last block (dropRun) and the segment keeps its size: its books
+// are what the backend has mapped, and a later release tries again.
+// Called with s.mu held and the capture gate held.
 func (s *shard) trim(seg *segment, keep uint64) error {
 	d := s.dev
-	tail := seg.tail
-	cut := seg.size - keep
 	// Only what is mapped of it: free pages inside may be unmapped already.
-	var mapped uint64
-	err := seg.runs(keep, seg.size, d.chunk, true, func(lo, hi uint64) error {
-		if err := s.unmapRun(seg, lo, hi); err != nil {
-			return err
-		}
-		mapped += hi - lo
-		return nil
-	})
-	if err != nil {
-		return err // nothing after the failed run was unmapped; the tail keeps its size
+	if err := s.dropMapped(seg, keep, seg.size); err != nil {
+		return err
 	}
+	// Every chunk of [keep, seg.size) is a hole now, uncounted: the
+	// segment ends at keep instead.
 	if seg.holes != nil {
 		for off := keep; off < seg.size; off += d.chunk {
 			seg.holes.set(off/d.chunk, false)
 		}
 	}
+	tail := seg.tail
 	s.removeFree(tail)
 	if uintptr(keep) == tail.ptr-seg.ptr {
 		// The whole block was in the unmapped chunks; its neighbour is
@@ -396,13 +424,9 @@ func (s *shard) trim(seg *segment, keep uint64) error {
 		p.next, seg.tail = nil, p
 		s.recycle(tail)
 	} else {
-		tail.size -= cut
+		tail.size -= seg.size - keep
 		s.insertFree(tail)
 	}
 	seg.size = keep
-	t := statType(seg.kind)
-	d.unreserve(mapped, true)
-	d.reserved[t].add(-int64(mapped))
-	d.numDeviceFree.Add(1)
 	return nil
 }

@@ -22,6 +22,13 @@ type fakeBackend struct {
 	allocs    int
 	frees     int
 	failAlloc error // returned by the next Alloc or MapChunks if set
+	// failUnmap, when set, fails the failUnmapCall-th UnmapChunks or
+	// KeepChunks from now (1: the next) after failUnmapAfter of its chunks
+	// were unmapped (a prefix, as the CUDA backend's chunk-by-chunk unmap
+	// fails); failUnmapCall counts down.
+	failUnmap      error
+	failUnmapCall  int
+	failUnmapAfter int
 
 	// Expandable segments: reserved ranges backed by Go memory (only the
 	// chunks marked mapped may be touched) and the mapped chunks.
@@ -36,6 +43,15 @@ type fakeBackend struct {
 	// corrupt memory on a GPU. onSync, when set, runs before each Sync.
 	uses   map[uintptr]fakeUse
 	onSync func()
+	// onEvent, when set, runs (without f.mu) at the start of every event
+	// call: "new", "record", "query", "sync".
+	onEvent func(op string)
+}
+
+func (f *fakeBackend) eventHook(op string) {
+	if f.onEvent != nil {
+		f.onEvent(op)
+	}
 }
 
 type fakeUse struct {
@@ -107,6 +123,7 @@ func (f *fakeBackend) Free(dev int, ptr uintptr, size uint64) error {
 }
 
 func (f *fakeBackend) NewEvent(dev int) (Event, error) {
+	f.eventHook("new")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	e := f.nextEv
@@ -116,6 +133,7 @@ func (f *fakeBackend) NewEvent(dev int) (Event, error) {
 }
 
 func (f *fakeBackend) Record(dev int, ev Event, stream uintptr) error {
+	f.eventHook("record")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.events[ev] = fakeEvent{stream: stream, target: f.submitted[stream], recorded: true}
@@ -123,6 +141,7 @@ func (f *fakeBackend) Record(dev int, ev Event, stream uintptr) error {
 }
 
 func (f *fakeBackend) Query(dev int, ev Event) (bool, error) {
+	f.eventHook("query")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	e := f.events[ev]
@@ -130,6 +149,7 @@ func (f *fakeBackend) Query(dev int, ev Event) (bool, error) {
 }
 
 func (f *fakeBackend) Sync(dev int, ev Event) error {
+	f.eventHook("sync")
 	if f.onSync != nil {
 		f.onSync()
 	}
@@ -269,46 +289,73 @@ func (f *fakeBackend) MapChunks(dev int, ptr uintptr, size uint64) error {
 	return nil
 }
 
-func (f *fakeBackend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
+func (f *fakeBackend) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
 	return f.unmap(dev, ptr, size, false)
 }
 
 // ChunkKeeper: spare chunks keep their place in the capacity (used).
 
 func (f *fakeBackend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
-	if err := f.unmap(dev, ptr, size, true); err != nil {
-		return 0, err
-	}
-	return size, nil
+	return f.unmap(dev, ptr, size, true)
 }
 
 // unmap drops the chunks of [ptr, ptr+size), refusing while work queued on
 // one has not completed (unmapping it would corrupt memory on a GPU); their
-// bytes are released, or with keep become spare chunks.
-func (f *fakeBackend) unmap(dev int, ptr uintptr, size uint64, keep bool) error {
+// bytes are released, or with keep become spare chunks. An injected fault
+// (failUnmap) unmaps a prefix and fails.
+func (f *fakeBackend) unmap(dev int, ptr uintptr, size uint64, keep bool) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.chunks(ptr, size, true); err != nil {
-		return err
+		return 0, err
 	}
 	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
 		if u, ok := f.uses[c]; ok && f.completed[u.stream] < u.seq {
-			return fmt.Errorf("fake: unmap of chunk %#x while work %d of stream %#x on it has not completed", c, u.seq, u.stream)
+			return 0, fmt.Errorf("fake: unmap of chunk %#x while work %d of stream %#x on it has not completed", c, u.seq, u.stream)
 		}
 	}
-	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
+	n, failErr := size, error(nil)
+	if f.failUnmap != nil && f.failUnmapCall > 0 {
+		if f.failUnmapCall--; f.failUnmapCall == 0 {
+			n = min(size, uint64(f.failUnmapAfter)*fakeGranularity)
+			failErr = f.failUnmap
+		}
+	}
+	for c := ptr; c < ptr+uintptr(n); c += fakeGranularity {
 		delete(f.mapped, c)
 		delete(f.uses, c)
 	}
-	f.chunkMapped[dev] -= size
+	f.chunkMapped[dev] -= n
 	if keep {
-		f.chunkSpare[dev] += size
-		return nil
+		f.chunkSpare[dev] += n
+		return n, failErr
 	}
-	f.used[dev] -= size
-	f.chunkHandles[dev] -= size
+	f.used[dev] -= n
+	f.chunkHandles[dev] -= n
 	f.frees++
-	return nil
+	return n, failErr
+}
+
+// MappedChunks reports which chunks of [base, base+size) are mapped, and
+// the bytes mapped in the whole range at base.
+func (f *fakeBackend) MappedChunks(dev int, base uintptr, size uint64) ([]bool, uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b, ok := f.ranges[base]
+	if !ok || size > uint64(len(b)) {
+		return nil, 0, fmt.Errorf("fake: %#x+%d is not the start of a reserved range", base, size)
+	}
+	out := make([]bool, size/fakeGranularity)
+	var total uint64
+	for c := range f.mapped {
+		if c >= base && c < base+uintptr(len(b)) {
+			total += fakeGranularity
+			if i := uint64(c-base) / fakeGranularity; i < uint64(len(out)) {
+				out[i] = true
+			}
+		}
+	}
+	return out, total, nil
 }
 
 func (f *fakeBackend) MapKept(dev int, ptr uintptr, size uint64) error {

@@ -32,7 +32,7 @@ import "errors"
 // (released meanwhile: the collector takes other shards' locks).
 func (s *shard) collectGarbage(r uint64, k poolKind) (*block, error) {
 	d := s.dev
-	if !d.pool.gcOn || s.direct || !d.capture.mayRelease() || d.gcLine() == 0 {
+	if !d.pool.gcOn || s.direct || d.capture.routing() || d.gcLine() == 0 {
 		return nil, nil
 	}
 	s.mu.Unlock()
@@ -67,13 +67,16 @@ func gcCandidate(s *shard, seg *segment) bool {
 // collectGarbage frees idle segments as described above. Called with no
 // shard lock held.
 func (d *device) collectGarbage() error {
-	// privMu keeps the capture gate closed while segments go back (the
-	// check in the caller was only a snapshot).
-	d.privMu.Lock()
-	defer d.privMu.Unlock()
-	if !d.capture.mayRelease() {
+	// The gate stays held while segments go back (the check in the caller
+	// was only a snapshot).
+	if !d.capture.hold() {
 		return nil
 	}
+	defer d.capture.leave()
+	// One collector at a time: a second one would collect again what the
+	// first already brought under the line.
+	d.gcMu.Lock()
+	defer d.gcMu.Unlock()
 	line := d.gcLine()
 	if line == 0 {
 		return nil

@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Segments (Go's mheap): the slow path of an allocation, segments from the
@@ -43,9 +44,15 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 		return b, nil
 	}
 	if b, err = s.newMemory(r, k); err == nil {
+		// A release that failed on the way is counted
+		// (num_release_failures) and left the books right; the request
+		// was served all the same.
 		return b, nil
 	}
 	if !IsOutOfMemory(err) {
+		if relErr != nil {
+			err = fmt.Errorf("%w (releasing the cache before it also failed: %v)", err, relErr)
+		}
 		return nil, err
 	}
 	d.numOOMs.Add(1)
@@ -184,22 +191,22 @@ func (d *device) unreserve(size uint64, counted bool) {
 
 // releaseSegment returns idle segment seg of s to the backend. An
 // expandable one must be quiet: no work of its stream may still use it
-// (releaseExpandable waits for that).
+// (releaseExpandable waits for that). When an unmap fails, what was
+// unmapped before it is booked as holes (dropRun) and the segment stays,
+// idle: its books are what the backend has mapped, and a later release
+// tries again. Called with s.mu held and the capture gate held.
 func (s *shard) releaseSegment(seg *segment) error {
 	d := s.dev
 	var rangeErr error
-	mapped := seg.mappedBytes(d.chunk)
 	if seg.vsize != 0 {
-		err := seg.runs(0, seg.size, d.chunk, true, func(lo, hi uint64) error {
-			return d.unmapChunks(seg.ptr+uintptr(lo), hi-lo)
-		})
-		if err != nil {
-			return fmt.Errorf("unmapping a %d-byte expandable segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
+		if err := s.dropMapped(seg, 0, seg.size); err != nil {
+			return fmt.Errorf("releasing a %d-byte expandable segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
 		}
 		// The memory is gone with the unmap; a range that cannot be given
 		// back leaks address space only, so the segment goes all the same.
-		rangeErr = d.pool.exp.FreeRange(d.idx, seg.ptr, seg.vsize)
-		d.hist.record(ActSegmentUnmap, seg.ptr, seg.size, s.stream)
+		if rangeErr = d.pool.exp.FreeRange(d.idx, seg.ptr, seg.vsize); rangeErr != nil {
+			d.numReleaseFailures.Add(1)
+		}
 		for k := range s.grow {
 			if s.grow[k] == seg {
 				s.grow[k] = nil
@@ -207,10 +214,15 @@ func (s *shard) releaseSegment(seg *segment) error {
 		}
 	} else {
 		if err := d.pool.backend.Free(d.idx, seg.ptr, seg.size); err != nil {
+			d.numReleaseFailures.Add(1)
 			return fmt.Errorf("releasing a %d-byte segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
 		}
 		d.hist.record(ActSegmentFree, seg.ptr, seg.size, s.stream)
+		d.numDeviceFree.Add(1)
 	}
+	// What is still counted: a fixed segment's size; nothing of an
+	// expandable one, whose chunks dropMapped uncounted as it unmapped them.
+	mapped := seg.mappedBytes(d.chunk)
 	s.removeIdle(seg)
 	s.removeFree(seg.head)
 	s.removeSeg(seg)
@@ -224,7 +236,6 @@ func (s *shard) releaseSegment(seg *segment) error {
 	if seg.kind == oversizePool {
 		d.oversizeSegs.add(-1)
 	}
-	d.numDeviceFree.Add(1)
 	if rangeErr != nil {
 		return fmt.Errorf("giving back the address range of an expandable segment at %#x on device %d: %w", seg.ptr, d.idx, rangeErr)
 	}
@@ -234,12 +245,15 @@ func (s *shard) releaseSegment(seg *segment) error {
 // releaseCached waits for every pending block of the device and returns
 // every idle segment to the backend; while any private pool of the device is
 // routing (a capture may be under way) it does nothing.
+//
+// It holds the capture gate throughout (a capture that begins meanwhile
+// waits for it in BeginAllocateToPool, as PyTorch's capture waits for its
+// allocator's mutex), but no lock while it waits for a stream: privMu only
+// to list the shards, each shard's lock only between its waits
+// (waitPending, releaseExpandable). So another thread's allocation never
+// waits for this one's streams; that is the out-of-memory retry's rule too.
 func (d *device) releaseCached() error {
-	var errs []error
-	// privMu keeps every private pool's released state put meanwhile.
-	d.privMu.Lock()
-	defer d.privMu.Unlock()
-	if !d.capture.mayRelease() {
+	if !d.capture.hold() {
 		// A capture may be under way on any stream of the device: the
 		// driver forbids freeing (cuMemFree) and the synchronize before an
 		// unmap during a global-mode capture, and waiting for pending blocks
@@ -248,33 +262,77 @@ func (d *device) releaseCached() error {
 		// end does it.
 		return nil
 	}
+	defer d.capture.leave()
+	// A live graph's memory stays with its pool. A pool found released
+	// here may take a use again meanwhile (BeginAllocateToPool), but its
+	// capture cannot begin before this returns, and only idle segments go.
+	d.privMu.Lock()
+	var shards []*shard
 	for _, s := range d.shardList() {
-		if s.pool != nil && !s.direct && !s.pool.released() {
-			continue // a live graph's memory stays with its pool
+		if s.pool == nil || s.direct || s.pool.released() {
+			shards = append(shards, s)
 		}
+	}
+	d.privMu.Unlock()
+	var errs []error
+	for _, s := range shards {
+		errs = append(errs, s.waitPending())
 		s.mu.Lock()
-		if len(s.pending) > 0 {
-			if err := s.processPending(true); err != nil {
-				errs = append(errs, err)
-			}
-		}
 		for seg := s.idle; seg != nil; {
 			next := seg.inext
 			if seg.vsize == 0 { // expandable ones go below, after their stream
-				if err := s.releaseSegment(seg); err != nil {
-					errs = append(errs, err)
-				}
+				errs = append(errs, s.releaseSegment(seg))
 			}
 			seg = next
 		}
 		s.mu.Unlock()
 		if s.expandable {
-			if err := s.releaseExpandable(); err != nil {
-				errs = append(errs, err)
-			}
+			errs = append(errs, s.releaseExpandable())
 		}
 	}
+	d.privMu.Lock()
 	d.forgetReleased()
+	d.privMu.Unlock()
 	d.numSyncAll.Add(1)
+	return errors.Join(errs...)
+}
+
+// waitPending waits for the record_stream streams of s's pending frees,
+// without s.mu (an event recorded on a stream now covers the events its
+// pending frees recorded earlier), then releases the blocks whose events
+// have completed. Called with the capture gate held, s.mu not held.
+func (s *shard) waitPending() error {
+	d := s.dev
+	var errs []error
+	for round := 0; round < 2; round++ { // a second round for events recorded late (processPending)
+		s.mu.Lock()
+		var streams []uintptr
+		for _, pf := range s.pending {
+			if !slices.Contains(streams, pf.stream) {
+				streams = append(streams, pf.stream)
+			}
+		}
+		s.mu.Unlock()
+		if len(streams) == 0 {
+			break
+		}
+		for _, st := range streams {
+			ev, err := d.getEvent()
+			if err == nil {
+				if err = d.pool.backend.Record(d.idx, ev, st); err != nil {
+					d.putEvent(ev)
+				} else {
+					err = d.waitEvent(ev)
+				}
+			}
+			if err != nil {
+				d.numReleaseFailures.Add(1)
+				errs = append(errs, fmt.Errorf("waiting for stream %#x's pending frees on device %d: %w", st, d.idx, err))
+			}
+		}
+		s.mu.Lock()
+		errs = append(errs, s.processPending(false))
+		s.mu.Unlock()
+	}
 	return errors.Join(errs...)
 }

@@ -174,7 +174,7 @@ func (p *Pool) Snapshot() *Snapshot {
 		for _, s := range d.shardList() {
 			s.mu.Lock()
 			for seg := s.segs; seg != nil; seg = seg.snext {
-				snap.Segments = append(snap.Segments, s.snapshotSegment(seg))
+				snap.Segments = s.snapshotSegments(seg, snap.Segments)
 			}
 			s.mu.Unlock()
 		}
@@ -205,31 +205,62 @@ func (p *Pool) Snapshot() *Snapshot {
 // SnapshotJSON is Snapshot encoded as JSON.
 func (p *Pool) SnapshotJSON() ([]byte, error) { return json.Marshal(p.Snapshot()) }
 
-// snapshotSegment describes seg; called with s.mu held.
-func (s *shard) snapshotSegment(seg *segment) SnapshotSegment {
-	out := SnapshotSegment{
-		Device: s.dev.idx, Address: seg.ptr, TotalSize: seg.size, Stream: s.stream,
-		SegmentType: "large", Frames: []any{}, Blocks: []SnapshotBlock{}, IsExpandable: seg.vsize != 0,
-	}
-	if seg.kind == smallPool {
-		out.SegmentType = "small"
-	}
-	if s.pool != nil && !s.direct {
-		out.PoolID = [2]uint64{s.pool.id.First, s.pool.id.Second}
-	}
-	for b := seg.head; b != nil; b = b.next {
-		sb := SnapshotBlock{Address: b.ptr, Size: b.size, State: "inactive", Frames: []any{}}
+// snapshotSegments describes seg; called with s.mu held. As in PyTorch, an
+// expandable segment is described as one segment per contiguous mapped
+// range: chunks unmapped inside free blocks (free pages, or what a failed
+// release left) split it, and appear in no segment, so total_size adds up
+// to reserved_bytes.
+func (s *shard) snapshotSegments(seg *segment, out []SnapshotSegment) []SnapshotSegment {
+	var cur *SnapshotSegment
+	piece := func(b *block, ptr uintptr, size uint64) {
+		if cur == nil {
+			out = append(out, SnapshotSegment{
+				Device: s.dev.idx, Address: ptr, Stream: s.stream, SegmentType: "large",
+				Frames: []any{}, Blocks: []SnapshotBlock{}, IsExpandable: seg.vsize != 0,
+			})
+			cur = &out[len(out)-1]
+			if seg.kind == smallPool {
+				cur.SegmentType = "small"
+			}
+			if s.pool != nil && !s.direct {
+				cur.PoolID = [2]uint64{s.pool.id.First, s.pool.id.Second}
+			}
+		}
+		sb := SnapshotBlock{Address: ptr, Size: size, State: "inactive", Frames: []any{}}
 		switch b.state {
 		case blockAllocated:
 			sb.State, sb.RequestedSize = "active_allocated", b.req
-			out.AllocatedSize += b.size
-			out.ActiveSize += b.size
-			out.RequestedSize += b.req
+			cur.AllocatedSize += size
+			cur.ActiveSize += size
+			cur.RequestedSize += b.req
 		case blockPending:
 			sb.State, sb.RequestedSize = "active_pending_free", b.req
-			out.ActiveSize += b.size
+			cur.ActiveSize += size
 		}
-		out.Blocks = append(out.Blocks, sb)
+		cur.TotalSize += size
+		cur.Blocks = append(cur.Blocks, sb)
+	}
+	holes, c := seg.holes, s.dev.chunk
+	for b := seg.head; b != nil; b = b.next {
+		if holes == nil || holes.n == 0 || b.state != blockFree {
+			piece(b, b.ptr, b.size) // only free blocks hold unmapped chunks
+			continue
+		}
+		// Cut the free block at its unmapped chunks (wholly inside it).
+		lo, hi := uint64(b.ptr-seg.ptr), uint64(b.ptr-seg.ptr)+b.size
+		for pos := lo; pos < hi; {
+			if i := pos / c; pos%c == 0 && holes.has(i) {
+				cur = nil // a gap: the next mapped piece starts a segment
+				pos += c
+				continue
+			}
+			end := min(hi, (pos/c+1)*c)
+			for end < hi && !holes.has(end/c) {
+				end = min(hi, end+c)
+			}
+			piece(b, seg.ptr+uintptr(pos), end-pos)
+			pos = end
+		}
 	}
 	return out
 }

@@ -169,8 +169,11 @@ func faultyRun(t *testing.T, rate float64, seed uint64, ops host.FaultOps, n int
 			}
 			require.NoError(t, p.RecordStream(at, streams[r.IntN(len(streams))]))
 		case x >= 970: // empty_cache: later allocations go to the backend again
-			if err := p.EmptyCache(); err != nil && ops&host.FaultEvents != 0 {
-				require.ErrorIs(t, err, host.ErrInjectedFault) // a pending block's event, made late
+			if err := p.EmptyCache(); err != nil && ops&(host.FaultEvents|host.FaultUnmap) != 0 {
+				// A pending block's event, made late; or an unmap that
+				// failed partway, booked as it went (the invariants below).
+				require.ErrorIs(t, err, host.ErrInjectedFault)
+				failed = true
 			} else {
 				require.NoError(t, err)
 			}
@@ -191,6 +194,11 @@ func faultyRun(t *testing.T, rate float64, seed uint64, ops host.FaultOps, n int
 	}
 	if ops == host.FaultAlloc {
 		require.EqualValues(t, injected, h.Faults().Injected(), "every injected fault reached the caller")
+	}
+	if ops&host.FaultUnmap != 0 {
+		fails := poolStat(t, p, 0, "num_release_failures") + poolStat(t, p, 1, "num_release_failures")
+		t.Logf("%d failed unmaps and releases carried on past", fails)
+		require.Positive(t, fails, "unmaps failed")
 	}
 	requireEmpty(t, p, h, devices, fds, maps)
 	return injected, ooms
@@ -238,6 +246,29 @@ func TestFreePagesPoolOverFaultyHostBackend(t *testing.T) {
 	injected, _ := faultyRun(t, 0.1, 11, host.FaultAlloc, int(3e4*soakScale(t)),
 		allocator.Config{Expandable: true, UnmapFreePages: true})
 	require.Greater(t, injected, 0)
+}
+
+// Unmaps fail too, partway through their chunks (the CUDA backend unmaps
+// chunk by chunk): at release, at the out-of-memory retry, and when free
+// pages are moved to a new mapping. After each failure CheckInvariants
+// proves, chunk by chunk, that the pool's books are what the backend has
+// mapped (the host backend refuses a second map over a live chunk and an
+// unmap of one not mapped), blocks keep their bytes, and at the end
+// nothing is left.
+func TestPoolOverHostBackendWithUnmapFaults(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		seed uint64
+		cfg  allocator.Config
+	}{
+		{"expandable", 13, allocator.Config{Expandable: true}},
+		{"free pages", 17, allocator.Config{Expandable: true, UnmapFreePages: true}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			injected, _ := faultyRun(t, 0.1, c.seed, host.FaultAlloc|host.FaultUnmap, int(2e4*soakScale(t)), c.cfg)
+			require.Greater(t, injected, 0)
+		})
+	}
 }
 
 // soakScale is SYMM_SOAK_SCALE, the multiplier of the long tests' operation

@@ -1,7 +1,6 @@
 package allocator
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
 	"time"
@@ -24,15 +23,18 @@ import (
 // (GPT-2, ResNet-50, LLM inference) to 1.0008, 1.0013 and 1.0063.
 //
 // A block handed out over unmapped chunks gets them mapped first (mapFor);
-// a failure there is an ordinary out of memory and changes nothing.
+// a failure there is an ordinary out of memory, and what was mapped before
+// it stays mapped and booked (the block stays free).
 // A free block was last used by work on the shard's stream only (a block
 // with record_stream streams is pending until their events complete, never
 // free), so its pages may go once the stream has passed its free: each
 // free counts (shard.frees, block.freedAt), and a quiet event recorded
 // after the latest one tells, when it completes, how far the stream got
-// (passed). Mapping never waits for it: pages not known to be passed stay
-// mapped, and the pool maps new memory instead. Release waits, as for the
-// tails. SYMM_POOL_UNMAP_FREE_PAGES=1 switches it on (off by default).
+// (passed). Mapping never waits for it, not even when it raises the peak of
+// reserved bytes: pages not known to be passed stay mapped, and the pool
+// maps new memory instead (PyTorch's malloc never waits for GPU progress,
+// and a stream may be held by a kernel waiting for a peer this very thread
+// is about to meet). Release waits, as for the tails, without s.mu. SYMM_POOL_UNMAP_FREE_PAGES=1 switches it on (off by default).
 //
 // With a backend that keeps chunks (ChunkKeeper), pages unmapped to make
 // room for a mapping are kept as spare chunks and that mapping takes them
@@ -112,8 +114,10 @@ func (seg *segment) runs(from, to, chunk uint64, mapped bool, fn func(lo, hi uin
 }
 
 // mapFor maps the unmapped chunks under the r bytes that take will hand out
-// of free block b (cutsHigh says from which end). On failure nothing
-// changes. Called with s.mu held.
+// of free block b (cutsHigh says from which end). On failure what was
+// mapped stays mapped and counted (the block stays free: a free block may
+// hold mapped and unmapped chunks alike), and the error says why. Called
+// with s.mu held.
 func (s *shard) mapFor(b *block, r uint64) error {
 	seg := b.seg
 	if seg.holes == nil || seg.holes.n == 0 {
@@ -134,77 +138,84 @@ func (s *shard) mapFor(b *block, r uint64) error {
 	// Free pages elsewhere give back as much as this block takes (not
 	// those under it).
 	defer s.dropSpareAfterMapping()
-	if _, err := s.unmapFreePagesBut(span{seg, lo, hi}, want, false); err != nil {
+	s.makeRoom(span{seg, lo, hi}, want)
+	// runs reads the holes ahead of the run it reports; bookMapped changes
+	// only that run's, behind it.
+	return seg.runs(lo, hi, c, false, func(a, z uint64) error {
+		n, err := s.mapRun(seg.ptr+uintptr(a), z-a)
+		s.bookMapped(seg, a, a+n)
 		return err
-	}
-	var done [][2]uint64
-	err := seg.runs(lo, hi, c, false, func(a, z uint64) error {
-		if err := s.mapRun(seg.ptr+uintptr(a), z-a); err != nil {
-			return err
-		}
-		done = append(done, [2]uint64{a, z})
-		return nil
 	})
+}
+
+// bookMapped counts the chunks [lo, hi) of seg, unmapped until now, as
+// mapped: out of seg.holes and into the reserved statistics (mapRun has
+// counted them against the limit). Called with s.mu held.
+func (s *shard) bookMapped(seg *segment, lo, hi uint64) {
+	if hi <= lo {
+		return
+	}
+	c := s.dev.chunk
+	for off := lo; off < hi; off += c {
+		seg.holes.set(off/c, false)
+	}
+	s.dev.countSegment(seg.kind, int64(hi-lo), 0)
+}
+
+// dropRun unmaps the mapped chunks [lo, hi) of seg, which lie wholly inside
+// one of its free blocks (below seg.size), and books what it unmapped:
+// those chunks become holes of seg (pages.go's invariants) and leave the
+// reserved statistics; their memory leaves the limit too, or with keep
+// stays counted against it as spare chunks for the mapping the pool is
+// about to make (s.kept). It returns the bytes unmapped: hi-lo, or on
+// error a prefix (the backend unmaps chunk by chunk), so that after any
+// failure the pool's books are what the backend has mapped. Called with
+// s.mu held and the capture gate held.
+func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) {
+	d := s.dev
+	t0 := time.Now()
+	var n uint64
+	var err error
+	if keep {
+		n, err = d.pool.keeper.KeepChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
+	} else {
+		n, err = d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
+	}
+	d.unmapped(t0)
+	n = min(n, hi-lo) / d.chunk * d.chunk // a backend's word is checked, not trusted
 	if err != nil {
-		for _, d := range done { // undo: nothing changes on failure
-			if uerr := s.unmapRun(seg, d[0], d[1]); uerr != nil {
-				return fmt.Errorf("%w (undoing the mapping also failed: %v)", err, uerr)
-			}
-			s.dev.unreserve(d[1]-d[0], false) // mapRun counted it against the limit
-		}
+		d.numReleaseFailures.Add(1)
+		err = fmt.Errorf("unmapping %d free bytes of the expandable segment at %#x on device %d (%d of them unmapped): %w",
+			hi-lo, seg.ptr+uintptr(lo), d.idx, n, err)
+	}
+	if n == 0 {
+		return 0, err
+	}
+	if seg.holes == nil {
+		seg.holes = &chunkSet{}
+	}
+	for off := lo; off < lo+n; off += d.chunk {
+		seg.holes.set(off/d.chunk, true)
+	}
+	if keep {
+		s.kept += n
+		d.reserved[stAll].add(-int64(n))
+	} else {
+		d.unreserve(n, true)
+	}
+	d.reserved[statType(seg.kind)].add(-int64(n))
+	d.numDeviceFree.Add(1)
+	d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), n, s.stream)
+	return n, err
+}
+
+// dropMapped unmaps (dropRun) every mapped chunk of seg in [from, to),
+// stopping at the first failure. Called with s.mu held and the gate held.
+func (s *shard) dropMapped(seg *segment, from, to uint64) error {
+	return seg.runs(from, to, s.dev.chunk, true, func(lo, hi uint64) error {
+		_, err := s.dropRun(seg, lo, hi, false)
 		return err
-	}
-	for _, d := range done {
-		for off := d[0]; off < d[1]; off += c {
-			seg.holes.set(off/c, false)
-		}
-		s.dev.countSegment(seg.kind, int64(d[1]-d[0]), 0)
-	}
-	return nil
-}
-
-// unmapRun unmaps the mapped chunks [lo, hi) of seg, uncounted: the caller
-// accounts for them. Called with s.mu held.
-func (s *shard) unmapRun(seg *segment, lo, hi uint64) error {
-	d := s.dev
-	if err := d.unmapChunks(seg.ptr+uintptr(lo), hi-lo); err != nil {
-		return fmt.Errorf("unmapping %d free bytes of the expandable segment at %#x on device %d: %w", hi-lo, seg.ptr, d.idx, err)
-	}
-	d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), hi-lo, s.stream)
-	return nil
-}
-
-// keepRun unmaps the mapped chunks [lo, hi) of seg into s's spare
-// (Pool.keeper), uncounted, and returns how many bytes from lo it kept: all
-// of them, or on error a prefix. Called with s.mu held.
-func (s *shard) keepRun(seg *segment, lo, hi uint64) (uint64, error) {
-	d := s.dev
-	t0 := time.Now()
-	kept, err := d.pool.keeper.KeepChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
-	d.unmapped(t0)
-	if kept > 0 {
-		d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), kept, s.stream)
-	}
-	if err != nil {
-		err = fmt.Errorf("unmapping %d free bytes inside the expandable segment at %#x on device %d into spare chunks: %w", hi-lo, seg.ptr, d.idx, err)
-	}
-	return kept, err
-}
-
-// raisesPeak reports whether mapping n more bytes would raise the device's
-// peak of reserved bytes.
-func (d *device) raisesPeak(n uint64) bool {
-	r := &d.reserved[stAll]
-	return r.cur.Load()+int64(n) > r.peak.Load()
-}
-
-// unmapChunks unmaps n bytes at ptr of an expandable segment, timed and
-// counted (unmapped).
-func (d *device) unmapChunks(ptr uintptr, n uint64) error {
-	t0 := time.Now()
-	err := d.pool.exp.UnmapChunks(d.idx, ptr, n)
-	d.unmapped(t0)
-	return err
+	})
 }
 
 // unmapped counts one call that unmapped chunks, begun at t0
@@ -216,26 +227,28 @@ func (d *device) unmapped(t0 time.Time) {
 
 // mapAfterFreeing maps n bytes at ptr (unmapped chunks of one of s's
 // expandable segments) after unmapping as many bytes of free pages outside
-// but, which that mapping takes first. Called with s.mu held.
-func (s *shard) mapAfterFreeing(but span, ptr uintptr, n uint64) error {
+// but, which that mapping takes first. It returns the bytes mapped from ptr:
+// n, or on error a prefix, mapped and counted against the limit, which the
+// caller books. Called with s.mu held.
+func (s *shard) mapAfterFreeing(but span, ptr uintptr, n uint64) (uint64, error) {
 	defer s.dropSpareAfterMapping()
-	if _, err := s.unmapFreePagesBut(but, n, false); err != nil {
-		return err
-	}
+	s.makeRoom(but, n)
 	return s.mapRun(ptr, n)
 }
 
 // mapRun maps n bytes at ptr, unmapped chunks of one of s's expandable
 // segments: with the chunks s keeps spare first, new ones for the rest.
-// The new bytes are counted against the limit (spare ones are already),
-// not in the statistics (countSegment does that). On failure nothing is
-// mapped or counted and the spare is as it was. Called with s.mu held.
-func (s *shard) mapRun(ptr uintptr, n uint64) error {
+// The bytes mapped are counted against the limit (spare ones are already),
+// not in the statistics (the caller books them). It returns how many bytes
+// from ptr it mapped: n, or on error a prefix (the spare chunks, when only
+// the new ones could not be had), so that nothing needs undoing. Called
+// with s.mu held.
+func (s *shard) mapRun(ptr uintptr, n uint64) (uint64, error) {
 	d := s.dev
 	take := min(s.kept, n)
 	if n > take {
 		if err := d.reserve(n - take); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	t0 := time.Now()
@@ -244,50 +257,27 @@ func (s *shard) mapRun(ptr uintptr, n uint64) error {
 	if take > 0 {
 		if err := d.pool.keeper.MapKept(d.idx, ptr, take); err != nil {
 			d.unreserve(n-take, false)
-			return fmt.Errorf("expandable segment: mapping %d bytes of spare chunks at %#x on device %d: %w", take, ptr, d.idx, err)
+			return 0, fmt.Errorf("expandable segment: mapping %d bytes of spare chunks at %#x on device %d: %w", take, ptr, d.idx, err)
 		}
+		s.kept -= take
+		d.numSpareReused.Add(int64(take / d.chunk))
+		d.hist.record(ActSegmentMap, ptr, take, s.stream)
 	}
 	if n > take {
 		if err := d.pool.exp.MapChunks(d.idx, ptr+uintptr(take), n-take); err != nil {
 			d.unreserve(n-take, false)
-			err = fmt.Errorf("expandable segment: mapping %d more bytes at %#x on device %d: %w", n-take, ptr+uintptr(take), d.idx, err)
-			if take > 0 {
-				err = errors.Join(err, s.unmapSpareAgain(ptr, take))
-			}
-			return err
+			return take, fmt.Errorf("expandable segment: mapping %d more bytes at %#x on device %d: %w", n-take, ptr+uintptr(take), d.idx, err)
 		}
+		d.hist.record(ActSegmentMap, ptr+uintptr(take), n-take, s.stream)
 	}
-	s.kept -= take
-	d.numSpareReused.Add(int64(take / d.chunk))
-	d.hist.record(ActSegmentMap, ptr, n, s.stream)
-	return nil
-}
-
-// unmapSpareAgain undoes MapKept of n bytes at ptr: the chunks go back to
-// the spare, or, those that cannot, are unmapped and released. Called with
-// s.mu held.
-func (s *shard) unmapSpareAgain(ptr uintptr, n uint64) error {
-	d := s.dev
-	kept, err := d.pool.keeper.KeepChunks(d.idx, ptr, n)
-	if err == nil {
-		return nil
-	}
-	// The chunks after the kept prefix are still mapped: they leave the
-	// spare, released.
-	err = fmt.Errorf("undoing a mapping of spare chunks: %w", err)
-	rest := n - kept
-	s.kept -= rest
-	if uerr := d.pool.exp.UnmapChunks(d.idx, ptr+uintptr(kept), rest); uerr != nil {
-		return fmt.Errorf("%w; unmapping them also failed, %d bytes stay mapped unused: %v", err, rest, uerr)
-	}
-	d.unreserve(rest, false)
-	return err
+	return n, nil
 }
 
 // dropSpare releases the spare chunks s kept that the mapping it made did
 // not take, so that the spare is empty between operations. On failure they
 // stay counted in s.kept (and against the limit): the next mapping uses
-// them, and release tries again and reports it. Called with s.mu held.
+// them, and release tries again and reports it. Called with s.mu held and
+// the capture gate held (kept chunks exist only under a hold: makeRoom).
 func (s *shard) dropSpare() error {
 	n := s.kept
 	if n == 0 {
@@ -295,6 +285,7 @@ func (s *shard) dropSpare() error {
 	}
 	d := s.dev
 	if err := d.pool.keeper.ReleaseKept(d.idx, n); err != nil {
+		d.numReleaseFailures.Add(1)
 		return fmt.Errorf("releasing %d bytes of spare chunks on device %d: %w", n, d.idx, err)
 	}
 	s.kept = 0
@@ -304,8 +295,15 @@ func (s *shard) dropSpare() error {
 
 // dropSpareAfterMapping is dropSpare at the end of a mapping, whose
 // outcome does not depend on it: chunks that cannot be released stay kept
-// and counted (see dropSpare).
-func (s *shard) dropSpareAfterMapping() { _ = s.dropSpare() }
+// and counted (see dropSpare; num_release_failures counts it). No capture
+// may begin while chunks are kept: the hold makeRoom took is left here.
+func (s *shard) dropSpareAfterMapping() {
+	if s.holding {
+		_ = s.dropSpare()
+		s.holding = false
+		s.dev.capture.leave()
+	}
+}
 
 // page is a run [lo, hi) of mapped chunks of seg (offsets) wholly inside
 // one of its free blocks.
@@ -359,93 +357,55 @@ func (s *shard) freePages(limit uint64, but span, safe uint64) (pages []page, to
 	return pages, total
 }
 
-// unmapFreePages unmaps up to limit bytes of free pages (freePages) once the
-// work queued on s's stream has completed (waiting for it: release), and
-// returns how many bytes it unmapped. While a graph capture may be under
-// way it does nothing (no event may be recorded, no memory given back).
-// Called with s.mu held; the wait keeps it (this stream's allocations
-// wait, as for a pending free).
-func (s *shard) unmapFreePages(limit uint64) (uint64, error) {
-	return s.unmapFreePagesBut(span{}, limit, true)
-}
-
 // span is a range [lo, hi) of chunk offsets of seg; the zero span is empty.
 type span struct {
 	seg    *segment
 	lo, hi uint64
 }
 
-// unmapFreePagesBut is unmapFreePages leaving the chunks of but alone. With
-// wait false (a mapping of limit bytes is about to be made) only pages
-// freed before the stream's last completed quiet event go (passed), unless
-// the mapping would raise the device's peak of reserved bytes and waiting
-// for the stream would free pages that are not known to be passed yet:
-// then it waits, as release does. A peak is set once, during the first
-// steps of a training loop, so this wait is rare, while a hole freed
-// moments ago is exactly what a mapping at the peak needs (on a GPU the
-// stream is usually still running the work that freed it).
-func (s *shard) unmapFreePagesBut(but span, limit uint64, wait bool) (uint64, error) {
+// makeRoom unmaps up to limit bytes of free pages outside but that the
+// stream is known to have passed (passed: a quiet event asked, never waited
+// for), keeping them as spare chunks for the mapping of limit bytes the
+// caller is about to make, which takes them first. It is an optional step:
+// it never waits for the stream (PyTorch's malloc never waits for GPU
+// progress, and a stream may be held by a kernel waiting for a peer that
+// this very thread is about to meet), and a failure only leaves pages
+// mapped (counted in num_release_failures) while the mapping goes on with
+// new memory. While a graph capture may be under way it does nothing. It
+// takes the capture gate when it acts, for as long as chunks are kept:
+// dropSpareAfterMapping, which the caller defers, leaves it. Called with
+// s.mu held.
+func (s *shard) makeRoom(but span, limit uint64) {
 	d := s.dev
-	if !d.pool.cfg.UnmapFreePages || s.pool != nil || !d.capture.mayRelease() || !d.capture.mayRecord() {
-		return 0, nil
+	if !d.pool.cfg.UnmapFreePages || s.pool != nil || s.holding || !d.capture.hold() {
+		return
 	}
-	mapping := !wait
-	if mapping {
-		s.passed()
-		if s.safe < s.frees && d.raisesPeak(limit) {
-			_, passed := s.freePages(limit, but, s.safe)
-			_, all := s.freePages(limit, but, s.frees)
-			wait = all > passed
-		}
-	}
-	if wait && s.safe < s.frees {
-		tag := s.frees
-		if err := s.waitForStream(false); err != nil {
-			return 0, err
-		}
-		s.safe = tag
-		if mapping {
-			d.numPeakWaits.Add(1)
-		}
-	}
-	pages, total := s.freePages(limit, but, s.safe)
-	if total == 0 {
-		return 0, nil
-	}
-	c := d.chunk
-	// Pages unmapped to make room for a mapping are kept for it (spare
-	// chunks), those unmapped at release are released.
-	keep := mapping && d.pool.keeper != nil
-	var done uint64
+	s.holding = true
+	s.passed()
+	pages, _ := s.freePages(limit, but, s.safe)
+	keep := d.pool.keeper != nil
 	for _, pg := range pages {
-		n, err := pg.hi-pg.lo, error(nil)
-		if keep {
-			n, err = s.keepRun(pg.seg, pg.lo, pg.hi)
-		} else if err = s.unmapRun(pg.seg, pg.lo, pg.hi); err != nil {
-			n = 0
-		}
-		if n > 0 {
-			if pg.seg.holes == nil {
-				pg.seg.holes = &chunkSet{}
-			}
-			for off := pg.lo; off < pg.lo+n; off += c {
-				pg.seg.holes.set(off/c, true)
-			}
-			if keep { // still counted against the limit, as spare
-				s.kept += n
-				d.reserved[stAll].add(-int64(n))
-			} else {
-				d.unreserve(n, true)
-			}
-			d.reserved[statType(pg.seg.kind)].add(-int64(n))
-			d.numDeviceFree.Add(1)
-			done += n
-		}
-		if err != nil {
-			return done, err
+		if _, err := s.dropRun(pg.seg, pg.lo, pg.hi, keep); err != nil {
+			return // counted; what was unmapped is booked
 		}
 	}
-	return done, nil
+}
+
+// unmapFreePages unmaps every free page (freePages) the stream has passed
+// by count safe of s.frees, releasing the memory; release calls it after
+// waiting for the stream without s.mu (releaseExpandable). Called with
+// s.mu held and the capture gate held.
+func (s *shard) unmapFreePages(safe uint64) error {
+	if !s.dev.pool.cfg.UnmapFreePages || s.pool != nil {
+		return nil
+	}
+	pages, _ := s.freePages(^uint64(0), span{}, safe)
+	for _, pg := range pages {
+		if _, err := s.dropRun(pg.seg, pg.lo, pg.hi, false); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // passed advances s.safe to the frees the stream has passed, without
@@ -471,6 +431,6 @@ func (s *shard) passed() {
 		s.quietSet = false
 	}
 	if err == nil && done {
-		s.safe = s.quietTag
+		s.safe = max(s.safe, s.quietTag) // a release may have waited further
 	}
 }

@@ -133,8 +133,9 @@ type device struct {
 	// What expandable segments' chunk mappings cost (libsymm's own
 	// statistics): calls mapping and unmapping chunks inside segments,
 	// the nanoseconds spent in them, chunks mapped from spare ones, and
-	// waits for a stream before a mapping that would raise the peak.
-	numChunkMaps, numChunkUnmaps, chunkMapNs, chunkUnmapNs, numSpareReused, numPeakWaits atomic.Int64
+	// unmaps and releases of cached memory that failed and that the pool
+	// carried on past, its books following what the backend has mapped.
+	numChunkMaps, numChunkUnmaps, chunkMapNs, chunkUnmapNs, numSpareReused, numReleaseFailures atomic.Int64
 	// frontBase is Config.FrontServed at the last ResetAccumulated, under
 	// frontMu.
 	frontMu   sync.Mutex
@@ -153,6 +154,8 @@ type device struct {
 	// the garbage collector is on (Pool.gcOn): a segment's age is the
 	// requests since it became idle (segment.idleAt), PyTorch's gc_count.
 	gcClock atomic.Uint64
+	// gcMu serializes collectors (gc.go); taken with no shard lock held.
+	gcMu sync.Mutex
 
 	// Expandable segments (expandable.go), set once in New: the chunk they
 	// grow and shrink by, and the address space each one reserves.
@@ -195,6 +198,9 @@ type shard struct {
 	// spare (Pool.keeper) for the mapping it is making; 0 between
 	// operations (dropSpare).
 	kept uint64
+	// holding: makeRoom holds the capture gate, until
+	// dropSpareAfterMapping (pages.go).
+	holding bool
 
 	// epoch counts changes to what the best fit sees (epoch.go); nil in
 	// private pools, which no front cache serves. changes is its value,

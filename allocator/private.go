@@ -57,7 +57,6 @@ func (p *Pool) BeginAllocateToPool(dev int, id PoolID) error {
 		return fmt.Errorf("%w: pool id (0, 0) is the default pool; a private pool needs a non-zero id", ErrInvalid)
 	}
 	d.privMu.Lock()
-	defer d.privMu.Unlock()
 	pp := d.privs[id]
 	if pp == nil {
 		if d.privs == nil {
@@ -69,6 +68,10 @@ func (p *Pool) BeginAllocateToPool(dev int, id PoolID) error {
 	pp.uses++
 	pp.active++
 	d.capture.begin()
+	d.privMu.Unlock()
+	// The capture begins after this returns: operations that asked the
+	// gate before it opened finish first (gate.go).
+	d.capture.drain()
 	return nil
 }
 

@@ -55,11 +55,13 @@ var scalarNames = []string{
 	"num_front_cache_hits",
 	// libsymm's own: what mapping and unmapping chunks of expandable
 	// segments costs (growth, Config.UnmapFreePages, release): driver
-	// calls made, microseconds spent in them, chunks mapped again from
-	// spare ones instead of created, and waits for a stream's work before
-	// a mapping that would raise the peak (pages.go).
+	// calls made, microseconds spent in them, and chunks mapped again from
+	// spare ones instead of created (pages.go).
 	"num_chunk_maps", "num_chunk_unmaps", "chunk_map_us", "chunk_unmap_us", "num_spare_chunks_reused",
-	"num_free_page_waits",
+	// libsymm's own: unmaps and releases of cached memory that failed
+	// (release, the out-of-memory retry, free pages); each left the pool's
+	// books equal to what the backend has mapped, and the pool went on.
+	"num_release_failures",
 }
 
 var statNames = func() []string {
@@ -346,7 +348,7 @@ func (p *Pool) Stats(dev int) ([]int64, error) {
 	out = append(out, d.numAllocRetries.Load(), d.numOOMs.Load(), d.numSyncAll.Load(),
 		d.numDeviceAlloc.Load(), d.numDeviceFree.Load(), int64(p.cfg.MaxSplit), hits,
 		d.numChunkMaps.Load(), d.numChunkUnmaps.Load(), d.chunkMapNs.Load()/1000, d.chunkUnmapNs.Load()/1000,
-		d.numSpareReused.Load(), d.numPeakWaits.Load())
+		d.numSpareReused.Load(), d.numReleaseFailures.Load())
 	return out, nil
 }
 
@@ -422,7 +424,7 @@ func (p *Pool) ResetAccumulated(dev int) error {
 	}
 	d.oversizeSegs.resetAccumulated()
 	for _, n := range []*atomic.Int64{&d.numAllocRetries, &d.numOOMs, &d.numSyncAll, &d.numDeviceAlloc, &d.numDeviceFree,
-		&d.numChunkMaps, &d.numChunkUnmaps, &d.chunkMapNs, &d.chunkUnmapNs, &d.numSpareReused, &d.numPeakWaits} {
+		&d.numChunkMaps, &d.numChunkUnmaps, &d.chunkMapNs, &d.chunkUnmapNs, &d.numSpareReused, &d.numReleaseFailures} {
 		n.Store(0)
 	}
 	return nil

@@ -26,8 +26,9 @@ type Virtual struct {
 }
 
 var (
-	_ Backend  = (*Virtual)(nil)
-	_ Expander = (*Virtual)(nil)
+	_ Backend      = (*Virtual)(nil)
+	_ Expander     = (*Virtual)(nil)
+	_ ChunkAuditor = (*Virtual)(nil)
 )
 
 // NewVirtual returns a virtual backend of devices devices of capacity bytes
@@ -205,25 +206,51 @@ func (v *Virtual) MapChunks(dev int, ptr uintptr, size uint64) error {
 	return nil
 }
 
-func (v *Virtual) UnmapChunks(dev int, ptr uintptr, size uint64) error {
+func (v *Virtual) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
 	if err := v.check(dev); err != nil {
-		return err
+		return 0, err
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if err := v.inRange(ptr, size); err != nil {
-		return err
+		return 0, err
 	}
 	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {
 		if !v.mapped[c] {
-			return fmt.Errorf("virtual: unmap of %#x+%d: chunk %#x is not mapped", ptr, size, c)
+			return 0, fmt.Errorf("virtual: unmap of %#x+%d: chunk %#x is not mapped", ptr, size, c)
 		}
 	}
 	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {
 		delete(v.mapped, c)
 	}
 	v.used[dev] -= size
-	return nil
+	return size, nil
+}
+
+// MappedChunks reports which chunks of the first size bytes of the range
+// reserved at base are mapped, and the bytes mapped in all of it
+// (ChunkAuditor).
+func (v *Virtual) MappedChunks(dev int, base uintptr, size uint64) ([]bool, uint64, error) {
+	if err := v.check(dev); err != nil {
+		return nil, 0, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	n, ok := v.ranges[base]
+	if !ok || size > n {
+		return nil, 0, fmt.Errorf("virtual: %#x+%d is not the start of a reserved range", base, size)
+	}
+	out := make([]bool, size/v.gran)
+	var total uint64
+	for c := range v.mapped {
+		if c >= base && c < base+uintptr(n) {
+			total += v.gran
+			if i := uint64(c-base) / v.gran; i < uint64(len(out)) {
+				out[i] = true
+			}
+		}
+	}
+	return out, total, nil
 }
 
 func (v *Virtual) NewEvent(dev int) (Event, error) {

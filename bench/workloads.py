@@ -52,7 +52,7 @@ MODES = ("native", "native_expandable", "symm", "symm_expandable", "symm_mempool
 REPLACE_MODES = ("symm", "symm_expandable", "symm_hooks", "symm_hooks_expandable", "symm_expandable_unmap")
 # libsymm's statistics of what mapping and unmapping chunks cost, per run.
 CHUNK_STATS = ("num_chunk_maps", "num_chunk_unmaps", "chunk_map_us", "chunk_unmap_us", "num_spare_chunks_reused",
-               "num_free_page_waits")
+               "num_release_failures")
 DEFAULT_MODES = MODES[:5]  # the hooks-only modes compare libsymm with and without its extension: opt in
 SEED, WARMUP, POLL_S, MiB = 0, 3, 0.001, 1 << 20
 GPT2_SEQS = (128, 1024, 256, 768, 512, 1000, 64, 900, 333, 1024, 200, 640)
@@ -447,11 +447,11 @@ def chunk_cost_table(by_mode: dict) -> list:
             return statistics.median(v) if v else None
         rows.append(f"| {m} | {_f(med('num_chunk_maps'), '{:.1f}')} | {_f(med('chunk_map_us'), '{:.0f}')} | "
                     f"{_f(med('num_chunk_unmaps'), '{:.1f}')} | {_f(med('chunk_unmap_us'), '{:.0f}')} | "
-                    f"{_f(med('num_spare_chunks_reused'), '{:.1f}')} | {_f(med('num_free_page_waits'), '{:.2f}')} |")
+                    f"{_f(med('num_spare_chunks_reused'), '{:.1f}')} | {_f(med('num_release_failures'), '{:.2f}')} |")
     if not rows:
         return []
     return ["Chunk maps and unmaps per step (median over runs; the whole run, setup included, over its steps):", "",
-            "| mode | maps | µs mapping | unmaps | µs unmapping | spare chunks reused | waits for the stream |",
+            "| mode | maps | µs mapping | unmaps | µs unmapping | spare chunks reused | failed releases |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"] + rows + [""]
 
 

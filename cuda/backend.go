@@ -29,6 +29,13 @@ type Backend struct {
 	spareMu sync.Mutex
 	spare   map[int][]uint64
 	mapped  map[int]uint64
+	// unreleased holds, per device, handles of mapped chunks whose extra
+	// reference MapKept could not drop; dropped again later. Under spareMu.
+	unreleased map[int][]uint64
+
+	// vm is the driver as expandable segments use it (expand.go): d,
+	// except in tests of their failure paths.
+	vm chunkDriver
 }
 
 var _ allocator.Backend = (*Backend)(nil)
@@ -52,7 +59,7 @@ func newBackend(d *driver) (*Backend, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: the driver reports 0 devices (check CUDA_VISIBLE_DEVICES; set SYMM_DEVICE=host to run on host memory)", ErrNoDevice)
 	}
-	return &Backend{d: d, spare: map[int][]uint64{}, mapped: map[int]uint64{}}, nil
+	return &Backend{d: d, vm: d, spare: map[int][]uint64{}, mapped: map[int]uint64{}, unreleased: map[int][]uint64{}}, nil
 }
 
 // Name returns "cuda".

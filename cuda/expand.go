@@ -6,6 +6,7 @@ package cuda
 import "C"
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/libsymm/libsymm/allocator"
@@ -27,10 +28,26 @@ var (
 	_ allocator.ChunkKeeper = (*Backend)(nil)
 )
 
+// chunkDriver is what expandable segments ask of the driver, behind an
+// interface so that their failure paths (a chunk that will not unmap, a
+// handle that will not release) are tested without a GPU (expand_test.go).
+// *driver implements it.
+type chunkDriver interface {
+	granularity(dev int) (minimum, recommended uint64, err error)
+	memCreate(dev int, size uint64) (uint64, error)
+	memRelease(dev int, h uint64) error
+	memMap(dev int, ptr uintptr, size, h uint64) error
+	memUnmap(dev int, ptr uintptr, size uint64) error
+	setAccess(dev int, ptr uintptr, size uint64, devs []int) error
+	retainAllocationHandle(dev int, ptr uintptr) (uint64, error)
+}
+
+var _ chunkDriver = (*driver)(nil)
+
 // Granularity is the driver's minimum allocation granularity on dev (2 MiB
 // on current GPUs).
 func (b *Backend) Granularity(dev int) (uint64, error) {
-	m, _, err := b.d.granularity(dev)
+	m, _, err := b.vm.granularity(dev)
 	return m, err
 }
 
@@ -65,7 +82,7 @@ func (b *Backend) MapChunks(dev int, ptr uintptr, size uint64) error {
 			return undone(err, b.unmapEach(dev, ptr, off, g))
 		}
 	}
-	if err := b.d.setAccess(dev, ptr, size, []int{dev}); err != nil {
+	if err := b.vm.setAccess(dev, ptr, size, []int{dev}); err != nil {
 		return undone(err, b.unmapEach(dev, ptr, size, g))
 	}
 	b.countMapped(dev, int64(size))
@@ -80,16 +97,16 @@ func (b *Backend) countMapped(dev int, n int64) {
 }
 
 func (b *Backend) mapChunk(dev int, at uintptr, g uint64) error {
-	h, err := b.d.memCreate(dev, g)
+	h, err := b.vm.memCreate(dev, g)
 	if err != nil {
 		return err
 	}
-	err = b.d.memMap(dev, at, g, h)
-	if rerr := b.d.memRelease(dev, h); rerr != nil {
+	err = b.vm.memMap(dev, at, g, h)
+	if rerr := b.vm.memRelease(dev, h); rerr != nil {
 		if err == nil {
 			// Mapped, but the handle stays held: unmap it so nothing leaks
 			// unaccounted, and report the release failure.
-			return undone(rerr, b.d.memUnmap(dev, at, g))
+			return undone(rerr, b.vm.memUnmap(dev, at, g))
 		}
 		return undone(err, rerr)
 	}
@@ -100,30 +117,36 @@ func (b *Backend) mapChunk(dev int, at uintptr, g uint64) error {
 func (b *Backend) unmapEach(dev int, ptr uintptr, size, g uint64) error {
 	var first error
 	for off := uint64(0); off < size; off += g {
-		if err := b.d.memUnmap(dev, ptr+uintptr(off), g); err != nil && first == nil {
+		if err := b.vm.memUnmap(dev, ptr+uintptr(off), g); err != nil && first == nil {
 			first = err
 		}
 	}
 	return first
 }
 
-// UnmapChunks frees the memory mapped at [ptr, ptr+size). cuMemUnmap does
-// not wait for work that may still use the memory: the pool waits for the
-// segment's stream before it calls this (PyTorch synchronizes the segment's
-// stream for the same reason), so nothing here synchronizes the device.
-func (b *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
+// UnmapChunks frees the memory mapped at [ptr, ptr+size), chunk by chunk
+// (each is its own allocation), and returns the bytes unmapped: size, or at
+// the first chunk that fails the bytes before it, the rest staying mapped,
+// so that the pool books exactly what went. cuMemUnmap does not wait for
+// work that may still use the memory: the pool waits for the segment's
+// stream before it calls this (PyTorch synchronizes the segment's stream
+// for the same reason), so nothing here synchronizes the device.
+func (b *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
 	g, err := b.Granularity(dev)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
-		return fmt.Errorf("cuda: unmap of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
+		return 0, fmt.Errorf("cuda: unmap of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
 	}
-	err = b.unmapEach(dev, ptr, size, g)
-	if err == nil {
-		b.countMapped(dev, -int64(size))
+	for off := uint64(0); off < size; off += g {
+		if err := b.vm.memUnmap(dev, ptr+uintptr(off), g); err != nil {
+			b.countMapped(dev, -int64(off))
+			return off, err
+		}
 	}
-	return err
+	b.countMapped(dev, -int64(size))
+	return size, nil
 }
 
 // Spare chunks (allocator.ChunkKeeper). A mapped chunk's handle was
@@ -136,23 +159,26 @@ func (b *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
 
 // KeepChunks unmaps [ptr, ptr+size) chunk by chunk, keeping each chunk's
 // memory as a spare handle of dev. On error the chunks before the failing
-// one are kept and the rest stay mapped.
+// one are kept and the rest stay mapped. References a mapping of spare
+// chunks could not drop are dropped first (a failure there is reported by
+// ReleaseKept, which the pool calls after every mapping).
 func (b *Backend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
 	g, err := b.Granularity(dev)
 	if err != nil {
 		return 0, err
 	}
+	_ = b.releaseLeftover(dev)
 	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
 		return 0, fmt.Errorf("cuda: unmap of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
 	}
 	for off := uint64(0); off < size; off += g {
 		at := ptr + uintptr(off)
-		h, err := b.d.retainAllocationHandle(dev, at)
+		h, err := b.vm.retainAllocationHandle(dev, at)
 		if err != nil {
 			return off, err
 		}
-		if err := b.d.memUnmap(dev, at, g); err != nil {
-			return off, undone(err, b.d.memRelease(dev, h))
+		if err := b.vm.memUnmap(dev, at, g); err != nil {
+			return off, undone(err, b.vm.memRelease(dev, h))
 		}
 		b.spareMu.Lock()
 		b.spare[dev] = append(b.spare[dev], h)
@@ -191,31 +217,55 @@ func (b *Backend) MapKept(dev int, ptr uintptr, size uint64) error {
 		return err
 	}
 	for i, h := range hs {
-		if err := b.d.memMap(dev, ptr+uintptr(uint64(i)*g), g, h); err != nil {
+		if err := b.vm.memMap(dev, ptr+uintptr(uint64(i)*g), g, h); err != nil {
 			return giveBack(i, err)
 		}
 	}
-	if err := b.d.setAccess(dev, ptr, size, []int{dev}); err != nil {
+	if err := b.vm.setAccess(dev, ptr, size, []int{dev}); err != nil {
 		return giveBack(n, err)
 	}
 	b.countMapped(dev, int64(size))
-	// The mappings hold the memory now. A reference that cannot be dropped
-	// keeps its chunk alive after the unmap: reported, the mapping stays.
-	var rerr error
-	for _, h := range hs {
-		if err := b.d.memRelease(dev, h); err != nil && rerr == nil {
-			rerr = fmt.Errorf("cuda: mapped %d spare bytes at %#x on device %d, but a handle could not be released (its chunk stays allocated after its unmap): %w", size, ptr, dev, err)
+	// The mappings hold the memory now: the mapping is made, whatever
+	// follows. A reference that cannot be dropped now would keep its chunk
+	// alive after the unmap; it is kept and dropped again by the next
+	// KeepChunks or ReleaseKept, which report it if it still fails.
+	for i, h := range hs {
+		if err := b.vm.memRelease(dev, h); err != nil {
+			b.spareMu.Lock()
+			b.unreleased[dev] = append(b.unreleased[dev], hs[i:]...)
+			b.spareMu.Unlock()
+			break
 		}
 	}
-	return rerr
+	return nil
 }
 
-// ReleaseKept releases size bytes of dev's spare chunks.
+// releaseLeftover drops the references MapKept could not drop. Those that
+// fail again stay, and the first error is returned.
+func (b *Backend) releaseLeftover(dev int) error {
+	b.spareMu.Lock()
+	hs := b.unreleased[dev]
+	b.unreleased[dev] = nil
+	b.spareMu.Unlock()
+	for i, h := range hs {
+		if err := b.vm.memRelease(dev, h); err != nil {
+			b.spareMu.Lock()
+			b.unreleased[dev] = append(b.unreleased[dev], hs[i:]...)
+			b.spareMu.Unlock()
+			return fmt.Errorf("cuda: dropping %d chunk references left by a mapping of spare chunks on device %d (their memory outlives their unmap until then): %w", len(hs)-i, dev, err)
+		}
+	}
+	return nil
+}
+
+// ReleaseKept releases size bytes of dev's spare chunks, and drops the
+// references a mapping of spare chunks could not (MapKept).
 func (b *Backend) ReleaseKept(dev int, size uint64) error {
 	g, err := b.Granularity(dev)
 	if err != nil {
 		return err
 	}
+	leftErr := b.releaseLeftover(dev)
 	n := int(size / g)
 	if size%g != 0 {
 		return fmt.Errorf("cuda: release of %d spare bytes on device %d: not whole %d-byte chunks", size, dev, g)
@@ -231,7 +281,7 @@ func (b *Backend) ReleaseKept(dev int, size uint64) error {
 	b.spareMu.Unlock()
 	var first error
 	for i, h := range hs {
-		if err := b.d.memRelease(dev, h); err != nil {
+		if err := b.vm.memRelease(dev, h); err != nil {
 			// Those not released stay spare, to be released later.
 			b.spareMu.Lock()
 			b.spare[dev] = append(b.spare[dev], hs[i:]...)
@@ -240,7 +290,7 @@ func (b *Backend) ReleaseKept(dev int, size uint64) error {
 			break
 		}
 	}
-	return first
+	return errors.Join(first, leftErr)
 }
 
 // Chunks reports dev's chunk bytes mapped through MapChunks and MapKept and

@@ -19,8 +19,9 @@ import (
 const Granularity = 2 << 20
 
 var (
-	_ allocator.Expander    = (*Backend)(nil)
-	_ allocator.ChunkKeeper = (*Backend)(nil)
+	_ allocator.Expander     = (*Backend)(nil)
+	_ allocator.ChunkKeeper  = (*Backend)(nil)
+	_ allocator.ChunkAuditor = (*Backend)(nil)
 )
 
 // Granularity returns the chunk size (2 MiB).
@@ -50,15 +51,41 @@ func (h *Backend) ReserveRange(dev int, size uint64) (uintptr, error) {
 		munmap(ptr+uintptr(size), uint64(tail))
 	}
 	h.mu.Lock()
-	h.ranges[ptr] = hostRange{dev: dev, size: size}
+	h.ranges[ptr] = hostRange{dev: dev, size: size, chunks: make([]bool, size/Granularity)}
 	h.mu.Unlock()
 	return ptr, nil
 }
 
-// hostRange is a reserved range and the bytes mapped in it.
+// hostRange is a reserved range, the bytes mapped in it and which of its
+// chunks are mapped: a second map over a live chunk, or an unmap of one
+// not mapped, is refused (on a GPU the first would leak and the second
+// fail), so that the pool's fuzzers see such bugs.
 type hostRange struct {
 	dev          int
 	size, mapped uint64
+	chunks       []bool // shares its array with every copy of the value
+}
+
+// mark sets the chunks of [ptr, ptr+size) of r (at base) mapped or not.
+func (r hostRange) mark(base, ptr uintptr, size uint64, on bool) {
+	for i := uint64(ptr-base) / Granularity; i < uint64(ptr-base+uintptr(size))/Granularity; i++ {
+		r.chunks[i] = on
+	}
+}
+
+// checkChunks reports the first chunk of [ptr, ptr+size) of r (at base)
+// whose state is not want.
+func (r hostRange) checkChunks(base, ptr uintptr, size uint64, want bool, op string) error {
+	for i := uint64(ptr-base) / Granularity; i < uint64(ptr-base+uintptr(size))/Granularity; i++ {
+		if r.chunks[i] != want {
+			state := "already mapped"
+			if want {
+				state = "not mapped"
+			}
+			return fmt.Errorf("host: %s of %#x+%d on device %d: chunk %#x is %s", op, ptr, size, r.dev, base+uintptr(i*Granularity), state)
+		}
+	}
+	return nil
 }
 
 func munmap(ptr uintptr, size uint64) error {
@@ -122,6 +149,9 @@ func (h *Backend) MapChunks(dev int, ptr uintptr, size uint64) error {
 	if err != nil {
 		return err
 	}
+	if err := h.ranges[base].checkChunks(base, ptr, size, false, "map"); err != nil {
+		return err
+	}
 	if h.used[dev]+size > h.capacity || size > h.capacity {
 		return &OutOfMemoryError{Dev: dev, Want: size, Used: h.used[dev], Cap: h.capacity}
 	}
@@ -140,6 +170,7 @@ func (h *Backend) MapChunks(dev int, ptr uintptr, size uint64) error {
 	}
 	r := h.ranges[base]
 	r.mapped += size
+	r.mark(base, ptr, size, true)
 	h.ranges[base] = r
 	h.used[dev] += size
 	return nil
@@ -154,8 +185,10 @@ func reserveAgain(ptr uintptr, size uint64) error {
 	return nil
 }
 
-// UnmapChunks gives the pages of [ptr, ptr+size) back; the range stays reserved.
-func (h *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
+// UnmapChunks gives the pages of [ptr, ptr+size) back; the range stays
+// reserved. It returns the bytes unmapped: size, or with an injected fault
+// (FaultUnmap) a prefix of whole chunks, the rest staying mapped.
+func (h *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
 	return h.unmap(dev, ptr, size, false)
 }
 
@@ -166,42 +199,49 @@ func (h *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) error {
 // lack of memory, and the memory counts as the device's until released.
 
 // KeepChunks unmaps [ptr, ptr+size), keeping its size in the capacity as
-// spare chunks of dev.
+// spare chunks of dev; on error a prefix is kept and the rest stays mapped.
 func (h *Backend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
-	if err := h.unmap(dev, ptr, size, true); err != nil {
-		return 0, err
-	}
-	return size, nil
+	return h.unmap(dev, ptr, size, true)
 }
 
 // unmap gives the pages of [ptr, ptr+size) back, the range staying
 // reserved; the bytes leave the device's capacity, or with keep become
-// spare chunks of it.
-func (h *Backend) unmap(dev int, ptr uintptr, size uint64, keep bool) error {
+// spare chunks of it. Every chunk must be mapped (nothing changes if one
+// is not). An injected fault unmaps the chunks before a chosen one and
+// fails, as the CUDA backend's chunk-by-chunk unmap does.
+func (h *Backend) unmap(dev int, ptr uintptr, size uint64, keep bool) (uint64, error) {
 	if err := h.check(dev); err != nil {
-		return err
+		return 0, err
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	base, err := h.rangeOf(dev, ptr, size)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	r := h.ranges[base]
-	if r.mapped < size {
-		return fmt.Errorf("host: unmap of %d bytes at %#x on device %d: only %d bytes of its range are mapped", size, ptr, dev, r.mapped)
+	if err := r.checkChunks(base, ptr, size, true, "unmap"); err != nil {
+		return 0, err
 	}
-	if err := reserveAgain(ptr, size); err != nil {
-		return fmt.Errorf("host: unmapping %d bytes at %#x on device %d: %w", size, ptr, dev, err)
+	n, failErr := size, error(nil)
+	if at := h.pick(FaultUnmap, int(size/Granularity)); at >= 0 {
+		n = uint64(at) * Granularity
+		failErr = h.faults.Err(fmt.Sprintf("unmap of %d bytes on device %d after %d bytes", size, dev, n))
 	}
-	r.mapped -= size
+	if n > 0 {
+		if err := reserveAgain(ptr, n); err != nil {
+			return 0, fmt.Errorf("host: unmapping %d bytes at %#x on device %d: %w", n, ptr, dev, err)
+		}
+	}
+	r.mapped -= n
+	r.mark(base, ptr, n, false)
 	h.ranges[base] = r
 	if keep {
-		h.spare[dev] += size
+		h.spare[dev] += n
 	} else {
-		h.used[dev] -= size
+		h.used[dev] -= n
 	}
-	return nil
+	return n, failErr
 }
 
 // MapKept maps [ptr, ptr+size) with size bytes of dev's spare chunks.
@@ -221,12 +261,16 @@ func (h *Backend) MapKept(dev int, ptr uintptr, size uint64) error {
 	if h.spare[dev] < size {
 		return fmt.Errorf("host: map of %d spare bytes on device %d, which keeps %d", size, dev, h.spare[dev])
 	}
+	if err := h.ranges[base].checkChunks(base, ptr, size, false, "map of spare chunks"); err != nil {
+		return err
+	}
 	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, ptr, uintptr(size), unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED, ^uintptr(0), 0); errno != 0 {
 		return fmt.Errorf("host: mapping %d spare bytes at %#x on device %d: %w", size, ptr, dev, errno)
 	}
 	r := h.ranges[base]
 	r.mapped += size
+	r.mark(base, ptr, size, true)
 	h.ranges[base] = r
 	h.spare[dev] -= size
 	return nil
@@ -260,6 +304,19 @@ func (h *Backend) Chunks(dev int) (mapped, spare uint64) {
 		spare = h.spare[dev]
 	}
 	return mapped, spare
+}
+
+// MappedChunks reports which chunks of the first size bytes of the range
+// reserved at base are mapped, and the bytes mapped in all of it
+// (allocator.ChunkAuditor).
+func (h *Backend) MappedChunks(dev int, base uintptr, size uint64) ([]bool, uint64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r, ok := h.ranges[base]
+	if !ok || r.dev != dev || size > r.size {
+		return nil, 0, fmt.Errorf("host: %#x+%d is not the start of a range reserved on device %d", base, size, dev)
+	}
+	return append([]bool(nil), r.chunks[:size/Granularity]...), r.mapped, nil
 }
 
 // Ranges reports how many expandable ranges are reserved (for leak checks).

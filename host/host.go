@@ -51,6 +51,7 @@ type FaultOps uint8
 const (
 	FaultAlloc  FaultOps = 1 << iota // Alloc, at any of its steps (before, or after the memfd or the mapping is made)
 	FaultEvents                      // NewEvent
+	FaultUnmap                       // UnmapChunks and KeepChunks: a prefix of the chunks is unmapped, then it fails
 )
 
 // WithFaults makes the operations in ops fail at random with probability

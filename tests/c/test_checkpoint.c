@@ -119,7 +119,7 @@ static int accumulated(const char *name) {
          !strcmp(name, "num_device_alloc") || !strcmp(name, "num_device_free") || !strcmp(name, "num_front_cache_hits") ||
          !strcmp(name, "num_chunk_maps") || !strcmp(name, "num_chunk_unmaps") || !strcmp(name, "chunk_map_us") ||
          !strcmp(name, "chunk_unmap_us") || !strcmp(name, "num_spare_chunks_reused") ||
-         !strcmp(name, "num_free_page_waits");
+         !strcmp(name, "num_release_failures");
 }
 
 static void test_reset_accumulated(void) {

@@ -118,14 +118,14 @@ def test_render_chunk_costs(wl):
         row = _row("gpt2", "symm_expandable_unmap", r, 15000, 14900, 14800, 100.0)
         row["steps"] = 48
         row["chunk_stats"] = {"num_chunk_maps": maps, "num_chunk_unmaps": 240, "chunk_map_us": 4800,
-                              "chunk_unmap_us": 960, "num_spare_chunks_reused": 96, "num_free_page_waits": 3}
+                              "chunk_unmap_us": 960, "num_spare_chunks_reused": 96, "num_release_failures": 3}
         rows.append(row)
     rows.append(dict(_row("gpt2", "symm", 1, 15500, 15200, 15067, 99.0), steps=48,
                      chunk_stats={"num_chunk_maps": 0, "num_chunk_unmaps": 0, "chunk_map_us": 0,
                                   "chunk_unmap_us": 0, "num_spare_chunks_reused": 0}))
     md = wl.render(rows, ["gpt2"], ["symm", "symm_expandable_unmap"])
     print(md)
-    assert "| mode | maps | µs mapping | unmaps | µs unmapping | spare chunks reused | waits for the stream |" in md
+    assert "| mode | maps | µs mapping | unmaps | µs unmapping | spare chunks reused | failed releases |" in md
     assert "| symm_expandable_unmap | 10.4 | 100 | 5.0 | 20 | 2.0 | 0.06 |" in md
     assert "| symm | 0.0" not in md  # fixed segments: no chunk costs to show
 

@@ -1,0 +1,160 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// fakeVM is a driver for expandable segments without a GPU: handles with
+// reference counts, a map of mapped chunks, and failures on demand. It lets
+// the failure paths of expand.go run in CI.
+type fakeVM struct {
+	next     uint64
+	refs     map[uint64]int     // handle -> references (creation/retain, mapping)
+	at       map[uintptr]uint64 // mapped chunk -> handle
+	failUnmp map[uintptr]bool   // chunks whose cuMemUnmap fails
+	failRel  int                // cuMemRelease calls that fail, from now on
+}
+
+const fakeG = 2 << 20
+
+func newFakeVM() *fakeVM {
+	return &fakeVM{next: 1, refs: map[uint64]int{}, at: map[uintptr]uint64{}, failUnmp: map[uintptr]bool{}}
+}
+
+var errFake = errors.New("CUDA_ERROR_UNKNOWN (injected)")
+
+func (f *fakeVM) granularity(int) (uint64, uint64, error) { return fakeG, fakeG, nil }
+func (f *fakeVM) memCreate(int, uint64) (uint64, error) {
+	h := f.next
+	f.next++
+	f.refs[h] = 1
+	return h, nil
+}
+func (f *fakeVM) memRelease(_ int, h uint64) error {
+	if f.failRel > 0 {
+		f.failRel--
+		return errFake
+	}
+	if f.refs[h] == 0 {
+		return fmt.Errorf("release of dead handle %d", h)
+	}
+	if f.refs[h]--; f.refs[h] == 0 {
+		delete(f.refs, h)
+	}
+	return nil
+}
+func (f *fakeVM) memMap(_ int, ptr uintptr, _ uint64, h uint64) error {
+	if _, ok := f.at[ptr]; ok {
+		return fmt.Errorf("map over mapped chunk %#x", ptr)
+	}
+	f.at[ptr] = h
+	f.refs[h]++
+	return nil
+}
+func (f *fakeVM) memUnmap(_ int, ptr uintptr, _ uint64) error {
+	if f.failUnmp[ptr] {
+		return errFake
+	}
+	h, ok := f.at[ptr]
+	if !ok {
+		return fmt.Errorf("unmap of unmapped chunk %#x", ptr)
+	}
+	delete(f.at, ptr)
+	if f.refs[h]--; f.refs[h] == 0 {
+		delete(f.refs, h)
+	}
+	return nil
+}
+func (f *fakeVM) setAccess(int, uintptr, uint64, []int) error { return nil }
+func (f *fakeVM) retainAllocationHandle(_ int, ptr uintptr) (uint64, error) {
+	h, ok := f.at[ptr]
+	if !ok {
+		return 0, fmt.Errorf("retain of unmapped %#x", ptr)
+	}
+	f.refs[h]++
+	return h, nil
+}
+
+func fakeBackend(vm *fakeVM) *Backend {
+	return &Backend{vm: vm, spare: map[int][]uint64{}, mapped: map[int]uint64{}, unreleased: map[int][]uint64{}}
+}
+
+// An unmap that fails at a chunk stops there and says how much went: the
+// chunks before it are unmapped, it and those after are still mapped and
+// counted, so the pool can book exactly what the driver holds.
+func TestUnmapChunksReportsThePrefixUnmapped(t *testing.T) {
+	vm := newFakeVM()
+	b := fakeBackend(vm)
+	const base = uintptr(1 << 40)
+	require.NoError(t, b.MapChunks(0, base, 4*fakeG))
+	vm.failUnmp[base+2*fakeG] = true
+	n, err := b.UnmapChunks(0, base, 4*fakeG)
+	require.ErrorIs(t, err, errFake)
+	require.EqualValues(t, 2*fakeG, n)
+	require.Len(t, vm.at, 2, "chunks 2 and 3 stay mapped")
+	mapped, _ := b.Chunks(0)
+	require.EqualValues(t, 2*fakeG, mapped)
+	delete(vm.failUnmp, base+2*fakeG)
+	n, err = b.UnmapChunks(0, base+2*fakeG, 2*fakeG)
+	require.NoError(t, err)
+	require.EqualValues(t, 2*fakeG, n)
+	require.Empty(t, vm.at)
+	require.Empty(t, vm.refs, "every chunk's memory is gone")
+}
+
+// MapKept whose references cannot be dropped once mapped: the mapping is
+// made and reported as made (an error would tell the pool nothing is
+// mapped), and the references are dropped by the next ReleaseKept, which
+// reports them if it cannot.
+func TestMapKeptKeepsItsMappingWhenAReleaseFails(t *testing.T) {
+	vm := newFakeVM()
+	b := fakeBackend(vm)
+	const base = uintptr(1 << 40)
+	require.NoError(t, b.MapChunks(0, base, 3*fakeG))
+	kept, err := b.KeepChunks(0, base, 3*fakeG)
+	require.NoError(t, err)
+	require.EqualValues(t, 3*fakeG, kept)
+	_, spare := b.Chunks(0)
+	require.EqualValues(t, 3*fakeG, spare)
+
+	vm.failRel = 1
+	require.NoError(t, b.MapKept(0, base, 3*fakeG), "mapped, whatever the release said")
+	mapped, spare := b.Chunks(0)
+	require.EqualValues(t, 3*fakeG, mapped)
+	require.Zero(t, spare)
+	require.Len(t, vm.at, 3)
+
+	vm.failRel = 1
+	require.ErrorIs(t, b.ReleaseKept(0, 0), errFake, "a reference still held is reported")
+	require.NoError(t, b.ReleaseKept(0, 0))
+	n, err := b.UnmapChunks(0, base, 3*fakeG)
+	require.NoError(t, err)
+	require.EqualValues(t, 3*fakeG, n)
+	require.Empty(t, vm.refs, "no chunk outlives its unmap")
+}
+
+// KeepChunks failing at a chunk keeps the chunks before it and leaves the
+// rest mapped.
+func TestKeepChunksReportsThePrefixKept(t *testing.T) {
+	vm := newFakeVM()
+	b := fakeBackend(vm)
+	const base = uintptr(1 << 40)
+	require.NoError(t, b.MapChunks(0, base, 3*fakeG))
+	vm.failUnmp[base+fakeG] = true
+	kept, err := b.KeepChunks(0, base, 3*fakeG)
+	require.ErrorIs(t, err, errFake)
+	require.EqualValues(t, fakeG, kept)
+	mapped, spare := b.Chunks(0)
+	require.EqualValues(t, 2*fakeG, mapped)
+	require.EqualValues(t, fakeG, spare)
+	delete(vm.failUnmp, base+fakeG)
+	require.NoError(t, b.ReleaseKept(0, fakeG))
+	n, err := b.UnmapChunks(0, base+fakeG, 2*fakeG)
+	require.NoError(t, err)
+	require.EqualValues(t, 2*fakeG, n)
+	require.Empty(t, vm.refs)
+}
