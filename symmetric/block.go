@@ -77,6 +77,14 @@ type Manager struct {
 
 	dog  watchdog    // background watch of queued signals (watchdog.go)
 	kern kernelState // kernels compiled at run time (kernelsig.go)
+
+	// usage is what Usage reports, changed where blocks, handles and peer
+	// mappings come and go (Alloc, Free, Rendezvous). usageMu is a leaf
+	// lock held for nothing else, so that Usage (the statistics page, every
+	// 250 ms) never waits for a block's lock, which a rendezvous holds for
+	// its whole handshake (up to Config.Timeout).
+	usageMu sync.Mutex
+	usage   Usage
 }
 
 // Config holds the rendezvous settings.
@@ -149,6 +157,7 @@ func (m *Manager) Alloc(dev int, size uint64) (*Block, error) {
 	copy(m.blocks[i+1:], m.blocks[i:])
 	m.blocks[i] = b
 	m.mu.Unlock()
+	m.count(1, Usage{Blocks: 1, Bytes: size})
 	return b, nil
 }
 
@@ -185,10 +194,15 @@ func (m *Manager) Free(ptr uintptr) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.freed = true
+	gone := Usage{Blocks: 1, Bytes: b.bufSize}
 	var errs []error
 	for _, h := range b.handles {
+		u := h.usage()
+		gone.Handles += u.Handles
+		gone.PeerMappings += u.PeerMappings
 		errs = append(errs, h.release())
 	}
+	m.count(-1, gone)
 	b.handles = nil
 	if b.exportFD >= 0 {
 		errs = append(errs, unix.Close(b.exportFD))
@@ -240,24 +254,38 @@ type Usage struct {
 	Bytes                         uint64
 }
 
-// Usage reports the Manager's live blocks, handles and peer mappings.
+// Usage reports the Manager's live blocks, handles and peer mappings. It
+// waits for no block: a block being freed counts until its handles are
+// released, a rendezvous under way counts once its handle is made.
 func (m *Manager) Usage() Usage {
-	m.mu.RLock()
-	blocks := append([]*Block(nil), m.blocks...)
-	m.mu.RUnlock()
-	u := Usage{Blocks: len(blocks)}
-	for _, b := range blocks {
-		u.Bytes += b.bufSize
-		b.mu.Lock()
-		u.Handles += len(b.handles)
-		for _, h := range b.handles {
-			for _, p := range h.peers {
-				if p != nil {
-					u.PeerMappings++
-				}
-			}
+	m.usageMu.Lock()
+	defer m.usageMu.Unlock()
+	return m.usage
+}
+
+// count adds sign (1 or -1) times u to the usage figures.
+func (m *Manager) count(sign int, u Usage) {
+	m.usageMu.Lock()
+	defer m.usageMu.Unlock()
+	m.usage.Blocks += sign * u.Blocks
+	m.usage.Handles += sign * u.Handles
+	m.usage.PeerMappings += sign * u.PeerMappings
+	if sign > 0 {
+		m.usage.Bytes += u.Bytes
+	} else {
+		m.usage.Bytes -= u.Bytes
+	}
+}
+
+// usage is what handle h adds to its Manager's usage: itself and the
+// peers' blocks it maps. Its peers change only before the rendezvous hands
+// it out and in release, under its block's lock (held by the caller).
+func (h *Handle) usage() Usage {
+	u := Usage{Handles: 1}
+	for _, p := range h.peers {
+		if p != nil {
+			u.PeerMappings++
 		}
-		b.mu.Unlock()
 	}
 	return u
 }

@@ -68,6 +68,7 @@ func (m *Manager) Rendezvous(ptr uintptr, g Group) (*Handle, error) {
 		return nil, fmt.Errorf("rendezvous of group %q (rank %d of %d): %w", g.Name, g.Rank, g.World, err)
 	}
 	b.handles[g.Name] = h
+	m.count(1, h.usage())
 	return h, nil
 }
 
