@@ -1,18 +1,30 @@
 // Package publish shares a process's pool statistics with monitors (symm
 // top) through a small file in shared memory, one per process.
 //
-// A process that loads libsymm writes its page to DIR/libsymm-UID-PID (DIR
-// is /dev/shm unless SYMM_PUBLISH_DIR says otherwise), mode 0600, and
-// removes it at exit. A background writer refreshes it a few times a second
-// from the pool's statistics; the cached alloc/free path never touches it.
-// Readers may read while it changes: the writer makes the sequence number
-// odd, writes, and makes it even again (a seqlock), and a reader keeps a
-// copy only when the number was even and the same before and after.
+// A process that loads libsymm writes its page to DIR/libsymm-UID-PID-ID
+// (DIR is /dev/shm unless SYMM_PUBLISH_DIR says otherwise; ID is 16 hex
+// digits drawn at random), mode 0600, and removes it at exit. A background
+// writer refreshes it a few times a second from the pool's statistics; the
+// cached alloc/free path never touches it. Readers may read while it
+// changes: the writer makes the sequence number odd, writes, and makes it
+// even again (a seqlock), and a reader keeps a copy only when the number was
+// even and the same before and after.
+//
+// Identity. /dev/shm is shared across pid namespaces (docker --ipc=host, the
+// containers of one pod), so a pid alone names no process: two writers may
+// have the same pid, and a reader may not see the writer's pid at all. A
+// page is therefore named by its random ID, which makes its path unique (a
+// writer never removes, nor an exit destructor unlinks, another's page), and
+// it records the writer's pid namespace (the inode of /proc/self/ns/pid). A
+// reader removes a page only when it can prove the process dead: same pid
+// namespace as the reader, and the pid gone or started at another time. A
+// page of another namespace is shown while it is refreshed and reported,
+// never removed, once it is not.
 //
 // Layout (little-endian; offsets in bytes):
 //
 //	0    magic "SYMMPUB1"
-//	8    version (u32), file size (u32)
+//	8    version (u32, 2), file size (u32)
 //	16   pid (u32), uid (u32)
 //	24   process start time (u64, clock ticks since boot: /proc/PID/stat field 22)
 //	32   sequence number (u64; odd while the writer is writing)
@@ -24,7 +36,10 @@
 //	336  symmetric memory: blocks, handles, peer mappings (u32 each), 4 zero
 //	     bytes, bytes of live blocks (u64)
 //	360  offset and length of the statistic names (u32 each)
-//	368  per device: the statistics (i64 each, in the order of the names),
+//	368  page ID (u64, the ID of the file name)
+//	376  the writer's pid namespace (u64: inode of /proc/self/ns/pid; 0 if
+//	     unknown)
+//	384  per device: the statistics (i64 each, in the order of the names),
 //	     streams in use (u32), 4 zero bytes, then the stream slots, each
 //	     stream (u64), flags (u64; bit 0: a private pool), allocated,
 //	     reserved and segments (i64 each)
@@ -39,12 +54,14 @@ import (
 
 const (
 	magic          = "SYMMPUB1"
-	version        = 1
-	headerSize     = 368
+	version        = 2
+	headerSize     = 384
 	streamSlotSize = 40
 	cmdlineSize    = 256
 	backendSize    = 16
 	offSeq         = 32
+	offID          = 368
+	offPIDNS       = 376
 	// MaxStreams is how many streams (and pools) per device a page lists;
 	// the rest are summed into the device's statistics only.
 	MaxStreams = 16
@@ -82,9 +99,17 @@ type Symmetric struct {
 
 // Page is one process's published statistics.
 type Page struct {
-	PID       int       `json:"pid"`
-	UID       int       `json:"uid"`
-	Start     uint64    `json:"start_ticks"`
+	PID   int    `json:"pid"`
+	UID   int    `json:"uid"`
+	Start uint64 `json:"start_ticks"`
+	// ID is the page's random identity, as in its file name (hex).
+	ID string `json:"page_id"`
+	// PIDNamespace is the inode of the writer's pid namespace (0: unknown);
+	// OtherNamespace is set by List when it is not the reader's, so PID is
+	// not a pid of the reader's /proc.
+	PIDNamespace   uint64 `json:"pid_namespace"`
+	OtherNamespace bool   `json:"other_pid_namespace,omitempty"`
+
 	Updated   int64     `json:"updated_unix_ns"`
 	Interval  int       `json:"interval_ms"`
 	Backend   string    `json:"backend"`
@@ -149,6 +174,7 @@ func Parse(b []byte) (*Page, error) {
 	}
 	p := &Page{
 		PID: int(le.Uint32(b[16:])), UID: int(le.Uint32(b[20:])), Start: le.Uint64(b[24:]),
+		ID: formatID(le.Uint64(b[offID:])), PIDNamespace: le.Uint64(b[offPIDNS:]),
 		Updated: int64(le.Uint64(b[40:])), Interval: int(le.Uint32(b[48:])),
 		Backend: cstr(b[64 : 64+backendSize]), Command: cstr(b[80 : 80+cmdlineSize]),
 		Symmetric: Symmetric{

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,13 +40,17 @@ func TestWriteAndList(t *testing.T) {
 	fi, err := os.Stat(w.Path())
 	require.NoError(t, err)
 	require.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
-	require.Equal(t, Name(os.Getuid(), os.Getpid()), filepath.Base(w.Path()))
+	require.Regexp(t, fmt.Sprintf(`^libsymm-%d-%d-[0-9a-f]{16}$`, os.Getuid(), os.Getpid()), filepath.Base(w.Path()))
 
 	l := List(dir, os.Getuid())
 	require.Empty(t, l.Problems)
 	require.Len(t, l.Pages, 1)
 	p := l.Pages[0]
 	require.Equal(t, os.Getpid(), p.PID)
+	require.True(t, strings.HasSuffix(w.Path(), "-"+p.ID))
+	require.Equal(t, PIDNamespace(), p.PIDNamespace)
+	require.NotZero(t, p.PIDNamespace)
+	require.False(t, p.OtherNamespace)
 	require.Equal(t, "host", p.Backend)
 	require.Contains(t, p.Command, filepath.Base(os.Args[0]))
 	require.Len(t, p.Devices, 2)
@@ -122,15 +127,19 @@ func TestStaleForeignAndGarbagePages(t *testing.T) {
 	b, err := os.ReadFile(w.Path())
 	require.NoError(t, err)
 	binary.LittleEndian.PutUint32(b[16:], uint32(dead))
-	stale := filepath.Join(dir, Name(os.Getuid(), dead))
+	id := binary.LittleEndian.Uint64(b[offID:])
+	stale := filepath.Join(dir, Name(os.Getuid(), dead, id))
 	require.NoError(t, os.WriteFile(stale, b, 0o600))
 
-	garbage := filepath.Join(dir, Name(os.Getuid(), 1))
+	garbage := filepath.Join(dir, Name(os.Getuid(), 1, 1))
 	require.NoError(t, os.WriteFile(garbage, []byte("not a page at all"), 0o600))
-	open := filepath.Join(dir, Name(os.Getuid(), 2))
+	open := filepath.Join(dir, Name(os.Getuid(), 2, id))
 	require.NoError(t, os.WriteFile(open, b, 0o644))
-	odd := filepath.Join(dir, "libsymm-x")
+	odd := filepath.Join(dir, UserPrefix(os.Getuid())+"x")
 	require.NoError(t, os.WriteFile(odd, nil, 0o600))
+	// Not this user's, or not a page: not looked at.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "libsymm-x"), nil, 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, Name(os.Getuid()+1, 3, 3)), nil, 0o600))
 
 	l := List(dir, os.Getuid())
 	require.Len(t, l.Pages, 1)
@@ -142,15 +151,9 @@ func TestStaleForeignAndGarbagePages(t *testing.T) {
 		errs[p.Path] = p.Err
 	}
 	require.Len(t, errs, 3)
-	require.Contains(t, errs[garbage], "shorter than the 368-byte header")
+	require.Contains(t, errs[garbage], "shorter than the 384-byte header")
 	require.Contains(t, errs[open], "lets other users read or write it")
 	require.Contains(t, errs[odd], "not a page name")
-
-	// Another user's page: what this user sees when the owner differs.
-	other := List(dir, os.Getuid()+1)
-	require.Empty(t, other.Pages)
-	require.NotEmpty(t, other.Problems)
-	require.Contains(t, other.Problems[0].Err, fmt.Sprintf("owned by uid %d, not by uid %d", os.Getuid(), os.Getuid()+1))
 }
 
 func TestParseRejects(t *testing.T) {

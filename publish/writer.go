@@ -1,9 +1,12 @@
 package publish
 
 import (
+	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,8 +26,70 @@ func Dir(getenv func(string) string) string {
 	return "/dev/shm"
 }
 
-// Name is the page file name of process pid of user uid.
-func Name(uid, pid int) string { return fmt.Sprintf("libsymm-%d-%d", uid, pid) }
+// Name is the file name of page id of process pid of user uid.
+func Name(uid, pid int, id uint64) string {
+	return fmt.Sprintf("libsymm-%d-%d-%s", uid, pid, formatID(id))
+}
+
+// UserPrefix starts the names of user uid's pages.
+func UserPrefix(uid int) string { return fmt.Sprintf("libsymm-%d-", uid) }
+
+func formatID(id uint64) string { return fmt.Sprintf("%016x", id) }
+
+// parseName reads a page's file name; ok is false for any other name.
+func parseName(name string) (uid, pid int, id uint64, ok bool) {
+	f := strings.Split(name, "-")
+	if len(f) != 4 || f[0] != "libsymm" {
+		return 0, 0, 0, false
+	}
+	u, err1 := strconv.Atoi(f[1])
+	p, err2 := strconv.Atoi(f[2])
+	i, err3 := strconv.ParseUint(f[3], 16, 64)
+	if err1 != nil || err2 != nil || err3 != nil || Name(u, p, i) != name {
+		return 0, 0, 0, false
+	}
+	return u, p, i, true
+}
+
+// newPageID draws a page's identity (a variable: tests choose it).
+var newPageID = func() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("drawing a page id: %w", err)
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}
+
+// PIDNamespace is the inode of this process's pid namespace, from
+// /proc/self/ns/pid ("pid:[4026531836]"); 0 when it cannot be read.
+func PIDNamespace() uint64 {
+	s, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return 0
+	}
+	var ino uint64
+	if _, err := fmt.Sscanf(s, "pid:[%d]", &ino); err != nil {
+		return 0
+	}
+	return ino
+}
+
+// owner names the owner of path for a message: "uid 1000 (alice)".
+func owner(path string) string {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return "owner unknown: " + err.Error()
+	}
+	return describeUID(int(st.Uid))
+}
+
+// describeUID is "uid N (name)", or "uid N" when the name is unknown.
+func describeUID(uid int) string {
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil && u.Username != "" {
+		return fmt.Sprintf("uid %d (%s)", uid, u.Username)
+	}
+	return fmt.Sprintf("uid %d", uid)
+}
 
 // Source is what a Writer publishes: called by the writer's goroutine only.
 type Source struct {
@@ -47,17 +112,23 @@ type Writer struct {
 	path string
 	// mu serializes Update and Close: an update never writes to a page
 	// that Close has unmapped.
-	mu   sync.Mutex
-	buf  []byte // the mapping of the file; nil once closed
-	l    layout
-	src  Source
-	stop chan struct{}
-	done chan struct{}
+	mu  sync.Mutex
+	buf []byte // the mapping of the file; nil once closed
+	l   layout
+	src Source
+	// pairs are the indexes of statistics "allocated_bytes.X" and
+	// "reserved_bytes.X" (the same X): Update keeps allocated <= reserved.
+	pairs [][2]int
+	stop  chan struct{}
+	done  chan struct{}
 }
 
-// Create makes the page of this process in dir (mode 0600), fills its
+// Create makes a page of this process in dir (mode 0600), fills its
 // constant parts and publishes once. The caller starts the refresh (Run)
-// and removes the page at exit (Close, or Path from a C destructor).
+// and removes the page at exit (Close, or Path from a C destructor). Its
+// path is new (a random ID in the name, O_EXCL): no other page is touched,
+// except pages of this pid and pid namespace whose process has ended
+// (killed before it could remove them).
 func Create(dir string, src Source) (*Writer, error) {
 	if src.Devices < 0 || src.Devices > maxDevices || len(src.Names) > maxStats {
 		return nil, fmt.Errorf("publish: %d devices and %d statistics (at most %d and %d)", src.Devices, len(src.Names), maxDevices, maxStats)
@@ -65,15 +136,27 @@ func Create(dir string, src Source) (*Writer, error) {
 	l := newLayout(src.Devices, len(src.Names), MaxStreams)
 	names := encodeNames(src.Names)
 	size := l.namesOff + len(names)
-	path := filepath.Join(dir, Name(os.Getuid(), os.Getpid()))
-	// O_EXCL after removing a leftover of an earlier process with this pid:
-	// the page is never shared with another writer.
-	_ = os.Remove(path)
+	uid, pid := os.Getuid(), os.Getpid()
+	removeDeadOf(dir, uid, pid)
+	id, err := newPageID()
+	if err != nil {
+		return nil, fmt.Errorf("publish: %w", err)
+	}
+	path := filepath.Join(dir, Name(uid, pid, id))
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if errors.Is(err, unix.EEXIST) {
+		// Not ours (ours are new): left alone, and its owner named.
+		return nil, fmt.Errorf("publish: creating %s: a file is there already, owned by %s; it is not this process's and is left alone", path, owner(path))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("publish: creating %s: %w", path, err)
 	}
 	defer unix.Close(fd)
+	// The umask may have taken bits off: readers trust exactly 0600.
+	if err := unix.Fchmod(fd, 0o600); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("publish: chmod %s: %w", path, err)
+	}
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		os.Remove(path)
 		return nil, fmt.Errorf("publish: sizing %s: %w", path, err)
@@ -83,15 +166,19 @@ func Create(dir string, src Source) (*Writer, error) {
 		os.Remove(path)
 		return nil, fmt.Errorf("publish: mapping %s: %w", path, err)
 	}
-	w := &Writer{path: path, buf: buf, l: l, src: src}
+	w := &Writer{path: path, buf: buf, l: l, src: src, pairs: statPairs(src.Names)}
 	le := binary.LittleEndian
 	copy(buf, magic)
 	le.PutUint32(buf[8:], version)
 	le.PutUint32(buf[12:], uint32(size))
-	le.PutUint32(buf[16:], uint32(os.Getpid()))
-	le.PutUint32(buf[20:], uint32(os.Getuid()))
-	start, _ := StartTicks(os.Getpid())
+	le.PutUint32(buf[16:], uint32(pid))
+	le.PutUint32(buf[20:], uint32(uid))
+	// /proc/self, not /proc/PID: in a pid namespace whose /proc is not its
+	// own, PID there is another process.
+	start, _ := startTicks("/proc/self/stat")
 	le.PutUint64(buf[24:], start)
+	le.PutUint64(buf[offID:], id)
+	le.PutUint64(buf[offPIDNS:], PIDNamespace())
 	le.PutUint32(buf[52:], uint32(l.ndev))
 	le.PutUint32(buf[56:], uint32(l.nstats))
 	le.PutUint32(buf[60:], uint32(l.nstreams))
@@ -102,6 +189,24 @@ func Create(dir string, src Source) (*Writer, error) {
 	copy(buf[l.namesOff:], names)
 	w.Update()
 	return w, nil
+}
+
+// statPairs finds the statistics "allocated_bytes.X" and
+// "reserved_bytes.X" of the same X.
+func statPairs(names []string) [][2]int {
+	idx := make(map[string]int, len(names))
+	for i, n := range names {
+		idx[n] = i
+	}
+	var out [][2]int
+	for i, n := range names {
+		if rest, ok := strings.CutPrefix(n, "allocated_bytes."); ok {
+			if j, ok := idx["reserved_bytes."+rest]; ok {
+				out = append(out, [2]int{i, j})
+			}
+		}
+	}
+	return out
 }
 
 // Path is the page's file.
@@ -122,6 +227,21 @@ func (w *Writer) Update() {
 		vals[i].stats, _ = w.src.Stats(i)
 		if w.src.Streams != nil {
 			vals[i].streams, _ = w.src.Streams(i)
+		}
+		// A pool's statistics are read shard by shard (one lock at a time)
+		// and its reserved bytes after them, so memory freed and released
+		// meanwhile leaves allocated above reserved for one reading. No
+		// state of the pool has that: the page shows allocated <= reserved
+		// (allocated at most reserved), so that monitors draw the bars and
+		// ratios of a state that can exist.
+		if st := vals[i].stats; len(st) == w.l.nstats {
+			for _, p := range w.pairs {
+				st[p[0]] = min(st[p[0]], st[p[1]])
+			}
+		}
+		for k := range vals[i].streams {
+			s := &vals[i].streams[k]
+			s.Allocated = min(s.Allocated, s.Reserved)
 		}
 	}
 	var sym Symmetric
@@ -216,7 +336,11 @@ func commandLine() string {
 // 22 of /proc/PID/stat): with the pid, it names one process, so a page of a
 // dead process is told from one of a new process that got its pid.
 func StartTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	return startTicks("/proc/" + strconv.Itoa(pid) + "/stat")
+}
+
+func startTicks(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -225,11 +349,11 @@ func StartTicks(pid int) (uint64, error) {
 	// fields after the last ')'.
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
+		return 0, fmt.Errorf("%s: no command field", path)
 	}
 	f := strings.Fields(s[i+1:])
 	if len(f) < 20 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command", pid, len(f))
+		return 0, fmt.Errorf("%s: %d fields after the command", path, len(f))
 	}
 	return strconv.ParseUint(f[19], 10, 64) // field 22 overall
 }

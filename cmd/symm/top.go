@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/term"
 
@@ -72,10 +74,11 @@ func top(args []string, stdout, stderr io.Writer) int {
 		o.dir = publish.Dir(os.Getenv)
 	}
 	if o.json {
-		snap := takeSnapshot(o.dir)
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(snap); err != nil {
+		b, err := json.MarshalIndent(takeSnapshot(o.dir), "", "  ")
+		if err == nil {
+			_, err = stdout.Write(append(jsonSafe(b), '\n'))
+		}
+		if err != nil {
 			fmt.Fprintf(stderr, "symm top: %v\n", err)
 			return exitFailure
 		}
@@ -106,7 +109,10 @@ func sortIndex(col string) int {
 	return -1
 }
 
-// snapshot is what symm top shows at one moment (and --json prints).
+// snapshot is what symm top shows at one moment (and --json prints). Its
+// strings come from other programs (command lines) and from a shared
+// directory (file names): they are shown only through textView, which
+// escapes them, or as JSON.
 type snapshot struct {
 	Time      time.Time            `json:"time"`
 	Processes []*publish.Page      `json:"processes"`
@@ -122,7 +128,7 @@ type deviceTotals struct{ allocated, reserved int64 }
 
 func takeSnapshot(dir string) *snapshot {
 	l := publish.List(dir, os.Getuid())
-	s := &snapshot{Time: time.Now(), Processes: l.Pages, Problems: l.Problems, Removed: l.Removed, Totals: map[int]deviceTotals{}}
+	s := &snapshot{Time: time.Now(), Processes: l.Pages, Problems: l.Problems, Removed: l.Removed}
 	if s.Processes == nil {
 		s.Processes = []*publish.Page{}
 	}
@@ -131,6 +137,13 @@ func takeSnapshot(dir string) *snapshot {
 	} else {
 		s.GPUs = g
 	}
+	s.sum()
+	return s
+}
+
+// sum fills Totals from the processes' pages.
+func (s *snapshot) sum() {
+	s.Totals = map[int]deviceTotals{}
 	for _, p := range s.Processes {
 		for _, d := range p.Devices {
 			t := s.Totals[d.Index]
@@ -139,8 +152,12 @@ func takeSnapshot(dir string) *snapshot {
 			s.Totals[d.Index] = t
 		}
 	}
-	return s
 }
+
+// cachedBytes is reserved less allocated, never below zero: a page of a
+// writer that does not clamp (an older libsymm) may carry allocated above
+// reserved, read shard by shard.
+func cachedBytes(allocated, reserved int64) int64 { return max(reserved-allocated, 0) }
 
 // row is one process on one device: a line of the table.
 type row struct {
@@ -168,7 +185,7 @@ func (s *snapshot) rows(col string) []row {
 			st := d.Stats
 			out = append(out, row{page: p, dev: d.Index,
 				allocated: st["allocated_bytes.all.current"], reserved: st["reserved_bytes.all.current"],
-				peak: st["reserved_bytes.all.peak"], cached: st["reserved_bytes.all.current"] - st["allocated_bytes.all.current"],
+				peak: st["reserved_bytes.all.peak"], cached: cachedBytes(st["allocated_bytes.all.current"], st["reserved_bytes.all.current"]),
 				ooms: st["num_ooms"]})
 		}
 	}
@@ -234,14 +251,84 @@ func tableLine(r row) string {
 	if s := r.page.Symmetric; s.Blocks > 0 {
 		sym = fmt.Sprintf("%d/%s", s.Blocks, human(int64(s.Bytes)))
 	}
-	return fmt.Sprintf(tableFormat, fmt.Sprint(r.page.PID), fmt.Sprint(r.dev), human(r.allocated), human(r.reserved),
+	return fmt.Sprintf(tableFormat, pidLabel(r.page), fmt.Sprint(r.dev), human(r.allocated), human(r.reserved),
 		human(r.peak), human(r.cached), fmt.Sprint(r.ooms), sym, oneLine(r.page.Command))
 }
 
+// pidLabel is a page's pid, marked with * when it is a pid of another pid
+// namespace (not one of this /proc).
+func pidLabel(p *publish.Page) string {
+	if p.OtherNamespace {
+		return fmt.Sprintf("%d*", p.PID)
+	}
+	return fmt.Sprint(p.PID)
+}
+
 // oneLine is a command line on one line: runs of white space (newlines of
-// a python -c script included) and control characters become one space.
+// a python -c script included) become one space. Other control characters
+// are left for printable to escape.
 func oneLine(s string) string {
-	return strings.Join(strings.FieldsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f }), " ")
+	return strings.Join(strings.FieldsFunc(s, func(r rune) bool {
+		return r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\v' || r == '\f'
+	}), " ")
+}
+
+// printable escapes what a terminal would act on instead of showing: C0
+// controls, DEL and C1 controls (U+0080-U+009F: a terminal may take U+009B
+// for CSI) as \xNN or \u00NN, and bytes that are not UTF-8 as \xNN. Every
+// line symm top shows, in text or in the live view, passes through it:
+// command lines and file names are other programs' text.
+func printable(s string) string {
+	clean := true
+	for _, r := range s {
+		if isControl(r) || r == utf8.RuneError {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r < 0x80 && isControl(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case isControl(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
+func isControl(r rune) bool { return r < 0x20 || (r >= 0x7f && r <= 0x9f) }
+
+// jsonSafe escapes DEL and the C1 controls in encoded JSON (encoding/json
+// escapes those of C0 in strings), so that JSON printed to a terminal
+// carries no control either. Outside strings JSON is printable ASCII, so every one found is in
+// a string, where \u00NN means the same character.
+func jsonSafe(b []byte) []byte {
+	unescaped := func(r rune) bool { return r >= 0x7f && r <= 0x9f }
+	if !bytes.ContainsFunc(b, unescaped) {
+		return b
+	}
+	out := make([]byte, 0, len(b)+32)
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if unescaped(r) {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		} else {
+			out = append(out, b[i:i+n]...)
+		}
+		i += n
+	}
+	return out
 }
 
 // barWidth is the device bars' width in cells.
@@ -250,10 +337,11 @@ const barWidth = 50
 // bar draws one device: libsymm's allocated (#), its cached free (=), the
 // device's other used memory (-: CUDA contexts, libraries, other processes)
 // and free memory (.), from NVML's totals; without them, allocated within
-// reserved only.
+// reserved only. The bar is always barWidth cells, whatever the figures
+// (allocated above reserved, reserved above NVML's total, a total of 0).
 func (s *snapshot) bar(dev int) string {
 	t := s.Totals[dev]
-	cached := t.reserved - t.allocated
+	cached := cachedBytes(t.allocated, t.reserved)
 	var g *topology.GPUMemory
 	for i := range s.GPUs {
 		if s.GPUs[i].Index == dev {
@@ -261,17 +349,33 @@ func (s *snapshot) bar(dev int) string {
 		}
 	}
 	if g == nil {
-		total := max(t.reserved, 1)
-		n := barWidth * t.allocated / total
-		return fmt.Sprintf("GPU %-2d [%s%s] %s allocated, %s cached", dev, strings.Repeat("#", int(n)),
-			strings.Repeat("=", int(barWidth-n)), human(t.allocated), human(cached))
+		parts := barParts(max(t.reserved, t.allocated), t.allocated)
+		return fmt.Sprintf("GPU %-2d [%s%s] %s allocated, %s cached", dev, strings.Repeat("#", parts[0]),
+			strings.Repeat("=", barWidth-parts[0]), human(t.allocated), human(cached))
 	}
 	total, other := int64(g.Total), max(int64(g.Used)-t.reserved, 0)
-	cells := func(b int64) int { return int(barWidth * b / total) }
-	a, c, o := cells(t.allocated), cells(cached), cells(other)
-	b := strings.Repeat("#", a) + strings.Repeat("=", c) + strings.Repeat("-", o) + strings.Repeat(".", max(barWidth-a-c-o, 0))
+	parts := barParts(total, t.allocated, cached, other)
+	b := strings.Repeat("#", parts[0]) + strings.Repeat("=", parts[1]) + strings.Repeat("-", parts[2])
+	b += strings.Repeat(".", barWidth-parts[0]-parts[1]-parts[2])
 	return fmt.Sprintf("GPU %-2d [%s] %s allocated, %s cached, %s other, %s free of %s", dev, b,
 		human(t.allocated), human(cached), human(other), human(int64(g.Free)), human(total))
+}
+
+// barParts gives each of parts its share of barWidth cells, as a part of
+// total, in order, each clamped so that the parts never take more than
+// barWidth cells together (nor less than 0 each).
+func barParts(total int64, parts ...int64) []int {
+	out := make([]int, len(parts))
+	left := barWidth
+	for i, p := range parts {
+		n := 0
+		if total > 0 && p > 0 {
+			n = int(min(float64(barWidth)*float64(p)/float64(total), barWidth))
+		}
+		out[i] = min(n, left)
+		left -= out[i]
+	}
+	return out
 }
 
 // devicesShown are the devices with a bar: NVML's, else those the
@@ -309,11 +413,16 @@ func (s *snapshot) textView(col string, pid int) []string {
 		lines = append(lines, s.detail(pid)...)
 	} else {
 		lines = append(lines, tableHeader())
+		other := false
 		for _, r := range s.rows(col) {
 			lines = append(lines, tableLine(r))
+			other = other || r.page.OtherNamespace
 		}
 		if len(s.Processes) == 0 {
 			lines = append(lines, "(no libsymm process of this user publishes statistics here)")
+		}
+		if other {
+			lines = append(lines, "(* a pid of another pid namespace, e.g. a container sharing /dev/shm: not a pid of this /proc)")
 		}
 	}
 	for _, p := range s.Problems {
@@ -321,6 +430,9 @@ func (s *snapshot) textView(col string, pid int) []string {
 	}
 	for _, r := range s.Removed {
 		lines = append(lines, fmt.Sprintf("removed %s: its process is gone", r))
+	}
+	for i, l := range lines {
+		lines[i] = printable(l)
 	}
 	return lines
 }
@@ -337,7 +449,10 @@ func (s *snapshot) detail(pid int) []string {
 	if p == nil {
 		return []string{fmt.Sprintf("process %d publishes no statistics here (gone, or not a libsymm process of this user)", pid)}
 	}
-	lines := []string{fmt.Sprintf("process %d: %s (backend %s, refreshed every %d ms)", p.PID, oneLine(p.Command), p.Backend, p.Interval)}
+	lines := []string{fmt.Sprintf("process %s: %s (backend %s, refreshed every %d ms)", pidLabel(p), oneLine(p.Command), p.Backend, p.Interval)}
+	if p.OtherNamespace {
+		lines = append(lines, fmt.Sprintf("(pid %d of pid namespace pid:[%d], not this one's; page %s)", p.PID, p.PIDNamespace, p.ID))
+	}
 	for _, d := range p.Devices {
 		st := d.Stats
 		lines = append(lines, "", fmt.Sprintf("device %d", d.Index),
@@ -345,7 +460,7 @@ func (s *snapshot) detail(pid int) []string {
 		for _, pool := range []struct{ name, key string }{{"all", "all"}, {"small blocks (<= 1 MiB)", "small_pool"}, {"large blocks", "large_pool"}} {
 			a, r := st["allocated_bytes."+pool.key+".current"], st["reserved_bytes."+pool.key+".current"]
 			lines = append(lines, fmt.Sprintf("  %-26s %10s %10s %10s %10s %9d", pool.name, human(a), human(r),
-				human(st["reserved_bytes."+pool.key+".peak"]), human(r-a), st["segment."+pool.key+".current"]))
+				human(st["reserved_bytes."+pool.key+".peak"]), human(cachedBytes(a, r)), st["segment."+pool.key+".current"]))
 		}
 		lines = append(lines, fmt.Sprintf("  allocations %d (peak %d), OOMs %d, retries %d, front-cache hits %d, chunk maps %d, unmaps %d",
 			st["allocation.all.current"], st["allocation.all.peak"], st["num_ooms"], st["num_alloc_retries"],
@@ -417,7 +532,13 @@ func newRecorder(path string) (*recorder, error) {
 		return r, nil
 	}
 	if filepath.Ext(path) == ".jsonl" {
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		// 0600 like the pages it copies, and never through a link.
+		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+		if err == nil {
+			if err = f.Chmod(0o600); err != nil { // made by someone else before
+				f.Close()
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("--record: %w", err)
 		}
@@ -435,7 +556,7 @@ func (r *recorder) add(s *snapshot) error {
 		if err != nil {
 			return err
 		}
-		if _, err := r.jsonl.Write(append(b, '\n')); err != nil {
+		if _, err := r.jsonl.Write(append(jsonSafe(b), '\n')); err != nil {
 			return fmt.Errorf("--record: %w", err)
 		}
 		return nil
@@ -473,18 +594,19 @@ func (r *recorder) add(s *snapshot) error {
 	return r.writePlot()
 }
 
-// writePlot rewrites the chart, through a temporary file, so that a
-// recorder stopped at any moment leaves a whole chart behind.
+// writePlot rewrites the chart, through a new temporary file (0600, like
+// the pages it draws) renamed over it, so that a recorder stopped at any
+// moment leaves a whole chart behind and no link is followed.
 func (r *recorder) writePlot() error {
 	var series []plotSeries
 	for _, n := range r.order {
 		series = append(series, *r.series[n])
 	}
-	tmp := r.path + ".tmp"
-	f, err := os.Create(tmp)
+	f, err := os.CreateTemp(filepath.Dir(r.path), "."+filepath.Base(r.path)+".*.tmp")
 	if err != nil {
 		return fmt.Errorf("--record: %w", err)
 	}
+	tmp := f.Name()
 	title := "symm top --record: memory of libsymm processes over time"
 	if filepath.Ext(r.path) == ".html" {
 		err = writePlotHTML(f, title, "seconds", "bytes", series)

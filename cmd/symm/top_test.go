@@ -12,12 +12,14 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gdamore/tcell/v2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/libsymm/libsymm/allocator"
 	"github.com/libsymm/libsymm/publish"
+	"github.com/libsymm/libsymm/topology"
 )
 
 // fakePage publishes, from this test process, a page whose device 0 holds
@@ -70,7 +72,7 @@ func TestTopJSONAndText(t *testing.T) {
 	a.Store(3 << 20)
 	r.Store(8 << 20)
 	fakePage(t, dir, &a, &r)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, publish.Name(os.Getuid(), 1)), []byte("garbage"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, publish.Name(os.Getuid(), 1, 1)), []byte("garbage"), 0o600))
 
 	code, out, errs := runSymm(t, "top", "--json", "--dir", dir)
 	require.Equal(t, exitOK, code, errs)
@@ -92,7 +94,7 @@ func TestTopJSONAndText(t *testing.T) {
 	require.Contains(t, out, "1 libsymm processes - sorted by reserved")
 	require.Contains(t, out, tableHeader())
 	require.Regexp(t, `\n +`+itoa(os.Getpid())+` +0 +3\.0 MiB +8\.0 MiB +8\.0 MiB +5\.0 MiB +2 +1/1\.0 MiB `, out)
-	require.Contains(t, out, "skipped "+filepath.Join(dir, publish.Name(os.Getuid(), 1)))
+	require.Contains(t, out, "skipped "+filepath.Join(dir, publish.Name(os.Getuid(), 1, 1)))
 
 	code, out, _ = runSymm(t, "top", "--once", "--dir", dir, "--pid", itoa(os.Getpid()))
 	require.Equal(t, exitOK, code)
@@ -175,21 +177,7 @@ func TestTopLiveView(t *testing.T) {
 	// simulation screen is not safe to read while it draws).
 	var mu sync.Mutex
 	var shown string
-	read := func() string {
-		cells, w, h := sc.GetContents()
-		var b strings.Builder
-		for y := 0; y < h; y++ {
-			for x := 0; x < w; x++ {
-				if rs := cells[y*w+x].Runes; len(rs) > 0 {
-					b.WriteRune(rs[0])
-				} else {
-					b.WriteByte(' ')
-				}
-			}
-			b.WriteByte('\n')
-		}
-		return b.String()
-	}
+	read := func() string { return screenText(sc) }
 	done := make(chan error)
 	go func() {
 		done <- topLoop(sc, topOptions{interval: 20 * time.Millisecond, sortBy: "reserved", dir: dir}, &recorder{}, nil,
@@ -218,4 +206,172 @@ func TestTopLiveView(t *testing.T) {
 	}
 }
 
+// screenText is what the simulation screen shows, a line per row, every
+// rune of every cell (a cell drawn with several runes shows them all).
+func screenText(sc tcell.SimulationScreen) string {
+	cells, w, h := sc.GetContents()
+	var b strings.Builder
+	for y := 0; y < h; y++ {
+		for x := 0; x < w; x++ {
+			if rs := cells[y*w+x].Runes; len(rs) > 0 {
+				for _, r := range rs {
+					b.WriteRune(r)
+				}
+			} else {
+				b.WriteByte(' ')
+			}
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// A page may carry allocated above reserved (a writer that summed its pool
+// shard by shard and did not clamp): no bar, table or detail breaks on it,
+// with or without NVML, whatever NVML says.
+func TestTopAllocatedAboveReserved(t *testing.T) {
+	st := map[string]int64{
+		"allocated_bytes.all.current": 9 << 20, "reserved_bytes.all.current": 5 << 20, "reserved_bytes.all.peak": 5 << 20,
+		"allocated_bytes.large_pool.current": 9 << 20, "reserved_bytes.large_pool.current": 5 << 20,
+	}
+	page := &publish.Page{PID: 7, Command: "train.py", Backend: "cuda", Devices: []publish.Device{{Index: 0, Stats: st,
+		Streams: []publish.Stream{{Stream: 1, Allocated: 9 << 20, Reserved: 5 << 20}}}}}
+	for name, gpus := range map[string][]topology.GPUMemory{
+		"no NVML":                  nil,
+		"NVML":                     {{Index: 0, Total: 16 << 20, Used: 6 << 20, Free: 10 << 20}},
+		"reserved above the total": {{Index: 0, Total: 4 << 20, Used: 8 << 20}},
+		"no total":                 {{Index: 0}},
+	} {
+		s := &snapshot{Time: time.Now(), Processes: []*publish.Page{page}, GPUs: gpus,
+			Totals: map[int]deviceTotals{0: {allocated: 9 << 20, reserved: 5 << 20}}}
+		for _, pid := range []int{0, 7} {
+			lines := s.textView("cached", pid)
+			bar := lines[1]
+			require.True(t, strings.HasPrefix(bar, "GPU 0  ["), "%s: %s", name, bar)
+			require.Equal(t, barWidth, strings.Index(bar, "]")-strings.Index(bar, "[")-1, "%s: %s", name, bar)
+			require.Contains(t, bar, "0 B cached", name)
+			require.NotContains(t, strings.Join(lines, "\n"), "-4.0 MiB", name)
+		}
+		sc := tcell.NewSimulationScreen("UTF-8")
+		require.NoError(t, sc.Init())
+		sc.SetSize(140, 30)
+		v := &topView{snap: s, rows: s.rows("reserved")}
+		v.draw(sc)
+		require.Contains(t, screenText(sc), "GPU 0  [", name)
+		sc.Fini()
+	}
+}
+
+// Command lines and file names are shown escaped: no control character of
+// another program (C0, DEL, C1) nor a byte that is not UTF-8 reaches the
+// terminal, in the text view, JSON or the live view.
+func TestTopEscapesControlCharacters(t *testing.T) {
+	dir := t.TempDir()
+	var a, r atomic.Int64
+	a.Store(1 << 20)
+	r.Store(2 << 20)
+	w := fakePage(t, dir, &a, &r)
+	evil := "python \x1b]0;pwned\x07\x1b[2J\u009b31m\x7f\xff end"
+	f, err := os.OpenFile(w.Path(), os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(append([]byte(evil), 0), 80) // the page's command line
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	bad := filepath.Join(dir, "libsymm-"+itoa(os.Getuid())+"-\x1b]0;title\x07")
+	require.NoError(t, os.WriteFile(bad, nil, 0o600))
+
+	clean := func(what, s string) {
+		t.Helper()
+		for _, r := range s {
+			ok := r == '\n' || (r >= 0x20 && r != 0x7f && (r < 0x80 || r > 0x9f) && r != utf8.RuneError)
+			require.True(t, ok, "%s shows %U raw:\n%q", what, r, s)
+		}
+	}
+	code, out, errs := runSymm(t, "top", "--once", "--dir", dir)
+	require.Equal(t, exitOK, code, errs)
+	clean("the text view", out)
+	require.Contains(t, out, `python \x1b]0;pwned\x07\x1b[2J\u009b31m\x7f\xff end`)
+	require.Contains(t, out, "skipped "+dir+"/libsymm-"+itoa(os.Getuid())+`-\x1b]0;title\x07: not a page name`)
+	code, out, errs = runSymm(t, "top", "--once", "--dir", dir, "--pid", itoa(os.Getpid()))
+	require.Equal(t, exitOK, code, errs)
+	clean("the detail view", out)
+	require.Contains(t, out, `python \x1b]0;pwned`)
+	code, out, errs = runSymm(t, "top", "--json", "--dir", dir)
+	require.Equal(t, exitOK, code, errs)
+	clean("JSON", out)
+	var snap struct {
+		Processes []publish.Page    `json:"processes"`
+		Problems  []publish.Problem `json:"problems"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &snap))
+	require.Equal(t, strings.ToValidUTF8(evil, "\ufffd"), snap.Processes[0].Command, "JSON escapes, and keeps, what it can")
+	require.Equal(t, bad, snap.Problems[0].Path)
+
+	sc := tcell.NewSimulationScreen("UTF-8")
+	require.NoError(t, sc.Init())
+	sc.SetSize(200, 30)
+	defer sc.Fini()
+	shown := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- topLoop(sc, topOptions{interval: time.Hour, sortBy: "reserved", dir: dir}, &recorder{}, nil, func() {
+			select {
+			case shown <- screenText(sc):
+			default:
+			}
+		})
+	}()
+	text := <-shown
+	sc.InjectKey(tcell.KeyRune, 'q', tcell.ModNone)
+	require.NoError(t, <-done)
+	clean("the live view", text)
+	require.Contains(t, text, `python \x1b]0;pwned`)
+	require.Contains(t, text, `-\x1b]0;title\x07`)
+}
+
+// --record files are 0600, like the pages they copy, and written through no
+// link.
+func TestTopRecordFilesArePrivate(t *testing.T) {
+	dir := t.TempDir()
+	var a, r atomic.Int64
+	a.Store(1 << 20)
+	r.Store(2 << 20)
+	fakePage(t, dir, &a, &r)
+	out := t.TempDir()
+	record := func(path string) (int, string) {
+		code, _, errs := runSymm(t, "top", "-n", "2", "--interval", "10ms", "--dir", dir, "--record", path)
+		return code, errs
+	}
+	old := filepath.Join(out, "old.jsonl") // made before, readable by all
+	require.NoError(t, os.WriteFile(old, nil, 0o644))
+	for _, f := range []string{"run.jsonl", "run.svg", "run.html", "old.jsonl"} {
+		path := filepath.Join(out, f)
+		code, errs := record(path)
+		require.Equal(t, exitOK, code, errs)
+		fi, err := os.Stat(path)
+		require.NoError(t, err)
+		require.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), f)
+	}
+	target := filepath.Join(out, "target")
+	require.NoError(t, os.WriteFile(target, []byte("keep"), 0o644))
+	link := filepath.Join(out, "link.jsonl")
+	require.NoError(t, os.Symlink(target, link))
+	code, errs := record(link)
+	require.Equal(t, exitFailure, code)
+	require.Contains(t, errs, "--record")
+	linkSVG := filepath.Join(out, "link.svg")
+	require.NoError(t, os.Symlink(target, linkSVG))
+	code, errs = record(linkSVG)
+	require.Equal(t, exitOK, code, errs)
+	fi, err := os.Lstat(linkSVG)
+	require.NoError(t, err)
+	require.True(t, fi.Mode().IsRegular(), "the chart replaces the link")
+	b, err := os.ReadFile(target)
+	require.NoError(t, err)
+	require.Equal(t, "keep", string(b), "the link's target is untouched")
+	tmps, err := filepath.Glob(filepath.Join(out, "*.tmp"))
+	require.NoError(t, err)
+	require.Empty(t, tmps)
+}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -83,6 +84,21 @@ def by_pid(snap: dict) -> dict:
     return {p["pid"]: p for p in snap["processes"]}
 
 
+def page_of(pubdir: Path, pid: int) -> Path:
+    """The page of process pid (libsymm-UID-PID-ID: ID is random)."""
+    pages = list(pubdir.glob(f"libsymm-{os.getuid()}-{pid}-*"))
+    assert len(pages) == 1, pages
+    return pages[0]
+
+
+def uid_name(uid: int) -> str:
+    """What symm top says of a user: uid N (name)."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def test_top_json_sees_every_process(workers):
     pubdir, ctl, procs, reports = workers
     # The steady workers' pages converge to what they report (the page is
@@ -107,8 +123,7 @@ def test_top_json_sees_every_process(workers):
     assert churner["allocation.all.allocated"] > 4, "the churning worker's page follows its allocations"
 
     # A killed process leaves its page; the next listing removes it.
-    page = pubdir / f"libsymm-{os.getuid()}-{reports[2]['pid']}"
-    assert page.exists()
+    page = page_of(pubdir, reports[2]["pid"])
     procs[2].send_signal(signal.SIGKILL)
     procs[2].wait(timeout=10)
     assert page.exists(), "SIGKILL runs no destructor"
@@ -118,18 +133,25 @@ def test_top_json_sees_every_process(workers):
     assert not page.exists()
 
     # Pages that cannot be trusted or read are named, never read.
-    garbage = pubdir / f"libsymm-{os.getuid()}-1"
+    garbage = pubdir / f"libsymm-{os.getuid()}-1-{1:016x}"
     garbage.write_bytes(b"\x00" * 4096)
     garbage.chmod(0o600)
     problems = {p["path"]: p["error"] for p in top_json(pubdir)["problems"]}
     assert "not a libsymm statistics page" in problems[str(garbage)]
-    if os.getuid() == 0:  # another user's page: only root can make one here
-        other = pubdir / f"libsymm-65534-{reports[0]['pid']}"
-        shutil.copy(pubdir / f"libsymm-{os.getuid()}-{reports[0]['pid']}", other)
-        os.chown(other, 65534, 65534)
-        problems = {p["path"]: p["error"] for p in top_json(pubdir)["problems"]}
-        assert f"owned by uid 65534, not by uid 0" in problems[str(other)]
-        other.unlink()
+    if os.getuid() == 0:  # pages owned by another user: only root can make them here
+        mine = page_of(pubdir, reports[0]["pid"])
+        theirs = pubdir / mine.name.replace(f"libsymm-{os.getuid()}-", "libsymm-65534-")
+        planted = pubdir / (mine.name[:-16] + f"{9:016x}")
+        for p in (theirs, planted):
+            shutil.copy(mine, p)
+            os.chown(p, 65534, 65534)
+        snap = top_json(pubdir)
+        problems = {p["path"]: p["error"] for p in snap["problems"]}
+        assert str(theirs) not in problems, "another user's pages are not looked at"
+        assert f"owned by {uid_name(65534)}, not by {uid_name(0)}" in problems[str(planted)]
+        assert len(snap["processes"]) == 2
+        theirs.unlink()
+        planted.unlink()
     garbage.unlink()
 
     # At exit a process removes its own page.
