@@ -514,9 +514,15 @@ int symm_world_within_direct_access(symm_store_t store, const char *group, int r
 /* Signals, in stream order (the stream is ignored on the host backend):
  * put_signal sets this rank's slot of channel in dst_rank's pad; wait_signal
  * waits for src_rank's slot to be set, then clears it; barrier does both with
- * every peer. timeout_ms > 0: the calling thread watches the stream and
- * returns SYMM_ERR_TIMEOUT, naming the rank and channel, if the wait has not
- * completed by then. 0 (the default): on GPUs the call only queues the
+ * every peer. timeout_ms > 0: the calling thread waits for the call's own
+ * operations (not for the whole stream: work queued before or after them is
+ * not a late peer) and returns SYMM_ERR_TIMEOUT, naming the rank and
+ * channel, if they have not completed within timeout_ms of the stream
+ * reaching them; with stream memory operations the handle stays usable (the
+ * queued wait takes the late signal itself; with kernels, below, it fails).
+ * Earlier work that still holds the stream after SYMM_TIMEOUT_MS (at least
+ * timeout_ms) gives SYMM_ERR_TIMEOUT saying so and blaming no peer; the
+ * operations stay queued. 0 (the default): on GPUs the call only queues the
  * operations, and a watchdog checks in the background that the stream gets
  * past them within SYMM_TIMEOUT_MS; if it does not, the handle fails: the
  * message is printed to standard error once and every later signal call on

@@ -15,6 +15,7 @@ import (
 // CUDASymmetricMemory does. Signals are stream memory operations.
 type cudaProvider struct {
 	arrays *cuda.Backend // device memory for the pointer arrays
+	drv    streamDriver  // stream memory operations and events
 
 	evMu   sync.Mutex
 	events map[int][]uintptr // idle watchdog markers per device
@@ -29,7 +30,7 @@ func NewCUDAProvider() (Provider, error) {
 	if err := cuda.VMMAvailable(); err != nil {
 		return nil, fmt.Errorf("symmetric memory needs the CUDA virtual memory API: %w", err)
 	}
-	return &cudaProvider{arrays: b}, nil
+	return &cudaProvider{arrays: b, drv: cudaDriver{}}, nil
 }
 
 func (p *cudaProvider) Name() string { return "cuda" }
@@ -84,48 +85,24 @@ func (p *cudaProvider) Zero(dev int, ptr uintptr, n uint64) error { return cuda.
 
 // PutSignal: wait for the peer to have consumed the slot, then set it. Only
 // this rank writes 1 there and only the peer writes 0, so the two stream
-// operations need no atomicity between them.
-func (p *cudaProvider) PutSignal(dev int, stream, addr uintptr, timeout time.Duration) error {
-	if err := cuda.StreamWaitValue32(dev, stream, addr, 0, cuda.WaitValueEQ); err != nil {
+// operations need no atomicity between them. Signals are stream operations
+// (a streamMarker): the call only queues them, whatever the timeout; a
+// timed call is waited for by the handle (Handle.streamSignal).
+func (p *cudaProvider) PutSignal(dev int, stream, addr uintptr, _ time.Duration) error {
+	if err := p.drv.StreamWaitValue32(dev, stream, addr, 0, cuda.WaitValueEQ); err != nil {
 		return err
 	}
-	if err := cuda.StreamWriteValue32(dev, stream, addr, 1); err != nil {
-		return err
-	}
-	return watch(dev, stream, timeout)
+	return p.drv.StreamWriteValue32(dev, stream, addr, 1)
 }
 
 // WaitSignal enqueues wait-for-1 then reset-to-0. The stream, not the host,
-// waits; with a timeout the host also watches the stream and reports a wait
-// that has not completed in time (the stream then stays blocked until the
-// peer signals: there is no way to withdraw a queued stream wait).
-func (p *cudaProvider) WaitSignal(dev int, stream, addr uintptr, timeout time.Duration) error {
-	if err := cuda.StreamWaitValue32(dev, stream, addr, 1, cuda.WaitValueEQ); err != nil {
+// waits (a queued stream wait cannot be withdrawn: the stream stays blocked
+// until the peer signals). It only queues them, as PutSignal does.
+func (p *cudaProvider) WaitSignal(dev int, stream, addr uintptr, _ time.Duration) error {
+	if err := p.drv.StreamWaitValue32(dev, stream, addr, 1, cuda.WaitValueEQ); err != nil {
 		return err
 	}
-	if err := cuda.StreamWriteValue32(dev, stream, addr, 0); err != nil {
-		return err
-	}
-	return watch(dev, stream, timeout)
-}
-
-// watch reports ErrSignalTimeout if stream has not drained within timeout
-// (timeout <= 0: do not watch; the wait stays in stream order).
-func watch(dev int, stream uintptr, timeout time.Duration) error {
-	if timeout <= 0 {
-		return nil
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		done, err := cuda.StreamQuery(dev, stream)
-		if err != nil || done {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%w after %v (the stream stays blocked until the signal comes)", ErrSignalTimeout, timeout)
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
+	return p.drv.StreamWriteValue32(dev, stream, addr, 0)
 }
 
 // DeviceArray copies vals into new device memory, for kernels.
@@ -160,12 +137,12 @@ func (p *cudaProvider) Mark(dev int, stream uintptr) (uintptr, error) {
 	p.evMu.Unlock()
 	if ev == 0 {
 		var err error
-		if ev, err = cuda.EventCreate(dev); err != nil {
+		if ev, err = p.drv.EventCreate(dev); err != nil {
 			return 0, err
 		}
 	}
-	if err := cuda.EventRecord(dev, ev, stream); err != nil {
-		cuda.EventDestroy(dev, ev)
+	if err := p.drv.EventRecord(dev, ev, stream); err != nil {
+		p.drv.EventDestroy(dev, ev)
 		return 0, err
 	}
 	return ev, nil
@@ -173,7 +150,7 @@ func (p *cudaProvider) Mark(dev int, stream uintptr) (uintptr, error) {
 
 // Passed reports whether the stream has run past marker.
 func (p *cudaProvider) Passed(dev int, marker uintptr) (bool, error) {
-	return cuda.EventQuery(dev, marker)
+	return p.drv.EventQuery(dev, marker)
 }
 
 // Forget returns a passed marker to the idle events. One whose stream is
@@ -181,7 +158,7 @@ func (p *cudaProvider) Passed(dev int, marker uintptr) (bool, error) {
 // that a reused event never reports another stream's progress.
 func (p *cudaProvider) Forget(dev int, marker uintptr, passed bool) {
 	if !passed {
-		cuda.EventDestroy(dev, marker)
+		p.drv.EventDestroy(dev, marker)
 		return
 	}
 	p.evMu.Lock()
@@ -191,3 +168,35 @@ func (p *cudaProvider) Forget(dev int, marker uintptr, passed bool) {
 	p.events[dev] = append(p.events[dev], marker)
 	p.evMu.Unlock()
 }
+
+// streamDriver is what cudaProvider's signals and markers ask of the
+// driver: stream memory operations and events. cudaDriver is the CUDA
+// driver; the tests give a simulated device (kernelwait_test.go).
+type streamDriver interface {
+	StreamWaitValue32(dev int, stream, addr uintptr, value, flags uint32) error
+	StreamWriteValue32(dev int, stream, addr uintptr, value uint32) error
+	EventCreate(dev int) (uintptr, error)
+	EventRecord(dev int, ev, stream uintptr) error
+	EventQuery(dev int, ev uintptr) (bool, error)
+	EventDestroy(dev int, ev uintptr) error
+}
+
+type cudaDriver struct{}
+
+func (cudaDriver) StreamWaitValue32(dev int, stream, addr uintptr, value, flags uint32) error {
+	return cuda.StreamWaitValue32(dev, stream, addr, value, flags)
+}
+
+func (cudaDriver) StreamWriteValue32(dev int, stream, addr uintptr, value uint32) error {
+	return cuda.StreamWriteValue32(dev, stream, addr, value)
+}
+
+func (cudaDriver) StreamQuery(dev int, stream uintptr) (bool, error) {
+	return cuda.StreamQuery(dev, stream)
+}
+func (cudaDriver) EventCreate(dev int) (uintptr, error) { return cuda.EventCreate(dev) }
+func (cudaDriver) EventRecord(dev int, ev, stream uintptr) error {
+	return cuda.EventRecord(dev, ev, stream)
+}
+func (cudaDriver) EventQuery(dev int, ev uintptr) (bool, error) { return cuda.EventQuery(dev, ev) }
+func (cudaDriver) EventDestroy(dev int, ev uintptr) error       { return cuda.EventDestroy(dev, ev) }

@@ -43,11 +43,15 @@ type Provider interface {
 	Release(m *Mem) error
 	// PutSignal waits, in stream order, until the uint32 at addr is 0, then
 	// sets it to 1. With timeout > 0 it returns ErrSignalTimeout if the slot
-	// has not been consumed by then.
+	// has not been consumed by then. A provider whose signals are stream
+	// operations (a streamMarker) only queues them, whatever the timeout:
+	// the handle waits for them itself, between two markers
+	// (Handle.streamSignal).
 	PutSignal(dev int, stream, addr uintptr, timeout time.Duration) error
 	// WaitSignal waits, in stream order, until the uint32 at addr is 1, then
 	// sets it to 0. With timeout > 0 the call returns ErrSignalTimeout if the
-	// wait has not completed by then.
+	// wait has not completed by then (a streamMarker only queues, as for
+	// PutSignal).
 	WaitSignal(dev int, stream, addr uintptr, timeout time.Duration) error
 }
 

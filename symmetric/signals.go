@@ -1,6 +1,7 @@
 package symmetric
 
 import (
+	"errors"
 	"fmt"
 	"time"
 )
@@ -197,9 +198,12 @@ func (h *Handle) putSignal(dst, channel int, stream uintptr, timeout time.Durati
 	if err != nil {
 		return err
 	}
-	if err := h.m.prov.PutSignal(h.b.Dev(), stream, a, timeout); err != nil {
-		return fmt.Errorf("put_signal to rank %d on channel %d of group %q (rank %d): rank %d has not taken our previous signal: %w",
-			dst, channel, h.group, h.rank, dst, err)
+	if err := h.streamSignal(true, stream, a, timeout); err != nil {
+		if peerLate(err) {
+			return fmt.Errorf("put_signal to rank %d on channel %d of group %q (rank %d): rank %d has not taken our previous signal: %w",
+				dst, channel, h.group, h.rank, dst, err)
+		}
+		return fmt.Errorf("put_signal to rank %d on channel %d of group %q (rank %d): %w", dst, channel, h.group, h.rank, err)
 	}
 	return nil
 }
@@ -215,10 +219,123 @@ func (h *Handle) waitSignal(src, channel int, stream uintptr, timeout time.Durat
 	if err != nil {
 		return err
 	}
-	if err := h.m.prov.WaitSignal(h.b.Dev(), stream, a, timeout); err != nil {
+	if err := h.streamSignal(false, stream, a, timeout); err != nil {
 		return fmt.Errorf("wait_signal from rank %d on channel %d of group %q (rank %d): %w", src, channel, h.group, h.rank, err)
 	}
 	return nil
+}
+
+// earlierWorkError is the ErrSignalTimeout of a timed put or wait whose
+// stream did not reach its operations in time: work queued before them
+// still held the stream, and no peer was waited for.
+type earlierWorkError struct {
+	op     string // "put" or "wait"
+	within time.Duration
+}
+
+func (e *earlierWorkError) Error() string {
+	return fmt.Sprintf("%v: the stream has not reached the %s within %v: earlier work on it is still running "+
+		"(no peer was waited for; the %s stays queued and runs once that work is done)", ErrSignalTimeout, e.op, e.within, e.op)
+}
+
+func (e *earlierWorkError) Unwrap() error { return ErrSignalTimeout }
+
+// peerLate reports whether err is a signal timeout in which a peer was
+// waited for (not one behind earlier work).
+func peerLate(err error) bool {
+	var ew *earlierWorkError
+	return errors.Is(err, ErrSignalTimeout) && !errors.As(err, &ew)
+}
+
+// queueSignal hands a put (put) or a wait at slot a to the provider.
+func queueSignal(prov Provider, put bool, dev int, stream, a uintptr, timeout time.Duration) error {
+	if put {
+		return prov.PutSignal(dev, stream, a, timeout)
+	}
+	return prov.WaitSignal(dev, stream, a, timeout)
+}
+
+// streamSignal runs a put (put) or a wait at slot a on stream through the
+// provider. A provider whose signals are stream operations (a streamMarker:
+// cuda, and nvshmem and nccl through it) only queues them; with a timeout
+// the call then waits for its own operations, never for the whole stream:
+// an event is recorded before them and one after, the call waits for the
+// one after, and its timeout starts when the one before has passed. Work
+// queued after the operations (by this thread later, or by another) is not
+// the peer's delay, and neither is work queued before them. A peer late
+// past the timeout gives ErrSignalTimeout; the stream stays blocked until
+// its signal comes (a queued stream wait cannot be withdrawn). Earlier work
+// that holds the stream for longer than SYMM_TIMEOUT_MS (and at least the
+// timeout) gives an *earlierWorkError (ErrSignalTimeout too) saying so; the
+// operations stay queued. Neither fails the handle: the queued operations
+// still take the late signal themselves, in order. (Work another thread
+// queues between the two events counts as the operations' own; the API
+// cannot exclude that.) Other providers (host) wait themselves, bounded by
+// the timeout. Without a timeout nothing is recorded, waited for or
+// allocated here.
+func (h *Handle) streamSignal(put bool, stream, a uintptr, timeout time.Duration) error {
+	prov, dev := h.m.prov, h.b.Dev()
+	sm, ok := prov.(streamMarker)
+	if timeout <= 0 || !ok {
+		return queueSignal(prov, put, dev, stream, a, timeout)
+	}
+	op := "wait"
+	if put {
+		op = "put"
+	}
+	// Passed when the stream reaches the operations.
+	ready, err := sm.Mark(dev, stream)
+	if err != nil {
+		return fmt.Errorf("recording the event before the %s: %w", op, err)
+	}
+	if err := queueSignal(prov, put, dev, stream, a, 0); err != nil {
+		sm.Forget(dev, ready, false)
+		return err
+	}
+	done, err := sm.Mark(dev, stream)
+	if err != nil {
+		sm.Forget(dev, ready, false)
+		return fmt.Errorf("recording the event after the %s (it is queued, but cannot be waited for): %w", op, err)
+	}
+	forget := func(passed bool) {
+		sm.Forget(dev, ready, passed)
+		sm.Forget(dev, done, passed)
+	}
+	behind := max(h.m.cfg.Timeout, timeout)
+	start := time.Now()
+	var (
+		reached  bool
+		deadline time.Time
+	)
+	for {
+		passed, err := sm.Passed(dev, done)
+		if err != nil {
+			forget(false)
+			return fmt.Errorf("waiting for the %s: %w", op, err)
+		}
+		if passed {
+			forget(true)
+			return nil
+		}
+		if !reached {
+			if reached, err = sm.Passed(dev, ready); err != nil {
+				forget(false)
+				return fmt.Errorf("waiting for the stream to reach the %s: %w", op, err)
+			}
+			if reached {
+				deadline = time.Now().Add(timeout)
+			} else if time.Since(start) > behind {
+				forget(false)
+				return &earlierWorkError{op: op, within: behind}
+			}
+		} else if time.Now().After(deadline) {
+			sm.Forget(dev, ready, true)
+			sm.Forget(dev, done, false)
+			return fmt.Errorf("%w: the %s did not complete within %v of the stream reaching it (the stream stays blocked until the signal comes)",
+				ErrSignalTimeout, op, timeout)
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
 }
 
 // signalPeers signals every peer on channel, then waits for each (a barrier

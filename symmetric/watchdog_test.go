@@ -26,6 +26,10 @@ func newStreamProvider() *streamProvider {
 	return &streamProvider{Provider: NewHostProvider(), next: 1, passed: map[uintptr]bool{}}
 }
 
+// Name is not "host": the handle does not treat it as the host backend,
+// whose calling thread waits for every signal (hostBound).
+func (p *streamProvider) Name() string { return "stream" }
+
 func (p *streamProvider) PutSignal(int, uintptr, uintptr, time.Duration) error  { return nil }
 func (p *streamProvider) WaitSignal(int, uintptr, uintptr, time.Duration) error { return nil }
 

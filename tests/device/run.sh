@@ -106,10 +106,11 @@ if want go; then
   # signals; the host one runs too), at the default ~10^5 calls; the signal
   # kernels' allocation and timeout tests (a timed call behind earlier work
   # and before later work on its stream must not time out:
-  # TestKernelTimedCallBehindEarlierAndLaterWork).
+  # TestKernelTimedCallBehindEarlierAndLaterWork, and as stream memory
+  # operations TestMemopTimedCall*).
   if [[ -x build/device/symmetric.test ]]; then
     run_step go-symmetric-race "${SYMM_GO_TIMEOUT:-300}" \
-      env -u SYMM_SOAK_SCALE bash -c 'cd "$1" && exec "$2" -test.run "TestFreeRacesSignals|TestKernel" -test.v -test.timeout "$3s"' \
+      env -u SYMM_SOAK_SCALE bash -c 'cd "$1" && exec "$2" -test.run "TestFreeRacesSignals|TestKernel|TestMemopTimedCall" -test.v -test.timeout "$3s"' \
       _ "$ROOT/symmetric" "$ROOT/build/device/symmetric.test" "$((${SYMM_GO_TIMEOUT:-300} - 20))"
   fi
 fi
