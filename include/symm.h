@@ -524,7 +524,8 @@ int symm_world_within_direct_access(symm_store_t store, const char *group, int r
  * timeout_ms) gives SYMM_ERR_TIMEOUT saying so and blaming no peer; the
  * operations stay queued. 0 (the default): on GPUs the call only queues the
  * operations, and a watchdog checks in the background that the stream gets
- * past them within SYMM_TIMEOUT_MS; if it does not, the handle fails: the
+ * past them within SYMM_TIMEOUT_MS of reaching them (work queued before or
+ * after them is not a late peer); if it does not, the handle fails: the
  * message is printed to standard error once and every later signal call on
  * the handle returns SYMM_ERR_TIMEOUT with it (with stream memory operations
  * a queued wait cannot be withdrawn: the stream stays blocked until the

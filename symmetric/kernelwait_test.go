@@ -246,3 +246,23 @@ func TestTimedKernelCallBehindStuckEarlierWork(t *testing.T) {
 }
 
 func uintptrOfBytes(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// A kernel queued without a timeout behind work that holds the stream for
+// longer than SYMM_TIMEOUT_MS: the kernel counts its timeout from when it
+// starts (the device's clock, read in the kernel), and the watchdog only
+// reads its report, with no deadline of its own, so the handle does not
+// fail.
+func TestUntimedKernelCallAfterLongEarlierWork(t *testing.T) {
+	g := newSimGPU(t)
+	h := simHandle(t, g, 100*time.Millisecond)
+	g.queue(simStream, 400*time.Millisecond)
+	mk, err := g.Mark(0, simStream)
+	require.NoError(t, err)
+	require.NoError(t, h.WaitSignal(0, 5, simStream, 0))
+	require.NoError(t, h.PutSignal(0, 5, simStream, 0))
+	g.queue(simStream, 400*time.Millisecond)
+	require.Eventually(t, func() bool { ok, _ := g.Passed(0, mk); return ok }, 2*time.Second, time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	require.NoError(t, h.failed())
+	require.Equal(t, 2, g.launches)
+}

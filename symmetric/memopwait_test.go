@@ -1,6 +1,7 @@
 package symmetric
 
 import (
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -269,6 +270,167 @@ func TestMemopTimedCallBehindStuckEarlierWork(t *testing.T) {
 	require.NoError(t, h.PutSignal(0, 4, other, time.Second))
 	require.NoError(t, cuda.StreamSynchronize(0, s), "the queued wait took the signal")
 	require.NoError(t, cuda.StreamSynchronize(0, other))
+	require.NoError(t, h.PutSignal(0, 4, s, time.Second))
+	require.NoError(t, h.WaitSignal(0, 4, s, time.Second))
+}
+
+// watchdogIdle is whether the watchdog holds no signal of m's any more.
+func watchdogIdle(m *Manager) bool {
+	m.dog.mu.Lock()
+	defer m.dog.mu.Unlock()
+	return !m.dog.running && len(m.dog.pending) == 0
+}
+
+// A put and a wait queued without a timeout behind work that holds the
+// stream for longer than SYMM_TIMEOUT_MS, with more such work queued after
+// them: the watchdog counts SYMM_TIMEOUT_MS from when the stream reaches
+// them, and the later work is not theirs, so the handle does not fail.
+// (Counting from when they were queued failed the handle here, although no
+// peer was late.)
+func TestUntimedMemopCallAfterLongEarlierWork(t *testing.T) {
+	d, c, h := simMemopHandle(t, 200*time.Millisecond)
+	d.queue(simStream, 600*time.Millisecond)
+	start := time.Now()
+	require.NoError(t, h.PutSignal(0, 5, simStream, 0))
+	require.NoError(t, h.WaitSignal(0, 5, simStream, 0))
+	require.Less(t, time.Since(start), 100*time.Millisecond, "the calls only queue")
+	d.queue(simStream, 600*time.Millisecond)
+	require.Eventually(t, func() bool { return watchdogIdle(h.m) }, 3*time.Second, time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(start), 600*time.Millisecond, "the watch ended when the stream passed the calls")
+	require.Less(t, time.Since(start), 1100*time.Millisecond, "the later work was not waited for")
+	require.NoError(t, h.failed(), "no peer was late")
+	require.True(t, idleEvents(d, c), "both events of each call are given back")
+}
+
+// A peer late past SYMM_TIMEOUT_MS, counted from when the stream reaches
+// the untimed wait (behind earlier work): the watchdog fails the handle
+// then, not before, naming the call.
+func TestUntimedMemopCallLatePeerBehindEarlierWork(t *testing.T) {
+	d, c, h := simMemopHandle(t, 200*time.Millisecond)
+	d.waitTime = 800 * time.Millisecond
+	d.queue(simStream, 300*time.Millisecond)
+	start := time.Now()
+	require.NoError(t, h.WaitSignal(0, 6, simStream, 0))
+	require.Eventually(t, func() bool { return h.failed() != nil }, 3*time.Second, time.Millisecond)
+	took := time.Since(start)
+	require.GreaterOrEqual(t, took, 500*time.Millisecond, "the earlier work, then the whole SYMM_TIMEOUT_MS")
+	require.Less(t, took, 800*time.Millisecond)
+	err := h.failed()
+	require.ErrorIs(t, err, ErrSignalTimeout)
+	require.ErrorContains(t, err, `wait_signal from rank 0 on channel 6 of group "solo" (rank 0) did not complete within 200ms (SYMM_TIMEOUT_MS) of the stream reaching it`)
+	require.Eventually(t, func() bool { return watchdogIdle(h.m) }, 3*time.Second, time.Millisecond)
+	require.True(t, idleEvents(d, c), "the event before the wait is given back, the one after it destroyed")
+}
+
+// A barrier of two ranks queued without a timeout, as stream memory
+// operations on one simulated device: behind earlier work longer than
+// SYMM_TIMEOUT_MS it fails nothing; with a peer late past SYMM_TIMEOUT_MS
+// of the stream reaching it, the watchdog fails the handle naming the
+// peers.
+func TestUntimedMemopBarrierBehindEarlierWork(t *testing.T) {
+	d := &simDriver{simGPU: newSimGPU(t), waitTime: time.Millisecond}
+	c := &cudaProvider{drv: d}
+	var took time.Duration
+	var failure error
+	errs := runRanks(2, func(int) Provider { return simMemopGPU{Provider: NewHostProvider(), c: c} },
+		Config{Timeout: 200 * time.Millisecond, Signals: SignalsMemop, AllowOverlappingDevices: true},
+		func(rank int, m *Manager, st store.Store) error {
+			b, err := m.Alloc(0, 4096)
+			if err != nil {
+				return err
+			}
+			defer m.Free(b.Ptr())
+			h, err := m.Rendezvous(b.Ptr(), Group{Name: "bar", Rank: rank, World: 2, Store: st})
+			if err != nil || rank != 0 {
+				return err
+			}
+			d.queue(simStream, 500*time.Millisecond)
+			if err := h.Barrier(1, simStream, 0); err != nil {
+				return err
+			}
+			for !watchdogIdle(m) {
+				time.Sleep(time.Millisecond)
+			}
+			if err := h.failed(); err != nil {
+				return fmt.Errorf("no peer was late: %w", err)
+			}
+			d.waitTime = 600 * time.Millisecond // the peer is late
+			d.queue(simStream, 300*time.Millisecond)
+			start := time.Now()
+			if err := h.Barrier(1, simStream, 0); err != nil {
+				return err
+			}
+			for h.failed() == nil && time.Since(start) < 3*time.Second {
+				time.Sleep(time.Millisecond)
+			}
+			took, failure = time.Since(start), h.failed()
+			for !watchdogIdle(m) {
+				time.Sleep(time.Millisecond)
+			}
+			return nil
+		})
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.ErrorIs(t, failure, ErrSignalTimeout)
+	require.ErrorContains(t, failure, `barrier on channel 1 of group "bar" (rank 0): a signal from or to rank(s) [1] did not complete within 200ms (SYMM_TIMEOUT_MS) of the stream reaching it`)
+	require.GreaterOrEqual(t, took, 500*time.Millisecond, "the earlier work, then the whole SYMM_TIMEOUT_MS")
+	require.Less(t, took, 800*time.Millisecond)
+	require.True(t, idleEvents(d, c))
+}
+
+// A put and a wait as stream memory operations queued without a timeout
+// make no Go heap allocation, their two events and the watchdog included
+// (their descriptions are formatted only on failure; they made 4 per pair
+// before). Some pairs wait for the watchdog to go idle and start again.
+func TestUntimedMemopCallsAllocateNothing(t *testing.T) {
+	d, _, h := simMemopHandle(t, 10*time.Second)
+	d.waitTime = 0
+	require.NoError(t, h.PutSignal(0, 2, simStream, 0))
+	require.NoError(t, h.WaitSignal(0, 2, simStream, 0))
+	require.Eventually(t, func() bool { return watchdogIdle(h.m) }, 3*time.Second, time.Millisecond)
+	n := 0
+	allocs := testing.AllocsPerRun(1000, func() {
+		if err := h.PutSignal(0, 2, simStream, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.WaitSignal(0, 2, simStream, 0); err != nil {
+			t.Fatal(err)
+		}
+		if n++; n%100 == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	require.Zero(t, allocs)
+	require.Eventually(t, func() bool { return watchdogIdle(h.m) }, 3*time.Second, time.Millisecond)
+	require.NoError(t, h.failed())
+}
+
+// On a GPU (stream memory operations, SYMM_SIGNALS=memop): a put and a wait
+// queued without a timeout behind earlier work that holds the stream for
+// longer than SYMM_TIMEOUT_MS (a stream wait on a host word, released
+// later), with more such work queued after them: the watchdog counts from
+// when the stream reaches them and stops watching once they are done, so
+// the handle does not fail. (Counting from when they were queued failed the
+// handle 300ms after the calls here.)
+func TestMemopTimedCallUntimedBehindEarlierAndLaterWork(t *testing.T) {
+	h, s, gate, gateDev := cudaMemopHandle(t, 300*time.Millisecond)
+	earlier, later := word(gate), word(gate+8) // their low 32 bits are waited for
+	require.NoError(t, cuda.StreamWaitValue32(0, s, gateDev, 1, cuda.WaitValueGEQ))
+	require.NoError(t, h.PutSignal(0, 4, s, 0))
+	require.NoError(t, h.WaitSignal(0, 4, s, 0))
+	require.NoError(t, cuda.StreamWaitValue32(0, s, gateDev+8, 1, cuda.WaitValueGEQ))
+	time.Sleep(800 * time.Millisecond) // far more than SYMM_TIMEOUT_MS
+	require.NoError(t, h.failed(), "the stream has not reached the calls yet")
+	earlier.Store(1)
+	require.Eventually(t, func() bool { return watchdogIdle(h.m) }, 3*time.Second, time.Millisecond,
+		"the watch ends once the stream has passed the calls")
+	time.Sleep(500 * time.Millisecond)
+	done, err := cuda.StreamQuery(0, s)
+	require.NoError(t, err)
+	require.False(t, done, "the later work still holds the stream")
+	require.NoError(t, h.failed(), "neither the earlier nor the later work is a late peer")
+	later.Store(1)
+	require.NoError(t, cuda.StreamSynchronize(0, s))
 	require.NoError(t, h.PutSignal(0, 4, s, time.Second))
 	require.NoError(t, h.WaitSignal(0, 4, s, time.Second))
 }

@@ -22,7 +22,10 @@ import (
 //   - a put or a wait queued as a kernel without a timeout makes no Go heap
 //     allocation: the signaler is an interface value stored once per
 //     handle, and its methods call the launches directly (a method value
-//     such as h.kernelPut would be allocated on every call).
+//     such as h.kernelPut would be allocated on every call); nor does one
+//     queued as stream memory operations once the provider has idle events
+//     (watchQueued's closure does not escape, and the call's description
+//     is formatted only if the watchdog fails it).
 
 // signaler runs a handle's signals. timeout 0 queues the call and leaves it
 // to the watchdog (watchdog.go); a positive timeout makes the call wait for
@@ -132,48 +135,51 @@ func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
 
 // memopSignals runs a handle's signals as the provider's stream memory
 // operations: a put or a wait is one operation, a barrier 2 × (world − 1).
-// Calls queued without a timeout are handed to the watchdog, which fails
-// the handle if the stream has not passed them within SYMM_TIMEOUT_MS.
+// Calls queued without a timeout are handed to the watchdog (watchQueued),
+// which fails the handle if the stream has not passed them within
+// SYMM_TIMEOUT_MS of reaching them.
 type memopSignals struct{ h *Handle }
 
 func (s memopSignals) put(dst, channel int, stream uintptr, timeout time.Duration) error {
 	h := s.h
-	if err := h.putSignal(dst, channel, stream, timeout); err != nil {
+	if timeout > 0 {
+		return h.putSignal(dst, channel, stream, timeout)
+	}
+	if err := h.failed(); err != nil {
 		return err
 	}
-	if timeout <= 0 {
-		return h.watchAsync(stream, fmt.Sprintf("put_signal to rank %d on channel %d of group %q (rank %d)", dst, channel, h.group, h.rank))
-	}
-	return nil
+	return h.watchQueued(stream, callDesc{kind: kPut, peer: dst, channel: channel}, func() error {
+		return h.putSignal(dst, channel, stream, 0)
+	})
 }
 
 func (s memopSignals) wait(src, channel int, stream uintptr, timeout time.Duration) error {
 	h := s.h
-	if err := h.waitSignal(src, channel, stream, timeout); err != nil {
+	if timeout > 0 {
+		return h.waitSignal(src, channel, stream, timeout)
+	}
+	if err := h.failed(); err != nil {
 		return err
 	}
-	if timeout <= 0 {
-		return h.watchAsync(stream, fmt.Sprintf("wait_signal from rank %d on channel %d of group %q (rank %d)", src, channel, h.group, h.rank))
-	}
-	return nil
+	return h.watchQueued(stream, callDesc{kind: kWait, peer: src, channel: channel}, func() error {
+		return h.waitSignal(src, channel, stream, 0)
+	})
 }
 
 func (s memopSignals) barrier(channel int, stream uintptr, timeout time.Duration) error {
 	h := s.h
-	if err := h.signalPeers(channel, stream, timeout); err != nil {
-		return fmt.Errorf("barrier: %w", err)
-	}
-	if timeout <= 0 && h.world > 1 {
-		peers := make([]int, 0, h.world-1)
-		for r := 0; r < h.world; r++ {
-			if r != h.rank {
-				peers = append(peers, r)
-			}
+	if timeout > 0 || h.world == 1 {
+		if err := h.signalPeers(channel, stream, timeout); err != nil {
+			return fmt.Errorf("barrier: %w", err)
 		}
-		return h.watchAsync(stream, fmt.Sprintf("barrier on channel %d of group %q (rank %d): a signal from or to rank(s) %v",
-			channel, h.group, h.rank, peers))
+		return nil
 	}
-	return nil
+	return h.watchQueued(stream, callDesc{kind: kBarrier, channel: channel}, func() error {
+		if err := h.signalPeers(channel, stream, 0); err != nil {
+			return fmt.Errorf("barrier: %w", err)
+		}
+		return nil
+	})
 }
 
 // hostBound turns "no timeout" into the manager's timeout on the host

@@ -13,15 +13,19 @@ import (
 // waits for the peer's value, and a queued wait cannot be withdrawn or time
 // out. So that a lost peer never just freezes a job, every put/wait/barrier
 // queued with no explicit timeout is watched in the background for
-// SYMM_TIMEOUT_MS: a marker (an event) is recorded after its operations, and
-// if the marker has not been passed by the deadline the handle fails. From
-// then on every call on the handle returns ErrSignalTimeout naming the
-// group, rank, channel and peers, and the message is printed once to
-// standard error. The stream itself stays blocked until the signal comes
-// (or the process exits): writing the value ourselves would leave a stale
-// signal that a later wait would take for a real one. A call with an
-// explicit timeout_ms is watched in the calling thread instead, and fails
-// at once.
+// SYMM_TIMEOUT_MS: a marker (an event) is recorded before its operations and
+// one after them; the clock starts when the stream has passed the first
+// (reached the operations: work queued before them is not a late peer), and
+// if the second has not been passed SYMM_TIMEOUT_MS later the handle fails
+// (work queued after the operations is never waited for). From then on
+// every call on the handle returns ErrSignalTimeout naming the group, rank,
+// channel and peers, and the message is printed once to standard error. The
+// stream itself stays blocked until the signal comes (or the process
+// exits): writing the value ourselves would leave a stale signal that a
+// later wait would take for a real one. Earlier work that never lets the
+// stream reach the operations fails nothing: no peer was waited for (the
+// watch stays until the stream gets there). A call with an explicit
+// timeout_ms is watched in the calling thread instead (streamSignal).
 
 // streamMarker is implemented by providers whose signals are stream
 // operations (cuda, and nvshmem and nccl through it).
@@ -32,12 +36,18 @@ type streamMarker interface {
 	Forget(dev int, marker uintptr, passed bool)
 }
 
+// pendingWatch is an untimed call's operations (watchQueued): ready is
+// marked before them, marker after them; deadline is set once the watchdog
+// has seen ready passed (reached). The call's description is built only if
+// it fails.
 type pendingWatch struct {
 	h        *Handle
 	dev      int
+	ready    uintptr
 	marker   uintptr
+	reached  bool
 	deadline time.Time
-	what     string
+	call     callDesc
 }
 
 // timedKernel is a kernel launched with a timeout whose call stopped
@@ -70,29 +80,56 @@ type watchdog struct {
 // timeout is noticed).
 const pollEvery = 2 * time.Millisecond
 
-// watchAsync records a marker after what was just queued on stream and
-// watches it for the Manager's timeout. Providers without stream signals
-// (host: the caller itself waits, bounded) need none.
-func (h *Handle) watchAsync(stream uintptr, what string) error {
+// watchQueued queues an untimed call's operations on stream (queue) and
+// hands them to the watchdog (see the top of this file): a marker is
+// recorded before them and one after them. Providers without stream signals
+// (host: the caller itself waits, bounded), or a manager without a timeout,
+// only queue. It makes no Go heap allocation once the provider has idle
+// markers (queue does not escape, and the description c is formatted only
+// on failure).
+func (h *Handle) watchQueued(stream uintptr, c callDesc, queue func() error) error {
 	sm, ok := h.m.prov.(streamMarker)
-	limit := h.m.cfg.Timeout
-	if !ok || limit <= 0 {
-		return nil
+	if !ok || h.m.cfg.Timeout <= 0 {
+		return queue()
 	}
 	dev := h.b.Dev()
-	mk, err := sm.Mark(dev, stream)
+	ready, err := sm.Mark(dev, stream)
 	if err != nil {
-		return fmt.Errorf("%s: recording the watchdog's marker: %w", what, err)
+		return fmt.Errorf("%s: recording the watchdog's marker before it (nothing was queued): %w", h.watchedCall(c), err)
+	}
+	if err := queue(); err != nil {
+		sm.Forget(dev, ready, false)
+		return err
+	}
+	done, err := sm.Mark(dev, stream)
+	if err != nil {
+		sm.Forget(dev, ready, false)
+		return fmt.Errorf("%s: recording the watchdog's marker (the operations are queued but not watched): %w", h.watchedCall(c), err)
 	}
 	w := &h.m.dog
 	w.mu.Lock()
-	w.pending = append(w.pending, pendingWatch{h: h, dev: dev, marker: mk, deadline: time.Now().Add(limit), what: what})
+	w.pending = append(w.pending, pendingWatch{h: h, dev: dev, ready: ready, marker: done, call: c})
 	if !w.running {
 		w.running = true
 		go h.m.runWatchdog(sm)
 	}
 	w.mu.Unlock()
 	return nil
+}
+
+// watchedCall names a watched call in its failure (a barrier: with the
+// peers it signals and waits for).
+func (h *Handle) watchedCall(c callDesc) string {
+	if c.kind != kBarrier {
+		return h.describe(c)
+	}
+	peers := make([]int, 0, h.world-1)
+	for r := 0; r < h.world; r++ {
+		if r != h.rank {
+			peers = append(peers, r)
+		}
+	}
+	return fmt.Sprintf("%s: a signal from or to rank(s) %v", h.describe(c), peers)
 }
 
 // watchKernels puts the handle in the watchdog's set (once: later calls
@@ -170,19 +207,37 @@ func (m *Manager) runWatchdog(sm streamMarker) {
 		keep := list[:0]
 		for _, x := range list {
 			passed, err := sm.Passed(x.dev, x.marker)
-			switch {
-			case err == nil && passed:
-				sm.Forget(x.dev, x.marker, true)
-			case err != nil || now.After(x.deadline):
-				cause := fmt.Sprintf("did not complete within %v (SYMM_TIMEOUT_MS); the stream stays blocked until the signal comes", m.cfg.Timeout)
-				if err != nil {
-					cause = fmt.Sprintf("cannot be watched: %v", err)
+			if err == nil && passed {
+				if !x.reached {
+					sm.Forget(x.dev, x.ready, true)
 				}
-				x.h.fail(fmt.Errorf("%w: %s %s", ErrSignalTimeout, x.what, cause))
-				sm.Forget(x.dev, x.marker, false)
-			default:
-				keep = append(keep, x)
+				sm.Forget(x.dev, x.marker, true)
+				continue
 			}
+			if err == nil && !x.reached {
+				// The clock starts when the stream reaches the operations.
+				if x.reached, err = sm.Passed(x.dev, x.ready); err == nil {
+					if !x.reached {
+						keep = append(keep, x) // earlier work still holds the stream
+						continue
+					}
+					sm.Forget(x.dev, x.ready, true)
+					x.deadline = now.Add(m.cfg.Timeout)
+				}
+			}
+			if err == nil && !now.After(x.deadline) {
+				keep = append(keep, x)
+				continue
+			}
+			cause := fmt.Sprintf("did not complete within %v (SYMM_TIMEOUT_MS) of the stream reaching it; the stream stays blocked until the signal comes", m.cfg.Timeout)
+			if err != nil {
+				cause = fmt.Sprintf("cannot be watched: %v", err)
+			}
+			x.h.fail(fmt.Errorf("%w: %s %s", ErrSignalTimeout, x.h.watchedCall(x.call), cause))
+			if !x.reached {
+				sm.Forget(x.dev, x.ready, false)
+			}
+			sm.Forget(x.dev, x.marker, false)
 		}
 		w.mu.Lock()
 		w.pending = append(keep, w.pending...)

@@ -11,15 +11,18 @@ import (
 )
 
 // streamProvider is the host provider with stream semantics for signals, as
-// on a GPU: put and wait only queue, and a marker records "what was queued";
-// the test decides when the stream gets past it.
+// on a GPU, on one stream: put and wait only queue, and a marker records
+// "what was queued"; the test decides whether the signals queued complete
+// (a stuck one holds the stream for good: markers recorded after it never
+// pass, those before it do).
 type streamProvider struct {
 	Provider
 	mu      sync.Mutex
 	next    uintptr
 	passed  map[uintptr]bool
 	forgot  int
-	release bool // markers made from now on are passed at once
+	stuck   bool // puts and waits queued from now on never complete
+	blocked bool // a stuck one is queued
 }
 
 func newStreamProvider() *streamProvider {
@@ -30,15 +33,22 @@ func newStreamProvider() *streamProvider {
 // whose calling thread waits for every signal (hostBound).
 func (p *streamProvider) Name() string { return "stream" }
 
-func (p *streamProvider) PutSignal(int, uintptr, uintptr, time.Duration) error  { return nil }
-func (p *streamProvider) WaitSignal(int, uintptr, uintptr, time.Duration) error { return nil }
+func (p *streamProvider) PutSignal(int, uintptr, uintptr, time.Duration) error  { return p.signal() }
+func (p *streamProvider) WaitSignal(int, uintptr, uintptr, time.Duration) error { return p.signal() }
+
+func (p *streamProvider) signal() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blocked = p.blocked || p.stuck
+	return nil
+}
 
 func (p *streamProvider) Mark(int, uintptr) (uintptr, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	m := p.next
 	p.next++
-	p.passed[m] = p.release
+	p.passed[m] = !p.blocked
 	return m, nil
 }
 
@@ -63,10 +73,10 @@ func (p *streamProvider) forgotten() int {
 // A queued signal nobody answers: the call itself returns (the stream
 // waits), the watchdog fails the handle after the timeout, and every later
 // call on it returns SYMM_ERR_TIMEOUT's error naming group, rank and
-// channel. Signals that complete leave nothing behind.
+// channel. Signals that complete leave nothing behind (both markers of each
+// are given back).
 func TestWatchdogFailsAStuckSignal(t *testing.T) {
 	prov := newStreamProvider()
-	prov.release = true
 	m := NewManager(prov, Config{Timeout: 150 * time.Millisecond})
 	st := store.NewMemory()
 	defer st.Close()
@@ -79,11 +89,13 @@ func TestWatchdogFailsAStuckSignal(t *testing.T) {
 		require.NoError(t, h.PutSignal(0, 1, 0, 0))
 		require.NoError(t, h.WaitSignal(0, 1, 0, 0))
 	}
-	require.Eventually(t, func() bool { return prov.forgotten() == 40 }, 2*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return prov.forgotten() == 80 }, 2*time.Second, time.Millisecond,
 		"every passed marker is returned")
 	require.NoError(t, h.failed())
 
-	prov.release = false
+	prov.mu.Lock()
+	prov.stuck = true
+	prov.mu.Unlock()
 	start := time.Now()
 	require.NoError(t, h.WaitSignal(0, 3, 0, 0), "the call only queues the wait")
 	require.Less(t, time.Since(start), 100*time.Millisecond)

@@ -107,7 +107,7 @@ if want go; then
   # kernels' allocation and timeout tests (a timed call behind earlier work
   # and before later work on its stream must not time out:
   # TestKernelTimedCallBehindEarlierAndLaterWork, and as stream memory
-  # operations TestMemopTimedCall*).
+  # operations TestMemopTimedCall*, untimed calls behind such work included).
   if [[ -x build/device/symmetric.test ]]; then
     run_step go-symmetric-race "${SYMM_GO_TIMEOUT:-300}" \
       env -u SYMM_SOAK_SCALE bash -c 'cd "$1" && exec "$2" -test.run "TestFreeRacesSignals|TestKernel|TestMemopTimedCall" -test.v -test.timeout "$3s"' \
