@@ -84,6 +84,13 @@ func getManager() (*symmetric.Manager, error) {
 		}
 		cfg.Timeout = d
 	}
+	if v := getenv("SYMM_PUSH_FIRST_CALL"); v != "" {
+		n, err := strconv.ParseUint(v, 0, 64)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("%w: SYMM_PUSH_FIRST_CALL=%q: want a positive call number", symmetric.ErrInvalid, v)
+		}
+		cfg.PushFirstCall = n
+	}
 	symmLib.mgr = symmetric.NewManager(prov, cfg)
 	return symmLib.mgr, nil
 }
@@ -435,6 +442,43 @@ func goOneShotAllReduce(hid C.int64_t, offset, count C.size_t, dtype, op C.int, 
 		return failSymm(fn, err)
 	}
 	return C.SYMM_OK
+}
+
+//export goPushAllReduce
+func goPushAllReduce(hid C.int64_t, in, out C.uintptr_t, count C.size_t, dtype, op C.int, stream C.uintptr_t, timeoutMS C.int) (code C.int) {
+	const fn = "symm_push_all_reduce"
+	defer guard(fn, &code)
+	h, code := liveHandle(fn, hid)
+	if h == nil {
+		return code
+	}
+	if timeoutMS < 0 {
+		return failSymm(fn, fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
+	}
+	if op != C.SYMM_SUM {
+		return failSymm(fn, fmt.Errorf("%w: op %d: only SYMM_SUM (0) is supported", symmetric.ErrInvalid, int(op)))
+	}
+	err := h.PushAllReduce(symmetric.PushAllReduce{
+		In: uintptr(in), Out: uintptr(out), Count: uint64(count), Dtype: kernels.Dtype(dtype), Op: "sum",
+		Stream: uintptr(stream), Timeout: ms(timeoutMS),
+	})
+	if err != nil {
+		return failSymm(fn, err)
+	}
+	return C.SYMM_OK
+}
+
+//export goPushWorkspaceSize
+func goPushWorkspaceSize(world C.int, maxBytes C.size_t) (size C.size_t) {
+	const fn = "symm_push_all_reduce_workspace_size"
+	var code C.int
+	defer guard(fn, &code)
+	n, err := symmetric.PushWorkspaceSize(int(world), uint64(maxBytes))
+	if err != nil {
+		failSymm(fn, err)
+		return 0
+	}
+	return C.size_t(n)
 }
 
 //export goKernelsReady

@@ -175,5 +175,12 @@ SYMM_CALL(int, symm_one_shot_all_reduce,
           SYMM_ERR_FORKED,
           goOneShotAllReduce(h, offset, count, dtype, op, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream,
                              timeout_ms))
+SYMM_CALL(int, symm_push_all_reduce,
+          (symm_handle_t workspace, const void *in, void *out, size_t count, int dtype, int op, void *stream,
+           int timeout_ms),
+          SYMM_ERR_FORKED,
+          goPushAllReduce(workspace, (uintptr_t)in, (uintptr_t)out, count, dtype, op, (uintptr_t)stream, timeout_ms))
+SYMM_CALL(size_t, symm_push_all_reduce_workspace_size, (int world_size, size_t max_bytes), 0,
+          goPushWorkspaceSize(world_size, max_bytes))
 
 }  // extern "C"

@@ -563,7 +563,7 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
  * (SYMM_ERR_NO_DEVICE: no NVRTC, the host backend, ...). */
 int symm_kernels_ready(int device);
 
-enum { SYMM_FLOAT32 = 0, SYMM_BFLOAT16 = 1 };
+enum { SYMM_FLOAT32 = 0, SYMM_BFLOAT16 = 1, SYMM_FLOAT16 = 2 /* the push all-reduce only */ };
 enum { SYMM_SUM = 0 };
 
 /* One-shot all-reduce (PyTorch's symm_mem.one_shot_all_reduce): every rank
@@ -584,6 +584,57 @@ enum { SYMM_SUM = 0 };
  * SYMM_ERR_TIMEOUT when a peer does not come. count 0 does nothing. */
 int symm_one_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out,
                              const void *local_input, void *stream, int timeout_ms);
+
+/* ---- push all-reduce: small messages, one kernel, no barrier -----------------
+ *
+ * The latency-optimised all-reduce for small messages (a few KiB to about a
+ * MiB), made to be captured in CUDA graphs. Its handle is a WORKSPACE: a
+ * symmetric block of its own (symm_alloc of the size below, then
+ * symm_rendezvous with one group, once), which holds no user data. Each call
+ * is one kernel: every rank stores its input, 8 bytes at a time each with
+ * the call's 32-bit flag in the same 16-byte line, straight into its slot of
+ * every peer's workspace, then waits on the lines of its own workspace
+ * until every peer's flags are there (no barrier before or after) and sums
+ * in rank order (float32 accumulation: every rank gets the same bits). The
+ * workspace's two halves alternate from call to call and the call counter
+ * lives in device memory, read and advanced by the kernel, so nothing is
+ * ever reset and a CUDA graph replays the calls as captured. The first call
+ * on a handle also sets the workspace up (one more kernel; every rank meets
+ * every other there on signal-pad channel 0): make one call before
+ * capturing a graph. Calls on one workspace must be ordered (one stream, or
+ * streams ordered by events), every rank making the same calls with the
+ * same count and dtype in the same order; do not use the workspace's block
+ * for anything else (signals on channel 0 included). */
+
+/* Bytes of a workspace buffer (the size to give symm_alloc) for a group of
+ * world_size ranks and messages of up to max_bytes bytes: 4 × world_size ×
+ * max_bytes, max_bytes rounded up to 8. Conversely a workspace of S bytes
+ * takes messages of up to 8 × floor(S / (32 × world_size)) bytes. 0, with
+ * SYMM_ERR_INVALID as the last error, for world_size < 1, max_bytes 0 or a
+ * size that overflows. */
+size_t symm_push_all_reduce_workspace_size(int world_size, size_t max_bytes);
+
+/* Every rank of the workspace's group sums the count elements of dtype
+ * (SYMM_FLOAT32, SYMM_BFLOAT16 or SYMM_FLOAT16) at in of every rank and
+ * writes the sum to its out, in stream order: one kernel launch, and the
+ * call returns (timeout_ms 0) without waiting for it. in and out are any
+ * device memory (host memory on the host backend, where the calling thread
+ * does the work), aligned to the element size; count may be any number up
+ * to the workspace's limit; out may be in (in place), but may not overlap
+ * it otherwise, and neither may lie in the workspace. timeout_ms as for
+ * symm_barrier: a peer that does not come within it (else SYMM_TIMEOUT_MS)
+ * gives SYMM_ERR_TIMEOUT naming the peer and the call, the stream goes on,
+ * and the workspace's handle fails for good (its late data could meet a
+ * later call): free it and make another. Returns SYMM_OK (count 0 does
+ * nothing); SYMM_ERR_INVALID for a bad handle, dtype, op, timeout, a NULL,
+ * misaligned or overlapping pointer, a message over the workspace's limit
+ * (the message says the limit and the workspace size that would take it),
+ * or a workspace block joined with more than one group; SYMM_ERR_NO_DEVICE
+ * when the kernels cannot run (see symm_kernels_ready);
+ * SYMM_ERR_UNKNOWN_POINTER when the workspace was freed; SYMM_ERR_TIMEOUT
+ * as said, also for every call on a handle that failed. */
+int symm_push_all_reduce(symm_handle_t workspace, const void *in, void *out, size_t count, int dtype, int op,
+                         void *stream, int timeout_ms);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -9,7 +9,8 @@ import (
 )
 
 // SymmSource is libsymm's kernel source (symm.cu): signal-pad put, wait and
-// barrier with in-kernel timeouts, and the one-shot all-reduce.
+// barrier with in-kernel timeouts, the one-shot all-reduce and the push
+// all-reduce.
 //
 //go:embed symm.cu
 var SymmSource string
@@ -22,6 +23,7 @@ const (
 	Barrier    = "symm_barrier"
 	PutSignal  = "symm_put_signal"
 	WaitSignal = "symm_wait_signal"
+	PushInit   = "symm_push_init"
 )
 
 // Report operations: what a kernel was doing when its wait timed out (the
@@ -31,6 +33,8 @@ const (
 	OpWait      = 2
 	OpReduceIn  = 3
 	OpReduceOut = 4
+	OpPush      = 5 // push all-reduce: a peer's data did not come (Channel: the call's flag)
+	OpPushInit  = 6 // push all-reduce's first call: a peer did not come to set the workspace up
 )
 
 // Report is a timed-out wait as a kernel wrote it into its status word.
@@ -53,6 +57,7 @@ type Dtype int
 const (
 	Float32  Dtype = 0 // SYMM_FLOAT32
 	BFloat16 Dtype = 1 // SYMM_BFLOAT16
+	Float16  Dtype = 2 // SYMM_FLOAT16 (the push all-reduce only)
 )
 
 func (d Dtype) String() string {
@@ -61,6 +66,8 @@ func (d Dtype) String() string {
 		return "float32"
 	case BFloat16:
 		return "bfloat16"
+	case Float16:
+		return "float16"
 	}
 	return fmt.Sprintf("dtype(%d)", int(d))
 }
@@ -70,7 +77,7 @@ func (d Dtype) Size() int {
 	switch d {
 	case Float32:
 		return 4
-	case BFloat16:
+	case BFloat16, Float16:
 		return 2
 	}
 	return 0
@@ -103,6 +110,41 @@ func AllReduceLaunch(nwords uint64, wordsPerThread int) (blocks, threads uint32)
 		return 1, uint32(max((items+31)/32*32, 32))
 	}
 	return uint32(min((items+maxThreads-1)/maxThreads, maxBlocks)), maxThreads
+}
+
+// PushAllReduceKernel names the push all-reduce kernel for dtype d.
+func PushAllReduceKernel(d Dtype) string {
+	switch d {
+	case BFloat16:
+		return "symm_push_ar_bf16"
+	case Float16:
+		return "symm_push_ar_f16"
+	}
+	return "symm_push_ar_f32"
+}
+
+// PushLaunch is the launch shape of the push all-reduce over nlines 16-byte
+// lines (8 bytes of the message each): a thread per line, in blocks of 256
+// threads over at most 128 blocks (512 KiB in one pass; larger messages
+// loop). Any grid is correct (a line's reader waits for whichever thread of
+// the peer writes it), but every rank derives it from the message size
+// alone, so that block k handles the same lines everywhere and the blocks a
+// busy GPU runs first are the ones the peers' first blocks wait for.
+// Blocks of 256 rather than 512 spread a small message over more SMs, so
+// that more of them issue stores to the peers at once.
+func PushLaunch(nlines uint64) (blocks, threads uint32) {
+	const maxBlocks, perBlock = 128, 256
+	if nlines <= perBlock {
+		return 1, uint32(max((nlines+31)/32*32, 32))
+	}
+	return uint32(min((nlines+perBlock-1)/perBlock, maxBlocks)), perBlock
+}
+
+// PushInitLaunch is the launch shape of the push workspace's set-up over
+// slots of lines lines each.
+func PushInitLaunch(lines uint64) (blocks, threads uint32) {
+	const maxBlocks, perBlock = 128, 512
+	return uint32(max(min((lines+perBlock-1)/perBlock, maxBlocks), 1)), perBlock
 }
 
 // Probe fills t.Kernels: whether NVRTC opens (dirs: site-packages to look

@@ -20,7 +20,10 @@ func TestSymmSourceHasNoMulticast(t *testing.T) {
 }
 
 func symmKernels() []string {
-	ks := []string{Barrier, PutSignal, WaitSignal}
+	ks := []string{Barrier, PutSignal, WaitSignal, PushInit}
+	for _, d := range []Dtype{Float32, BFloat16, Float16} {
+		ks = append(ks, PushAllReduceKernel(d))
+	}
 	for _, d := range []Dtype{Float32, BFloat16} {
 		for _, v := range []int{4, 1} {
 			for _, w := range []int{2, 3, 4, 8} {
@@ -54,6 +57,24 @@ func TestSymmSourceCompiles(t *testing.T) {
 	}
 }
 
+// The push all-reduce's grid: a thread per line, blocks of 256 (one warp
+// for the smallest), at most 128 blocks; its set-up at least one block.
+func TestPushLaunch(t *testing.T) {
+	for _, c := range []struct {
+		nlines         uint64
+		blocks, thread uint32
+	}{{1, 1, 32}, {33, 1, 64}, {256, 1, 256}, {257, 2, 256}, {1024, 4, 256}, {65536, 128, 256}, {1 << 20, 128, 256}} {
+		b, th := PushLaunch(c.nlines)
+		require.Equal(t, [2]uint32{c.blocks, c.thread}, [2]uint32{b, th}, "%d lines", c.nlines)
+	}
+	for _, c := range [][3]uint64{{0, 1, 512}, {1, 1, 512}, {513, 2, 512}, {1 << 30, 128, 512}} {
+		b, th := PushInitLaunch(c[0])
+		require.Equal(t, [2]uint32{uint32(c[1]), uint32(c[2])}, [2]uint32{b, th}, "%d lines", c[0])
+	}
+	require.Equal(t, "float16", Float16.String())
+	require.Equal(t, 2, Float16.Size())
+}
+
 func TestDecodeReport(t *testing.T) {
 	_, ok := DecodeReport(0)
 	require.False(t, ok)
@@ -76,6 +97,7 @@ func TestAllReduceLaunch(t *testing.T) {
 		require.Equal(t, [2]uint32{c.blocks, c.thread}, [2]uint32{b, th}, "%d words, %d per thread", c.nwords, c.v)
 	}
 	require.Equal(t, "symm_ar_bf16_v1_wany", AllReduceKernel(BFloat16, 1, 3))
+	require.Equal(t, "symm_push_ar_f16", PushAllReduceKernel(Float16))
 	require.Equal(t, "symm_ar_f32_v4_w8", AllReduceKernel(Float32, 4, 8))
 }
 

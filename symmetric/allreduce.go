@@ -62,7 +62,7 @@ func (h *Handle) OneShotAllReduce(a AllReduce) error {
 func (h *Handle) checkAllReduce(a AllReduce) (uint64, error) {
 	size := uint64(a.Dtype.Size())
 	switch {
-	case size == 0:
+	case size == 0 || (a.Dtype != kernels.Float32 && a.Dtype != kernels.BFloat16):
 		return 0, fmt.Errorf("%w: one_shot_all_reduce: dtype %d is neither float32 (0) nor bfloat16 (1)", ErrInvalid, int(a.Dtype))
 	case a.Op != "sum":
 		return 0, fmt.Errorf("%w: one_shot_all_reduce: op %q: only sum is supported", ErrInvalid, a.Op)

@@ -114,6 +114,10 @@ type Config struct {
 	// Trace prints the time of each rendezvous phase to standard error
 	// (SYMM_TRACE_RENDEZVOUS=1), to see where a slow rendezvous spends it.
 	Trace bool
+	// PushFirstCall, for tests, is the number of a push workspace's first
+	// call (0: 1); near a multiple of 2^32 it exercises the wrap-around of
+	// the 32-bit flags (SYMM_PUSH_FIRST_CALL).
+	PushFirstCall uint64
 }
 
 // NewManager returns a manager over prov.

@@ -24,7 +24,8 @@ type Handle struct {
 
 	// arrays: world buffer pointers then world signal-pad pointers, in host
 	// memory outside Go's heap (C callers keep these pointers) and, for
-	// devices, in device memory.
+	// devices, in device memory; then the push all-reduce's state
+	// (pushStateWords, zero: push.go), which only this rank uses.
 	hostArr, devArr uintptr
 	hostSize        uint64
 	freeDev         func() error
@@ -43,6 +44,8 @@ type Handle struct {
 	sig atomic.Pointer[signaler]
 
 	kstat kernelStatus // its kernels' function handles and status word (kernelsig.go)
+
+	push pushSetUp // the push all-reduce's workspace set-up (push.go)
 }
 
 // Acquire keeps the handle's block from being freed until release is
@@ -94,7 +97,7 @@ type DeviceArrays interface {
 }
 
 func (h *Handle) buildArrays() error {
-	vals := make([]uint64, 2*h.world)
+	vals := make([]uint64, 2*h.world+pushStateWords)
 	for r := 0; r < h.world; r++ {
 		vals[r] = uint64(h.BufferPtr(r))
 		vals[h.world+r] = uint64(h.PadPtr(r))

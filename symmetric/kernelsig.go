@@ -96,11 +96,16 @@ const (
 	kPut
 	kWait
 	kAllReduce // 16 of them: allReduceIndex
-	numKernels = kAllReduce + 16
+	kPushInit  = kAllReduce + 16
+	kPush      = kPushInit + 1 // 3 of them, by dtype: kPush + int(dtype)
+	numKernels = kPush + 3
 )
 
 var kernelNames = func() (n [numKernels]string) {
-	n[kBarrier], n[kPut], n[kWait] = kernels.Barrier, kernels.PutSignal, kernels.WaitSignal
+	n[kBarrier], n[kPut], n[kWait], n[kPushInit] = kernels.Barrier, kernels.PutSignal, kernels.WaitSignal, kernels.PushInit
+	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16, kernels.Float16} {
+		n[kPush+int(d)] = kernels.PushAllReduceKernel(d)
+	}
 	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16} {
 		for _, v := range []int{4, 1} {
 			for _, w := range []int{2, 4, 8, 0} {
@@ -298,6 +303,10 @@ func (h *Handle) reportError(r kernels.Report, after time.Duration) error {
 		what = fmt.Sprintf("rank %d did not arrive before the reads (channel %d)", r.Peer, r.Channel)
 	case kernels.OpReduceOut:
 		what = fmt.Sprintf("rank %d did not finish its reads (channel %d)", r.Peer, r.Channel)
+	case kernels.OpPush:
+		what = fmt.Sprintf("rank %d's data for push all-reduce call %d (mod 2^32) did not come", r.Peer, uint32(r.Channel))
+	case kernels.OpPushInit:
+		what = fmt.Sprintf("rank %d did not come to set the push all-reduce workspace up (its first call; signal-pad channel 0)", r.Peer)
 	default:
 		what = fmt.Sprintf("a wait on rank %d, channel %d, op %d", r.Peer, r.Channel, r.Op)
 	}
@@ -316,7 +325,7 @@ func (h *Handle) kernelTimeout(timeout time.Duration) time.Duration {
 
 // callDesc names a call in error messages, which are built only when needed.
 type callDesc struct {
-	kind          int // kBarrier, kPut, kWait or kAllReduce
+	kind          int // kBarrier, kPut, kWait, kAllReduce, kPushInit or kPush
 	peer, channel int
 	count         uint64
 	dtype         kernels.Dtype
@@ -330,6 +339,10 @@ func (h *Handle) describe(c callDesc) string {
 		return fmt.Sprintf("put_signal to rank %d on channel %d of group %q (rank %d)", c.peer, c.channel, h.group, h.rank)
 	case kWait:
 		return fmt.Sprintf("wait_signal from rank %d on channel %d of group %q (rank %d)", c.peer, c.channel, h.group, h.rank)
+	case kPushInit:
+		return fmt.Sprintf("push_all_reduce's workspace set-up on group %q (rank %d)", h.group, h.rank)
+	case kPush:
+		return fmt.Sprintf("push_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
 	}
 	return fmt.Sprintf("one_shot_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
 }

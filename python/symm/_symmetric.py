@@ -207,8 +207,27 @@ class Handle:
         _fast_rc(load().symm_one_shot_all_reduce, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
                  _OPS[op], int(out), int(local_input), self._stream(stream), int(timeout_ms))
 
+    def push_all_reduce_ptr(self, in_ptr: int, out_ptr: int, count: int, dtype: str = "float32", op: str = "sum",
+                            timeout_ms: int = 0, stream=None) -> None:
+        """symm_push_all_reduce on raw addresses (torch-free), this handle
+        being a push workspace (see :func:`push_all_reduce_workspace_size`):
+        count elements of dtype ("float32", "bfloat16" or "float16") at
+        in_ptr of every rank, summed into out_ptr (which may be in_ptr)."""
+        if dtype not in _PUSH_DTYPES:
+            raise ValueError(f"push_all_reduce: dtype {dtype!r}: want float32, bfloat16 or float16")
+        if op not in _OPS:
+            raise ValueError(f"push_all_reduce: op {op!r}: only 'sum' is supported")
+        _fast_rc(load().symm_push_all_reduce, self._h, int(in_ptr), int(out_ptr), int(count), _PUSH_DTYPES[dtype],
+                 _OPS[op], self._stream(stream), int(timeout_ms))
+
+    @property
+    def push_max_bytes(self) -> int:
+        """The largest message this handle takes as a push workspace."""
+        return 8 * (self.buffer_size // (32 * self.world_size))
+
 
 _DTYPES = {"float32": 0, "bfloat16": 1}
+_PUSH_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 _TORCH_DTYPES: dict = {}
 
 
@@ -303,6 +322,100 @@ def one_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     dev = tensor.device
     stream = _current_raw_stream(dev) if dev.type == "cuda" else 0
     _fast_rc(load().symm_one_shot_all_reduce, hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
+    return out
+
+
+def push_all_reduce_workspace_size(world_size: int, max_bytes: int) -> int:
+    """Bytes of a push all-reduce workspace for world_size ranks and messages
+    of up to max_bytes bytes (4 × world_size × max_bytes, rounded up to 8)."""
+    lib = load()
+    lib.symm_clear_error()
+    n = lib.symm_push_all_reduce_workspace_size(int(world_size), int(max_bytes))
+    if not n:
+        raise _from_call(_last_error(lib), f"symm.push_all_reduce_workspace_size({world_size}, {max_bytes})",
+                         "symm_push_all_reduce_workspace_size")
+    return n
+
+
+_push_workspaces: dict = {}
+PUSH_MAX_BYTES = 1 << 20
+
+
+def push_workspace(group=None, device: Any = None, max_bytes: int | None = None) -> Handle:
+    """The push all-reduce workspace of group on device: a symmetric block
+    of its own, allocated and rendezvoused on first use (collective: every
+    rank of the group calls it, or push_all_reduce, at the same point) and
+    kept for the life of the process. max_bytes (first use only) is its
+    largest message: else SYMM_PUSH_MAX_BYTES, else 1 MiB."""
+    import torch.distributed as dist
+
+    if group is None:
+        group = dist.group.WORLD
+    if isinstance(group, str):
+        group = dist.distributed_c10d._resolve_process_group(group)
+    dev = _cuda_device(device)
+    name = getattr(group, "group_name", None) or "0"
+    key = (name, dev.index)
+    h = _push_workspaces.get(key)
+    if h is not None:
+        return h
+    world = dist.get_world_size(group)
+    if max_bytes is None:
+        max_bytes = int(os.environ.get("SYMM_PUSH_MAX_BYTES", PUSH_MAX_BYTES))
+    size = push_all_reduce_workspace_size(world, max_bytes)
+    _ensure_backend(dev.index)
+    ptr = symm_alloc(size, dev.index)
+    try:
+        h = rendezvous_ptr(ptr, _group_store(group), f"torch-{name}-push", dist.get_rank(group), world, dev)
+    except BaseException:
+        symm_free(ptr)
+        raise
+    _push_workspaces[key] = h
+    return h
+
+
+_PUSH_TORCH_DTYPES: dict = {}
+_push_handles: dict = {}  # (group or its id, device index) -> workspace handle: no lookup per call
+
+
+def push_all_reduce(tensor, op: str = "sum", group=None, out=None, timeout_ms: int = 0):
+    """All-reduce for small messages in one kernel with no barrier (the LL
+    protocol: every rank pushes its tensor, flag in the same store, into
+    every peer's slot of the group's workspace, then sums what arrived in
+    rank order): returns the sum (a new tensor, or out, which may be tensor
+    itself), in stream order on the current stream, the same bits on every
+    rank. tensor is any contiguous CUDA tensor of float32, bfloat16 or
+    float16 (not a symmetric one), at most the workspace's limit
+    (SYMM_PUSH_MAX_BYTES, 1 MiB by default). Every rank calls it with the
+    same shape and dtype, in the same order. Capturable in CUDA graphs:
+    make one call first (it allocates and sets up the group's workspace).
+    Raises SymmError (INVALID: bad argument or over the limit, naming it;
+    NO_DEVICE when the kernels cannot run; TIMEOUT naming a rank that did not
+    come, after which the group's workspace has failed)."""
+    import torch
+
+    if not _PUSH_TORCH_DTYPES:
+        _PUSH_TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
+    code = _PUSH_TORCH_DTYPES.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"push_all_reduce: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
+    if op != "sum":
+        raise ValueError(f"push_all_reduce: op {op!r}: only 'sum' is supported")
+    if not tensor.is_contiguous():
+        raise ValueError("push_all_reduce: the tensor must be contiguous")
+    n = tensor.numel()
+    if out is None:
+        out = torch.empty_like(tensor)
+    elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous() or out.device != tensor.device:
+        raise ValueError(f"push_all_reduce: out must be a contiguous {tensor.dtype} tensor of {n} elements on "
+                         f"{tensor.device} (got {out.dtype}, {out.numel()}, {out.device})")
+    dev = tensor.device
+    key = (group if group is None or isinstance(group, str) else id(group), dev.index)
+    hid = _push_handles.get(key)
+    if hid is None:
+        hid = _push_handles[key] = push_workspace(group, dev).handle
+    _fast_rc(load().symm_push_all_reduce, hid, tensor.data_ptr(), out.data_ptr(), n, code, 0, _current_raw_stream(dev),
+             int(timeout_ms))
     return out
 
 

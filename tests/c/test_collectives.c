@@ -109,6 +109,66 @@ static uint32_t expected_word(int dtype, int world, size_t i) {
   return (uint32_t)to_bf16(lo) | ((uint32_t)to_bf16(hi) << 16);
 }
 
+/* ---- the push all-reduce's reference -------------------------------------- */
+
+/* IEEE half precision, as the kernel's cvt.rn.f16.f32 (round to nearest
+ * even; no NaN in these tests). */
+static uint16_t to_f16(float f) {
+  uint32_t u = bits_of(f), a = u & 0x7fffffffu;
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  if (a >= 0x477ff000u) return sign | 0x7c00u;
+  if (a >= 0x38800000u) {
+    uint32_t v = a - (112u << 23);
+    return sign | (uint16_t)((v + 0xfffu + ((v >> 13) & 1u)) >> 13);
+  }
+  uint32_t e = a >> 23;
+  if (e < 101) return sign;
+  uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+  uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (r & 1))) r++;
+  return sign | (uint16_t)r;
+}
+static float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  if (exp == 0x1f) return f32_of(sign | 0x7f800000u | (man << 13));
+  if (exp == 0) return f32_of(sign | bits_of((float)man / 16777216.0f));
+  return f32_of(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+static size_t elem_size(int dtype) { return dtype == SYMM_FLOAT32 ? 4 : 2; }
+
+/* Rank r's element i of push call k, as stored (mixed signs and
+ * magnitudes, the same on every rank), and its value. */
+static uint32_t push_elem(int dtype, int r, int k, size_t i) {
+  uint64_t x = ((uint64_t)(r + 1) * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)(k + 7) * 0xd1b54a32d192ed03ull) ^
+               ((uint64_t)i * 0xbf58476d1ce4e5b9ull);
+  x ^= x >> 31;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 29;
+  float a = (float)((int64_t)(x % 2000001) - 1000000) / 8192.0f;
+  if (dtype == SYMM_FLOAT32) return bits_of(a);
+  return dtype == SYMM_BFLOAT16 ? to_bf16(a) : to_f16(a);
+}
+static float elem_value(int dtype, uint32_t e) {
+  if (dtype == SYMM_FLOAT32) return f32_of(e);
+  return dtype == SYMM_BFLOAT16 ? f32_of(e << 16) : f16_to_f32((uint16_t)e);
+}
+static void put_elem(char *p, int dtype, size_t i, uint32_t e) {
+  if (dtype == SYMM_FLOAT32) memcpy(p + 4 * i, &e, 4);
+  else {
+    uint16_t h = (uint16_t)e;
+    memcpy(p + 2 * i, &h, 2);
+  }
+}
+/* The sum of element i of call k over world ranks, in rank order with float
+ * accumulation, rounded to the dtype (what every rank computes). */
+static uint32_t push_sum(int dtype, int world, int k, size_t i) {
+  float acc = 0;
+  for (int r = 0; r < world; r++) acc += elem_value(dtype, push_elem(dtype, r, k, i));
+  if (dtype == SYMM_FLOAT32) return bits_of(acc);
+  return dtype == SYMM_BFLOAT16 ? to_bf16(acc) : to_f16(acc);
+}
+
 /* ---- the ranks ------------------------------------------------------------ */
 
 static symm_store_t st;
@@ -156,6 +216,148 @@ static void check_all_reduce(symm_handle_t h, void *buf, int rank, int world, in
     CHECK(from_dev(host, (char *)buf + offset, nbytes) == 0 && host[nwords - 1] == input_word(dtype, rank, nwords - 1),
           "local input copied into the symmetric buffer");
   }
+}
+
+/* Push call k of count elements: the input at in_off elements into din,
+ * the output at out_off into dout (or in place), timeout_ms as given; the
+ * sum checked bit for bit, and the bytes around the output untouched. */
+static void check_push(symm_handle_t ws, int rank, int world, int dtype, size_t count, size_t in_off, size_t out_off,
+                       int in_place, int k, int timeout_ms, char *host, char *din, char *dout) {
+  size_t es = elem_size(dtype), nbytes = count * es;
+  const char *dt = dtype == SYMM_FLOAT32 ? "f32" : dtype == SYMM_BFLOAT16 ? "bf16" : "f16";
+  for (size_t i = 0; i < count; i++) put_elem(host, dtype, i, push_elem(dtype, rank, k, i));
+  char *in = din + in_off * es, *out = in_place ? in : dout + 8 + out_off * es;
+  CHECK(to_dev(in, host, nbytes) == 0, "push input");
+  if (!in_place) {
+    memset(host, 0x5a, nbytes + 2 * es);
+    CHECK(to_dev(out - es, host, nbytes + 2 * es) == 0, "push output sentinels");
+  }
+  int rc = symm_push_all_reduce(ws, in, out, count, dtype, SYMM_SUM, NULL, timeout_ms);
+  CHECK(rc == SYMM_OK, "push call %d: %zu %s (in +%zu, out %s): %d %s", k, count, dt, in_off,
+        in_place ? "in place" : "apart", rc, symm_last_error());
+  CHECK(dev_sync() == 0, "sync");
+  CHECK(from_dev(host, out - es, nbytes + 2 * es) == 0, "read the push output");
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < count; i++) {
+    uint32_t got = 0, want = push_sum(dtype, world, k, i);
+    memcpy(&got, host + es + i * es, es);
+    if (got != want && bad++ == 0) first = i;
+  }
+  CHECK(bad == 0, "push call %d: %zu %s (in +%zu, %s): %zu elements wrong, first %zu", k, count, dt, in_off,
+        in_place ? "in place" : "apart", bad, first);
+  if (!in_place) {
+    int touched = 0;
+    for (size_t i = 0; i < es; i++) touched |= host[i] != 0x5a || host[es + nbytes + i] != 0x5a;
+    CHECK(!touched, "push call %d: bytes next to the output written", k);
+  }
+}
+
+/* The push all-reduce: every dtype, odd sizes up to the workspace's limit,
+ * pointers aligned differently on each rank, in place, 1000 calls in a row
+ * (SYMM_PUSH_FIRST_CALL starts them near 2^32, so the 32-bit flags wrap);
+ * every bad argument refused; a peer that stays away named. */
+static void push_tests(int rank, int world, int dev, char *host) {
+  const size_t max_bytes = 1 * MiB;
+  size_t size = symm_push_all_reduce_workspace_size(world, max_bytes);
+  CHECK(size == 4 * (size_t)world * max_bytes, "workspace size %zu", size);
+  CHECK(symm_push_all_reduce_workspace_size(0, 8) == 0 && symm_last_error_code() == SYMM_ERR_INVALID,
+        "a workspace for 0 ranks is refused");
+  CHECK(symm_push_all_reduce_workspace_size(2, 9) == 128, "9 bytes round up to 16: 4 lines of 16 bytes per rank and half");
+  char *w = symm_alloc(size, dev, NULL);
+  symm_handle_t ws = 0;
+  CHECK(w && symm_rendezvous(w, st, "push", rank, world, &ws) == SYMM_OK, "push workspace: %s", symm_last_error());
+  char *din = dev_alloc(max_bytes + 64), *dout = dev_alloc(max_bytes + 64);
+  CHECK(din && dout, "push buffers");
+  int k = 0;
+  const size_t sizes[] = {1, 2, 3, 5, 1023, 4097, 64 * KiB, 256 * KiB + 1, 1 * MiB};
+  for (int dtype = SYMM_FLOAT32; dtype <= SYMM_FLOAT16; dtype++)
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+      size_t es = elem_size(dtype), count = sizes[s] >= 64 * KiB ? sizes[s] / es : sizes[s];
+      /* 8-byte aligned; then one element or two off, the rank with two
+       * changing from call to call (the kernel loads and stores 8 bytes at
+       * a time where this rank's pointer allows, else 2), and in place. */
+      size_t off = 1 + (rank == k % world);
+      check_push(ws, rank, world, dtype, count, 0, 0, 0, k++, 0, host, din, dout);
+      check_push(ws, rank, world, dtype, count, off, 2 * off + 1, 0, k++, 20000, host, din, dout);
+      check_push(ws, rank, world, dtype, count, off, 0, 1, k++, 0, host, din, dout);
+    }
+  if (rank == 0) printf("rank 0: push all-reduce float32, bfloat16 and float16, 1 to %zu elements: checked\n", sizes[8] / 2);
+#ifdef SYMM_GPU
+  const int calls = 1000;
+#else
+  const int calls = 200;
+#endif
+  for (int i = 0; i < calls; i++) check_push(ws, rank, world, i % 3, 64 + i % 7, 4 / elem_size(i % 3), 0, 1, k++, 0, host, din, dout);
+  if (rank == 0) printf("rank 0: %d push all-reduce calls in a row, inputs changed each time: checked\n", calls);
+
+  /* Bad input: each refused, the workspace still works. */
+  symm_handle_info_t info;
+  CHECK(symm_handle_info(ws, &info) == SYMM_OK, "workspace info");
+  char *own = ((char **)info.buffer_ptrs)[rank];
+  struct {
+    const void *in;
+    void *out;
+    size_t count;
+    int dtype, op, timeout_ms;
+    const char *what, *says;
+  } bad[] = {
+      {din, dout, 16, 7, SYMM_SUM, 0, "unknown dtype", "dtype 7"},
+      {din, dout, 16, SYMM_FLOAT32, 3, 0, "unknown op", "op 3"},
+      {NULL, dout, 16, SYMM_FLOAT32, SYMM_SUM, 0, "NULL input", "NULL"},
+      {din, NULL, 16, SYMM_FLOAT32, SYMM_SUM, 0, "NULL output", "NULL"},
+      {din + 2, dout, 16, SYMM_FLOAT32, SYMM_SUM, 0, "misaligned float32 input", "aligned to the 4-byte float32 element"},
+      {din, dout + 1, 16, SYMM_FLOAT16, SYMM_SUM, 0, "misaligned float16 output", "aligned to the 2-byte float16 element"},
+      {din, din + 8, 16, SYMM_FLOAT32, SYMM_SUM, 0, "output 8 bytes past the input", "at a shift of +8 bytes"},
+      {own + 64, dout, 16, SYMM_FLOAT32, SYMM_SUM, 0, "input in the workspace", "workspace's own buffer"},
+      {din, own, 16, SYMM_BFLOAT16, SYMM_SUM, 0, "output in the workspace", "workspace's own buffer"},
+      {din, dout, max_bytes / 4 + 1, SYMM_FLOAT32, SYMM_SUM, 0, "one element over the limit", "exceed the workspace's limit of 1048576 bytes"},
+      {din, dout, SIZE_MAX / 2, SYMM_FLOAT32, SYMM_SUM, 0, "a count that overflows", "overflow"},
+      {din, dout, 16, SYMM_FLOAT32, SYMM_SUM, -1, "negative timeout", "negative"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = symm_push_all_reduce(ws, bad[i].in, bad[i].out, bad[i].count, bad[i].dtype, bad[i].op, NULL, bad[i].timeout_ms);
+    CHECK(rc == SYMM_ERR_INVALID && strstr(symm_last_error(), bad[i].says), "push, %s: %d %s", bad[i].what, rc,
+          symm_last_error());
+  }
+  CHECK(symm_push_all_reduce(777, din, dout, 16, SYMM_FLOAT32, SYMM_SUM, NULL, 0) == SYMM_ERR_INVALID, "push, bogus handle");
+  CHECK(symm_push_all_reduce(ws, NULL, NULL, 0, SYMM_FLOAT32, SYMM_SUM, NULL, 0) == SYMM_OK, "push, count 0 does nothing");
+  check_push(ws, rank, world, SYMM_BFLOAT16, 1001, 1, 0, 1, k++, 0, host, din, dout); /* still works */
+
+  /* A peer that stays away from a call: the others time out naming it and
+   * the call; the stream goes on; their workspace has failed. */
+  size_t tsize = symm_push_all_reduce_workspace_size(world, 4 * KiB);
+  char *wt = symm_alloc(tsize, dev, NULL);
+  symm_handle_t wst = 0;
+  CHECK(wt && symm_rendezvous(wt, st, "push-timeouts", rank, world, &wst) == SYMM_OK, "push timeouts rendezvous: %s",
+        symm_last_error());
+  check_push(wst, rank, world, SYMM_FLOAT32, 100, 0, 0, 0, 0, 20000, host, din, dout); /* set up, every rank */
+  int absent = world - 1;
+  if (rank == 0) printf("rank 0: a push timeout is provoked on purpose next; libsymm prints it on stderr once\n");
+  if (rank != absent) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    int rc = symm_push_all_reduce(wst, din, dout, 100, SYMM_FLOAT32, SYMM_SUM, NULL, 300);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double ms = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6;
+    char want[64];
+    snprintf(want, sizeof want, "rank %d's data for push all-reduce call", absent);
+    CHECK(rc == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), want), "push without rank %d: %d %s", absent, rc,
+          symm_last_error());
+    CHECK(ms >= 250 && ms < 20000, "the push gave up after %.0f ms (timeout 300)", ms);
+    CHECK(dev_sync() == 0, "the stream is not blocked after the push timeout");
+    rc = symm_push_all_reduce(wst, din, dout, 100, SYMM_FLOAT32, SYMM_SUM, NULL, 0);
+    CHECK(rc == SYMM_ERR_TIMEOUT && strstr(symm_last_error(), want), "the workspace failed: %d %s", rc, symm_last_error());
+    if (rank == 0) printf("rank 0: expected timeout, push without rank %d: %s (%.0f ms)\n", absent, symm_last_error(), ms);
+  }
+  store_sync("after-push-timeout", world);
+  check_push(ws, rank, world, SYMM_FLOAT16, 333, 0, 0, 0, k++, 0, host, din, dout); /* the other workspace still works */
+  CHECK(dev_sync() == 0, "sync");
+  symm_clear_error();
+  symm_free(wt, tsize, dev, NULL);
+  symm_free(w, size, dev, NULL);
+  CHECK(symm_last_error_code() == SYMM_OK, "free the workspaces: %s", symm_last_error());
+  dev_free(din);
+  dev_free(dout);
 }
 
 static int child(int rank, int world, int dev) {
@@ -256,6 +458,8 @@ static int child(int rank, int world, int dev) {
   CHECK(symm_one_shot_all_reduce(777, 0, 16, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0) == SYMM_ERR_INVALID, "bogus handle");
   CHECK(symm_one_shot_all_reduce(h, 0, 0, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0) == SYMM_OK, "count 0 does nothing");
   check_all_reduce(h, p, rank, world, SYMM_FLOAT32, 0, 1024, 0, host, out, local); /* still works */
+
+  push_tests(rank, world, dev, (char *)host);
 
   /* Peers that do not come, each case on a handle of its own: a kernel that
    * gave up leaves its handle's pads out of step, and fails the handle. The
@@ -364,6 +568,8 @@ int main(int argc, char **argv) {
 #endif
   /* Kept when set (a compute-sanitizer run slows every rank's start). */
   setenv("SYMM_TIMEOUT_MS", "3000", 0);
+  /* The push all-reduce's calls cross a multiple of 2^32 (the flags wrap). */
+  setenv("SYMM_PUSH_FIRST_CALL", "4294967200", 0);
   int worlds[2] = {2, 4}, nworlds = 2;
   if (argc > 1) worlds[0] = atoi(argv[1]), nworlds = 1;
   if (worlds[0] < 2 || worlds[0] > 16) {

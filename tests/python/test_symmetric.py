@@ -392,3 +392,89 @@ def test_one_shot_all_reduce_refuses_out_shifted_against_local_input():
     finally:
         st.close()
         symm.symm_free(p)
+
+
+PUSH_SCRIPT = textwrap.dedent(
+    """
+    import array, json, struct, sys, symm
+    rank, world, addr = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    st = symm.Store.connect(addr, timeout_ms=20000)
+    limit = 4096
+    size = symm.push_all_reduce_workspace_size(world, limit)
+    p = symm.symm_alloc(size)
+    h = symm.rendezvous_ptr(p, st, "push", rank, world)
+    at = lambda a: a.buffer_info()[0]
+    res = {"size": size, "limit": h.push_max_bytes, "ready": symm.kernels_ready(0)}
+    # float32, 50 calls of changing sizes and inputs (the halves alternate)
+    ok = True
+    for k in range(50):
+        n = 1 + (k * 37) % 1024
+        val = lambda r, i: ((i * 7 + k * 3 + r) % 23 - 11) / 4
+        x = array.array("f", [val(rank, i) for i in range(n)])
+        out = array.array("f", [0.0]) * n
+        h.push_all_reduce_ptr(at(x), at(out), n, "float32", timeout_ms=20000)
+        ok &= list(out) == [sum(val(r, i) for r in range(world)) for i in range(n)]
+    res["f32"] = ok
+    # bfloat16 in place, an odd count (2002 bytes: not a multiple of 4 or 8)
+    n = 1001
+    bf16 = lambda f: struct.unpack("<I", struct.pack("<f", f))[0] >> 16
+    x = array.array("H", [bf16((i % 9) / 8 + rank) for i in range(n)])
+    h.push_all_reduce_ptr(at(x), at(x), n, "bfloat16", timeout_ms=20000)
+    got = [struct.unpack("<f", struct.pack("<I", w << 16))[0] for w in x]
+    res["bf16"] = all(got[i] == sum((i % 9) / 8 + r for r in range(world)) for i in range(n))
+    # float16, out one element into a larger array (2-byte aligned only)
+    x = array.array("H", struct.unpack(f"<{n}H", struct.pack(f"<{n}e", *[(i % 5) / 4 - rank for i in range(n)])))
+    out = array.array("H", [0]) * (n + 1)
+    h.push_all_reduce_ptr(at(x), at(out) + 2, n, "float16", timeout_ms=20000)
+    got = struct.unpack(f"<{n}e", out[1:].tobytes())
+    res["f16"] = out[0] == 0 and all(got[i] == sum((i % 5) / 4 - r for r in range(world)) for i in range(n))
+    errors = {}
+    for name, kw in {"dtype": dict(dtype="float64"), "op": dict(op="max")}.items():
+        try:
+            h.push_all_reduce_ptr(at(x), at(out), 16, **{"dtype": "float32", **kw})
+        except ValueError as e:
+            errors[name] = str(e)
+    big = array.array("f", [0.0]) * 1025
+    for name, args in {"limit": (at(big), at(big), 1025, "float32"), "null": (0, at(out), 16, "float32"),
+                       "aligned": (at(big) + 2, at(out), 16, "float32")}.items():
+        try:
+            h.push_all_reduce_ptr(*args)
+        except symm.SymmError as e:
+            errors[name] = [int(e.code), str(e)]
+    try:
+        symm.push_all_reduce_workspace_size(0, 8)
+    except symm.SymmError as e:
+        errors["size"] = [int(e.code), str(e)]
+    res["errors"] = errors
+    # A rank that stays away from a call: the others time out naming it.
+    p2 = symm.symm_alloc(size)
+    h2 = symm.rendezvous_ptr(p2, st, "push-late", rank, world)
+    h2.push_all_reduce_ptr(at(big), at(big), 16, "float32", timeout_ms=20000)
+    if rank != world - 1:
+        try:
+            h2.push_all_reduce_ptr(at(big), at(big), 16, "float32", timeout_ms=300)
+        except symm.SymmError as e:
+            res["timeout"] = [int(e.code), str(e)]
+    h.barrier(channel=1, timeout_ms=20000)
+    symm.symm_free(p)
+    print(json.dumps(res))
+    """
+)
+
+
+def test_push_all_reduce_three_processes(tmp_path):
+    """The push all-reduce on the host backend from Python: exact sums of
+    float32 (50 calls), bfloat16 in place at an odd size, float16 into a
+    2-byte-aligned output; each bad argument a clear error (over the limit
+    names it); a rank that stays away is named in the others' timeout."""
+    for rank, r in enumerate(run_ranks(tmp_path, PUSH_SCRIPT, 3)):
+        assert r["size"] == 3 * 4 * 4096 and r["limit"] == 4096 and r["ready"] is False, r
+        assert r["f32"] and r["bf16"] and r["f16"], r
+        e = r["errors"]
+        assert "float16" in e["dtype"] and "sum" in e["op"], e
+        assert e["limit"][0] == 1 and "4100 bytes (1025 float32) exceed the workspace's limit of 4096 bytes" in e["limit"][1], e
+        assert e["null"][0] == 1 and "NULL" in e["null"][1], e
+        assert e["aligned"][0] == 1 and "aligned to the 4-byte float32 element" in e["aligned"][1], e
+        assert e["size"][0] == 1 and "workspace for 0 ranks" in e["size"][1], e
+        if rank != 2:
+            assert r["timeout"][0] == 8 and "rank 2's data for push all-reduce call" in r["timeout"][1], r
