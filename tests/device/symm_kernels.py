@@ -2,6 +2,7 @@
 
     python3 tests/device/symm_kernels.py [WORLD]      # default 2; ranks share GPUs when fewer
     python3 tests/device/symm_kernels.py --bench1     # one GPU, world 1: side by side with PyTorch
+    python3 tests/device/symm_kernels.py --push [WORLD]  # the push all-reduce's checks and benchmark only
 
 Each rank is a process (spawned). With a GPU per rank the process group is
 NCCL; with fewer GPUs it is gloo (NCCL refuses two ranks on one GPU), ranks
@@ -20,6 +21,18 @@ the world-1 all-reduce, libsymm vs PyTorch, launch cost included.
 SYMM_KERNELS_ONLY=misaligned runs the misaligned-pointer rounds alone (to try
 an older library with SYMM_LIB). Rank 0 prints PASS/FAIL lines and tables;
 $OUT/symm_kernels.md gets them.
+
+The push all-reduce (symm.push_all_reduce, one kernel per call, no barrier;
+run by default and alone with --push): float32, bfloat16 and float16, odd
+sizes from 1 element to the workspace's limit, pointers 8-byte aligned, one
+element off (differently on each rank) and in place, each bit for bit
+against float32 sums in rank order and within rounding of a float64
+reference; the same bits on every rank; 1,000 replays of a CUDA graph of 3
+chained calls with the inputs changed between replays; a rank that stays
+away from a call named in the others' SymmError(TIMEOUT). With a GPU per
+rank, a benchmark: 20 all-reduces captured in one CUDA graph, replayed,
+µs per op at 8 KiB, 64 KiB and 512 KiB (bfloat16 and float32): the push
+all-reduce, libsymm's one-shot, torch symm_mem one_shot / two_shot, NCCL.
 """
 
 import os
@@ -92,7 +105,202 @@ def misaligned_rounds(rank, world, dev, group, check):
         del x
 
 
-def run_rank(rank, world, port, bench1):
+def push_rounds(rank, world, dev, group, check):
+    """The push all-reduce's checks (see the top of this file)."""
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    import symm
+
+    ws = symm.push_workspace(group, dev)
+    limit = ws.push_max_bytes
+    check("push workspace set up", limit == int(os.environ.get("SYMM_PUSH_MAX_BYTES", symm._symmetric.PUSH_MAX_BYTES)),
+          f"limit {limit} bytes")
+    itype = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+    tol = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+    wide = torch.empty(limit // 2 + 16, dtype=torch.float32, device=dev)
+    wide_out = torch.empty_like(wide)
+    k = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        es = torch.empty((), dtype=dtype).element_size()
+        bad, exact_bad, digests = [], [], []
+        t0 = time.monotonic()
+        for n in (1, 2, 3, 5, 7, 1023, 1024, 4097, 65537, limit // es):
+            for mode in ("aligned", "offset", "in place"):
+                ins = [torch.randn(n, generator=torch.Generator().manual_seed(7919 * k + r)).to(dtype) for r in range(world)]
+                # one element off on the rank whose turn it is, two on the others
+                off = 0 if mode == "aligned" else (1 if rank == k % world else 2)
+                base = wide.view(dtype)
+                x = base[off:off + n]
+                x.copy_(ins[rank])
+                o_off = 0 if mode == "aligned" else off + 1
+                out = x if mode == "in place" else wide_out.view(dtype)[o_off:o_off + n]
+                try:
+                    res = symm.push_all_reduce(x, group=group, out=out)
+                except symm.SymmError as e:
+                    bad.append(f"{n} {mode}: {str(e)[:160]}")
+                    k += 1
+                    continue
+                acc = torch.zeros(n, dtype=torch.float32)
+                for r in range(world):
+                    acc += ins[r].float()
+                want = acc.to(dtype)
+                got = res.cpu()
+                if not torch.equal(got.view(itype[dtype]), want.view(itype[dtype])):
+                    i = int((got.view(itype[dtype]) != want.view(itype[dtype])).nonzero()[0])
+                    exact_bad.append(f"{n} {mode}: [{i}] {got[i].item()} want {want[i].item()}")
+                ref = sum(t.double() for t in ins)
+                scale = sum(t.double().abs() for t in ins) + 1e-30
+                err = ((got.double() - ref).abs() / scale).max().item()
+                if err > tol[dtype]:
+                    bad.append(f"{n} {mode}: error {err:.2e} against float64")
+                digests.append(hashlib.sha1(got.view(torch.uint8).numpy().tobytes()).hexdigest())
+                k += 1
+        name = str(dtype)[6:]
+        check(f"push_all_reduce {name} 1 element .. {limit // es}, aligned / offset / in place, within rounding of float64",
+              not bad, "; ".join(bad[:3]) or f"{time.monotonic() - t0:.2f} s")
+        check(f"push_all_reduce {name}: bit for bit the float32 sum in rank order", not exact_bad, "; ".join(exact_bad[:3]))
+        everyone = [None] * world
+        dist.all_gather_object(everyone, digests, group=group)
+        check(f"push_all_reduce {name}: the same bits on every rank", all(d == everyone[0] for d in everyone))
+
+    # CUDA graph: 3 chained calls (o1 = sum x; o2 = sum o1; o2 = sum o2 in
+    # place), replayed 1,000 times with new inputs each time.
+    for dtype, n in ((torch.float32, 16384), (torch.bfloat16, 4096)):
+        x = torch.empty(n, dtype=dtype, device=dev)
+        o1, o2 = torch.empty_like(x), torch.empty_like(x)
+        pattern = (torch.arange(n, device=dev) % 13).float()
+
+        def chain():
+            symm.push_all_reduce(x, group=group, out=o1)
+            symm.push_all_reduce(o1, group=group, out=o2)
+            symm.push_all_reduce(o2, group=group, out=o2)
+
+        def expect(k):
+            xs = [(pattern + (k % 7) + r).to(dtype) for r in range(world)]
+            v = torch.zeros(n, device=dev)
+            for t in xs:
+                v += t.float()
+            for _ in range(2):
+                v = v.to(dtype)
+                acc = torch.zeros(n, device=dev)
+                for _ in range(world):
+                    acc += v.float()
+                v = acc
+            return v.to(dtype)
+
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            x.copy_((pattern + rank).to(dtype))
+            chain()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        bad = ""
+        t0 = time.monotonic()
+        try:
+            with torch.cuda.graph(graph):
+                chain()
+            for k in range(1000):
+                x.copy_((pattern + (k % 7) + rank).to(dtype))
+                graph.replay()
+                if not torch.equal(o2, expect(k)):
+                    bad = f"replay {k}: {o2[:4].tolist()} want {expect(k)[:4].tolist()}"
+                    break
+        except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
+            bad = f"{type(e).__name__}: {str(e)[:200]}"
+        torch.cuda.synchronize()
+        check(f"push_all_reduce {str(dtype)[6:]}: a CUDA graph of 3 chained calls, 1000 replays with new inputs", not bad,
+              bad or f"{time.monotonic() - t0:.2f} s")
+        dist.barrier()
+
+    # A rank that stays away from a call (after the workspace's first call):
+    # the others time out naming it; their streams go on.
+    late = dist.new_group(list(range(world)))
+    y = torch.ones(1000, device=dev)
+    symm.push_all_reduce(y, group=late, timeout_ms=20000)
+    absent = world - 1
+    if rank != absent:
+        t0 = time.monotonic()
+        try:
+            symm.push_all_reduce(y, group=late, timeout_ms=300)
+            check("push_all_reduce without a rank times out", False, "no error")
+        except symm.SymmError as e:
+            ms = (time.monotonic() - t0) * 1e3
+            check("push_all_reduce without a rank times out naming it",
+                  e.code == symm.ErrorCode.TIMEOUT and f"rank {absent}'s data" in str(e), f"{ms:.0f} ms: {str(e)[:200]}")
+        z = torch.ones(1 << 20, device=dev)
+        torch.cuda.synchronize()
+        check("the stream goes on after the push timeout", float(z.sum()) == float(1 << 20))
+    dist.barrier()
+
+
+def push_bench(rank, world, dev, group, rows):
+    """20 all-reduces captured in one CUDA graph, replayed; µs per op."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as tsm
+
+    import symm
+
+    gname = group.group_name
+    try:
+        tsm.set_backend("CUDA")
+    except Exception:  # noqa: BLE001 - older torch: CUDA is the only one
+        pass
+
+    def graph_time(fn, replays=50):
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(20):
+                fn()
+        for _ in range(5):
+            g.replay()
+        torch.cuda.synchronize()
+        dist.barrier()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(replays):
+            g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        return a.elapsed_time(b) * 1e3 / (replays * 20)
+
+    nan = float("nan")
+    for dtype in (torch.bfloat16, torch.float32):
+        for nbytes in (8 * KiB, 64 * KiB, 512 * KiB):
+            n = nbytes // torch.empty((), dtype=dtype).element_size()
+            cells = []
+            a = torch.randn(n, device=dev).to(dtype)
+            o = torch.empty_like(a)
+            cells.append(graph_time(lambda: symm.push_all_reduce(a, group=group, out=o)))
+            s = symm.empty(n, dtype=dtype, device=dev).normal_()
+            symm.rendezvous(s, group)
+            cells.append(graph_time(lambda: symm.one_shot_all_reduce(s, group=group, out=o)))
+            try:
+                t = tsm.empty(n, dtype=dtype, device=dev).normal_()
+                tsm.rendezvous(t, gname)
+                cells.append(graph_time(lambda: torch.ops.symm_mem.one_shot_all_reduce_out(t, "sum", gname, o)))
+                cells.append(graph_time(lambda: torch.ops.symm_mem.two_shot_all_reduce_(t, "sum", gname)))
+            except Exception as e:  # noqa: BLE001 - PyTorch's symmetric memory may be missing
+                log(rank, f"torch symm_mem one_shot/two_shot at {nbytes} B: {type(e).__name__}: {str(e)[:200]}")
+                cells += [nan] * (4 - len(cells))
+            c = torch.randn(n, device=dev).to(dtype)
+            cells.append(graph_time(lambda: dist.all_reduce(c, group=group)))
+            rows.append((f"{str(dtype)[6:]} {nbytes // KiB} KiB", cells))
+
+
+def run_rank(rank, world, port, bench1, push_only=False):
     import torch
     import torch.distributed as dist
 
@@ -106,7 +314,7 @@ def run_rank(rank, world, port, bench1):
     backend = "nccl" if own_gpu else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world, device_id=dev if own_gpu else None)
     group = dist.group.WORLD
-    results, rows = [], []
+    results, rows, push_rows = [], [], []
 
     def check(name, ok, detail=""):
         results.append((name, bool(ok), detail))
@@ -115,6 +323,8 @@ def run_rank(rank, world, port, bench1):
 
     if os.environ.get("SYMM_KERNELS_ONLY") == "misaligned":
         misaligned_rounds(rank, world, dev, group, check)
+    elif push_only:
+        push_rounds(rank, world, dev, group, check)
     elif not bench1:
         t = symm.empty(4 * MiB, dtype=torch.uint8, device=dev)
         h = symm.rendezvous(t, group)
@@ -236,8 +446,12 @@ def run_rank(rank, world, port, bench1):
         check("barrier + one_shot_all_reduce captured in a CUDA graph, replayed 3 times", ok, detail)
         dist.barrier()
 
+        push_rounds(rank, world, dev, group, check)
+
     # ---- timing ------------------------------------------------------------
-    if own_gpu:
+    if own_gpu and not bench1 and world > 1:
+        push_bench(rank, world, dev, group, push_rows)
+    if own_gpu and not push_only:
         import torch.distributed._symmetric_memory as tsm
 
         gname = group.group_name
@@ -297,12 +511,12 @@ def run_rank(rank, world, port, bench1):
     gathered = [None] * world
     dist.all_gather_object(gathered, (results, rows))
     if rank == 0:
-        report(world, backend, gathered, bench1)
+        report(world, backend, gathered, bench1, push_rows, push_only)
     dist.destroy_process_group()
     return all(ok for res, _ in gathered for _, ok, _ in res)
 
 
-def report(world, backend, gathered, bench1):
+def report(world, backend, gathered, bench1, push_rows=(), push_only=False):
     import torch
 
     lines = [f"# libsymm kernels: {world} rank(s), {torch.cuda.device_count()} GPU(s) "
@@ -323,18 +537,27 @@ def report(world, backend, gathered, bench1):
             ra = f"{a[0] / b[0]:.2f}" if b[0] == b[0] else "–"
             rc = f"{a[0] / c[0]:.2f}" if c[0] == c[0] else "–"
             lines.append(f"| {name} | {cell(a)} | {cell(b)} | {ra} | {cell(c)} | {rc} |")
+    if push_rows:
+        lines += ["", f"20 all-reduces captured in one CUDA graph, replayed; µs per op (CUDA events), {world} GPUs; "
+                  "ratio = push / the fastest other", "",
+                  "| message | libsymm push | libsymm one-shot | torch one_shot | torch two_shot | NCCL | ratio |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for name, cells in push_rows:
+            others = [c for c in cells[1:] if c == c]
+            ratio = f"{cells[0] / min(others):.2f}" if others else "–"
+            lines.append(f"| {name} | " + " | ".join(f"{c:.2f}" if c == c else "–" for c in cells) + f" | {ratio} |")
     text = "\n".join(lines)
     print(text, flush=True)
     out = os.environ.get("OUT")
     if out:
-        suffix = "_bench1" if bench1 else f"_{world}"
+        suffix = "_bench1" if bench1 else f"_push_{world}" if push_only else f"_{world}"
         with open(os.path.join(out, f"symm_kernels{suffix}.md"), "w") as f:
             f.write(text + "\n")
 
 
-def worker(rank, world, port, bench1, q):
+def worker(rank, world, port, bench1, push_only, q):
     try:
-        q.put((rank, run_rank(rank, world, port, bench1), ""))
+        q.put((rank, run_rank(rank, world, port, bench1, push_only), ""))
     except BaseException as e:  # noqa: BLE001 - report, never hang the parent
         import traceback
 
@@ -347,6 +570,7 @@ def main():
     import socket
 
     bench1 = "--bench1" in sys.argv
+    push_only = "--push" in sys.argv
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     world = 1 if bench1 else int(args[0]) if args else 2
     import torch
@@ -358,7 +582,7 @@ def main():
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, world, port, bench1, q)) for r in range(world)]
+    procs = [ctx.Process(target=worker, args=(r, world, port, bench1, push_only, q)) for r in range(world)]
     for p in procs:
         p.start()
     ok = True
