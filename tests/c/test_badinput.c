@@ -1034,6 +1034,46 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   NOOP(SYMM_OK, symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io, io, NULL, 1000));
   CHECK(!memcmp(io, io0, sizeof io) && !memcmp(p, io0, sizeof in), "in place: a world of one sums to its local input");
   memcpy(p, in, sizeof in);
+  /* The push all-reduce, on a workspace of its own (messages of up to 256
+   * bytes for one rank): every bad argument refused by name before anything
+   * is written, then a world of one sums to its own input. */
+  NOOP(1024, symm_push_all_reduce_workspace_size(1, 256));
+  BADR(0, SYMM_ERR_INVALID, "for 0 ranks", symm_push_all_reduce_workspace_size(0, 8));
+  BADR(0, SYMM_ERR_INVALID, "messages of up to 0 bytes", symm_push_all_reduce_workspace_size(1, 0));
+  BADR(0, SYMM_ERR_INVALID, "overflows", symm_push_all_reduce_workspace_size(2, SIZE_MAX));
+  unsigned char *w = symm_alloc(1024, 0, NULL);
+  symm_handle_t ws = 0;
+  CHECK(w && symm_rendezvous(w, st_main, "push-solo", 0, 1, &ws) == SYMM_OK, "push workspace");
+  float po[64];
+  memset(po, 0, sizeof po);
+  BAD(SYMM_ERR_INVALID, "dtype 3", symm_push_all_reduce(ws, in, po, 64, 3, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "dtype -1", symm_push_all_reduce(ws, in, po, 64, -1, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "op 1", symm_push_all_reduce(ws, in, po, 64, SYMM_FLOAT32, 1, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "is NULL", symm_push_all_reduce(ws, NULL, po, 64, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "is NULL", symm_push_all_reduce(ws, in, NULL, 64, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "aligned to the 4-byte float32 element",
+      symm_push_all_reduce(ws, (char *)in + 2, po, 16, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "aligned to the 2-byte float16 element",
+      symm_push_all_reduce(ws, in, (char *)po + 1, 16, SYMM_FLOAT16, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "at a shift of +4 bytes", symm_push_all_reduce(ws, io, io + 1, 64, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "workspace's own buffer", symm_push_all_reduce(ws, w + 64, po, 16, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "exceed the workspace's limit of 256 bytes per call",
+      symm_push_all_reduce(ws, in, po, 65, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "overflow", symm_push_all_reduce(ws, in, po, SIZE_MAX / 2, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "timeout_ms -2 is negative", symm_push_all_reduce(ws, in, po, 64, SYMM_FLOAT32, SYMM_SUM, NULL, -2));
+  float zero64[64] = {0};
+  CHECK(!memcmp(po, zero64, sizeof po) && !memcmp(io, io0, sizeof io), "a refused push writes nothing");
+  NOOP(SYMM_OK, symm_push_all_reduce(ws, NULL, NULL, 0, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
+  NOOP(SYMM_OK, symm_push_all_reduce(ws, in, po, 64, SYMM_FLOAT32, SYMM_SUM, NULL, 1000));
+  CHECK(!memcmp(in, po, sizeof in), "push: a world of one sums to its input");
+  NOOP(SYMM_OK, symm_push_all_reduce(ws, po, po, 3, SYMM_BFLOAT16, SYMM_SUM, NULL, 0));
+  CHECK(!memcmp(in, po, sizeof in), "push in place, 6 bytes: a world of one sums to its input");
+  symm_clear_error();
+  symm_free(w, 0, 0, NULL);
+  CHECK(symm_last_error_code() == SYMM_OK, "free the push workspace");
+  char dead[80];
+  snprintf(dead, sizeof dead, "%lld is not a live symmetric-memory handle", (long long)ws);
+  BAD(SYMM_ERR_INVALID, dead, symm_push_all_reduce(ws, in, po, 64, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
   BADR(0, SYMM_ERR_NO_DEVICE, "host backend has no device kernels", symm_kernels_ready(0));
   /* After the block is freed its handle is dead everywhere. */
   symm_clear_error();
@@ -1216,7 +1256,8 @@ static void check_coverage(void) {
       "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_store_server", "symm_store_connect",
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
-      "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_pool_segment_of",
+      "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_push_all_reduce_workspace_size",
+      "symm_push_all_reduce", "symm_pool_segment_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment"};
   int missing = 0;
