@@ -585,6 +585,27 @@ enum { SYMM_SUM = 0 };
 int symm_one_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out,
                              const void *local_input, void *stream, int timeout_ms);
 
+/* Two-shot all-reduce for large messages (PyTorch's
+ * symm_mem.two_shot_all_reduce_): reduce-scatter then all-gather over the
+ * mapped buffers, in one kernel. The count elements at byte offset are split
+ * into one contiguous share per rank (the last share takes the rest); rank s
+ * sums share s of every rank's buffer (float32 accumulation, in rank order:
+ * every rank gets the same bits, and the same bits as
+ * symm_one_shot_all_reduce) and stores the sum into share s of EVERY rank's
+ * buffer. So the call leaves the sum in every rank's buffer at offset (in
+ * place); out, when it is not this rank's buffer at offset, receives a copy
+ * of it as well (out of place: the buffer holds the sum too). Each rank
+ * moves 1/world of the message to and from each peer, instead of all of it
+ * as the one-shot does. Parameters, stream order, local_input (copied into
+ * this rank's buffer first), channels (block b meets block b of every peer
+ * on signal-pad channel b, before the reads and after the stores),
+ * timeout_ms, errors and the host backend as for symm_one_shot_all_reduce,
+ * except that out may be this rank's buffer at offset itself: out and
+ * local_input must each be that exact address or not overlap it, and out
+ * must not overlap local_input unless it is local_input itself. */
+int symm_two_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out,
+                             const void *local_input, void *stream, int timeout_ms);
+
 /* ---- push all-reduce: small messages, one kernel, no barrier -----------------
  *
  * The latency-optimised all-reduce for small messages (a few KiB to about a

@@ -1,5 +1,5 @@
-// libsymm's device-side signals and one-shot all-reduce, compiled at run
-// time by NVRTC (package kernels): no header is included, so that any NVRTC
+// libsymm's device-side signals and all-reduces, compiled at run time by
+// NVRTC (package kernels): no header is included, so that any NVRTC
 // compiles it with nothing else installed.
 //
 // Signal pads follow PyTorch's protocol: slot channel*world+src of rank dst's
@@ -197,6 +197,36 @@ __device__ __forceinline__ bool sync_peers(u32 **pads, int rank, int world, u64 
   return __syncthreads_or(!ok) == 0;
 }
 
+// o: the sum of words i..i+NW-1 (at byte offset) of every rank's buffer, in
+// rank order with float accumulation.
+template <int NW, bool BF16, int KW>
+__device__ __forceinline__ void reduce_words(u32 **bufs, u64 offset, u64 i, int world, u32 (&o)[NW]) {
+  float acc[2 * NW];
+#pragma unroll
+  for (int k = 0; k < 2 * NW; k++) acc[k] = 0.0f;
+  if constexpr (KW > 0) {
+    u32 v[KW][NW];
+#pragma unroll
+    for (int r = 0; r < KW; r++) load<NW>((const u32 *)((const char *)bufs[r] + offset) + i, v[r]);
+#pragma unroll
+    for (int r = 0; r < KW; r++) accumulate<NW, BF16>(acc, v[r]);
+  } else {
+    for (int r = 0; r < world; r++) {
+      u32 v[NW];
+      load<NW>((const u32 *)((const char *)bufs[r] + offset) + i, v);
+      accumulate<NW, BF16>(acc, v);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < NW; k++) {
+    if constexpr (BF16) {
+      o[k] = to_bf16(acc[2 * k]) | (to_bf16(acc[2 * k + 1]) << 16);
+    } else {
+      o[k] = __float_as_uint(acc[2 * k]);
+    }
+  }
+}
+
 // KW: the world size when known at compile time (loads of every peer are
 // issued before the sums), 0 for any.
 //
@@ -222,31 +252,8 @@ __device__ __forceinline__ void one_shot(u32 **bufs, u64 offset, u64 nwords, u32
   }
   if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
   for (u64 i = first; i < nwords; i += stride) {
-    float acc[2 * NW];
-#pragma unroll
-    for (int k = 0; k < 2 * NW; k++) acc[k] = 0.0f;
-    if constexpr (KW > 0) {
-      u32 v[KW][NW];
-#pragma unroll
-      for (int r = 0; r < KW; r++) load<NW>((const u32 *)((const char *)bufs[r] + offset) + i, v[r]);
-#pragma unroll
-      for (int r = 0; r < KW; r++) accumulate<NW, BF16>(acc, v[r]);
-    } else {
-      for (int r = 0; r < world; r++) {
-        u32 v[NW];
-        load<NW>((const u32 *)((const char *)bufs[r] + offset) + i, v);
-        accumulate<NW, BF16>(acc, v);
-      }
-    }
     u32 o[NW];
-#pragma unroll
-    for (int k = 0; k < NW; k++) {
-      if constexpr (BF16) {
-        o[k] = to_bf16(acc[2 * k]) | (to_bf16(acc[2 * k + 1]) << 16);
-      } else {
-        o[k] = __float_as_uint(acc[2 * k]);
-      }
-    }
+    reduce_words<NW, BF16, KW>(bufs, offset, i, world, o);
     store_own<NW>(out + i, o, vec_out);
   }
   sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
@@ -270,6 +277,97 @@ SYMM_AR_WORLDS(f32, 4, false)
 SYMM_AR_WORLDS(f32, 1, false)
 SYMM_AR_WORLDS(bf16, 4, true)
 SYMM_AR_WORLDS(bf16, 1, true)
+
+// ---- two-shot all-reduce (large messages) -----------------------------------
+//
+// Reduce-scatter then all-gather over the mapped buffers, both in the same
+// kernel and through the symmetric buffers themselves: the nwords words are
+// split into world contiguous shares (share s: words s*share .. , share a
+// multiple of NW, the last share taking the rest); rank s reads share s of
+// every rank's buffer, sums in rank order 0..world-1 with float
+// accumulation (the same bits whichever rank sums, as in one_shot), and
+// stores the sum into share s of every rank's buffer, its own included. So
+// after the call every rank's buffer holds the whole sum; out, when it is
+// not this rank's buffer at offset, then gets a copy of it. Each rank reads
+// and writes 1/world of the message per peer instead of all of it.
+//
+// Synchronization is one_shot's: block b meets block b of every peer on
+// channel b before the reads (every peer's input is in its buffer) and after
+// the stores (every share has landed in this rank's buffer; no peer still
+// reads it). Block b handles, in every share, the same words on every rank
+// (the shape comes from offset, count and world only), so the words it
+// copies in from local, the words of its share it reads and stores, and the
+// words it copies out to out are met by block b of every peer. Share s of
+// rank p is read and written only by rank s (each word by one thread,
+// read before written), so the stores need no other ordering.
+
+// for_share_words runs body(i) over the words of the share of len words at
+// word lo that this thread handles.
+template <typename F>
+__device__ __forceinline__ void for_share_words(u64 lo, u64 len, u64 first, u64 stride, F body) {
+  for (u64 j = first; j < len; j += stride) body(lo + j);
+}
+
+__device__ __forceinline__ u64 share_len(u64 share, u64 nwords, int s, int world) {
+  return s == world - 1 ? nwords - share * (u64)s : share;
+}
+
+template <int NW, bool BF16, int KW>
+__device__ __forceinline__ void two_shot(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local,
+                                         u32 **pads, int rank, int world, u64 timeout_ns, u64 *status) {
+  u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * NW;
+  u64 stride = (u64)gridDim.x * blockDim.x * NW;
+  u64 share = nwords / (u64)world / NW * NW;
+  u32 *mine = (u32 *)((char *)bufs[rank] + offset);
+  bool vec_out = ((u64)out & 15) == 0, vec_local = ((u64)local & 15) == 0;
+  if (local != 0 && local != mine) {
+    for (int s = 0; s < world; s++) {
+      for_share_words(share * s, share_len(share, nwords, s, world), first, stride, [&](u64 i) {
+        u32 v[NW];
+        load_own<NW>(local + i, v, vec_local);
+        store<NW>(mine + i, v);
+      });
+    }
+  }
+  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  for_share_words(share * rank, share_len(share, nwords, rank, world), first, stride, [&](u64 i) {
+    u32 o[NW];
+    reduce_words<NW, BF16, KW>(bufs, offset, i, world, o);
+    for (int k = 1; k <= world; k++) {
+      int p = rank + k < world ? rank + k : rank + k - world; // peers first, this rank last
+      store<NW>((u32 *)((char *)bufs[p] + offset) + i, o);
+    }
+  });
+  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT)) return;
+  if (out != mine) {
+    for (int s = 0; s < world; s++) {
+      for_share_words(share * s, share_len(share, nwords, s, world), first, stride, [&](u64 i) {
+        u32 v[NW];
+        load<NW>(mine + i, v);
+        store_own<NW>(out + i, v, vec_out);
+      });
+    }
+  }
+}
+
+// symm_ts_<dtype>_v<words per thread>_w<world or any>: the two-shot kernels,
+// with symm_ar_'s parameters.
+#define SYMM_TS(NAME, NW, BF16, KW)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(512)                                                                \
+      NAME(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, int rank, int world,        \
+           u64 timeout_ns, u64 *status) {                                                                          \
+    two_shot<NW, BF16, KW>(bufs, offset, nwords, out, local, pads, rank, world, timeout_ns, status);               \
+  }
+#define SYMM_TS_WORLDS(DT, NW, BF16)             \
+  SYMM_TS(symm_ts_##DT##_v##NW##_w2, NW, BF16, 2) \
+  SYMM_TS(symm_ts_##DT##_v##NW##_w4, NW, BF16, 4) \
+  SYMM_TS(symm_ts_##DT##_v##NW##_w8, NW, BF16, 8) \
+  SYMM_TS(symm_ts_##DT##_v##NW##_wany, NW, BF16, 0)
+
+SYMM_TS_WORLDS(f32, 4, false)
+SYMM_TS_WORLDS(f32, 1, false)
+SYMM_TS_WORLDS(bf16, 4, true)
+SYMM_TS_WORLDS(bf16, 1, true)
 
 // ---- push all-reduce: one kernel, no barrier (LL protocol) ------------------
 //

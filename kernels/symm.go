@@ -9,8 +9,8 @@ import (
 )
 
 // SymmSource is libsymm's kernel source (symm.cu): signal-pad put, wait and
-// barrier with in-kernel timeouts, the one-shot all-reduce and the push
-// all-reduce.
+// barrier with in-kernel timeouts, the one-shot, two-shot and push
+// all-reduces.
 //
 //go:embed symm.cu
 var SymmSource string
@@ -87,6 +87,16 @@ func (d Dtype) Size() int {
 // (32-bit) per thread (4: 16-byte aligned, else 1) and world size (2, 4 and
 // 8 have their own unrolled kernels).
 func AllReduceKernel(d Dtype, wordsPerThread, world int) string {
+	return arKernel("ar", d, wordsPerThread, world)
+}
+
+// TwoShotAllReduceKernel names the two-shot all-reduce kernel, chosen as
+// for AllReduceKernel (it takes the same parameters and launch shape).
+func TwoShotAllReduceKernel(d Dtype, wordsPerThread, world int) string {
+	return arKernel("ts", d, wordsPerThread, world)
+}
+
+func arKernel(kind string, d Dtype, wordsPerThread, world int) string {
 	dt := "f32"
 	if d == BFloat16 {
 		dt = "bf16"
@@ -96,7 +106,7 @@ func AllReduceKernel(d Dtype, wordsPerThread, world int) string {
 	case 2, 4, 8:
 		w = fmt.Sprint(world)
 	}
-	return fmt.Sprintf("symm_ar_%s_v%d_w%s", dt, wordsPerThread, w)
+	return fmt.Sprintf("symm_%s_%s_v%d_w%s", kind, dt, wordsPerThread, w)
 }
 
 // AllReduceLaunch is the launch shape of the one-shot all-reduce over nwords

@@ -27,7 +27,7 @@ func symmKernels() []string {
 	for _, d := range []Dtype{Float32, BFloat16} {
 		for _, v := range []int{4, 1} {
 			for _, w := range []int{2, 3, 4, 8} {
-				ks = append(ks, AllReduceKernel(d, v, w))
+				ks = append(ks, AllReduceKernel(d, v, w), TwoShotAllReduceKernel(d, v, w))
 			}
 		}
 	}
@@ -99,6 +99,8 @@ func TestAllReduceLaunch(t *testing.T) {
 	require.Equal(t, "symm_ar_bf16_v1_wany", AllReduceKernel(BFloat16, 1, 3))
 	require.Equal(t, "symm_push_ar_f16", PushAllReduceKernel(Float16))
 	require.Equal(t, "symm_ar_f32_v4_w8", AllReduceKernel(Float32, 4, 8))
+	require.Equal(t, "symm_ts_bf16_v4_w2", TwoShotAllReduceKernel(BFloat16, 4, 2))
+	require.Equal(t, "symm_ts_f32_v1_wany", TwoShotAllReduceKernel(Float32, 1, 6))
 }
 
 // Probe reports NVRTC's version, or why it cannot be used, and an entry per

@@ -42,7 +42,7 @@ func (h *Handle) OneShotAllReduce(a AllReduce) error {
 		return err
 	}
 	defer release()
-	nbytes, err := h.checkAllReduce(a)
+	nbytes, err := h.checkAllReduce(a, oneShotName)
 	if err != nil || nbytes == 0 {
 		return err
 	}
@@ -58,38 +58,95 @@ func (h *Handle) OneShotAllReduce(a AllReduce) error {
 	return h.hostAllReduce(a, nbytes)
 }
 
-// checkAllReduce validates a and returns its size in bytes.
-func (h *Handle) checkAllReduce(a AllReduce) (uint64, error) {
+const (
+	oneShotName = "one_shot_all_reduce"
+	twoShotName = "two_shot_all_reduce"
+)
+
+// TwoShotAllReduce runs a as a two-shot all-reduce (PyTorch's
+// symm_mem.two_shot_all_reduce_), for large messages: the Count elements at
+// Offset are split into one contiguous share per rank; rank s sums share s
+// of every rank's buffer (in rank order, float32 accumulation: the same
+// bits on every rank) and stores the sum into share s of every rank's
+// buffer. So, unlike OneShotAllReduce, it leaves the sum in every rank's
+// buffer (in place); Out, when it is not this rank's buffer at Offset, then
+// receives a copy of it (out of place). Local, when not 0, is copied in
+// first, as for OneShotAllReduce. Each rank moves 1/world of the message
+// to and from each peer instead of all of it. On GPUs it is one kernel with
+// OneShotAllReduce's launch shape and synchronization (block b with block b
+// of every peer on channel b, before the reads and after the stores); on the
+// host backend the calling thread does the same with host signals on
+// channel 0. Out may be this rank's buffer at Offset exactly, or memory
+// disjoint from it; Local likewise, and not shifted against Out.
+func (h *Handle) TwoShotAllReduce(a AllReduce) error {
+	release, err := h.Acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
+	nbytes, err := h.checkAllReduce(a, twoShotName)
+	if err != nil || nbytes == 0 {
+		return err
+	}
+	if err := h.failed(); err != nil {
+		return fmt.Errorf("two_shot_all_reduce: %w", err)
+	}
+	if _, ok := h.m.prov.(kernelDevice); ok {
+		if err := h.m.KernelsReady(h.b.Dev()); err != nil {
+			return fmt.Errorf("two_shot_all_reduce on device %d needs the kernels: %w", h.b.Dev(), err)
+		}
+		v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world)
+		words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()),
+			u32(h.rank), u32(h.world), 0, 0}
+		return h.launch(twoShotIndex(a.Dtype, v, h.world), blocks, threads, a.Stream, a.Timeout, words[:],
+			callDesc{kind: kTwoShot, count: a.Count, dtype: a.Dtype})
+	}
+	return h.hostTwoShot(a, nbytes)
+}
+
+// checkAllReduce validates a for fn (one_shot_all_reduce or
+// two_shot_all_reduce) and returns its size in bytes.
+func (h *Handle) checkAllReduce(a AllReduce, fn string) (uint64, error) {
 	size := uint64(a.Dtype.Size())
 	switch {
 	case size == 0 || (a.Dtype != kernels.Float32 && a.Dtype != kernels.BFloat16):
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: dtype %d is neither float32 (0) nor bfloat16 (1)", ErrInvalid, int(a.Dtype))
+		return 0, fmt.Errorf("%w: %s: dtype %d is neither float32 (0) nor bfloat16 (1)", ErrInvalid, fn, int(a.Dtype))
 	case a.Op != "sum":
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: op %q: only sum is supported", ErrInvalid, a.Op)
+		return 0, fmt.Errorf("%w: %s: op %q: only sum is supported", ErrInvalid, fn, a.Op)
 	case a.Timeout < 0:
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: timeout %v is negative (0: no timeout)", ErrInvalid, a.Timeout)
+		return 0, fmt.Errorf("%w: %s: timeout %v is negative (0: no timeout)", ErrInvalid, fn, a.Timeout)
 	case a.Count == 0:
 		return 0, nil
 	case a.Count > math.MaxUint64/size:
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: %d elements overflow", ErrInvalid, a.Count)
+		return 0, fmt.Errorf("%w: %s: %d elements overflow", ErrInvalid, fn, a.Count)
 	}
 	nbytes := a.Count * size
 	switch {
 	case a.Offset%4 != 0 || nbytes%4 != 0:
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: offset %d and size %d bytes (%d %s) must be multiples of 4",
-			ErrInvalid, a.Offset, nbytes, a.Count, a.Dtype)
+		return 0, fmt.Errorf("%w: %s: offset %d and size %d bytes (%d %s) must be multiples of 4",
+			ErrInvalid, fn, a.Offset, nbytes, a.Count, a.Dtype)
 	case a.Offset > h.b.bufSize || nbytes > h.b.bufSize-a.Offset:
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: %d bytes at offset %d do not fit the %d-byte buffer",
-			ErrInvalid, nbytes, a.Offset, h.b.bufSize)
+		return 0, fmt.Errorf("%w: %s: %d bytes at offset %d do not fit the %d-byte buffer",
+			ErrInvalid, fn, nbytes, a.Offset, h.b.bufSize)
 	case a.Out == 0:
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: output is NULL", ErrInvalid)
+		return 0, fmt.Errorf("%w: %s: output is NULL", ErrInvalid, fn)
 	case a.Out%4 != 0 || a.Local%4 != 0:
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: output %#x and local input %#x must be 4-byte aligned", ErrInvalid, a.Out, a.Local)
+		return 0, fmt.Errorf("%w: %s: output %#x and local input %#x must be 4-byte aligned", ErrInvalid, fn, a.Out, a.Local)
 	}
 	in := h.BufferPtr(h.rank) + uintptr(a.Offset)
-	if overlap(a.Out, in, nbytes) {
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: the output %#x overlaps this rank's input %#x (%d bytes), which peers read at the same time",
-			ErrInvalid, a.Out, in, nbytes)
+	twoShot := fn == twoShotName
+	switch {
+	case twoShot && a.Out != in && overlap(a.Out, in, nbytes):
+		return 0, fmt.Errorf("%w: %s: the output %#x overlaps this rank's buffer %#x (%d bytes) at a shift of %+d bytes; "+
+			"peers read and write the buffer at the same time: pass the buffer itself (in place) or disjoint memory",
+			ErrInvalid, fn, a.Out, in, nbytes, int64(a.Out-in))
+	case twoShot && a.Local != 0 && a.Local != in && overlap(a.Local, in, nbytes):
+		return 0, fmt.Errorf("%w: %s: local_input %#x overlaps this rank's buffer %#x (%d bytes) at a shift of %+d bytes; "+
+			"blocks would overwrite input other blocks have not copied yet: pass the buffer itself or disjoint memory",
+			ErrInvalid, fn, a.Local, in, nbytes, int64(a.Local-in))
+	case !twoShot && overlap(a.Out, in, nbytes):
+		return 0, fmt.Errorf("%w: %s: the output %#x overlaps this rank's input %#x (%d bytes), which peers read at the same time",
+			ErrInvalid, fn, a.Out, in, nbytes)
 	}
 	// Block b copies its words of local_input in before it writes its words
 	// of out: with out shifted against local_input, one block overwrites
@@ -97,9 +154,9 @@ func (h *Handle) checkAllReduce(a AllReduce) (uint64, error) {
 	// is safe: each thread reads its words before it writes them.
 	if a.Local != 0 && a.Local != a.Out && overlap(a.Out, a.Local, nbytes) {
 		shift := int64(a.Out - a.Local)
-		return 0, fmt.Errorf("%w: one_shot_all_reduce: the output %#x overlaps local_input %#x (%d bytes each) at a shift of %+d bytes; "+
+		return 0, fmt.Errorf("%w: %s: the output %#x overlaps local_input %#x (%d bytes each) at a shift of %+d bytes; "+
 			"blocks would overwrite input other blocks have not copied yet: pass the same pointer (in place) or disjoint buffers",
-			ErrInvalid, a.Out, a.Local, nbytes, shift)
+			ErrInvalid, fn, a.Out, a.Local, nbytes, shift)
 	}
 	return nbytes, nil
 }
@@ -157,12 +214,22 @@ func (h *Handle) hostAllReduce(a AllReduce, nbytes uint64) error {
 		return fmt.Errorf("%s, before the reads: %w", what, err)
 	}
 	n := int(nbytes / 4)
-	out := hostWords(a.Out, n)
-	acc := make([]float32, 2*n)
+	h.sumWords(a.Offset, n, a.Dtype, 0, n, hostWords(a.Out, n))
+	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
+		return fmt.Errorf("%s, after the reads: %w", what, err)
+	}
+	return nil
+}
+
+// sumWords sums words lo..hi-1 of the n-word arrays at byte offset of every
+// rank's buffer into out, in rank order with float32 accumulation, as the
+// kernels do.
+func (h *Handle) sumWords(offset uint64, n int, d kernels.Dtype, lo, hi int, out []uint32) {
+	acc := make([]float32, 2*(hi-lo))
 	for r := 0; r < h.world; r++ {
-		words := hostWords(h.BufferPtr(r)+uintptr(a.Offset), n)
+		words := hostWords(h.BufferPtr(r)+uintptr(offset), n)[lo:hi]
 		for i, w := range words {
-			if a.Dtype == kernels.BFloat16 {
+			if d == kernels.BFloat16 {
 				acc[2*i] += math.Float32frombits(w << 16)
 				acc[2*i+1] += math.Float32frombits(w & 0xffff0000)
 			} else {
@@ -171,16 +238,54 @@ func (h *Handle) hostAllReduce(a AllReduce, nbytes uint64) error {
 		}
 	}
 	for i := range out {
-		if a.Dtype == kernels.BFloat16 {
+		if d == kernels.BFloat16 {
 			out[i] = uint32(ToBF16(acc[2*i])) | uint32(ToBF16(acc[2*i+1]))<<16
 		} else {
 			out[i] = math.Float32bits(acc[2*i])
 		}
 	}
+}
+
+// hostTwoShot is the two-shot kernel's protocol on host memory: copy in,
+// signal every peer and wait for each on channel 0, sum this rank's share
+// and store it into every rank's buffer, signal again, copy out.
+func (h *Handle) hostTwoShot(a AllReduce, nbytes uint64) error {
+	what := fmt.Sprintf("two_shot_all_reduce of %d %s on group %q (rank %d)", a.Count, a.Dtype, h.group, h.rank)
+	timeout := h.hostBound(a.Timeout)
+	in := h.BufferPtr(h.rank) + uintptr(a.Offset)
+	if a.Local != 0 && a.Local != in {
+		copy(hostBytes(in, nbytes), hostBytes(a.Local, nbytes))
+	}
 	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
-		return fmt.Errorf("%s, after the reads: %w", what, err)
+		return fmt.Errorf("%s, before the reads: %w", what, err)
+	}
+	n := int(nbytes / 4)
+	v, _, _ := allReduceShape(a.Offset, nbytes, h.world)
+	lo, hi := twoShotShare(n, v, h.rank, h.world)
+	sum := make([]uint32, hi-lo)
+	h.sumWords(a.Offset, n, a.Dtype, lo, hi, sum)
+	for k := 1; k <= h.world; k++ {
+		copy(hostWords(h.BufferPtr((h.rank+k)%h.world)+uintptr(a.Offset), n)[lo:hi], sum)
+	}
+	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
+		return fmt.Errorf("%s, after the stores: %w", what, err)
+	}
+	if a.Out != in {
+		copy(hostBytes(a.Out, nbytes), hostBytes(in, nbytes))
 	}
 	return nil
+}
+
+// twoShotShare is rank s's share of n words, [lo, hi), as the kernel splits
+// them: world contiguous shares of a multiple of v words, the last taking
+// the rest.
+func twoShotShare(n, v, s, world int) (lo, hi int) {
+	share := n / world / v * v
+	lo, hi = s*share, (s+1)*share
+	if s == world-1 {
+		hi = n
+	}
+	return lo, hi
 }
 
 // ToBF16 rounds f to bfloat16 bits, to nearest even, as the kernel does (a

@@ -98,7 +98,8 @@ const (
 	kAllReduce // 16 of them: allReduceIndex
 	kPushInit  = kAllReduce + 16
 	kPush      = kPushInit + 1 // 3 of them, by dtype: kPush + int(dtype)
-	numKernels = kPush + 3
+	kTwoShot   = kPush + 3     // 16 of them: twoShotIndex
+	numKernels = kTwoShot + 16
 )
 
 var kernelNames = func() (n [numKernels]string) {
@@ -110,6 +111,7 @@ var kernelNames = func() (n [numKernels]string) {
 		for _, v := range []int{4, 1} {
 			for _, w := range []int{2, 4, 8, 0} {
 				n[allReduceIndex(d, v, w)] = kernels.AllReduceKernel(d, v, w)
+				n[twoShotIndex(d, v, w)] = kernels.TwoShotAllReduceKernel(d, v, w)
 			}
 		}
 	}
@@ -119,7 +121,16 @@ var kernelNames = func() (n [numKernels]string) {
 // allReduceIndex is the index of the all-reduce kernel for dtype d, v words
 // per thread and world size w.
 func allReduceIndex(d kernels.Dtype, v, w int) int {
-	i := kAllReduce + int(d)*8
+	return kAllReduce + arIndex(d, v, w)
+}
+
+// twoShotIndex is allReduceIndex for the two-shot kernels.
+func twoShotIndex(d kernels.Dtype, v, w int) int {
+	return kTwoShot + arIndex(d, v, w)
+}
+
+func arIndex(d kernels.Dtype, v, w int) int {
+	i := int(d) * 8
 	if v != 4 {
 		i += 4
 	}
@@ -325,7 +336,7 @@ func (h *Handle) kernelTimeout(timeout time.Duration) time.Duration {
 
 // callDesc names a call in error messages, which are built only when needed.
 type callDesc struct {
-	kind          int // kBarrier, kPut, kWait, kAllReduce, kPushInit or kPush
+	kind          int // kBarrier, kPut, kWait, kAllReduce, kTwoShot, kPushInit or kPush
 	peer, channel int
 	count         uint64
 	dtype         kernels.Dtype
@@ -343,6 +354,8 @@ func (h *Handle) describe(c callDesc) string {
 		return fmt.Sprintf("push_all_reduce's workspace set-up on group %q (rank %d)", h.group, h.rank)
 	case kPush:
 		return fmt.Sprintf("push_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
+	case kTwoShot:
+		return fmt.Sprintf("two_shot_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
 	}
 	return fmt.Sprintf("one_shot_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
 }

@@ -26,6 +26,8 @@ func TestKernelIndexes(t *testing.T) {
 	}
 	require.Equal(t, kernels.AllReduceKernel(kernels.BFloat16, 1, 5), kernelNames[allReduceIndex(kernels.BFloat16, 1, 5)])
 	require.Equal(t, kernels.AllReduceKernel(kernels.Float32, 4, 8), kernelNames[allReduceIndex(kernels.Float32, 4, 8)])
+	require.Equal(t, kernels.TwoShotAllReduceKernel(kernels.BFloat16, 4, 4), kernelNames[twoShotIndex(kernels.BFloat16, 4, 4)])
+	require.Equal(t, kernels.TwoShotAllReduceKernel(kernels.Float32, 1, 3), kernelNames[twoShotIndex(kernels.Float32, 1, 3)])
 }
 
 // The host backend has no device kernels: signals stay what they were, the

@@ -207,6 +207,23 @@ class Handle:
         _fast_rc(load().symm_one_shot_all_reduce, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
                  _OPS[op], int(out), int(local_input), self._stream(stream), int(timeout_ms))
 
+    def two_shot_all_reduce_ptr(self, offset: int, count: int, dtype: str, out: int = 0, local_input: int = 0,
+                                op: str = "sum", timeout_ms: int = 0, stream=None) -> None:
+        """symm_two_shot_all_reduce on raw addresses (torch-free): count
+        elements of dtype ("float32" or "bfloat16") at byte offset of every
+        rank's buffer (from the handle's own start, self.offset included)
+        are summed into every rank's buffer there (in place; out 0 means
+        that address) and, when out is another address, copied into out."""
+        if dtype not in _DTYPES:
+            raise ValueError(f"two_shot_all_reduce: dtype {dtype!r}: want float32 or bfloat16")
+        if op not in _OPS:
+            raise ValueError(f"two_shot_all_reduce: op {op!r}: only 'sum' is supported")
+        at = int(self.offset + offset)
+        if not out:
+            out = self.buffer_ptrs[self.rank] + int(offset)
+        _fast_rc(load().symm_two_shot_all_reduce, self._h, at, int(count), _DTYPES[dtype], _OPS[op], int(out),
+                 int(local_input), self._stream(stream), int(timeout_ms))
+
     def push_all_reduce_ptr(self, in_ptr: int, out_ptr: int, count: int, dtype: str = "float32", op: str = "sum",
                             timeout_ms: int = 0, stream=None) -> None:
         """symm_push_all_reduce on raw addresses (torch-free), this handle
@@ -308,20 +325,68 @@ def one_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
         raise ValueError(f"one_shot_all_reduce: out must be a contiguous {tensor.dtype} tensor of {n} elements "
                          f"(got {out.dtype}, {out.numel()})")
-    # The handle of the last call on this tensor and group, while the tensor
-    # lives (a new tensor at the same address goes through rendezvous again,
-    # which resets a recycled block's signal pad).
-    ptr = tensor.data_ptr()
-    key = (ptr, group if group is None or isinstance(group, str) else id(group))
+    hit = _allreduce_handle(tensor, group)
+    dev = tensor.device
+    stream = _current_raw_stream(dev) if dev.type == "cuda" else 0
+    _fast_rc(load().symm_one_shot_all_reduce, hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
+    return out
+
+
+def _allreduce_handle(tensor, group):
+    """The handle of the last all-reduce on this tensor and group, while the
+    tensor lives (a new tensor at the same address goes through rendezvous
+    again, which resets a recycled block's signal pad): (weak reference to
+    the tensor, handle, offset)."""
+    key = (tensor.data_ptr(), group if group is None or isinstance(group, str) else id(group))
     hit = _allreduce_handles.get(key)
     if hit is None or hit[0]() is not tensor:
         import weakref
 
         h = rendezvous(tensor, group)
         hit = _allreduce_handles[key] = (weakref.ref(tensor), h.handle, h.offset)
+    return hit
+
+
+def two_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_input=None, timeout_ms: int = 0):
+    """PyTorch's symm_mem.two_shot_all_reduce_ (and two_shot_all_reduce_out
+    with out): the all-reduce for large messages. tensor lives in a
+    symmetric block of every rank of group; rank s sums the s-th of world
+    contiguous shares of every rank's tensor and stores the sum into that
+    share of every rank's tensor, so the call leaves the sum in tensor on
+    every rank (in place) and returns tensor, or, with out, also copies it
+    into out and returns out. local_input: copied into tensor first. In
+    stream order on the current stream; float32 and bfloat16, the tensor's
+    bytes a multiple of 4; every rank calls it with the same shape; the
+    same bits as one_shot_all_reduce. Raises SymmError (INVALID,
+    NO_DEVICE when the kernels cannot run, TIMEOUT naming a rank that did
+    not come)."""
+    import torch
+
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
+    code = _TORCH_DTYPES.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"two_shot_all_reduce: dtype {tensor.dtype}: want torch.float32 or torch.bfloat16")
+    if op != "sum":
+        raise ValueError(f"two_shot_all_reduce: op {op!r}: only 'sum' is supported")
+    if not tensor.is_contiguous():
+        raise ValueError("two_shot_all_reduce: the tensor must be contiguous")
+    n = tensor.numel()
+    local = 0
+    if local_input is not None:
+        if local_input.dtype != tensor.dtype or local_input.numel() != n or not local_input.is_contiguous():
+            raise ValueError(f"two_shot_all_reduce: local_input must be a contiguous {tensor.dtype} tensor of "
+                             f"{n} elements")
+        local = local_input.data_ptr()
+    if out is None:
+        out = tensor
+    elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
+        raise ValueError(f"two_shot_all_reduce: out must be a contiguous {tensor.dtype} tensor of {n} elements "
+                         f"(got {out.dtype}, {out.numel()})")
+    hit = _allreduce_handle(tensor, group)
     dev = tensor.device
     stream = _current_raw_stream(dev) if dev.type == "cuda" else 0
-    _fast_rc(load().symm_one_shot_all_reduce, hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
+    _fast_rc(load().symm_two_shot_all_reduce, hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
     return out
 
 

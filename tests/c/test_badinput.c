@@ -1034,6 +1034,32 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   NOOP(SYMM_OK, symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io, io, NULL, 1000));
   CHECK(!memcmp(io, io0, sizeof io) && !memcmp(p, io0, sizeof in), "in place: a world of one sums to its local input");
   memcpy(p, in, sizeof in);
+  /* The two-shot all-reduce: the one-shot's refusals, by its own name; the
+   * buffer itself as the output (in place), and no other overlap with it. */
+  BAD(SYMM_ERR_INVALID, "two_shot_all_reduce: dtype 2", symm_two_shot_all_reduce(h, 0, 64, 2, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "op 1", symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, 1, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "output is NULL", symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "overlaps this rank's buffer",
+      symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, p + 128, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "local_input", symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, p + 4, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "multiples of 4", symm_two_shot_all_reduce(h, 6, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "4-byte aligned",
+      symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, (char *)out + 2, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "do not fit", symm_two_shot_all_reduce(h, 0, SIZE_MAX / 8, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "timeout_ms -3 is negative",
+      symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, -3));
+  BAD(SYMM_ERR_INVALID, "at a shift of -60 bytes",
+      symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io, io + 15, NULL, 0));
+  CHECK(!memcmp(io, io0, sizeof io) && !memcmp(p, in, sizeof in), "a refused two-shot all-reduce writes and copies nothing");
+  NOOP(SYMM_OK, symm_two_shot_all_reduce(h, 0, 0, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, NULL, 0));
+  memset(out, 0, sizeof out);
+  NOOP(SYMM_OK, symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 1000));
+  CHECK(!memcmp(in, out, sizeof in), "two-shot: a world of one sums to its input");
+  NOOP(SYMM_OK, symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, p, NULL, NULL, 1000));
+  CHECK(!memcmp(p, in, sizeof in), "two-shot in place: a world of one sums to its input");
+  NOOP(SYMM_OK, symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io, io, NULL, 1000));
+  CHECK(!memcmp(io, io0, sizeof io) && !memcmp(p, io0, sizeof in), "two-shot from local_input: in place and in the buffer");
+  memcpy(p, in, sizeof in);
   /* The push all-reduce, on a workspace of its own (messages of up to 256
    * bytes for one rank): every bad argument refused by name before anything
    * is written, then a world of one sums to its own input. */
@@ -1256,7 +1282,8 @@ static void check_coverage(void) {
       "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_store_server", "symm_store_connect",
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
-      "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_push_all_reduce_workspace_size",
+      "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
+      "symm_push_all_reduce_workspace_size",
       "symm_push_all_reduce", "symm_pool_segment_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment"};

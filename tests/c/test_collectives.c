@@ -218,6 +218,39 @@ static void check_all_reduce(symm_handle_t h, void *buf, int rank, int world, in
   }
 }
 
+/* One two-shot all-reduce of count elements at offset: mode 0 in place in
+ * the symmetric buffer, 1 out of place, 2 from local_input in place (out is
+ * local), 3 from local_input into the symmetric buffer. The sum checked bit
+ * for bit in out and in the symmetric buffer (where the all-gather leaves
+ * it in every mode), and the word after out untouched. */
+static void check_two_shot(symm_handle_t h, void *buf, int rank, int world, int dtype, size_t offset, size_t count,
+                           int mode, uint32_t *host, void *out, void *local) {
+  static const char *modes[] = {"in place", "out of place", "local in place", "local to the buffer"};
+  size_t nbytes = count * (dtype == SYMM_FLOAT32 ? 4 : 2), nwords = nbytes / 4;
+  char *mine = (char *)buf + offset;
+  for (size_t i = 0; i < nwords; i++) host[i] = input_word(dtype, rank, i);
+  host[nwords] = 0x5a5a5a5au;
+  CHECK(to_dev(mode >= 2 ? local : mine, host, nbytes + (mode == 2 ? 4 : 0)) == 0, "two-shot input");
+  void *dst = mode == 0 || mode == 3 ? (void *)mine : mode == 2 ? local : out;
+  if (mode == 1) CHECK(to_dev((char *)out + nbytes, host + nwords, 4) == 0, "the word after the output");
+  int rc = symm_two_shot_all_reduce(h, offset, count, dtype, SYMM_SUM, dst, mode >= 2 ? local : NULL, NULL, 20000);
+  CHECK(rc == SYMM_OK, "two-shot all-reduce of %zu %s at offset %zu (%s): %d %s", count, dtype ? "bf16" : "f32", offset,
+        modes[mode], rc, symm_last_error());
+  CHECK(dev_sync() == 0, "sync");
+  for (int pass = 0; pass < 2; pass++) {
+    memset(host, 0xff, nbytes + 4);
+    CHECK(from_dev(host, pass ? mine : dst, nbytes + (pass ? 0 : 4)) == 0, "read the two-shot output");
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < nwords; i++)
+      if (host[i] != expected_word(dtype, world, i) && bad++ == 0) first = i;
+    CHECK(bad == 0, "two-shot all-reduce of %zu %s at offset %zu (%s), %s: %zu of %zu words wrong, first %zu: %#x, want %#x",
+          count, dtype ? "bf16" : "f32", offset, modes[mode], pass ? "symmetric buffer" : "output", bad, nwords, first,
+          host[first], expected_word(dtype, world, first));
+    if (!pass && (mode == 1 || mode == 2))
+      CHECK(host[nwords] == 0x5a5a5a5au, "two-shot (%s): the word after the output written", modes[mode]);
+  }
+}
+
 /* Push call k of count elements: the input at in_off elements into din,
  * the output at out_off into dout (or in place), timeout_ms as given; the
  * sum checked bit for bit, and the bytes around the output untouched. */
@@ -426,6 +459,18 @@ static int child(int rank, int world, int dev) {
       }
     }
   if (rank == 0) printf("rank 0: all-reduce float32 and bfloat16, 4 B to 4 MiB: checked\n");
+  for (int dtype = SYMM_FLOAT32; dtype <= SYMM_BFLOAT16; dtype++)
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+      size_t count = sizes[s] / (dtype == SYMM_FLOAT32 ? 4 : 2);
+      check_two_shot(h, p, rank, world, dtype, 0, count, 0, host, out, local);
+      check_two_shot(h, p, rank, world, dtype, 0, count, 1, host, out, local);
+      if (sizes[s] <= 1 * MiB) {
+        check_two_shot(h, p, rank, world, dtype, 4, count, 1, host, (char *)out + 4, local); /* 4-byte kernel */
+        check_two_shot(h, p, rank, world, dtype, 32, count, 2, host, out, local);
+        check_two_shot(h, p, rank, world, dtype, 32, count, 3, host, out, (char *)local + 4);
+      }
+    }
+  if (rank == 0) printf("rank 0: two-shot all-reduce float32 and bfloat16, 4 B to 4 MiB, in place and out of place: checked\n");
 
   /* Bad input: each refused, nothing lost. */
   struct {

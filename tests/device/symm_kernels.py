@@ -106,6 +106,93 @@ def misaligned_rounds(rank, world, dev, group, check):
         del x
 
 
+def two_shot_rounds(rank, world, dev, group, check):
+    """symm.two_shot_all_reduce: float32 and bfloat16, 4 KiB..4 MiB (and
+    sizes that split unevenly into world shares), in place (the sum in the
+    symmetric tensor), out of place and from a local input; bit for bit
+    against the float32 sum in rank order (so the same bits on every rank,
+    checked by all_gather too) and within rounding of float64; a CUDA graph
+    of two calls replayed with new inputs."""
+    import torch
+    import torch.distributed as dist
+
+    import symm
+
+    for dtype in (torch.float32, torch.bfloat16):
+        es = 4 if dtype == torch.float32 else 2
+        ity = torch.int32 if es == 4 else torch.int16
+        bad = []
+        for nbytes in (4 << 10, (4 << 10) + 12, 64 << 10, (256 << 10) + 4 * world + 8, 1 << 20, 4 << 20):
+            n = nbytes // es
+            srcs = [torch.randn(n, generator=torch.Generator().manual_seed(7919 * r + n), dtype=torch.float32).to(dtype)
+                    for r in range(world)]
+            acc = torch.zeros(n, dtype=torch.float32)
+            for r in range(world):
+                acc += srcs[r].float()
+            exact = acc.to(dtype)
+            ref64 = sum(s.double() for s in srcs)
+            x = symm.empty(n, dtype=dtype, device=dev)
+            for mode in ("in place", "out", "local", "local in place"):
+                src = srcs[rank].to(dev)
+                out = loc = None
+                if mode in ("in place", "out"):
+                    x.copy_(src)
+                else:
+                    x.zero_()
+                    loc = src
+                if mode == "out":
+                    out = torch.empty_like(x)
+                elif mode == "local in place":
+                    out = loc
+                res = symm.two_shot_all_reduce(x, group=group, out=out, local_input=loc)
+                want_ptr = (out if out is not None else x).data_ptr()
+                got = res.cpu()
+                gathered = [torch.empty_like(res) for _ in range(world)]
+                dist.all_gather(gathered, res.contiguous(), group=group)
+                same = all(torch.equal(g.view(ity).cpu(), res.view(ity).cpu()) for g in gathered)
+                tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+                close = torch.allclose(got.double(), ref64, rtol=tol, atol=tol * world)
+                bits, buf = torch.equal(got.view(ity), exact.view(ity)), torch.equal(x.cpu().view(ity), exact.view(ity))
+                if res.data_ptr() != want_ptr or not bits or not buf or not same or not close:
+                    bad.append(f"{nbytes}B {mode}: returned its out {res.data_ptr() == want_ptr}, bits {bits}, "
+                               f"buffer {buf}, same on every rank {same}, float64 {close}")
+            del x
+        check(f"two_shot_all_reduce {str(dtype)[6:]} 4 KiB..4 MiB, in place / out / local_input: bit for bit in rank "
+              f"order, the same on every rank, within rounding of float64", not bad, "; ".join(bad[:3]))
+
+    # A CUDA graph of two calls (in place, then out of place) replayed with new inputs.
+    g_in = symm.empty(1 << 18, dtype=torch.float32, device=dev)
+    g_out = torch.empty_like(g_in)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (rendezvous, kernels)
+        g_in.fill_(1.0)
+        symm.two_shot_all_reduce(g_in, group=group)
+        symm.two_shot_all_reduce(g_in, group=group, out=g_out)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            symm.two_shot_all_reduce(g_in, group=group)
+            symm.two_shot_all_reduce(g_in, group=group, out=g_out)
+        ok, detail = True, ""
+        for k in range(5):
+            g_in.fill_(float(rank + 10 * k))
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            want = float(sum(r + 10 * k for r in range(world))) * world
+            good = bool((g_out == want).all()) and bool((g_in == want).all())
+            ok &= good
+            if not good:
+                detail = f"replay {k}: out {g_out[:4].tolist()} in {g_in[:4].tolist()} want {want}"
+    except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
+        ok, detail = False, f"{type(e).__name__}: {e}"
+    check("two_shot_all_reduce x2 captured in a CUDA graph, replayed 5 times with new inputs", ok, detail)
+    dist.barrier()
+
+
 def push_rounds(rank, world, dev, group, check):
     """The push all-reduce's checks (see the top of this file)."""
     import hashlib
@@ -394,6 +481,7 @@ def run_rank(rank, world, port, bench1, push_only=False):
         del x
 
         misaligned_rounds(rank, world, dev, group, check)
+        two_shot_rounds(rank, world, dev, group, check)
 
         # A rank that stays away: the others time out naming it; streams go on.
         y = symm.empty(1024, dtype=torch.float32, device=dev)

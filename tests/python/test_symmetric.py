@@ -478,3 +478,60 @@ def test_push_all_reduce_three_processes(tmp_path):
         assert e["size"][0] == 1 and "workspace for 0 ranks" in e["size"][1], e
         if rank != 2:
             assert r["timeout"][0] == 8 and "rank 2's data for push all-reduce call" in r["timeout"][1], r
+
+
+TWO_SHOT_SCRIPT = textwrap.dedent(
+    """
+    import array, ctypes, json, struct, sys, symm
+    rank, world, addr = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    st = symm.Store.connect(addr, timeout_ms=20000)
+    n = 3001
+    p = symm.symm_alloc(4 * n + 64)
+    h = symm.rendezvous_ptr(p, st, "two", rank, world)
+    vals = array.array("f", [(i % 17) * 0.25 + rank for i in range(n)])
+    want = [sum((i % 17) * 0.25 + r for r in range(world)) for i in range(n)]
+    # In place: the sum lands in every rank's buffer.
+    ctypes.memmove(p, vals.buffer_info()[0], 4 * n)
+    h.two_shot_all_reduce_ptr(0, n, "float32", timeout_ms=20000)
+    mine = array.array("f", ctypes.string_at(p, 4 * n))
+    in_place = list(mine) == want
+    # Out of place, at an offset of 4 bytes (n - 1 elements): out and the buffer.
+    ctypes.memmove(p, vals.buffer_info()[0], 4 * n)
+    out = array.array("f", [0.0]) * n
+    h.two_shot_all_reduce_ptr(4, n - 1, "float32", out.buffer_info()[0], timeout_ms=20000)
+    mine = array.array("f", ctypes.string_at(p + 4, 4 * (n - 1)))
+    out_ok = list(out[:n - 1]) == want[1:] and out[n - 1] == 0.0 and list(mine) == want[1:]
+    # bfloat16 from a local input, out being the local input (in place there).
+    bf = array.array("H", [struct.unpack("<I", struct.pack("<f", (i % 9) / 8 + rank))[0] >> 16 for i in range(n + 1)])
+    h.two_shot_all_reduce_ptr(0, n + 1, "bfloat16", bf.buffer_info()[0], local_input=bf.buffer_info()[0],
+                              timeout_ms=20000)
+    got = [struct.unpack("<f", struct.pack("<I", w << 16))[0] for w in bf]
+    bf_ok = all(got[i] == sum((i % 9) / 8 + r for r in range(world)) for i in range(n + 1))
+    errors = {}
+    for name, kw in {"dtype": dict(dtype="float64"), "op": dict(op="max")}.items():
+        try:
+            h.two_shot_all_reduce_ptr(0, 16, **{"dtype": "float32", **kw})
+        except ValueError as e:
+            errors[name] = str(e)
+    for name, args in {"offset": (2, 16, "float32"), "overlap": (0, 16, "float32", p + 4)}.items():
+        try:
+            h.two_shot_all_reduce_ptr(*args)
+        except symm.SymmError as e:
+            errors[name] = [int(e.code), str(e)]
+    print(json.dumps({"in_place": in_place, "out": out_ok, "bf16": bf_ok, "errors": errors}))
+    h.barrier(timeout_ms=20000)
+    symm.symm_free(p)
+    """
+)
+
+
+def test_two_shot_all_reduce_three_processes(tmp_path):
+    """The two-shot all-reduce over real processes on the host backend: in
+    place (the sum in every rank's buffer), out of place at an offset (out
+    and the buffer), bfloat16 from a local input in place; bad arguments
+    refused."""
+    for r in run_ranks(tmp_path, TWO_SHOT_SCRIPT, 3):
+        assert r["in_place"] and r["out"] and r["bf16"], r
+        assert "two_shot_all_reduce: dtype" in r["errors"]["dtype"] and "sum" in r["errors"]["op"], r
+        assert r["errors"]["offset"][0] == 1 and "multiples of 4" in r["errors"]["offset"][1], r  # SYMM_ERR_INVALID
+        assert r["errors"]["overlap"][0] == 1 and "overlaps this rank's buffer" in r["errors"]["overlap"][1], r
