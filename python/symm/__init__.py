@@ -160,4 +160,18 @@ __all__ = [
     "set_memory_fraction",
     "use_as_default",
     "version",
+    "register_torch_ops",
 ]
+
+from ._torch_ops import register_torch_ops  # noqa: E402
+
+# Compiled graphs name torch.ops.symm.* before any libsymm call: register
+# them now when torch is there already (import torch, then symm); else
+# register_torch_ops() does it.
+import sys as _sys  # noqa: E402
+
+if "torch" in _sys.modules:
+    try:
+        register_torch_ops()
+    except Exception:  # noqa: BLE001 - never fail `import symm`; register_torch_ops() says why
+        pass
