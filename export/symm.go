@@ -91,6 +91,11 @@ func getManager() (*symmetric.Manager, error) {
 		}
 		cfg.PushFirstCall = n
 	}
+	if v := getenv("SYMM_ALL_REDUCE"); v != "" {
+		if cfg.AllReduce, err = symmetric.ParseAlgorithm(v); err != nil {
+			return nil, fmt.Errorf("%w: SYMM_ALL_REDUCE=%q: want auto, push, two_shot or one_shot", symmetric.ErrInvalid, v)
+		}
+	}
 	symmLib.mgr = symmetric.NewManager(prov, cfg)
 	return symmLib.mgr, nil
 }
@@ -503,6 +508,22 @@ func goPushWorkspaceSize(world C.int, maxBytes C.size_t) (size C.size_t) {
 		return 0
 	}
 	return C.size_t(n)
+}
+
+//export goAllReduceAlgorithm
+func goAllReduceAlgorithm(world C.int, nbytes, pushMax C.size_t, algorithm C.int, chosen *C.int) (code C.int) {
+	const fn = "symm_all_reduce_algorithm"
+	defer guard(fn, &code)
+	m, err := getManager()
+	if err != nil {
+		return failSymm(fn, err)
+	}
+	a, err := m.AllReduceAlgorithm(int(world), uint64(nbytes), uint64(pushMax), symmetric.Algorithm(algorithm))
+	if err != nil {
+		return failSymm(fn, err)
+	}
+	*chosen = C.int(a)
+	return C.SYMM_OK
 }
 
 //export goKernelsReady

@@ -186,6 +186,9 @@ SYMM_CALL(int, symm_push_all_reduce,
            int timeout_ms),
           SYMM_ERR_FORKED,
           goPushAllReduce(workspace, (uintptr_t)in, (uintptr_t)out, count, dtype, op, (uintptr_t)stream, timeout_ms))
+SYMM_CHECKED(symm_all_reduce_algorithm,
+             (int world_size, size_t nbytes, size_t push_max_bytes, int algorithm, int *chosen), chosen == nullptr,
+             "chosen is NULL", goAllReduceAlgorithm(world_size, nbytes, push_max_bytes, algorithm, chosen))
 SYMM_CALL(size_t, symm_push_all_reduce_workspace_size, (int world_size, size_t max_bytes), 0,
           goPushWorkspaceSize(world_size, max_bytes))
 

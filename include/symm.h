@@ -599,7 +599,8 @@ int symm_one_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int d
  * as the one-shot does. Parameters, stream order, local_input (copied into
  * this rank's buffer first), channels (block b meets block b of every peer
  * on signal-pad channel b, before the reads and after the stores),
- * timeout_ms, errors and the host backend as for symm_one_shot_all_reduce,
+ * timeout_ms, errors (SYMM_ERR_INVALID, SYMM_ERR_NO_DEVICE, SYMM_ERR_TIMEOUT)
+ * and the host backend as for symm_one_shot_all_reduce,
  * except that out may be this rank's buffer at offset itself: out and
  * local_input must each be that exact address or not overlap it, and out
  * must not overlap local_input unless it is local_input itself. */
@@ -656,6 +657,33 @@ size_t symm_push_all_reduce_workspace_size(int world_size, size_t max_bytes);
  * as said, also for every call on a handle that failed. */
 int symm_push_all_reduce(symm_handle_t workspace, const void *in, void *out, size_t count, int dtype, int op,
                          void *stream, int timeout_ms);
+
+/* ---- choosing the all-reduce ------------------------------------------------
+ *
+ * The one place where the all-reduce's algorithm is chosen, shared by C and
+ * Python (symm.all_reduce). SYMM_ALL_REDUCE_AUTO asks libsymm to choose:
+ * SYMM_ALL_REDUCE (auto, push, two_shot or one_shot) when it forces one,
+ * else from the crossovers measured on H200s (symmetric/choose.go has the
+ * table and the run): the push all-reduce up to 512 KiB on 2 GPUs, 256 KiB
+ * on 3, 128 KiB on 4 and more (more than 4: not measured, an
+ * extrapolation), the two-shot above, and the two-shot too for a message
+ * over push_max_bytes (the largest message the caller's push workspace
+ * takes; 0: none, never the push). PUSH, TWO_SHOT and ONE_SHOT name
+ * symm_push_all_reduce, symm_two_shot_all_reduce and
+ * symm_one_shot_all_reduce. */
+enum { SYMM_ALL_REDUCE_AUTO = 0, SYMM_ALL_REDUCE_PUSH = 1, SYMM_ALL_REDUCE_TWO_SHOT = 2, SYMM_ALL_REDUCE_ONE_SHOT = 3 };
+
+/* Writes into *chosen the algorithm (SYMM_ALL_REDUCE_PUSH, _TWO_SHOT or
+ * _ONE_SHOT) of an all-reduce of nbytes bytes on a group of world_size
+ * ranks: algorithm itself when it is not SYMM_ALL_REDUCE_AUTO (the caller
+ * forces one), else as said above. Every rank gets the same answer for the
+ * same arguments and environment. Returns SYMM_OK; SYMM_ERR_INVALID (nothing
+ * written) when chosen is NULL, world_size < 1, algorithm is not one of the
+ * enum, a push (asked for, or forced by SYMM_ALL_REDUCE=push) of a message
+ * over push_max_bytes (the message says the limit), or SYMM_ALL_REDUCE
+ * holds another word (the message names the variable); SYMM_ERR_NO_DEVICE
+ * when the symmetric backend cannot start (as for symm_alloc). */
+int symm_all_reduce_algorithm(int world_size, size_t nbytes, size_t push_max_bytes, int algorithm, int *chosen);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -118,6 +118,9 @@ type Config struct {
 	// call (0: 1); near a multiple of 2^32 it exercises the wrap-around of
 	// the 32-bit flags (SYMM_PUSH_FIRST_CALL).
 	PushFirstCall uint64
+	// AllReduce forces the algorithm of AllReduceAlgorithm when not
+	// AllReduceAuto (SYMM_ALL_REDUCE=auto, push, two_shot or one_shot).
+	AllReduce Algorithm
 }
 
 // NewManager returns a manager over prov.

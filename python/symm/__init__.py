@@ -79,6 +79,8 @@ from .torch_allocator import extension_status, is_default, pool_allocator, use_a
 from ._symmetric import (
     Handle,
     Store,
+    all_reduce,
+    all_reduce_algorithm,
     empty,
     get_mem_pool,
     get_mempool_allocator,
@@ -107,6 +109,8 @@ from ._symmetric import (
 __all__ = [
     "Handle",
     "Store",
+    "all_reduce",
+    "all_reduce_algorithm",
     "empty",
     "get_mem_pool",
     "get_mempool_allocator",

@@ -484,6 +484,155 @@ def push_all_reduce(tensor, op: str = "sum", group=None, out=None, timeout_ms: i
     return out
 
 
+ALL_REDUCE_ALGORITHMS = ("auto", "push", "two_shot", "one_shot")  # SYMM_ALL_REDUCE_AUTO, _PUSH, ...
+
+
+def _push_max_bytes_setting() -> int:
+    """The largest message of a push workspace made now (SYMM_PUSH_MAX_BYTES,
+    else 1 MiB), as the workspace takes it (rounded up to 8)."""
+    n = int(os.environ.get("SYMM_PUSH_MAX_BYTES", PUSH_MAX_BYTES))
+    return (n + 7) // 8 * 8
+
+
+def all_reduce_algorithm(world_size: int, nbytes: int, push_max_bytes: int | None = None,
+                         algorithm: str | None = None) -> str:
+    """The algorithm ("push", "two_shot" or "one_shot") that
+    :func:`all_reduce` runs for a message of nbytes bytes on world_size
+    ranks (symm_all_reduce_algorithm, torch-free): algorithm when given and
+    not "auto", else SYMM_ALL_REDUCE when it forces one, else the measured
+    crossovers (the push up to 512 KiB on 2 ranks, 256 KiB on 3, 128 KiB on
+    4 and more; the two-shot above), the push only up to push_max_bytes (the
+    push workspace's limit; None: SYMM_PUSH_MAX_BYTES, else 1 MiB).
+    Raises SymmError (INVALID: a bad SYMM_ALL_REDUCE, naming it, or a push
+    asked for over the limit) or ValueError for an unknown algorithm."""
+    if algorithm is None:
+        algorithm = "auto"
+    if algorithm not in ALL_REDUCE_ALGORITHMS:
+        raise ValueError(f"all_reduce: algorithm {algorithm!r}: want None, 'auto', 'push', 'two_shot' or 'one_shot'")
+    if push_max_bytes is None:
+        push_max_bytes = _push_max_bytes_setting()
+    chosen = ctypes.c_int(-1)
+    _fast_rc(load().symm_all_reduce_algorithm, int(world_size), int(nbytes), int(push_max_bytes),
+             ALL_REDUCE_ALGORITHMS.index(algorithm), ctypes.byref(chosen))
+    return ALL_REDUCE_ALGORITHMS[chosen.value]
+
+
+def _resolve_group(group):
+    """(process group, its name) for a ProcessGroup, its name or None."""
+    import torch.distributed as dist
+
+    if group is None:
+        group = dist.group.WORLD
+    if isinstance(group, str):
+        group = dist.distributed_c10d._resolve_process_group(group)
+    return group, getattr(group, "group_name", None) or "0"
+
+
+_scratch: dict = {}  # (group name, device index) -> (pointer, bytes, Handle)
+SCRATCH_MIN_BYTES = 1 << 20
+
+
+def _all_reduce_scratch(group, dev, nbytes: int) -> Handle:
+    """The symmetric scratch buffer of group on dev for the one-shot and
+    two-shot of all_reduce: allocated and rendezvoused on first use, and
+    again, twice as large as needed (at least 1 MiB, a power of two), when a
+    larger message comes (collective: every rank calls with the same sizes;
+    the old one is freed once this device's work is done, by which time
+    every peer is done with it too: each kernel meets every peer after its
+    last access)."""
+    import torch
+    import torch.distributed as dist
+
+    group, name = _resolve_group(group)
+    key = (name, dev.index)
+    hit = _scratch.get(key)
+    if hit is not None and hit[1] >= nbytes:
+        return hit[2]
+    size = max(SCRATCH_MIN_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
+    if hit is not None:
+        del _scratch[key]
+        torch.cuda.synchronize(dev)
+        symm_free(hit[0])
+    _ensure_backend(dev.index)
+    ptr = symm_alloc(size, dev.index)
+    try:
+        h = rendezvous_ptr(ptr, _group_store(group), f"torch-{name}-all_reduce", dist.get_rank(group),
+                           dist.get_world_size(group), dev)
+    except BaseException:
+        symm_free(ptr)
+        raise
+    _scratch[key] = (ptr, size, h)
+    return h
+
+
+def all_reduce(tensor, op: str = "sum", group=None, out=None, algorithm: str | None = None, timeout_ms: int = 0):
+    """All-reduce of any contiguous CUDA tensor over group, with the
+    algorithm libsymm chooses (:func:`all_reduce_algorithm`: the push
+    all-reduce for small messages, the two-shot for large ones, from
+    measured crossovers; SYMM_ALL_REDUCE or algorithm="push", "two_shot" or
+    "one_shot" forces one). Returns the sum in out (a new tensor when None;
+    it may be tensor itself), in stream order on the current stream, the
+    same bits on every rank. The push runs on the group's push workspace
+    (:func:`push_all_reduce`); the two-shot and the one-shot copy tensor
+    into the group's symmetric scratch buffer (allocated and rendezvoused on
+    the first call, grown when a larger message comes: make one call of the
+    largest size before capturing a CUDA graph). Every rank calls it with
+    the same shape, dtype and algorithm, in the same order. float32 and
+    bfloat16 (float16: the push only). Raises ValueError for a bad argument,
+    SymmError as the algorithm's own call does."""
+    import torch
+    import torch.distributed as dist
+
+    if op != "sum":
+        raise ValueError(f"all_reduce: op {op!r}: only 'sum' is supported")
+    if not tensor.is_contiguous() or tensor.device.type != "cuda":
+        raise ValueError(f"all_reduce: the tensor must be a contiguous CUDA tensor (got one on {tensor.device}, "
+                         f"contiguous: {tensor.is_contiguous()})")
+    n = tensor.numel()
+    if out is None:
+        out = torch.empty_like(tensor)
+    elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous() or out.device != tensor.device:
+        raise ValueError(f"all_reduce: out must be a contiguous {tensor.dtype} tensor of {n} elements on "
+                         f"{tensor.device} (got {out.dtype}, {out.numel()}, {out.device})")
+    dev = tensor.device
+    pg, name = _resolve_group(group)
+    es = tensor.element_size()
+    ws = _push_workspaces.get((name, dev.index))
+    push_max = ws.push_max_bytes if ws is not None else _push_max_bytes_setting()
+    alg = all_reduce_algorithm(dist.get_world_size(pg), n * es, push_max, algorithm)
+    if alg == "push":
+        return push_all_reduce(tensor, group=group, out=out, timeout_ms=timeout_ms)
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
+    code = _TORCH_DTYPES.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"all_reduce: dtype {tensor.dtype} with the {alg} all-reduce: want torch.float32 or "
+                         f"torch.bfloat16 (float16 runs on the push only, up to {push_max} bytes)")
+    if n == 0:
+        return out
+    count = n + (n * es) % 4 // es  # an odd bfloat16 count: one element more, summed and dropped
+    h = _all_reduce_scratch(pg, dev, count * es)
+    buf = h.buffer_ptrs[h.rank]
+    stream = _current_raw_stream(dev)
+    local = tensor.data_ptr()
+    if count != n:
+        _tensor_at(buf, (count,), tensor.dtype, dev)[:n].copy_(tensor)
+        local = 0
+    if alg == "two_shot":
+        dst = out.data_ptr() if count == n else buf
+        _fast_rc(load().symm_two_shot_all_reduce, h.handle, h.offset, count, code, 0, dst, local, stream,
+                 int(timeout_ms))
+        if count != n:
+            out.copy_(_tensor_at(buf, (count,), tensor.dtype, dev)[:n].view(out.shape))
+        return out
+    dst = out if count == n else torch.empty(count, dtype=tensor.dtype, device=dev)
+    _fast_rc(load().symm_one_shot_all_reduce, h.handle, h.offset, count, code, 0, dst.data_ptr(), local, stream,
+             int(timeout_ms))
+    if count != n:
+        out.copy_(dst[:n].view(out.shape))
+    return out
+
+
 def _sizes(sizes) -> tuple:
     if isinstance(sizes, int):
         return (int(sizes),)

@@ -1101,6 +1101,24 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   snprintf(dead, sizeof dead, "%lld is not a live symmetric-memory handle", (long long)ws);
   BAD(SYMM_ERR_INVALID, dead, symm_push_all_reduce(ws, in, po, 64, SYMM_FLOAT32, SYMM_SUM, NULL, 0));
   BADR(0, SYMM_ERR_NO_DEVICE, "host backend has no device kernels", symm_kernels_ready(0));
+  /* The all-reduce's choice: refused by name, nothing written; then the
+   * measured crossovers and a forced algorithm. */
+  int chosen = -1;
+  BAD(SYMM_ERR_INVALID, "chosen is NULL", symm_all_reduce_algorithm(4, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, NULL));
+  BAD(SYMM_ERR_INVALID, "all-reduce over 0 ranks", symm_all_reduce_algorithm(0, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
+  BAD(SYMM_ERR_INVALID, "all-reduce algorithm 4", symm_all_reduce_algorithm(2, 4096, 1 << 20, 4, &chosen));
+  BAD(SYMM_ERR_INVALID, "all-reduce algorithm -1", symm_all_reduce_algorithm(2, 4096, 1 << 20, -1, &chosen));
+  BAD(SYMM_ERR_INVALID, "over the push workspace's limit of 1048576 bytes",
+      symm_all_reduce_algorithm(2, 2 << 20, 1 << 20, SYMM_ALL_REDUCE_PUSH, &chosen));
+  CHECK(chosen == -1, "a refused choice writes nothing");
+  NOOP(SYMM_OK, symm_all_reduce_algorithm(4, 128 << 10, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
+  CHECK(chosen == SYMM_ALL_REDUCE_PUSH, "4 ranks, 128 KiB: the push (got %d)", chosen);
+  NOOP(SYMM_OK, symm_all_reduce_algorithm(4, 256 << 10, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
+  CHECK(chosen == SYMM_ALL_REDUCE_TWO_SHOT, "4 ranks, 256 KiB: the two-shot (got %d)", chosen);
+  NOOP(SYMM_OK, symm_all_reduce_algorithm(2, 256 << 10, 64 << 10, SYMM_ALL_REDUCE_AUTO, &chosen));
+  CHECK(chosen == SYMM_ALL_REDUCE_TWO_SHOT, "over the workspace's limit: the two-shot (got %d)", chosen);
+  NOOP(SYMM_OK, symm_all_reduce_algorithm(2, 4096, 1 << 20, SYMM_ALL_REDUCE_ONE_SHOT, &chosen));
+  CHECK(chosen == SYMM_ALL_REDUCE_ONE_SHOT, "forced: the one-shot (got %d)", chosen);
   /* After the block is freed its handle is dead everywhere. */
   symm_clear_error();
   symm_free(p, 0, 0, NULL);
@@ -1186,6 +1204,23 @@ static int child_main(const char *name) {
     void *p = symm_pool_alloc(16, 0, NULL);
     CHECK(p != NULL, "the pool does not depend on SYMM_SIGNALS");
     symm_pool_free(p, 16, 0, NULL);
+  } else if (!strcmp(name, "bad-all-reduce")) { /* SYMM_ALL_REDUCE=fastest: refused by name; the pool still works */
+    int chosen = -1;
+    CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_ALL_REDUCE=\"fastest\": want auto, push, two_shot or one_shot",
+         symm_all_reduce_algorithm(2, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_ALL_REDUCE", symm_alloc(4096, 0, NULL));
+    CHECK(chosen == -1, "a refused choice writes nothing");
+    void *p = symm_pool_alloc(16, 0, NULL);
+    CHECK(p != NULL, "the pool does not depend on SYMM_ALL_REDUCE");
+    symm_pool_free(p, 16, 0, NULL);
+  } else if (!strcmp(name, "forced-all-reduce")) { /* SYMM_ALL_REDUCE=one_shot: chosen at every size; a caller's choice wins */
+    int chosen = -1;
+    CALL(F_NOSTATE, SYMM_OK, SYMM_OK, NULL, symm_all_reduce_algorithm(4, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
+    CHECK(chosen == SYMM_ALL_REDUCE_ONE_SHOT, "SYMM_ALL_REDUCE=one_shot, 4 KiB: the one-shot (got %d)", chosen);
+    CALL(F_NOSTATE, SYMM_OK, SYMM_OK, NULL, symm_all_reduce_algorithm(4, 64 << 20, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
+    CHECK(chosen == SYMM_ALL_REDUCE_ONE_SHOT, "SYMM_ALL_REDUCE=one_shot, 64 MiB: the one-shot (got %d)", chosen);
+    CALL(F_NOSTATE, SYMM_OK, SYMM_OK, NULL, symm_all_reduce_algorithm(4, 4096, 1 << 20, SYMM_ALL_REDUCE_PUSH, &chosen));
+    CHECK(chosen == SYMM_ALL_REDUCE_PUSH, "the caller's choice wins over SYMM_ALL_REDUCE (got %d)", chosen);
   } else if (!strcmp(name, "bad-timeout")) { /* SYMM_TIMEOUT_MS=-5 */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_TIMEOUT_MS", symm_alloc(4096, 0, NULL));
   } else if (!strcmp(name, "nvshmem-on-host")) { /* SYMM_BACKEND=nvshmem with SYMM_DEVICE=host */
@@ -1254,6 +1289,8 @@ static void test_children(const char *self) {
       {"bad-backend", {"SYMM_BACKEND=quantum", NULL}},
       {"bad-timeout", {"SYMM_TIMEOUT_MS=-5", NULL}},
       {"bad-signals", {"SYMM_SIGNALS=fast", NULL}},
+      {"bad-all-reduce", {"SYMM_ALL_REDUCE=fastest", NULL}},
+      {"forced-all-reduce", {"SYMM_ALL_REDUCE=one_shot", NULL}},
       {"nvshmem-on-host", {"SYMM_BACKEND=nvshmem", NULL}},
       {"nccl-on-host", {"SYMM_BACKEND=", NULL}},
       {"no-driver", {"SYMM_DEVICE=", "SYMM_CUDA_LIB=/nonexistent/libcuda.so.1", NULL}},
@@ -1283,7 +1320,7 @@ static void check_coverage(void) {
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
       "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
-      "symm_push_all_reduce_workspace_size",
+      "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm",
       "symm_push_all_reduce", "symm_pool_segment_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment"};

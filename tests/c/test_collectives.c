@@ -315,6 +315,27 @@ static void push_tests(int rank, int world, int dev, char *host) {
       check_push(ws, rank, world, dtype, count, off, 0, 1, k++, 0, host, din, dout);
     }
   if (rank == 0) printf("rank 0: push all-reduce float32, bfloat16 and float16, 1 to %zu elements: checked\n", sizes[8] / 2);
+  /* The choice of algorithm (symm_all_reduce_algorithm): the push up to the
+   * measured crossover (512 KiB on 2 ranks, 128 KiB on 4), the two-shot
+   * above it and over the workspace's limit; the push, where chosen, run on
+   * this workspace. */
+  const size_t crossover = world <= 2 ? 512 * KiB : world == 3 ? 256 * KiB : 128 * KiB;
+  const size_t asked[] = {4 * KiB, 128 * KiB, 128 * KiB + 4, 256 * KiB, 512 * KiB, 1 * MiB, 4 * MiB};
+  for (size_t s = 0; s < sizeof asked / sizeof asked[0]; s++) {
+    int chosen = -1, want = asked[s] <= crossover ? SYMM_ALL_REDUCE_PUSH : SYMM_ALL_REDUCE_TWO_SHOT;
+    int rc = symm_all_reduce_algorithm(world, asked[s], max_bytes, SYMM_ALL_REDUCE_AUTO, &chosen);
+    CHECK(rc == SYMM_OK && chosen == want, "%d ranks, %zu bytes: algorithm %d, want %d (%d %s)", world, asked[s], chosen,
+          want, rc, symm_last_error());
+    if (chosen == SYMM_ALL_REDUCE_PUSH) check_push(ws, rank, world, SYMM_BFLOAT16, asked[s] / 2, 0, 0, 0, k++, 0, host, din, dout);
+  }
+  int chosen = -1;
+  CHECK(symm_all_reduce_algorithm(world, 4 * KiB, 2 * KiB, SYMM_ALL_REDUCE_AUTO, &chosen) == SYMM_OK &&
+            chosen == SYMM_ALL_REDUCE_TWO_SHOT,
+        "over the push workspace's limit: the two-shot (%d)", chosen);
+  CHECK(symm_all_reduce_algorithm(world, 2 * MiB, max_bytes, SYMM_ALL_REDUCE_PUSH, &chosen) == SYMM_ERR_INVALID &&
+            strstr(symm_last_error(), "over the push workspace's limit of 1048576 bytes"),
+        "a forced push over the workspace's limit is refused: %s", symm_last_error());
+  if (rank == 0) printf("rank 0: the all-reduce's choice for %d ranks (push up to %zu KiB): checked\n", world, crossover / KiB);
 #ifdef SYMM_GPU
   const int calls = 1000;
 #else

@@ -33,6 +33,9 @@ away from a call named in the others' SymmError(TIMEOUT). With a GPU per
 rank, a benchmark: 20 all-reduces captured in one CUDA graph, replayed,
 µs per op from 4 KiB to 1 MiB (bfloat16 and float32): the push
 all-reduce, libsymm's one-shot, torch symm_mem one_shot / two_shot, NCCL.
+Then symm.all_reduce (the algorithm chosen by size, or forced): None, push
+and two_shot at 4 KiB .. 4 MiB against float64, the same bits on every
+rank, the algorithm chosen at each size reported.
 """
 
 import os
@@ -326,6 +329,73 @@ def push_rounds(rank, world, dev, group, check):
     dist.barrier()
 
 
+def all_reduce_rounds(rank, world, dev, group, check):
+    """symm.all_reduce, the entry point that chooses the algorithm: with
+    algorithm None (SYMM_ALL_REDUCE, else the measured crossovers), "push"
+    and "two_shot", at 4 KiB, 256 KiB, 1 MiB and 4 MiB, float32 and
+    bfloat16, against a float64 reference and the same bits on every rank;
+    a push over the workspace's limit refused naming it; the algorithm
+    chosen at each size reported; torch.ops.symm.all_reduce once."""
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    import symm
+
+    tol = {torch.float32: 2e-6, torch.bfloat16: 8e-3}
+    limit = symm.push_workspace(group, dev).push_max_bytes
+    chosen = {n: symm.all_reduce_algorithm(world, n, limit) for n in (4 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)}
+    check(f"all_reduce: algorithm chosen for {world} ranks", True,
+          ", ".join(f"{n // KiB} KiB: {a}" for n, a in chosen.items()))
+    bad, digests, k = [], [], 0
+    for dtype in (torch.float32, torch.bfloat16):
+        es = torch.empty((), dtype=dtype).element_size()
+        for nbytes in chosen:
+            n = nbytes // es
+            for algorithm in (None, "push", "two_shot"):
+                ins = [torch.randn(n, generator=torch.Generator().manual_seed(104729 * k + r)).to(dtype)
+                       for r in range(world)]
+                k += 1
+                x = ins[rank].to(dev)
+                what = f"{str(dtype)[6:]} {nbytes // KiB} KiB {algorithm}"
+                try:
+                    got = symm.all_reduce(x, group=group, algorithm=algorithm).cpu()
+                except symm.SymmError as e:
+                    if not (algorithm == "push" and nbytes > limit and e.code == symm.ErrorCode.INVALID
+                            and f"limit of {limit} bytes" in str(e)):
+                        bad.append(f"{what}: {str(e)[:160]}")
+                    continue
+                if algorithm == "push" and nbytes > limit:
+                    bad.append(f"{what}: over the push workspace's limit, not refused")
+                if not torch.equal(x.cpu(), ins[rank]):
+                    bad.append(f"{what}: the input changed")
+                ref = sum(t.double() for t in ins)
+                scale = sum(t.double().abs() for t in ins) + 1e-30
+                err = ((got.double() - ref).abs() / scale).max().item()
+                if err > tol[dtype]:
+                    bad.append(f"{what}: error {err:.2e} against float64")
+                digests.append(hashlib.sha1(got.view(torch.uint8).numpy().tobytes()).hexdigest())
+    # in place, an odd bfloat16 count (padded through the scratch buffer)
+    for algorithm in ("two_shot", "one_shot"):
+        x = torch.full((1001,), float(rank + 1), dtype=torch.bfloat16, device=dev)
+        symm.all_reduce(x, group=group, out=x, algorithm=algorithm)
+        if not bool((x == world * (world + 1) // 2).all()):
+            bad.append(f"bfloat16 1001 elements in place {algorithm}: {x[:4].tolist()}")
+    check("all_reduce None / push / two_shot, float32 and bfloat16, 4 KiB .. 4 MiB, within rounding of float64",
+          not bad, "; ".join(bad[:3]))
+    everyone = [None] * world
+    dist.all_gather_object(everyone, digests, group=group)
+    check("all_reduce: the same bits on every rank", all(d == everyone[0] for d in everyone))
+    try:
+        symm.register_torch_ops()
+        x = torch.full((4096,), float(rank), device=dev)
+        y = torch.ops.symm.all_reduce(x, getattr(group, "group_name", "0"))
+        check("torch.ops.symm.all_reduce", bool((y == world * (world - 1) / 2).all()), str(y[:2].tolist()))
+    except Exception as e:  # noqa: BLE001 - reported as a failed check
+        check("torch.ops.symm.all_reduce", False, f"{type(e).__name__}: {e}")
+
+
 def push_bench(rank, world, dev, group, rows):
     """20 all-reduces captured in one CUDA graph, replayed; µs per op."""
     import torch
@@ -415,6 +485,7 @@ def run_rank(rank, world, port, bench1, push_only=False):
         misaligned_rounds(rank, world, dev, group, check)
     elif push_only:
         push_rounds(rank, world, dev, group, check)
+        all_reduce_rounds(rank, world, dev, group, check)
     elif not bench1:
         t = symm.empty(4 * MiB, dtype=torch.uint8, device=dev)
         h = symm.rendezvous(t, group)
@@ -538,6 +609,7 @@ def run_rank(rank, world, port, bench1, push_only=False):
         dist.barrier()
 
         push_rounds(rank, world, dev, group, check)
+        all_reduce_rounds(rank, world, dev, group, check)
 
     # ---- timing ------------------------------------------------------------
     if own_gpu and not bench1 and world > 1:

@@ -535,3 +535,64 @@ def test_two_shot_all_reduce_three_processes(tmp_path):
         assert "two_shot_all_reduce: dtype" in r["errors"]["dtype"] and "sum" in r["errors"]["op"], r
         assert r["errors"]["offset"][0] == 1 and "multiples of 4" in r["errors"]["offset"][1], r  # SYMM_ERR_INVALID
         assert r["errors"]["overlap"][0] == 1 and "overlaps this rank's buffer" in r["errors"]["overlap"][1], r
+
+
+CHOICE_SCRIPT = textwrap.dedent(
+    """
+    import json, symm
+    res = {}
+    for world in (1, 2, 3, 4, 8):
+        res[world] = {n: symm.all_reduce_algorithm(world, n) for n in (4096, 131072, 131076, 262144, 524288, 1048576, 4194304)}
+    res["small_ws"] = symm.all_reduce_algorithm(2, 65536, push_max_bytes=32768)
+    res["forced"] = [symm.all_reduce_algorithm(4, 4096, algorithm=a) for a in (None, "auto", "push", "two_shot", "one_shot")]
+    errors = {}
+    for name, kw in {"over": dict(nbytes=2 << 20, algorithm="push"), "world": dict(world_size=0),
+                     "name": dict(algorithm="two-shot")}.items():
+        try:
+            symm.all_reduce_algorithm(**{"world_size": 4, "nbytes": 4096, **kw})
+        except (symm.SymmError, ValueError) as e:
+            errors[name] = [type(e).__name__, str(e)]
+    res["errors"] = errors
+    print(json.dumps(res))
+    """
+)
+
+
+def test_all_reduce_algorithm():
+    """The all-reduce's choice through the C library (symm_all_reduce_algorithm):
+    the measured crossovers (push up to 512 KiB on 2 ranks, 256 KiB on 3,
+    128 KiB on 4 and beyond), the workspace's limit, a forced algorithm,
+    and each bad argument refused by name."""
+    from conftest import run_json
+
+    r = run_json(CHOICE_SCRIPT, env=child_env(unset=("SYMM_ALL_REDUCE",)))
+    for world, cross in {"1": 524288, "2": 524288, "3": 262144, "4": 131072, "8": 131072}.items():
+        for n, alg in r[world].items():
+            assert alg == ("push" if int(n) <= cross else "two_shot"), (world, n, alg)
+    assert r["small_ws"] == "two_shot"
+    assert r["forced"] == ["push", "push", "push", "two_shot", "one_shot"]
+    e = r["errors"]
+    assert e["over"][0] == "SymmError" and "over the push workspace's limit of 1048576 bytes" in e["over"][1], e
+    assert e["world"][0] == "SymmError" and "all-reduce over 0 ranks" in e["world"][1], e
+    assert e["name"] == ["ValueError", "all_reduce: algorithm 'two-shot': want None, 'auto', 'push', 'two_shot' or "
+                                       "'one_shot'"], e
+
+
+def test_all_reduce_env():
+    """SYMM_ALL_REDUCE forces the algorithm at every size (a caller's choice
+    still wins); another word is refused, naming the variable."""
+    code = ("import json, symm\n"
+            "try:\n"
+            "    print(json.dumps([symm.all_reduce_algorithm(4, n) for n in (4096, 4 << 20)]\n"
+            "                     + [symm.all_reduce_algorithm(4, 4096, algorithm='push')]))\n"
+            "except symm.SymmError as e:\n"
+            "    print(json.dumps([int(e.code), str(e)]))\n")
+    from conftest import run_json
+
+    assert run_json(code, env=child_env({"SYMM_ALL_REDUCE": "two_shot"})) == ["two_shot", "two_shot", "push"]
+    assert run_json(code, env=child_env({"SYMM_ALL_REDUCE": "auto"})) == ["push", "two_shot", "push"]
+    code_, says = run_json(code, env=child_env({"SYMM_ALL_REDUCE": "fastest"}))
+    assert code_ == 1 and 'SYMM_ALL_REDUCE="fastest": want auto, push, two_shot or one_shot' in says, says
+    code_, says = run_json(code, env=child_env({"SYMM_ALL_REDUCE": "push", "SYMM_PUSH_MAX_BYTES": "65536"}))
+    assert code_ == 1 and "(forced by SYMM_ALL_REDUCE=push) of 4194304 bytes: over the push workspace's limit of " \
+        "65536 bytes" in says, says

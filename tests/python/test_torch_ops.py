@@ -47,4 +47,5 @@ def test_register_asks_torch_for_the_operator():
              "symm.register_torch_ops(); symm.register_torch_ops()\n"
              "print(seen)\n")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[('symm::push_all_reduce', (), True), ('fake', '_')]", r.stdout
+    assert r.stdout.strip() == ("[('symm::push_all_reduce', (), True), ('fake', '_'), "
+                                "('symm::all_reduce', (), True), ('fake', '_')]"), r.stdout
