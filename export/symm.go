@@ -473,6 +473,51 @@ func goTwoShotAllReduce(hid C.int64_t, offset, count C.size_t, dtype, op C.int, 
 	return C.SYMM_OK
 }
 
+//export goReduceScatter
+func goReduceScatter(hid C.int64_t, offset, count C.size_t, dtype, op C.int, out, local, stream C.uintptr_t, timeoutMS C.int) (code C.int) {
+	const fn = "symm_reduce_scatter"
+	defer guard(fn, &code)
+	h, code := liveHandle(fn, hid)
+	if h == nil {
+		return code
+	}
+	if timeoutMS < 0 {
+		return failSymm(fn, fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
+	}
+	if op != C.SYMM_SUM {
+		return failSymm(fn, fmt.Errorf("%w: op %d: only SYMM_SUM (0) is supported", symmetric.ErrInvalid, int(op)))
+	}
+	err := h.ReduceScatter(symmetric.AllReduce{
+		Offset: uint64(offset), Count: uint64(count), Dtype: kernels.Dtype(dtype), Op: "sum",
+		Out: uintptr(out), Local: uintptr(local), Stream: uintptr(stream), Timeout: ms(timeoutMS),
+	})
+	if err != nil {
+		return failSymm(fn, err)
+	}
+	return C.SYMM_OK
+}
+
+//export goAllGather
+func goAllGather(hid C.int64_t, offset, count C.size_t, dtype C.int, out, local, stream C.uintptr_t, timeoutMS C.int) (code C.int) {
+	const fn = "symm_all_gather"
+	defer guard(fn, &code)
+	h, code := liveHandle(fn, hid)
+	if h == nil {
+		return code
+	}
+	if timeoutMS < 0 {
+		return failSymm(fn, fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
+	}
+	err := h.AllGather(symmetric.AllReduce{
+		Offset: uint64(offset), Count: uint64(count), Dtype: kernels.Dtype(dtype),
+		Out: uintptr(out), Local: uintptr(local), Stream: uintptr(stream), Timeout: ms(timeoutMS),
+	})
+	if err != nil {
+		return failSymm(fn, err)
+	}
+	return C.SYMM_OK
+}
+
 //export goPushAllReduce
 func goPushAllReduce(hid C.int64_t, in, out C.uintptr_t, count C.size_t, dtype, op C.int, stream C.uintptr_t, timeoutMS C.int) (code C.int) {
 	const fn = "symm_push_all_reduce"

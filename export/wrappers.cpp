@@ -181,6 +181,17 @@ SYMM_CALL(int, symm_two_shot_all_reduce,
           SYMM_ERR_FORKED,
           goTwoShotAllReduce(h, offset, count, dtype, op, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream,
                              timeout_ms))
+SYMM_CALL(int, symm_reduce_scatter,
+          (symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out, const void *local_input,
+           void *stream, int timeout_ms),
+          SYMM_ERR_FORKED,
+          goReduceScatter(h, offset, count, dtype, op, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream,
+                          timeout_ms))
+SYMM_CALL(int, symm_all_gather,
+          (symm_handle_t h, size_t offset, size_t count, int dtype, void *out, const void *local_input, void *stream,
+           int timeout_ms),
+          SYMM_ERR_FORKED,
+          goAllGather(h, offset, count, dtype, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream, timeout_ms))
 SYMM_CALL(int, symm_push_all_reduce,
           (symm_handle_t workspace, const void *in, void *out, size_t count, int dtype, int op, void *stream,
            int timeout_ms),

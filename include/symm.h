@@ -607,6 +607,49 @@ int symm_one_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int d
 int symm_two_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out,
                              const void *local_input, void *stream, int timeout_ms);
 
+/* Reduce-scatter (NCCL's ncclReduceScatter, PyTorch's reduce_scatter_tensor)
+ * on symmetric buffers. count is the element count of ONE rank's share:
+ * every rank's buffer holds world × count elements at byte offset (share s:
+ * elements s·count .. s·count+count−1), and rank r receives in out (count
+ * elements) the sum of share r of every rank's buffer, in rank order
+ * 0..world−1 with float32 accumulation (the same bits on every rank that
+ * sums that share, and as the all-reduces). dtype SYMM_FLOAT32 or
+ * SYMM_BFLOAT16, op SYMM_SUM; offset and count × element size multiples of 4
+ * bytes. local_input, when not NULL, holds the whole world × count input and
+ * is copied into this rank's buffer first. out may be this rank's own share
+ * r of its buffer (in place) or memory disjoint from its world shares;
+ * local_input may be the buffer at offset itself or disjoint from it; out
+ * may be local_input's share r (NCCL's in place) or disjoint from
+ * local_input. One kernel in stream order: block b meets block b of every
+ * peer on signal-pad channel b before the reads and after them (so the call
+ * must not run concurrently with other signals of h). The host backend runs
+ * the same protocol in the calling thread. Returns SYMM_OK (count 0 does
+ * nothing); SYMM_ERR_INVALID (a bad handle, dtype, op, size, offset,
+ * alignment, NULL out, a negative timeout_ms, or an overlap, each named),
+ * SYMM_ERR_NO_DEVICE (the kernels cannot run), SYMM_ERR_TIMEOUT (a peer did
+ * not come within timeout_ms, naming it; 0: SYMM_TIMEOUT_MS, watched on the
+ * device), SYMM_ERR_FORKED. */
+int symm_reduce_scatter(symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out,
+                        const void *local_input, void *stream, int timeout_ms);
+
+/* All-gather (NCCL's ncclAllGather, PyTorch's all_gather_into_tensor) on
+ * symmetric buffers. count is the element count of one rank's share: every
+ * rank's buffer holds world × count elements at byte offset, and share r of
+ * rank r's buffer is its input (copied there first from local_input, count
+ * elements, when not NULL). out (world × count elements) receives share s
+ * of rank s's buffer at share s, for every s. A copy: any dtype of 2 or 4
+ * bytes (SYMM_FLOAT32, SYMM_BFLOAT16, SYMM_FLOAT16); offset and count ×
+ * element size multiples of 4 bytes. out may be this rank's buffer at
+ * offset itself (in place) or memory disjoint from its world shares;
+ * local_input may be the buffer's share r, out's share r (NCCL's in place),
+ * or disjoint from both. Stream order, channels, timeout_ms, the host
+ * backend and the returns as for symm_reduce_scatter: SYMM_OK (count 0 does
+ * nothing); SYMM_ERR_INVALID (a bad handle, dtype, size, offset, alignment,
+ * NULL out, a negative timeout_ms, or an overlap, each named),
+ * SYMM_ERR_NO_DEVICE, SYMM_ERR_TIMEOUT, SYMM_ERR_FORKED. */
+int symm_all_gather(symm_handle_t h, size_t offset, size_t count, int dtype, void *out, const void *local_input,
+                    void *stream, int timeout_ms);
+
 /* ---- push all-reduce: small messages, one kernel, no barrier -----------------
  *
  * The latency-optimised all-reduce for small messages (a few KiB to about a

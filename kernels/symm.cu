@@ -1,4 +1,4 @@
-// libsymm's device-side signals and all-reduces, compiled at run time by
+// libsymm's device-side signals and collectives, compiled at run time by
 // NVRTC (package kernels): no header is included, so that any NVRTC
 // compiles it with nothing else installed.
 //
@@ -368,6 +368,111 @@ SYMM_TS_WORLDS(f32, 4, false)
 SYMM_TS_WORLDS(f32, 1, false)
 SYMM_TS_WORLDS(bf16, 4, true)
 SYMM_TS_WORLDS(bf16, 1, true)
+
+// ---- reduce-scatter and all-gather ------------------------------------------
+//
+// NCCL's semantics over the mapped buffers; nwords counts the words of ONE
+// share (one rank's part), and every rank's buffer holds world shares at
+// offset (share s: words s*nwords ..). Block b handles words first +
+// k*stride of every share, the shape coming from offset, nwords and world
+// only, so it meets block b of every peer on channel b (sync_peers, as
+// one_shot) over the same words: before the reads (every peer's input is in
+// its buffer) and after them (no peer still reads this rank's buffer when
+// the call ends, so the next call may overwrite it).
+//
+// reduce_scatter: rank r sums share r of every rank's buffer in rank order
+// 0..world-1 with float accumulation (reduce_words: the same bits whichever
+// rank sums) into out (nwords words). local (world shares) is copied into
+// this rank's buffer first. out may be this rank's own share r (in place:
+// each word is read by its thread before it writes it, and peers read only
+// their own share p != r of this buffer) or local's share r (the words that
+// the same thread copied in).
+template <int NW, bool BF16, int KW>
+__device__ __forceinline__ void reduce_scatter(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local,
+                                               u32 **pads, int rank, int world, u64 timeout_ns, u64 *status) {
+  u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * NW;
+  u64 stride = (u64)gridDim.x * blockDim.x * NW;
+  u32 *mine = (u32 *)((char *)bufs[rank] + offset);
+  bool vec_out = ((u64)out & 15) == 0, vec_local = ((u64)local & 15) == 0;
+  if (local != 0 && local != mine) {
+    for (int s = 0; s < world; s++) {
+      for (u64 j = first; j < nwords; j += stride) {
+        u32 v[NW];
+        load_own<NW>(local + nwords * s + j, v, vec_local);
+        store<NW>(mine + nwords * s + j, v);
+      }
+    }
+  }
+  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  for (u64 j = first; j < nwords; j += stride) {
+    u32 o[NW];
+    reduce_words<NW, BF16, KW>(bufs, offset, nwords * rank + j, world, o);
+    store_own<NW>(out + j, o, vec_out);
+  }
+  sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
+}
+
+// all_gather: share r of this rank's buffer is its input (local, nwords
+// words, copied there first); out (world shares) gets share s of rank s's
+// buffer at share s. out may be this rank's buffer itself (in place: it
+// writes shares s != r, which no peer reads from this rank) and local may
+// be out's share r (the words the same thread copied in).
+template <int NW>
+__device__ __forceinline__ void all_gather(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local,
+                                           u32 **pads, int rank, int world, u64 timeout_ns, u64 *status) {
+  u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * NW;
+  u64 stride = (u64)gridDim.x * blockDim.x * NW;
+  u32 *mine = (u32 *)((char *)bufs[rank] + offset);
+  bool vec_out = ((u64)out & 15) == 0, vec_local = ((u64)local & 15) == 0;
+  if (local != 0 && local != mine + nwords * rank) {
+    for (u64 j = first; j < nwords; j += stride) {
+      u32 v[NW];
+      load_own<NW>(local + j, v, vec_local);
+      store<NW>(mine + nwords * rank + j, v);
+    }
+  }
+  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  for (int k = 0; k < world; k++) {
+    int s = rank + k < world ? rank + k : rank + k - world; // this rank first, then the peers
+    if (out == mine && s == rank) continue;
+    const u32 *src = (const u32 *)((const char *)bufs[s] + offset) + nwords * s;
+    for (u64 j = first; j < nwords; j += stride) {
+      u32 v[NW];
+      load<NW>(src + j, v);
+      store_own<NW>(out + nwords * s + j, v, vec_out);
+    }
+  }
+  sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
+}
+
+// symm_rs_<dtype>_v<words per thread>_w<world or any> and
+// symm_ag_v<words per thread>: with symm_ar_'s parameters, nwords being the
+// words of one share.
+#define SYMM_RS(NAME, NW, BF16, KW)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(512)                                                                \
+      NAME(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, int rank, int world,        \
+           u64 timeout_ns, u64 *status) {                                                                          \
+    reduce_scatter<NW, BF16, KW>(bufs, offset, nwords, out, local, pads, rank, world, timeout_ns, status);         \
+  }
+#define SYMM_RS_WORLDS(DT, NW, BF16)             \
+  SYMM_RS(symm_rs_##DT##_v##NW##_w2, NW, BF16, 2) \
+  SYMM_RS(symm_rs_##DT##_v##NW##_w4, NW, BF16, 4) \
+  SYMM_RS(symm_rs_##DT##_v##NW##_w8, NW, BF16, 8) \
+  SYMM_RS(symm_rs_##DT##_v##NW##_wany, NW, BF16, 0)
+
+SYMM_RS_WORLDS(f32, 4, false)
+SYMM_RS_WORLDS(f32, 1, false)
+SYMM_RS_WORLDS(bf16, 4, true)
+SYMM_RS_WORLDS(bf16, 1, true)
+
+#define SYMM_AG(NW)                                                                                                  \
+  extern "C" __global__ void __launch_bounds__(512)                                                                \
+      symm_ag_v##NW(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, int rank,           \
+                    int world, u64 timeout_ns, u64 *status) {                                                      \
+    all_gather<NW>(bufs, offset, nwords, out, local, pads, rank, world, timeout_ns, status);                       \
+  }
+SYMM_AG(4)
+SYMM_AG(1)
 
 // ---- push all-reduce: one kernel, no barrier (LL protocol) ------------------
 //

@@ -10,7 +10,7 @@ import (
 
 // SymmSource is libsymm's kernel source (symm.cu): signal-pad put, wait and
 // barrier with in-kernel timeouts, the one-shot, two-shot and push
-// all-reduces.
+// all-reduces, the reduce-scatter and the all-gather.
 //
 //go:embed symm.cu
 var SymmSource string
@@ -94,6 +94,18 @@ func AllReduceKernel(d Dtype, wordsPerThread, world int) string {
 // for AllReduceKernel (it takes the same parameters and launch shape).
 func TwoShotAllReduceKernel(d Dtype, wordsPerThread, world int) string {
 	return arKernel("ts", d, wordsPerThread, world)
+}
+
+// ReduceScatterKernel names the reduce-scatter kernel, chosen as for
+// AllReduceKernel (the same parameters, nwords being one rank's share).
+func ReduceScatterKernel(d Dtype, wordsPerThread, world int) string {
+	return arKernel("rs", d, wordsPerThread, world)
+}
+
+// AllGatherKernel names the all-gather kernel (a copy: any dtype of 2 or 4
+// bytes) for wordsPerThread words per thread (4: 16-byte aligned, else 1).
+func AllGatherKernel(wordsPerThread int) string {
+	return fmt.Sprintf("symm_ag_v%d", wordsPerThread)
 }
 
 func arKernel(kind string, d Dtype, wordsPerThread, world int) string {

@@ -27,11 +27,11 @@ func symmKernels() []string {
 	for _, d := range []Dtype{Float32, BFloat16} {
 		for _, v := range []int{4, 1} {
 			for _, w := range []int{2, 3, 4, 8} {
-				ks = append(ks, AllReduceKernel(d, v, w), TwoShotAllReduceKernel(d, v, w))
+				ks = append(ks, AllReduceKernel(d, v, w), TwoShotAllReduceKernel(d, v, w), ReduceScatterKernel(d, v, w))
 			}
 		}
 	}
-	return ks
+	return append(ks, AllGatherKernel(4), AllGatherKernel(1))
 }
 
 // symm.cu compiles, for every architecture libsymm runs on, wherever an
@@ -101,6 +101,8 @@ func TestAllReduceLaunch(t *testing.T) {
 	require.Equal(t, "symm_ar_f32_v4_w8", AllReduceKernel(Float32, 4, 8))
 	require.Equal(t, "symm_ts_bf16_v4_w2", TwoShotAllReduceKernel(BFloat16, 4, 2))
 	require.Equal(t, "symm_ts_f32_v1_wany", TwoShotAllReduceKernel(Float32, 1, 6))
+	require.Equal(t, "symm_rs_bf16_v4_w8", ReduceScatterKernel(BFloat16, 4, 8))
+	require.Equal(t, "symm_ag_v1", AllGatherKernel(1))
 }
 
 // Probe reports NVRTC's version, or why it cannot be used, and an entry per

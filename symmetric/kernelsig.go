@@ -95,11 +95,13 @@ const (
 	kBarrier = iota
 	kPut
 	kWait
-	kAllReduce // 16 of them: allReduceIndex
-	kPushInit  = kAllReduce + 16
-	kPush      = kPushInit + 1 // 3 of them, by dtype: kPush + int(dtype)
-	kTwoShot   = kPush + 3     // 16 of them: twoShotIndex
-	numKernels = kTwoShot + 16
+	kAllReduce     // 16 of them: allReduceIndex
+	kPushInit      = kAllReduce + 16
+	kPush          = kPushInit + 1       // 3 of them, by dtype: kPush + int(dtype)
+	kTwoShot       = kPush + 3           // 16 of them: twoShotIndex
+	kReduceScatter = kTwoShot + 16       // 16 of them: reduceScatterIndex
+	kAllGather     = kReduceScatter + 16 // 2 of them: kAllGather (4 words per thread), kAllGather + 1 (1)
+	numKernels     = kAllGather + 2
 )
 
 var kernelNames = func() (n [numKernels]string) {
@@ -112,9 +114,11 @@ var kernelNames = func() (n [numKernels]string) {
 			for _, w := range []int{2, 4, 8, 0} {
 				n[allReduceIndex(d, v, w)] = kernels.AllReduceKernel(d, v, w)
 				n[twoShotIndex(d, v, w)] = kernels.TwoShotAllReduceKernel(d, v, w)
+				n[reduceScatterIndex(d, v, w)] = kernels.ReduceScatterKernel(d, v, w)
 			}
 		}
 	}
+	n[allGatherIndex(4)], n[allGatherIndex(1)] = kernels.AllGatherKernel(4), kernels.AllGatherKernel(1)
 	return n
 }()
 
@@ -127,6 +131,19 @@ func allReduceIndex(d kernels.Dtype, v, w int) int {
 // twoShotIndex is allReduceIndex for the two-shot kernels.
 func twoShotIndex(d kernels.Dtype, v, w int) int {
 	return kTwoShot + arIndex(d, v, w)
+}
+
+// reduceScatterIndex is allReduceIndex for the reduce-scatter kernels.
+func reduceScatterIndex(d kernels.Dtype, v, w int) int {
+	return kReduceScatter + arIndex(d, v, w)
+}
+
+// allGatherIndex is the all-gather kernel's index for v words per thread.
+func allGatherIndex(v int) int {
+	if v == 4 {
+		return kAllGather
+	}
+	return kAllGather + 1
 }
 
 func arIndex(d kernels.Dtype, v, w int) int {
@@ -336,7 +353,7 @@ func (h *Handle) kernelTimeout(timeout time.Duration) time.Duration {
 
 // callDesc names a call in error messages, which are built only when needed.
 type callDesc struct {
-	kind          int // kBarrier, kPut, kWait, kAllReduce, kTwoShot, kPushInit or kPush
+	kind          int // kBarrier, kPut, kWait, kAllReduce, kTwoShot, kReduceScatter, kAllGather, kPushInit or kPush
 	peer, channel int
 	count         uint64
 	dtype         kernels.Dtype
@@ -356,6 +373,10 @@ func (h *Handle) describe(c callDesc) string {
 		return fmt.Sprintf("push_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
 	case kTwoShot:
 		return fmt.Sprintf("two_shot_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
+	case kReduceScatter:
+		return fmt.Sprintf("reduce_scatter of %d %s per rank on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
+	case kAllGather:
+		return fmt.Sprintf("all_gather of %d %s per rank on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
 	}
 	return fmt.Sprintf("one_shot_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
 }

@@ -28,6 +28,10 @@ func TestKernelIndexes(t *testing.T) {
 	require.Equal(t, kernels.AllReduceKernel(kernels.Float32, 4, 8), kernelNames[allReduceIndex(kernels.Float32, 4, 8)])
 	require.Equal(t, kernels.TwoShotAllReduceKernel(kernels.BFloat16, 4, 4), kernelNames[twoShotIndex(kernels.BFloat16, 4, 4)])
 	require.Equal(t, kernels.TwoShotAllReduceKernel(kernels.Float32, 1, 3), kernelNames[twoShotIndex(kernels.Float32, 1, 3)])
+	require.Equal(t, kernels.ReduceScatterKernel(kernels.BFloat16, 1, 8), kernelNames[reduceScatterIndex(kernels.BFloat16, 1, 8)])
+	require.Equal(t, kernels.ReduceScatterKernel(kernels.Float32, 4, 3), kernelNames[reduceScatterIndex(kernels.Float32, 4, 3)])
+	require.Equal(t, "symm_ag_v4", kernelNames[allGatherIndex(4)])
+	require.Equal(t, "symm_ag_v1", kernelNames[allGatherIndex(1)])
 }
 
 // The host backend has no device kernels: signals stay what they were, the

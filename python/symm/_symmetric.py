@@ -224,6 +224,38 @@ class Handle:
         _fast_rc(load().symm_two_shot_all_reduce, self._h, at, int(count), _DTYPES[dtype], _OPS[op], int(out),
                  int(local_input), self._stream(stream), int(timeout_ms))
 
+    def reduce_scatter_ptr(self, offset: int, count: int, dtype: str, out: int = 0, local_input: int = 0,
+                           op: str = "sum", timeout_ms: int = 0, stream=None) -> None:
+        """symm_reduce_scatter on raw addresses (torch-free): every rank's
+        buffer holds world shares of count elements of dtype ("float32" or
+        "bfloat16") at byte offset (from the handle's own start,
+        self.offset included); the rank-order sum of share rank of every
+        rank's buffer goes to out (0: that share of this rank's buffer, in
+        place). local_input (world × count elements) is copied in first."""
+        if dtype not in _DTYPES:
+            raise ValueError(f"reduce_scatter: dtype {dtype!r}: want float32 or bfloat16")
+        if op not in _OPS:
+            raise ValueError(f"reduce_scatter: op {op!r}: only 'sum' is supported")
+        if not out:
+            out = self.buffer_ptrs[self.rank] + int(offset) + self.rank * int(count) * (4 if dtype == "float32" else 2)
+        _fast_rc(load().symm_reduce_scatter, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
+                 _OPS[op], int(out), int(local_input), self._stream(stream), int(timeout_ms))
+
+    def all_gather_ptr(self, offset: int, count: int, dtype: str, out: int = 0, local_input: int = 0,
+                       timeout_ms: int = 0, stream=None) -> None:
+        """symm_all_gather on raw addresses (torch-free): every rank's
+        buffer holds world shares of count elements of dtype ("float32",
+        "bfloat16" or "float16") at byte offset, share rank being this
+        rank's input (copied there first from local_input when given); out
+        (0: this rank's buffer there, in place) receives every rank's share
+        at its place."""
+        if dtype not in _PUSH_DTYPES:
+            raise ValueError(f"all_gather: dtype {dtype!r}: want float32, bfloat16 or float16")
+        if not out:
+            out = self.buffer_ptrs[self.rank] + int(offset)
+        _fast_rc(load().symm_all_gather, self._h, int(self.offset + offset), int(count), _PUSH_DTYPES[dtype],
+                 int(out), int(local_input), self._stream(stream), int(timeout_ms))
+
     def push_all_reduce_ptr(self, in_ptr: int, out_ptr: int, count: int, dtype: str = "float32", op: str = "sum",
                             timeout_ms: int = 0, stream=None) -> None:
         """symm_push_all_reduce on raw addresses (torch-free), this handle
@@ -336,14 +368,14 @@ def _allreduce_handle(tensor, group):
     """The handle of the last all-reduce on this tensor and group, while the
     tensor lives (a new tensor at the same address goes through rendezvous
     again, which resets a recycled block's signal pad): (weak reference to
-    the tensor, handle, offset)."""
+    the tensor, handle, offset, world size, rank)."""
     key = (tensor.data_ptr(), group if group is None or isinstance(group, str) else id(group))
     hit = _allreduce_handles.get(key)
     if hit is None or hit[0]() is not tensor:
         import weakref
 
         h = rendezvous(tensor, group)
-        hit = _allreduce_handles[key] = (weakref.ref(tensor), h.handle, h.offset)
+        hit = _allreduce_handles[key] = (weakref.ref(tensor), h.handle, h.offset, h.world_size, h.rank)
     return hit
 
 
@@ -387,6 +419,89 @@ def two_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     dev = tensor.device
     stream = _current_raw_stream(dev) if dev.type == "cuda" else 0
     _fast_rc(load().symm_two_shot_all_reduce, hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
+    return out
+
+
+def _collective_args(fn: str, tensor, dtypes: dict, local_input, local_numel: int):
+    """Checks of reduce_scatter and all_gather: the dtype code and the
+    local input's address (0: none)."""
+    code = dtypes.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"{fn}: dtype {tensor.dtype}: want one of " + ", ".join(str(d) for d in dtypes))
+    if not tensor.is_contiguous():
+        raise ValueError(f"{fn}: the tensor must be contiguous")
+    if local_input is None:
+        return code, 0
+    if local_input.dtype != tensor.dtype or local_input.numel() != local_numel or not local_input.is_contiguous():
+        raise ValueError(f"{fn}: local_input must be a contiguous {tensor.dtype} tensor of {local_numel} elements "
+                         f"(got {local_input.dtype}, {local_input.numel()})")
+    return code, local_input.data_ptr()
+
+
+def reduce_scatter(tensor, op: str = "sum", group=None, out=None, local_input=None, timeout_ms: int = 0):
+    """Reduce-scatter (NCCL's semantics, PyTorch's reduce_scatter_tensor) on
+    a symmetric tensor: tensor (world × n elements) lives in a symmetric
+    block of every rank of group; rank r receives the sum of share r
+    (elements r·n .. r·n+n−1) of every rank's tensor, in rank order with
+    float32 accumulation (the same bits on every rank), in out (n elements,
+    any CUDA memory) or, without out, in place in its own tensor's share r,
+    returned as a view. local_input (world × n elements) is copied into
+    tensor first; out may be local_input's share r. float32 and bfloat16,
+    n's bytes a multiple of 4; in stream order on the current stream; every
+    rank calls it with the same shape. Raises ValueError or SymmError
+    (INVALID, NO_DEVICE, TIMEOUT naming a rank that did not come)."""
+    import torch
+
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
+    if op != "sum":
+        raise ValueError(f"reduce_scatter: op {op!r}: only 'sum' is supported")
+    hit = _allreduce_handle(tensor, group)
+    world, rank = hit[3], hit[4]
+    if tensor.numel() % world:
+        raise ValueError(f"reduce_scatter: the tensor's {tensor.numel()} elements do not split into {world} shares")
+    n = tensor.numel() // world
+    code, local = _collective_args("reduce_scatter", tensor, _TORCH_DTYPES, local_input, world * n)
+    if out is None:
+        out = tensor.view(-1)[rank * n:(rank + 1) * n]
+    elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
+        raise ValueError(f"reduce_scatter: out must be a contiguous {tensor.dtype} tensor of {n} elements "
+                         f"(got {out.dtype}, {out.numel()})")
+    dev = tensor.device
+    stream = _current_raw_stream(dev) if dev.type == "cuda" else 0
+    _fast_rc(load().symm_reduce_scatter, hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
+    return out
+
+
+def all_gather(tensor, group=None, out=None, local_input=None, timeout_ms: int = 0):
+    """All-gather (NCCL's semantics, PyTorch's all_gather_into_tensor) on a
+    symmetric tensor: tensor (world × n elements) lives in a symmetric
+    block of every rank of group, and share r of rank r's tensor is its
+    input (copied there first from local_input, n elements, when given).
+    Every rank's out (world × n elements, any CUDA memory), or without out
+    its tensor itself (in place), receives rank s's share s at share s;
+    returns it. local_input may be out's share r (NCCL's in place).
+    float32, bfloat16 and float16 (a copy), n's bytes a multiple of 4; in
+    stream order on the current stream; every rank calls it with the same
+    shape. Raises ValueError or SymmError (INVALID, NO_DEVICE, TIMEOUT)."""
+    import torch
+
+    if not _PUSH_TORCH_DTYPES:
+        _PUSH_TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
+    hit = _allreduce_handle(tensor, group)
+    world = hit[3]
+    if tensor.numel() % world:
+        raise ValueError(f"all_gather: the tensor's {tensor.numel()} elements do not split into {world} shares")
+    n = tensor.numel() // world
+    code, local = _collective_args("all_gather", tensor, _PUSH_TORCH_DTYPES, local_input, n)
+    if out is None:
+        out = tensor
+    elif out.dtype != tensor.dtype or out.numel() != world * n or not out.is_contiguous():
+        raise ValueError(f"all_gather: out must be a contiguous {tensor.dtype} tensor of {world * n} elements "
+                         f"(got {out.dtype}, {out.numel()})")
+    dev = tensor.device
+    stream = _current_raw_stream(dev) if dev.type == "cuda" else 0
+    _fast_rc(load().symm_all_gather, hit[1], hit[2], n, code, out.data_ptr(), local, stream, int(timeout_ms))
     return out
 
 

@@ -1060,6 +1060,44 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   NOOP(SYMM_OK, symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io, io, NULL, 1000));
   CHECK(!memcmp(io, io0, sizeof io) && !memcmp(p, io0, sizeof in), "two-shot from local_input: in place and in the buffer");
   memcpy(p, in, sizeof in);
+  /* Reduce-scatter and all-gather: each bad argument refused by name with
+   * nothing written; a world of one gives back its input, in place and not. */
+  BAD(SYMM_ERR_INVALID, "reduce_scatter: dtype 2", symm_reduce_scatter(h, 0, 64, 2, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "op 1", symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, 1, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "output is NULL", symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "overlaps this rank's buffer",
+      symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, p + 128, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "reduce_scatter: local_input", symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, p + 4, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "multiples of 4", symm_reduce_scatter(h, 0, 63, SYMM_BFLOAT16, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "multiples of 4", symm_reduce_scatter(h, 6, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "4-byte aligned", symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, (char *)out + 2, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "do not fit", symm_reduce_scatter(h, 0, SIZE_MAX / 8, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "timeout_ms -3 is negative", symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, -3));
+  BAD(SYMM_ERR_INVALID, "(256 bytes) at a shift of -60 bytes",
+      symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, io, io + 15, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "all_gather: dtype 3", symm_all_gather(h, 0, 64, 3, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "output is NULL", symm_all_gather(h, 0, 64, SYMM_FLOAT16, NULL, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "all_gather: the output", symm_all_gather(h, 0, 64, SYMM_FLOAT32, p + 4, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "all_gather: local_input", symm_all_gather(h, 0, 64, SYMM_FLOAT32, out, p + 8, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "multiples of 4", symm_all_gather(h, 0, 3, SYMM_FLOAT16, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "do not fit", symm_all_gather(h, 8, 1 << 30, SYMM_FLOAT32, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "timeout_ms -1 is negative", symm_all_gather(h, 0, 64, SYMM_FLOAT32, out, NULL, NULL, -1));
+  BAD(SYMM_ERR_INVALID, "(256 bytes) at a shift of +4 bytes",
+      symm_all_gather(h, 0, 64, SYMM_FLOAT32, io + 1, io, NULL, 0));
+  CHECK(!memcmp(io, io0, sizeof io) && !memcmp(p, in, sizeof in), "a refused reduce-scatter or all-gather writes nothing");
+  NOOP(SYMM_OK, symm_reduce_scatter(h, 0, 0, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, NULL, 0));
+  NOOP(SYMM_OK, symm_all_gather(h, 0, 0, SYMM_FLOAT32, NULL, NULL, NULL, 0));
+  memset(out, 0, sizeof out);
+  NOOP(SYMM_OK, symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 1000));
+  CHECK(!memcmp(in, out, sizeof in), "reduce-scatter: a world of one sums to its input");
+  NOOP(SYMM_OK, symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, p, NULL, NULL, 1000));
+  CHECK(!memcmp(p, in, sizeof in), "reduce-scatter in place");
+  memset(out, 0, sizeof out);
+  NOOP(SYMM_OK, symm_all_gather(h, 0, 128, SYMM_BFLOAT16, out, NULL, NULL, 1000));
+  CHECK(!memcmp(in, out, sizeof in), "all-gather: a world of one gathers its input");
+  NOOP(SYMM_OK, symm_all_gather(h, 0, 64, SYMM_FLOAT32, io, io, NULL, 1000));
+  CHECK(!memcmp(io, io0, sizeof io) && !memcmp(p, io0, sizeof in), "all-gather from local_input in place");
+  memcpy(p, in, sizeof in);
   /* The push all-reduce, on a workspace of its own (messages of up to 256
    * bytes for one rank): every bad argument refused by name before anything
    * is written, then a world of one sums to its own input. */
@@ -1320,7 +1358,7 @@ static void check_coverage(void) {
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
       "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
-      "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm",
+      "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm",
       "symm_push_all_reduce", "symm_pool_segment_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment"};

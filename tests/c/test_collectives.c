@@ -251,6 +251,57 @@ static void check_two_shot(symm_handle_t h, void *buf, int rank, int world, int 
   }
 }
 
+/* One reduce-scatter and one all-gather of count elements per rank (nbytes
+ * each) at offset: mode 0 in place (out: this rank's share of its buffer /
+ * its buffer), 1 out of place, 2 from local_input, 3 from local_input in
+ * NCCL's in-place layout (reduce-scatter: out at local_input's share r;
+ * all-gather: local_input at out's share r). Checked bit for bit (the
+ * reduce-scatter against the rank-order float sum of the words of share r),
+ * and the word after out untouched. */
+static void check_rs_ag(symm_handle_t h, void *buf, int rank, int world, int dtype, size_t offset, size_t count, int mode,
+                        uint32_t *host, void *out, void *local) {
+  static const char *modes[] = {"in place", "out of place", "local", "local in place"};
+  size_t nbytes = count * elem_size(dtype), nw = nbytes / 4, tw = nw * world;
+  char *mine = (char *)buf + offset, *share = mine + nbytes * rank;
+  /* All-gather: rank r's words are input_word(float32, r, j), copied. */
+  for (size_t j = 0; j < nw; j++) host[j] = input_word(SYMM_FLOAT32, rank, j);
+  void *ag_out = mode == 0 ? (void *)mine : out;
+  const void *ag_local = mode == 2 ? local : mode == 3 ? (char *)out + nbytes * rank : NULL;
+  CHECK(to_dev(ag_local ? (void *)ag_local : share, host, nbytes) == 0, "all-gather input");
+  uint32_t canary = 0x5a5a5a5au;
+  if (mode) CHECK(to_dev((char *)out + nbytes * world, &canary, 4) == 0, "the word after the output");
+  int rc = symm_all_gather(h, offset, count, dtype, ag_out, ag_local, NULL, 20000);
+  CHECK(rc == SYMM_OK, "all-gather of %zu x %zu bytes at offset %zu (%s): %d %s", (size_t)world, nbytes, offset,
+        modes[mode], rc, symm_last_error());
+  CHECK(dev_sync() == 0, "sync");
+  CHECK(from_dev(host, ag_out, 4 * tw + (mode ? 4 : 0)) == 0, "read the all-gather output");
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < tw; i++)
+    if (host[i] != input_word(SYMM_FLOAT32, (int)(i / nw), i % nw) && bad++ == 0) first = i;
+  CHECK(bad == 0, "all-gather of %zu bytes per rank at offset %zu (%s): %zu of %zu words wrong, first %zu", nbytes, offset,
+        modes[mode], bad, tw, first);
+  if (mode) CHECK(host[tw] == canary, "all-gather (%s): the word after the output written", modes[mode]);
+  /* No other sync: the call returned after every peer had finished its reads of this rank's buffer. */
+  /* Reduce-scatter: rank r's word g of the world shares is input_word(dtype, r, g). */
+  for (size_t g = 0; g < tw; g++) host[g] = input_word(dtype, rank, g);
+  const void *rs_local = mode >= 2 ? local : NULL;
+  void *rs_out = mode == 0 ? (void *)share : mode == 3 ? (char *)local + nbytes * rank : out;
+  CHECK(to_dev(rs_local ? (void *)rs_local : mine, host, 4 * tw) == 0, "reduce-scatter input");
+  if (mode == 1 || mode == 2) CHECK(to_dev((char *)out + nbytes, &canary, 4) == 0, "the word after the output");
+  rc = symm_reduce_scatter(h, offset, count, dtype, SYMM_SUM, rs_out, rs_local, NULL, 20000);
+  CHECK(rc == SYMM_OK, "reduce-scatter of %zu bytes per rank of %s at offset %zu (%s): %d %s", nbytes,
+        dtype ? "bf16" : "f32", offset, modes[mode], rc, symm_last_error());
+  CHECK(dev_sync() == 0, "sync");
+  CHECK(from_dev(host, rs_out, nbytes + 4) == 0, "read the reduce-scatter output");
+  bad = first = 0;
+  for (size_t j = 0; j < nw; j++)
+    if (host[j] != expected_word(dtype, world, nw * rank + j) && bad++ == 0) first = j;
+  CHECK(bad == 0, "reduce-scatter of %zu bytes per rank of %s at offset %zu (%s): %zu of %zu words wrong, first %zu: %#x, want %#x",
+        nbytes, dtype ? "bf16" : "f32", offset, modes[mode], bad, nw, first, host[first],
+        expected_word(dtype, world, nw * rank + first));
+  if (mode == 1 || mode == 2) CHECK(host[nw] == canary, "reduce-scatter (%s): the word after the output written", modes[mode]);
+}
+
 /* Push call k of count elements: the input at in_off elements into din,
  * the output at out_off into dout (or in place), timeout_ms as given; the
  * sum checked bit for bit, and the bytes around the output untouched. */
@@ -492,6 +543,15 @@ static int child(int rank, int world, int dev) {
       }
     }
   if (rank == 0) printf("rank 0: two-shot all-reduce float32 and bfloat16, 4 B to 4 MiB, in place and out of place: checked\n");
+  const size_t per_rank[] = {4, 12, 4 * KiB + 12, 64 * KiB, 256 * KiB};
+  for (int dtype = SYMM_FLOAT32; dtype <= SYMM_BFLOAT16; dtype++)
+    for (size_t s = 0; s < sizeof per_rank / sizeof per_rank[0]; s++)
+      for (int mode = 0; mode < 4; mode++) {
+        size_t count = per_rank[s] / elem_size(dtype);
+        check_rs_ag(h, p, rank, world, dtype, mode == 1 ? 4 : 32, count, mode, host, out, local);
+        check_rs_ag(h, p, rank, world, dtype, 0, count, mode, host, out, local);
+      }
+  if (rank == 0) printf("rank 0: reduce-scatter and all-gather, 4 B to 256 KiB per rank, in place and not: checked\n");
 
   /* Bad input: each refused, nothing lost. */
   struct {

@@ -36,6 +36,11 @@ all-reduce, libsymm's one-shot, torch symm_mem one_shot / two_shot, NCCL.
 Then symm.all_reduce (the algorithm chosen by size, or forced): None, push
 and two_shot at 4 KiB .. 4 MiB against float64, the same bits on every
 rank, the algorithm chosen at each size reported.
+symm.reduce_scatter and symm.all_gather (rsag_rounds, beside the two-shot's
+checks): exact against rank-order float32 sums / copies, float64, the same
+bits on every rank, in place and not, a CUDA graph replayed; with --push a
+benchmark beside NCCL's reduce_scatter_tensor and all_gather_into_tensor,
+4 KiB .. 1 MiB per rank, graph-captured (rsag_bench).
 """
 
 import os
@@ -193,6 +198,130 @@ def two_shot_rounds(rank, world, dev, group, check):
     except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
         ok, detail = False, f"{type(e).__name__}: {e}"
     check("two_shot_all_reduce x2 captured in a CUDA graph, replayed 5 times with new inputs", ok, detail)
+    dist.barrier()
+
+
+def rsag_rounds(rank, world, dev, group, check):
+    """symm.reduce_scatter and symm.all_gather on symmetric tensors of world
+    shares: reduce_scatter float32 and bfloat16 (bit for bit against the
+    float32 sum of share rank in rank order, within rounding of float64, the
+    same bits on every rank for the same share), all_gather float32,
+    bfloat16 and float16 (exact copies); per-rank shares of 4 bytes .. 1 MiB
+    and odd sizes; in place, out of place, from a local input and NCCL's
+    in-place layout; a CUDA graph of both replayed with new inputs."""
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    import symm
+
+    def digests(t):
+        mine = hashlib.sha256(t.contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+        every = [None] * world
+        dist.all_gather_object(every, mine, group=group)
+        return every
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        es = torch.empty((), dtype=dtype).element_size()
+        ity = torch.int32 if es == 4 else torch.int16
+        bad = []
+        for nbytes in (4, 12, 4 << 10, (4 << 10) + 12, 64 << 10, (256 << 10) + 4, 1 << 20):
+            n = nbytes // es
+            srcs = [torch.randn(world * n, generator=torch.Generator().manual_seed(7919 * r + n),
+                                dtype=torch.float32).to(dtype) for r in range(world)]
+            x = symm.empty(world * n, dtype=dtype, device=dev)
+            mine = srcs[rank].to(dev)
+            for mode in ("in place", "out", "local", "local in place"):
+                # All-gather: rank r's share r of its own input.
+                piece = mine[rank * n:(rank + 1) * n]
+                want = torch.cat([srcs[s][s * n:(s + 1) * n] for s in range(world)])
+                x.zero_()
+                out = loc = None
+                if mode in ("in place", "out"):
+                    x[rank * n:(rank + 1) * n].copy_(piece)
+                if mode == "out":
+                    out = torch.empty(world * n, dtype=dtype, device=dev)
+                elif mode == "local":
+                    out, loc = torch.empty(world * n, dtype=dtype, device=dev), piece.clone()
+                elif mode == "local in place":
+                    out = torch.zeros(world * n, dtype=dtype, device=dev)
+                    out[rank * n:(rank + 1) * n].copy_(piece)
+                    loc = out[rank * n:(rank + 1) * n]
+                res = symm.all_gather(x, group=group, out=out, local_input=loc)
+                if not torch.equal(res.cpu().view(ity), want.view(ity)):
+                    bad.append(f"all_gather {nbytes}B/rank {mode}: not an exact copy")
+                if dtype == torch.float16:
+                    continue
+                # Reduce-scatter: share rank of the rank-order float32 sum.
+                acc = torch.zeros(n, dtype=torch.float32)
+                for r in range(world):
+                    acc += srcs[r][rank * n:(rank + 1) * n].float()
+                exact = acc.to(dtype)
+                ref64 = sum(s[rank * n:(rank + 1) * n].double() for s in srcs)
+                out = loc = None
+                if mode in ("in place", "out"):
+                    x.copy_(mine)
+                else:
+                    x.zero_()
+                    loc = mine.clone()
+                if mode in ("out", "local"):
+                    out = torch.empty(n, dtype=dtype, device=dev)
+                elif mode == "local in place":
+                    out = loc[rank * n:(rank + 1) * n]
+                res = symm.reduce_scatter(x, group=group, out=out, local_input=loc)
+                if mode == "in place" and res.data_ptr() != x[rank * n:].data_ptr():
+                    bad.append(f"reduce_scatter {nbytes}B/rank in place: not the tensor's share")
+                got = res.cpu()
+                tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+                close = torch.allclose(got.double(), ref64, rtol=tol, atol=tol * world)
+                bits = torch.equal(got.view(ity), exact.view(ity))
+                if not bits or not close:
+                    bad.append(f"reduce_scatter {nbytes}B/rank {mode}: bits {bits}, float64 {close}")
+            # Every rank computes share s alike: the full sums through the all-gather agree everywhere.
+            if dtype != torch.float16:
+                x.copy_(mine)
+                shares = symm.reduce_scatter(x, group=group, out=torch.empty(n, dtype=dtype, device=dev))
+                x[rank * n:(rank + 1) * n].copy_(shares)
+                full = symm.all_gather(x, group=group, out=torch.empty(world * n, dtype=dtype, device=dev))
+                if len(set(digests(full))) != 1:
+                    bad.append(f"{nbytes}B/rank: the reduced shares differ between ranks")
+            del x
+        check(f"reduce_scatter / all_gather {str(dtype)[6:]} 4 B..1 MiB per rank, in place / out / local_input / "
+              f"NCCL in place: exact, in rank order, within rounding of float64, the same on every rank",
+              not bad, "; ".join(bad[:3]))
+
+    # A CUDA graph of a reduce-scatter then an all-gather (an all-reduce), replayed with new inputs.
+    n = 1 << 16
+    g_x = symm.empty(world * n, dtype=torch.float32, device=dev)
+    g_out = torch.empty(world * n, dtype=torch.float32, device=dev)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (rendezvous, kernels)
+        g_x.fill_(1.0)
+        symm.reduce_scatter(g_x, group=group)
+        symm.all_gather(g_x, group=group, out=g_out)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            symm.reduce_scatter(g_x, group=group)
+            symm.all_gather(g_x, group=group, out=g_out)
+        ok, detail = True, ""
+        for k in range(5):
+            g_x.fill_(float(rank + 10 * k))
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            want = float(sum(r + 10 * k for r in range(world)))
+            good = bool((g_out == want).all())
+            ok &= good
+            if not good:
+                detail = f"replay {k}: out {g_out[:4].tolist()} want {want}"
+    except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
+        ok, detail = False, f"{type(e).__name__}: {e}"
+    check("reduce_scatter + all_gather captured in a CUDA graph, replayed 5 times with new inputs", ok, detail)
     dist.barrier()
 
 
@@ -396,6 +525,61 @@ def all_reduce_rounds(rank, world, dev, group, check):
         check("torch.ops.symm.all_reduce", False, f"{type(e).__name__}: {e}")
 
 
+def _graph_time(dev, fn, replays=50):
+    """fn() 20 times captured in one CUDA graph, replayed: µs per fn (CUDA events)."""
+    import torch
+    import torch.distributed as dist
+
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(20):
+            fn()
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(replays):
+        g.replay()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) * 1e3 / (replays * 20)
+
+
+def rsag_bench(rank, world, dev, group, rows):
+    """reduce_scatter and all_gather, 20 captured in one CUDA graph and
+    replayed, µs per op, per-rank output 4 KiB .. 1 MiB: libsymm (out of
+    place, from the symmetric tensor) beside NCCL's reduce_scatter_tensor
+    and all_gather_into_tensor."""
+    import torch
+    import torch.distributed as dist
+
+    import symm
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for nbytes in PUSH_BENCH_SIZES:
+            n = nbytes // torch.empty((), dtype=dtype).element_size()
+            x = symm.empty(world * n, dtype=dtype, device=dev).normal_()
+            symm.rendezvous(x, group)
+            full = torch.randn(world * n, device=dev).to(dtype)
+            part = torch.empty(n, dtype=dtype, device=dev)
+            gathered = torch.empty(world * n, dtype=dtype, device=dev)
+            cells = [_graph_time(dev, lambda: symm.reduce_scatter(x, group=group, out=part)),
+                     _graph_time(dev, lambda: dist.reduce_scatter_tensor(part, full, group=group)),
+                     _graph_time(dev, lambda: symm.all_gather(x, group=group, out=gathered)),
+                     _graph_time(dev, lambda: dist.all_gather_into_tensor(gathered, part, group=group))]
+            rows.append((f"{str(dtype)[6:]} {nbytes // KiB} KiB", cells))
+            del x
+
+
 def push_bench(rank, world, dev, group, rows):
     """20 all-reduces captured in one CUDA graph, replayed; µs per op."""
     import torch
@@ -411,28 +595,7 @@ def push_bench(rank, world, dev, group, rows):
         pass
 
     def graph_time(fn, replays=50):
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(20):
-                fn()
-        for _ in range(5):
-            g.replay()
-        torch.cuda.synchronize()
-        dist.barrier()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        return a.elapsed_time(b) * 1e3 / (replays * 20)
+        return _graph_time(dev, fn, replays)
 
     nan = float("nan")
     for dtype in (torch.bfloat16, torch.float32):
@@ -474,7 +637,7 @@ def run_rank(rank, world, port, bench1, push_only=False):
     backend = "nccl" if own_gpu else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world, device_id=dev if own_gpu else None)
     group = dist.group.WORLD
-    results, rows, push_rows = [], [], []
+    results, rows, push_rows, rsag_rows = [], [], [], []
 
     def check(name, ok, detail=""):
         results.append((name, bool(ok), detail))
@@ -555,6 +718,7 @@ def run_rank(rank, world, port, bench1, push_only=False):
 
         misaligned_rounds(rank, world, dev, group, check)
         two_shot_rounds(rank, world, dev, group, check)
+        rsag_rounds(rank, world, dev, group, check)
 
         # A rank that stays away: the others time out naming it; streams go on.
         y = symm.empty(1024, dtype=torch.float32, device=dev)
@@ -614,6 +778,7 @@ def run_rank(rank, world, port, bench1, push_only=False):
     # ---- timing ------------------------------------------------------------
     if own_gpu and not bench1 and world > 1:
         push_bench(rank, world, dev, group, push_rows)
+        rsag_bench(rank, world, dev, group, rsag_rows)
     if own_gpu and not push_only:
         import torch.distributed._symmetric_memory as tsm
 
@@ -674,12 +839,12 @@ def run_rank(rank, world, port, bench1, push_only=False):
     gathered = [None] * world
     dist.all_gather_object(gathered, (results, rows))
     if rank == 0:
-        report(world, backend, gathered, bench1, push_rows, push_only)
+        report(world, backend, gathered, bench1, push_rows, push_only, rsag_rows)
     dist.destroy_process_group()
     return all(ok for res, _ in gathered for _, ok, _ in res)
 
 
-def report(world, backend, gathered, bench1, push_rows=(), push_only=False):
+def report(world, backend, gathered, bench1, push_rows=(), push_only=False, rsag_rows=()):
     import torch
 
     lines = [f"# libsymm kernels: {world} rank(s), {torch.cuda.device_count()} GPU(s) "
@@ -716,6 +881,20 @@ def report(world, backend, gathered, bench1, push_rows=(), push_only=False):
 
             lines.append(f"| {name} | " + " | ".join(f"{c:.2f}" if c == c else "–" for c in (push, two, one, t1, t2, nccl))
                          + f" | {ratio(push)} | {ratio(two)} |")
+    if rsag_rows:
+        lines += ["", f"20 reduce-scatters or all-gathers captured in one CUDA graph, replayed; µs per op (CUDA events), "
+                  f"{world} GPUs; message = each rank's share (reduce-scatter output, all-gather input)", "",
+                  "| message | libsymm reduce_scatter | NCCL reduce_scatter_tensor | ratio "
+                  "| libsymm all_gather | NCCL all_gather_into_tensor | ratio |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for name, (rs, nrs, ag, nag) in rsag_rows:
+            def f(x):
+                return f"{x:.2f}" if x == x else "–"
+
+            def q(a, b):
+                return f"{a / b:.2f}" if a == a and b == b else "–"
+
+            lines.append(f"| {name} | {f(rs)} | {f(nrs)} | {q(rs, nrs)} | {f(ag)} | {f(nag)} | {q(ag, nag)} |")
     text = "\n".join(lines)
     print(text, flush=True)
     out = os.environ.get("OUT")

@@ -596,3 +596,67 @@ def test_all_reduce_env():
     code_, says = run_json(code, env=child_env({"SYMM_ALL_REDUCE": "push", "SYMM_PUSH_MAX_BYTES": "65536"}))
     assert code_ == 1 and "(forced by SYMM_ALL_REDUCE=push) of 4194304 bytes: over the push workspace's limit of " \
         "65536 bytes" in says, says
+
+
+RS_AG_SCRIPT = textwrap.dedent(
+    """
+    import array, ctypes, json, sys, symm
+    rank, world, addr = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    st = symm.Store.connect(addr, timeout_ms=20000)
+    n = 1001  # float32 per rank
+    p = symm.symm_alloc(4 * world * n + 64)
+    h = symm.rendezvous_ptr(p, st, "rsag", rank, world)
+    val = lambda r, i: (i % 13) * 0.5 + r
+    # All-gather in place: share rank is the input, every share comes back.
+    mine = array.array("f", [val(rank, i) for i in range(n)])
+    ctypes.memmove(p + 4 * rank * n, mine.buffer_info()[0], 4 * n)
+    h.all_gather_ptr(0, n, "float32", timeout_ms=20000)
+    got = array.array("f", ctypes.string_at(p, 4 * world * n))
+    ag_ok = list(got) == [val(s, i) for s in range(world) for i in range(n)]
+    # All-gather of float16 bits from a local input into out, at an offset.
+    loc = array.array("H", [(rank << 8) | (i & 0xff) for i in range(2 * n)])
+    out = array.array("H", [0]) * (2 * world * n + 2)
+    h.all_gather_ptr(4, 2 * n, "float16", out.buffer_info()[0], local_input=loc.buffer_info()[0], timeout_ms=20000)
+    f16_ok = list(out[:2 * world * n]) == [(s << 8) | (i & 0xff) for s in range(world) for i in range(2 * n)]
+    f16_ok = f16_ok and out[2 * world * n] == 0
+    # Reduce-scatter: share rank of the rank-order sum, in place and into out.
+    full = array.array("f", [val(rank, i) for i in range(world * n)])
+    want = [sum(val(r, rank * n + i) for r in range(world)) for i in range(n)]
+    ctypes.memmove(p, full.buffer_info()[0], 4 * world * n)
+    h.reduce_scatter_ptr(0, n, "float32", timeout_ms=20000)
+    rs_in_place = list(array.array("f", ctypes.string_at(p + 4 * rank * n, 4 * n))) == want
+    o = array.array("f", [0.0]) * (n + 1)
+    h.reduce_scatter_ptr(0, n, "float32", o.buffer_info()[0], local_input=full.buffer_info()[0], timeout_ms=20000)
+    rs_out = list(o[:n]) == want and o[n] == 0.0
+    errors = {}
+    for name, call in {"rs dtype": lambda: h.reduce_scatter_ptr(0, 16, "float16"),
+                       "rs op": lambda: h.reduce_scatter_ptr(0, 16, "float32", op="max"),
+                       "ag dtype": lambda: h.all_gather_ptr(0, 16, "int8")}.items():
+        try:
+            call()
+        except ValueError as e:
+            errors[name] = str(e)
+    for name, call in {"size": lambda: h.all_gather_ptr(0, 3, "bfloat16", o.buffer_info()[0]),
+                       "overlap": lambda: h.reduce_scatter_ptr(0, 16, "float32", p + 4)}.items():
+        try:
+            call()
+        except symm.SymmError as e:
+            errors[name] = [int(e.code), str(e)]
+    print(json.dumps({"ag": ag_ok, "f16": f16_ok, "rs_in_place": rs_in_place, "rs_out": rs_out, "errors": errors}))
+    h.barrier(timeout_ms=20000)
+    symm.symm_free(p)
+    """
+)
+
+
+def test_reduce_scatter_all_gather_three_processes(tmp_path):
+    """Reduce-scatter and all-gather over real processes on the host backend:
+    all-gather in place and from a local input into out (float16 bits, at an
+    offset), reduce-scatter in place and from a local input into out; bad
+    arguments refused."""
+    for r in run_ranks(tmp_path, RS_AG_SCRIPT, 3):
+        assert r["ag"] and r["f16"] and r["rs_in_place"] and r["rs_out"], r
+        e = r["errors"]
+        assert "reduce_scatter: dtype" in e["rs dtype"] and "sum" in e["rs op"] and "all_gather: dtype" in e["ag dtype"], r
+        assert e["size"][0] == 1 and "multiples of 4" in e["size"][1], r  # SYMM_ERR_INVALID
+        assert e["overlap"][0] == 1 and "overlaps this rank's buffer" in e["overlap"][1], r
