@@ -3,6 +3,7 @@ package symmetric
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -67,6 +68,7 @@ func rsagCall(h *Handle, rank, world int, d kernels.Dtype, n, off int, mode stri
 	user[world*n] = 0xfeedface
 	a := AllReduce{Offset: uint64(4 * off), Count: count, Dtype: d, Timeout: 5 * time.Second}
 	result := msg
+	var local []uint32 // a local input, kept alive across the call below
 	switch mode {
 	case "in place":
 		copy(msg[rank*n:], in)
@@ -75,12 +77,15 @@ func rsagCall(h *Handle, rank, world int, d kernels.Dtype, n, off int, mode stri
 		copy(msg[rank*n:], in)
 		a.Out, result = uintptrOf(user), user[:world*n]
 	case "local":
-		a.Out, a.Local, result = uintptrOf(user), uintptrOf(slices.Clone(in)), user[:world*n]
+		local = slices.Clone(in)
+		a.Out, a.Local, result = uintptrOf(user), uintptrOf(local), user[:world*n]
 	case "local in place": // NCCL's: the input at the output's share r
 		copy(user[rank*n:], in)
 		a.Out, a.Local, result = uintptrOf(user), uintptrOf(user)+uintptr(4*rank*n), user[:world*n]
 	}
-	if err := h.AllGather(a); err != nil {
+	err := h.AllGather(a)
+	runtime.KeepAlive(local) // reached only through a.Local: the GC must not free it first
+	if err != nil {
 		return fmt.Errorf("all_gather: %w", err)
 	}
 	for s := 0; s < world; s++ {
@@ -111,12 +116,15 @@ func rsagCall(h *Handle, rank, world int, d kernels.Dtype, n, off int, mode stri
 		copy(msg, all)
 		a.Out, result = uintptrOf(user), user[:n]
 	case "local":
-		a.Out, a.Local, result = uintptrOf(user), uintptrOf(slices.Clone(all)), user[:n]
+		local = slices.Clone(all)
+		a.Out, a.Local, result = uintptrOf(user), uintptrOf(local), user[:n]
 	case "local in place": // NCCL's: the output at the input's share r
 		copy(user, all)
 		a.Local, a.Out, result = uintptrOf(user), uintptrOf(user)+uintptr(4*rank*n), user[rank*n:rank*n+n]
 	}
-	if err := h.ReduceScatter(a); err != nil {
+	err = h.ReduceScatter(a)
+	runtime.KeepAlive(local)
+	if err != nil {
 		return fmt.Errorf("reduce_scatter: %w", err)
 	}
 	if fmt.Sprint(result) != fmt.Sprint(want) {

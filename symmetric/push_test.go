@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -211,6 +212,7 @@ func TestPushAllReduceRefusesBadArguments(t *testing.T) {
 	h := soloHandle(t, NewHostProvider(), Config{Timeout: time.Second})
 	require.Equal(t, uint64(1024), h.PushMaxBytes(), "4096 bytes for one rank")
 	buf := make([]uint32, 1024)
+	defer runtime.KeepAlive(buf) // reached through uintptrs only
 	p := uintptrOf(buf)
 	ws := h.BufferPtr(0)
 	f := func(in, out uintptr, count uint64, d kernels.Dtype, op string, timeout time.Duration) error {
@@ -259,6 +261,7 @@ func TestPushWorkspaceOfOneGroup(t *testing.T) {
 	_, err := h.m.Rendezvous(h.b.Ptr(), Group{Name: "other", Rank: 0, World: 1, Store: st})
 	require.NoError(t, err)
 	buf := make([]uint32, 4)
+	defer runtime.KeepAlive(buf) // reached through uintptrs only
 	err = h.PushAllReduce(PushAllReduce{In: uintptrOf(buf), Out: uintptrOf(buf), Count: 4, Dtype: kernels.Float32, Op: "sum"})
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "is joined with 2 groups; a workspace serves one group")
@@ -285,6 +288,7 @@ func TestPushAllReduceLatePeer(t *testing.T) {
 				return nil
 			}
 			buf := make([]uint32, 64)
+			defer runtime.KeepAlive(buf) // reached through uintptrs only
 			a := PushAllReduce{In: uintptrOf(buf), Out: uintptrOf(buf), Count: 64, Dtype: kernels.Float32, Op: "sum", Timeout: 200 * time.Millisecond}
 			start := time.Now()
 			err = h.PushAllReduce(a)

@@ -3,6 +3,7 @@ package symmetric
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -82,6 +83,7 @@ func TestTwoShotAllReduceHostRanks(t *testing.T) {
 							user[n] = 0xfeedface
 							a := AllReduce{Offset: 4 * offWords, Count: uint64(n * 4 / d.Size()), Dtype: d, Op: "sum", Timeout: 5 * time.Second}
 							result := buf[offWords : offWords+n]
+							var local []uint32 // reached only through a.Local: kept alive across the call
 							switch mode {
 							case "in place":
 								copy(result, input)
@@ -93,13 +95,15 @@ func TestTwoShotAllReduceHostRanks(t *testing.T) {
 								copy(user, input)
 								a.Out, a.Local = uintptrOf(user), uintptrOf(user)
 							case "local out":
-								local := slices.Clone(input)
+								local = slices.Clone(input)
 								a.Out, a.Local = uintptrOf(user), uintptrOf(local)
 							case "local to buffer":
-								local := slices.Clone(input)
+								local = slices.Clone(input)
 								a.Out, a.Local = in, uintptrOf(local)
 							}
-							if err := h.TwoShotAllReduce(a); err != nil {
+							err := h.TwoShotAllReduce(a)
+							runtime.KeepAlive(local)
+							if err != nil {
 								return fmt.Errorf("call %d (%d words of %s, %s): %w", k, n, d, mode, err)
 							}
 							want := twoShotWant(d, world, k, n)
