@@ -325,6 +325,28 @@ def kernels_status(device: Any = 0) -> str:
     return str(_last_error(load()))
 
 
+def _all_reduce_args(fn: str, tensor, op: str, local_input):
+    """The checks the one-shot and two-shot all-reduce share: the dtype
+    code, the element count and the local input's address (0: none)."""
+    import torch
+
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
+    code = _TORCH_DTYPES.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32 or torch.bfloat16")
+    if op != "sum":
+        raise ValueError(f"{fn}: op {op!r}: only 'sum' is supported")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{fn}: the tensor must be contiguous")
+    n = tensor.numel()
+    if local_input is None:
+        return code, n, 0
+    if local_input.dtype != tensor.dtype or local_input.numel() != n or not local_input.is_contiguous():
+        raise ValueError(f"{fn}: local_input must be a contiguous {tensor.dtype} tensor of {n} elements")
+    return code, n, local_input.data_ptr()
+
+
 def one_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_input=None, timeout_ms: int = 0):
     """PyTorch's symm_mem.one_shot_all_reduce: tensor lives in a symmetric
     block (symm.empty, or get_mem_pool) of every rank of group; each rank
@@ -336,22 +358,7 @@ def one_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     kernels cannot run, TIMEOUT naming a rank that did not come)."""
     import torch
 
-    if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
-    code = _TORCH_DTYPES.get(tensor.dtype)
-    if code is None:
-        raise ValueError(f"one_shot_all_reduce: dtype {tensor.dtype}: want torch.float32 or torch.bfloat16")
-    if op != "sum":
-        raise ValueError(f"one_shot_all_reduce: op {op!r}: only 'sum' is supported")
-    if not tensor.is_contiguous():
-        raise ValueError("one_shot_all_reduce: the tensor must be contiguous")
-    n = tensor.numel()
-    local = 0
-    if local_input is not None:
-        if local_input.dtype != tensor.dtype or local_input.numel() != n or not local_input.is_contiguous():
-            raise ValueError(f"one_shot_all_reduce: local_input must be a contiguous {tensor.dtype} tensor of "
-                             f"{n} elements")
-        local = local_input.data_ptr()
+    code, n, local = _all_reduce_args("one_shot_all_reduce", tensor, op, local_input)
     if out is None:
         out = torch.empty_like(local_input if local_input is not None else tensor)
     elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
@@ -392,24 +399,7 @@ def two_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     same bits as one_shot_all_reduce. Raises SymmError (INVALID,
     NO_DEVICE when the kernels cannot run, TIMEOUT naming a rank that did
     not come)."""
-    import torch
-
-    if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
-    code = _TORCH_DTYPES.get(tensor.dtype)
-    if code is None:
-        raise ValueError(f"two_shot_all_reduce: dtype {tensor.dtype}: want torch.float32 or torch.bfloat16")
-    if op != "sum":
-        raise ValueError(f"two_shot_all_reduce: op {op!r}: only 'sum' is supported")
-    if not tensor.is_contiguous():
-        raise ValueError("two_shot_all_reduce: the tensor must be contiguous")
-    n = tensor.numel()
-    local = 0
-    if local_input is not None:
-        if local_input.dtype != tensor.dtype or local_input.numel() != n or not local_input.is_contiguous():
-            raise ValueError(f"two_shot_all_reduce: local_input must be a contiguous {tensor.dtype} tensor of "
-                             f"{n} elements")
-        local = local_input.data_ptr()
+    code, n, local = _all_reduce_args("two_shot_all_reduce", tensor, op, local_input)
     if out is None:
         out = tensor
     elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
