@@ -514,7 +514,11 @@ int symm_world_within_direct_access(symm_store_t store, const char *group, int r
 /* Signals, in stream order (the stream is ignored on the host backend):
  * put_signal sets this rank's slot of channel in dst_rank's pad; wait_signal
  * waits for src_rank's slot to be set, then clears it; barrier does both with
- * every peer. timeout_ms > 0: the calling thread waits for the call's own
+ * every peer. A barrier run by kernels (below) on a handle whose group owns
+ * its block's sync area (the first group rendezvoused on the block: see
+ * symm_one_shot_all_reduce) meets through that area instead (one store per
+ * peer, no round trip); it leaves the signal pad alone, so put_signal and
+ * wait_signal on the same channel do not see it. timeout_ms > 0: the calling thread waits for the call's own
  * operations (not for the whole stream: work queued before or after them is
  * not a late peer) and returns SYMM_ERR_TIMEOUT, naming the rank and
  * channel, if they have not completed within timeout_ms of the stream
@@ -563,19 +567,25 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
  * (SYMM_ERR_NO_DEVICE: no NVRTC, the host backend, ...). */
 int symm_kernels_ready(int device);
 
-enum { SYMM_FLOAT32 = 0, SYMM_BFLOAT16 = 1, SYMM_FLOAT16 = 2 /* the push all-reduce only */ };
+enum { SYMM_FLOAT32 = 0, SYMM_BFLOAT16 = 1, SYMM_FLOAT16 = 2 };
 enum { SYMM_SUM = 0 };
 
 /* One-shot all-reduce (PyTorch's symm_mem.one_shot_all_reduce): every rank
- * of h's group reads count elements at byte offset of every rank's buffer,
- * sums them (float32 accumulation, in rank order: every rank gets the same
+ * of h's group reads count elements (SYMM_FLOAT32, SYMM_BFLOAT16 or
+ * SYMM_FLOAT16) at byte offset of every rank's buffer, sums them (float32
+ * accumulation, in rank order: every rank gets the same
  * bits) and writes the sum to out, in stream order; every rank calls it with
  * the same offset, count and dtype. local_input (or NULL) is copied into this
  * rank's buffer first (one_shot_all_reduce_copy). Block b of the kernel
- * synchronizes with block b of every peer on signal-pad channel b (at most
- * 24 channels) before reading and after, so the inputs may be rewritten as
- * soon as the call's work is done; do not run signals of h on those channels
- * concurrently. offset and count × element size must be multiples of 4, out
+ * meets block b of every peer on channel b (at most 24 channels) before
+ * reading and after, so the inputs may be rewritten as soon as the call's
+ * work is done. The first group rendezvoused on a block (on every rank)
+ * owns the block's sync area, which follows the signal pad: its collectives
+ * and kernel barriers meet there, with one store per peer and no round trip;
+ * any other group's meet on signal-pad channel b with put/take, as PyTorch's
+ * do (then do not run signals of h on those channels concurrently). Calls
+ * of one handle that meet on the same channel must be ordered (one stream,
+ * or streams ordered by events). offset and count × element size must be multiples of 4, out
  * must not overlap this rank's input, nor local_input unless it is
  * local_input itself (in place). timeout_ms as for symm_barrier. On the
  * host backend the calling thread does it (pointers are host memory).
@@ -598,7 +608,7 @@ int symm_one_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int d
  * moves 1/world of the message to and from each peer, instead of all of it
  * as the one-shot does. Parameters, stream order, local_input (copied into
  * this rank's buffer first), channels (block b meets block b of every peer
- * on signal-pad channel b, before the reads and after the stores),
+ * on channel b, before the reads and after the stores, as the one-shot's),
  * timeout_ms, errors (SYMM_ERR_INVALID, SYMM_ERR_NO_DEVICE, SYMM_ERR_TIMEOUT)
  * and the host backend as for symm_one_shot_all_reduce,
  * except that out may be this rank's buffer at offset itself: out and
@@ -613,15 +623,15 @@ int symm_two_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int d
  * elements s·count .. s·count+count−1), and rank r receives in out (count
  * elements) the sum of share r of every rank's buffer, in rank order
  * 0..world−1 with float32 accumulation (the same bits on every rank that
- * sums that share, and as the all-reduces). dtype SYMM_FLOAT32 or
- * SYMM_BFLOAT16, op SYMM_SUM; offset and count × element size multiples of 4
+ * sums that share, and as the all-reduces). dtype SYMM_FLOAT32,
+ * SYMM_BFLOAT16 or SYMM_FLOAT16, op SYMM_SUM; offset and count × element size multiples of 4
  * bytes. local_input, when not NULL, holds the whole world × count input and
  * is copied into this rank's buffer first. out may be this rank's own share
  * r of its buffer (in place) or memory disjoint from its world shares;
  * local_input may be the buffer at offset itself or disjoint from it; out
  * may be local_input's share r (NCCL's in place) or disjoint from
  * local_input. One kernel in stream order: block b meets block b of every
- * peer on signal-pad channel b before the reads and after them (so the call
+ * peer on channel b (as the one-shot's) before the reads and after them (so the call
  * must not run concurrently with other signals of h). The host backend runs
  * the same protocol in the calling thread. Returns SYMM_OK (count 0 does
  * nothing); SYMM_ERR_INVALID (a bad handle, dtype, op, size, offset,

@@ -73,12 +73,69 @@ __device__ __forceinline__ bool take(u32 *slot, u64 start, u64 timeout_ns, u64 *
   return flip<1, 0>(slot, start, timeout_ns, status, op, peer, channel);
 }
 
-// One block of at least world threads: thread t signals rank t and waits for
-// rank t's signal (t != rank).
-extern "C" __global__ void symm_barrier(u32 **pads, int rank, int world, int channel, u64 timeout_ns, u64 *status) {
+// ---- epoch sync: a meeting with no round trip ------------------------------
+//
+// The collectives and the barrier of a handle that owns its block's sync
+// area (epochs != 0) meet their peers without the put/take exchange above.
+// Each rank's block has, right after its signal pad, SYMM_SYNC_SLOTS u32
+// slots: slot channel*world + src holds the number of src's latest meeting
+// on that channel, written only by src. The handle keeps its own count per
+// channel (epochs[channel], in this rank's device memory, read by no peer).
+// A meeting on channel c: e = epochs[c] + 1; thread t stores e into slot
+// (c, rank) of rank t (one store, release, system scope: what the block wrote
+// before is visible to whoever acquires it) and spins until slot (c, t) of
+// this rank holds at least e (acquire); then epochs[c] = e. No slot is ever
+// reset. A peer is at most one meeting ahead on a channel (its next meeting
+// needs our store of this one), so "at least e" in wrap-around order
+// ((int)(v - e) >= 0) is exact for 2^31 meetings of slack. The put/take
+// exchange costs a round trip to the peer (the compare-and-swap's reply)
+// before the wait; this costs one store's flight.
+//
+// The area belongs to one group per block (the rendezvous agrees on it), so
+// that no other group's meetings write its slots; a handle of any other group
+// passes epochs = 0 and meets with put/take on its signal pad. Meetings on
+// one channel of a handle are ordered (one stream, or streams ordered by
+// events), as the put/take exchange also needs.
+#define SYMM_SYNC_SLOTS 512 // after the 512 slots of the signal pad
+
+__device__ __forceinline__ void st_release(u32 *a, u32 v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u32 ld_acquire(const u32 *a) {
+  u32 v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
+  return v;
+}
+
+// meet_epoch is thread t's part of meeting e with peer t on channel.
+__device__ __forceinline__ bool meet_epoch(u32 **pads, int rank, int world, int channel, int t, u32 e, u64 start,
+                                           u64 timeout_ns, u64 *status, u32 op) {
+  st_release(pads[t] + SYMM_SYNC_SLOTS + channel * world + rank, e);
+  const u32 *in = pads[rank] + SYMM_SYNC_SLOTS + channel * world + t;
+  while ((int)(ld_acquire(in) - e) < 0) {
+    if (timeout_ns != 0 && now_ns() - start > timeout_ns) {
+      report(status, op, t, channel);
+      return false;
+    }
+  }
+  return true;
+}
+
+// One block of at least world threads: thread t meets rank t (t != rank).
+extern "C" __global__ void symm_barrier(u32 **pads, u32 *epochs, int rank, int world, int channel, u64 timeout_ns,
+                                        u64 *status) {
   int t = threadIdx.x;
-  if (t >= world || t == rank) return;
   u64 start = now_ns();
+  if (epochs != 0) {
+    u32 e = epochs[channel] + 1;
+    bool ok = true;
+    if (t < world && t != rank) ok = meet_epoch(pads, rank, world, channel, t, e, start, timeout_ns, status, SYMM_OP_WAIT);
+    __syncthreads_or(!ok);
+    if (t == 0) epochs[channel] = e;
+    return;
+  }
+  if (t >= world || t == rank) return;
   if (!put(pads[t] + channel * world + rank, start, timeout_ns, status, SYMM_OP_PUT, t, channel)) return;
   take(pads[rank] + channel * world + t, start, timeout_ns, status, SYMM_OP_WAIT, t, channel);
 }
@@ -117,6 +174,23 @@ __device__ __forceinline__ u32 to_bf16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
   return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
 }
+
+__device__ __forceinline__ float f16_to_f32(u32 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
+  return f;
+}
+
+// Round to nearest even (cvt.rn); out of range gives infinity.
+__device__ __forceinline__ u32 to_f16(float f) {
+  unsigned short h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+#define SYMM_DT_F32 0
+#define SYMM_DT_BF16 1
+#define SYMM_DT_F16 2
 
 template <int NW>
 __device__ __forceinline__ void load(const u32 *p, u32 (&v)[NW]) {
@@ -169,26 +243,42 @@ __device__ __forceinline__ void store_own(u32 *p, const u32 (&v)[NW], bool vec) 
 }
 
 // acc[2*k], acc[2*k+1]: the two floats of word k (f32 uses acc[2*k] only).
-template <int NW, bool BF16>
+template <int NW, int DT>
 __device__ __forceinline__ void accumulate(float (&acc)[2 * NW], const u32 (&v)[NW]) {
 #pragma unroll
   for (int k = 0; k < NW; k++) {
-    if constexpr (BF16) {
+    if constexpr (DT == SYMM_DT_BF16) {
       acc[2 * k] += bf16_lo(v[k]);
       acc[2 * k + 1] += bf16_hi(v[k]);
+    } else if constexpr (DT == SYMM_DT_F16) {
+      acc[2 * k] += f16_to_f32(v[k] & 0xffffu);
+      acc[2 * k + 1] += f16_to_f32(v[k] >> 16);
     } else {
       acc[2 * k] += __uint_as_float(v[k]);
     }
   }
 }
 
-// Block-wide synchronization with block blockIdx.x of every peer; false in
-// every thread of the block if any of its waits timed out.
-__device__ __forceinline__ bool sync_peers(u32 **pads, int rank, int world, u64 timeout_ns, u64 *status, u32 op) {
-  __syncthreads(); // the block's writes come before the release of its put
+// Block-wide synchronization with block blockIdx.x of every peer on channel
+// blockIdx.x: an epoch meeting when the handle owns its sync area (epochs !=
+// 0), else put/take on the signal pad; false in every thread of the block if
+// any of its waits timed out.
+__device__ __forceinline__ bool sync_peers(u32 **pads, u32 *epochs, int rank, int world, u64 timeout_ns, u64 *status,
+                                           u32 op) {
+  __syncthreads(); // the block's writes come before the release of its store or put
   int t = threadIdx.x;
   int channel = blockIdx.x;
   bool ok = true;
+  if (epochs != 0) {
+    // Every thread reads the count before the barrier below and thread 0
+    // advances it after: the next sync_peers reads it after its own
+    // __syncthreads, so it sees the new count.
+    u32 e = epochs[channel] + 1;
+    if (t < world && t != rank) ok = meet_epoch(pads, rank, world, channel, t, e, now_ns(), timeout_ns, status, op);
+    bool failed = __syncthreads_or(!ok) != 0;
+    if (t == 0) epochs[channel] = e;
+    return !failed;
+  }
   if (t < world && t != rank) {
     u64 start = now_ns();
     ok = put(pads[t] + channel * world + rank, start, timeout_ns, status, op, t, channel) &&
@@ -199,7 +289,7 @@ __device__ __forceinline__ bool sync_peers(u32 **pads, int rank, int world, u64 
 
 // o: the sum of words i..i+NW-1 (at byte offset) of every rank's buffer, in
 // rank order with float accumulation.
-template <int NW, bool BF16, int KW>
+template <int NW, int DT, int KW>
 __device__ __forceinline__ void reduce_words(u32 **bufs, u64 offset, u64 i, int world, u32 (&o)[NW]) {
   float acc[2 * NW];
 #pragma unroll
@@ -209,18 +299,20 @@ __device__ __forceinline__ void reduce_words(u32 **bufs, u64 offset, u64 i, int 
 #pragma unroll
     for (int r = 0; r < KW; r++) load<NW>((const u32 *)((const char *)bufs[r] + offset) + i, v[r]);
 #pragma unroll
-    for (int r = 0; r < KW; r++) accumulate<NW, BF16>(acc, v[r]);
+    for (int r = 0; r < KW; r++) accumulate<NW, DT>(acc, v[r]);
   } else {
     for (int r = 0; r < world; r++) {
       u32 v[NW];
       load<NW>((const u32 *)((const char *)bufs[r] + offset) + i, v);
-      accumulate<NW, BF16>(acc, v);
+      accumulate<NW, DT>(acc, v);
     }
   }
 #pragma unroll
   for (int k = 0; k < NW; k++) {
-    if constexpr (BF16) {
+    if constexpr (DT == SYMM_DT_BF16) {
       o[k] = to_bf16(acc[2 * k]) | (to_bf16(acc[2 * k + 1]) << 16);
+    } else if constexpr (DT == SYMM_DT_F16) {
+      o[k] = to_f16(acc[2 * k]) | (to_f16(acc[2 * k + 1]) << 16);
     } else {
       o[k] = __float_as_uint(acc[2 * k]);
     }
@@ -236,9 +328,9 @@ __device__ __forceinline__ void reduce_words(u32 **bufs, u64 offset, u64 i, int 
 // of every peer reads after it. So the grid, the block size and NW are the
 // same on every rank (the host derives them from offset, count and world
 // only), whatever the alignment of this rank's out and local.
-template <int NW, bool BF16, int KW>
+template <int NW, int DT, int KW>
 __device__ __forceinline__ void one_shot(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local,
-                                         u32 **pads, int rank, int world, u64 timeout_ns, u64 *status) {
+                                         u32 **pads, u32 *epochs, int rank, int world, u64 timeout_ns, u64 *status) {
   u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * NW;
   u64 stride = (u64)gridDim.x * blockDim.x * NW;
   u32 *mine = (u32 *)((char *)bufs[rank] + offset);
@@ -250,33 +342,35 @@ __device__ __forceinline__ void one_shot(u32 **bufs, u64 offset, u64 nwords, u32
       store<NW>(mine + i, v);
     }
   }
-  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
   for (u64 i = first; i < nwords; i += stride) {
     u32 o[NW];
-    reduce_words<NW, BF16, KW>(bufs, offset, i, world, o);
+    reduce_words<NW, DT, KW>(bufs, offset, i, world, o);
     store_own<NW>(out + i, o, vec_out);
   }
-  sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
+  sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
 }
 
 // symm_ar_<dtype>_v<words per thread>_w<world or any>: offset is in bytes,
 // nwords counts 32-bit words (a multiple of the words per thread).
-#define SYMM_AR(NAME, NW, BF16, KW)                                                                                  \
+#define SYMM_AR(NAME, NW, DT, KW)                                                                                  \
   extern "C" __global__ void __launch_bounds__(512)                                                                \
-      NAME(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, int rank, int world,        \
-           u64 timeout_ns, u64 *status) {                                                                          \
-    one_shot<NW, BF16, KW>(bufs, offset, nwords, out, local, pads, rank, world, timeout_ns, status);               \
+      NAME(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, u32 *epochs, int rank,      \
+           int world, u64 timeout_ns, u64 *status) {                                                               \
+    one_shot<NW, DT, KW>(bufs, offset, nwords, out, local, pads, epochs, rank, world, timeout_ns, status);               \
   }
-#define SYMM_AR_WORLDS(DT, NW, BF16)             \
-  SYMM_AR(symm_ar_##DT##_v##NW##_w2, NW, BF16, 2) \
-  SYMM_AR(symm_ar_##DT##_v##NW##_w4, NW, BF16, 4) \
-  SYMM_AR(symm_ar_##DT##_v##NW##_w8, NW, BF16, 8) \
-  SYMM_AR(symm_ar_##DT##_v##NW##_wany, NW, BF16, 0)
+#define SYMM_AR_WORLDS(NAME, NW, DT)             \
+  SYMM_AR(symm_ar_##NAME##_v##NW##_w2, NW, DT, 2) \
+  SYMM_AR(symm_ar_##NAME##_v##NW##_w4, NW, DT, 4) \
+  SYMM_AR(symm_ar_##NAME##_v##NW##_w8, NW, DT, 8) \
+  SYMM_AR(symm_ar_##NAME##_v##NW##_wany, NW, DT, 0)
 
-SYMM_AR_WORLDS(f32, 4, false)
-SYMM_AR_WORLDS(f32, 1, false)
-SYMM_AR_WORLDS(bf16, 4, true)
-SYMM_AR_WORLDS(bf16, 1, true)
+SYMM_AR_WORLDS(f32, 4, SYMM_DT_F32)
+SYMM_AR_WORLDS(f32, 1, SYMM_DT_F32)
+SYMM_AR_WORLDS(bf16, 4, SYMM_DT_BF16)
+SYMM_AR_WORLDS(f16, 4, SYMM_DT_F16)
+SYMM_AR_WORLDS(bf16, 1, SYMM_DT_BF16)
+SYMM_AR_WORLDS(f16, 1, SYMM_DT_F16)
 
 // ---- two-shot all-reduce (large messages) -----------------------------------
 //
@@ -312,9 +406,9 @@ __device__ __forceinline__ u64 share_len(u64 share, u64 nwords, int s, int world
   return s == world - 1 ? nwords - share * (u64)s : share;
 }
 
-template <int NW, bool BF16, int KW>
+template <int NW, int DT, int KW>
 __device__ __forceinline__ void two_shot(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local,
-                                         u32 **pads, int rank, int world, u64 timeout_ns, u64 *status) {
+                                         u32 **pads, u32 *epochs, int rank, int world, u64 timeout_ns, u64 *status) {
   u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * NW;
   u64 stride = (u64)gridDim.x * blockDim.x * NW;
   u64 share = nwords / (u64)world / NW * NW;
@@ -329,16 +423,16 @@ __device__ __forceinline__ void two_shot(u32 **bufs, u64 offset, u64 nwords, u32
       });
     }
   }
-  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
   for_share_words(share * rank, share_len(share, nwords, rank, world), first, stride, [&](u64 i) {
     u32 o[NW];
-    reduce_words<NW, BF16, KW>(bufs, offset, i, world, o);
+    reduce_words<NW, DT, KW>(bufs, offset, i, world, o);
     for (int k = 1; k <= world; k++) {
       int p = rank + k < world ? rank + k : rank + k - world; // peers first, this rank last
       store<NW>((u32 *)((char *)bufs[p] + offset) + i, o);
     }
   });
-  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT)) return;
   if (out != mine) {
     for (int s = 0; s < world; s++) {
       for_share_words(share * s, share_len(share, nwords, s, world), first, stride, [&](u64 i) {
@@ -352,22 +446,24 @@ __device__ __forceinline__ void two_shot(u32 **bufs, u64 offset, u64 nwords, u32
 
 // symm_ts_<dtype>_v<words per thread>_w<world or any>: the two-shot kernels,
 // with symm_ar_'s parameters.
-#define SYMM_TS(NAME, NW, BF16, KW)                                                                                  \
+#define SYMM_TS(NAME, NW, DT, KW)                                                                                  \
   extern "C" __global__ void __launch_bounds__(512)                                                                \
-      NAME(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, int rank, int world,        \
-           u64 timeout_ns, u64 *status) {                                                                          \
-    two_shot<NW, BF16, KW>(bufs, offset, nwords, out, local, pads, rank, world, timeout_ns, status);               \
+      NAME(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, u32 *epochs, int rank,      \
+           int world, u64 timeout_ns, u64 *status) {                                                               \
+    two_shot<NW, DT, KW>(bufs, offset, nwords, out, local, pads, epochs, rank, world, timeout_ns, status);               \
   }
-#define SYMM_TS_WORLDS(DT, NW, BF16)             \
-  SYMM_TS(symm_ts_##DT##_v##NW##_w2, NW, BF16, 2) \
-  SYMM_TS(symm_ts_##DT##_v##NW##_w4, NW, BF16, 4) \
-  SYMM_TS(symm_ts_##DT##_v##NW##_w8, NW, BF16, 8) \
-  SYMM_TS(symm_ts_##DT##_v##NW##_wany, NW, BF16, 0)
+#define SYMM_TS_WORLDS(NAME, NW, DT)             \
+  SYMM_TS(symm_ts_##NAME##_v##NW##_w2, NW, DT, 2) \
+  SYMM_TS(symm_ts_##NAME##_v##NW##_w4, NW, DT, 4) \
+  SYMM_TS(symm_ts_##NAME##_v##NW##_w8, NW, DT, 8) \
+  SYMM_TS(symm_ts_##NAME##_v##NW##_wany, NW, DT, 0)
 
-SYMM_TS_WORLDS(f32, 4, false)
-SYMM_TS_WORLDS(f32, 1, false)
-SYMM_TS_WORLDS(bf16, 4, true)
-SYMM_TS_WORLDS(bf16, 1, true)
+SYMM_TS_WORLDS(f32, 4, SYMM_DT_F32)
+SYMM_TS_WORLDS(f32, 1, SYMM_DT_F32)
+SYMM_TS_WORLDS(bf16, 4, SYMM_DT_BF16)
+SYMM_TS_WORLDS(f16, 4, SYMM_DT_F16)
+SYMM_TS_WORLDS(bf16, 1, SYMM_DT_BF16)
+SYMM_TS_WORLDS(f16, 1, SYMM_DT_F16)
 
 // ---- reduce-scatter and all-gather ------------------------------------------
 //
@@ -387,9 +483,10 @@ SYMM_TS_WORLDS(bf16, 1, true)
 // each word is read by its thread before it writes it, and peers read only
 // their own share p != r of this buffer) or local's share r (the words that
 // the same thread copied in).
-template <int NW, bool BF16, int KW>
+template <int NW, int DT, int KW>
 __device__ __forceinline__ void reduce_scatter(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local,
-                                               u32 **pads, int rank, int world, u64 timeout_ns, u64 *status) {
+                                               u32 **pads, u32 *epochs, int rank, int world, u64 timeout_ns,
+                                               u64 *status) {
   u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * NW;
   u64 stride = (u64)gridDim.x * blockDim.x * NW;
   u32 *mine = (u32 *)((char *)bufs[rank] + offset);
@@ -403,13 +500,13 @@ __device__ __forceinline__ void reduce_scatter(u32 **bufs, u64 offset, u64 nword
       }
     }
   }
-  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
   for (u64 j = first; j < nwords; j += stride) {
     u32 o[NW];
-    reduce_words<NW, BF16, KW>(bufs, offset, nwords * rank + j, world, o);
+    reduce_words<NW, DT, KW>(bufs, offset, nwords * rank + j, world, o);
     store_own<NW>(out + j, o, vec_out);
   }
-  sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
+  sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
 }
 
 // all_gather: share r of this rank's buffer is its input (local, nwords
@@ -419,7 +516,8 @@ __device__ __forceinline__ void reduce_scatter(u32 **bufs, u64 offset, u64 nword
 // be out's share r (the words the same thread copied in).
 template <int NW>
 __device__ __forceinline__ void all_gather(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local,
-                                           u32 **pads, int rank, int world, u64 timeout_ns, u64 *status) {
+                                           u32 **pads, u32 *epochs, int rank, int world, u64 timeout_ns,
+                                           u64 *status) {
   u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * NW;
   u64 stride = (u64)gridDim.x * blockDim.x * NW;
   u32 *mine = (u32 *)((char *)bufs[rank] + offset);
@@ -431,7 +529,7 @@ __device__ __forceinline__ void all_gather(u32 **bufs, u64 offset, u64 nwords, u
       store<NW>(mine + nwords * rank + j, v);
     }
   }
-  if (!sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
   for (int k = 0; k < world; k++) {
     int s = rank + k < world ? rank + k : rank + k - world; // this rank first, then the peers
     if (out == mine && s == rank) continue;
@@ -442,34 +540,36 @@ __device__ __forceinline__ void all_gather(u32 **bufs, u64 offset, u64 nwords, u
       store_own<NW>(out + nwords * s + j, v, vec_out);
     }
   }
-  sync_peers(pads, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
+  sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
 }
 
 // symm_rs_<dtype>_v<words per thread>_w<world or any> and
 // symm_ag_v<words per thread>: with symm_ar_'s parameters, nwords being the
 // words of one share.
-#define SYMM_RS(NAME, NW, BF16, KW)                                                                                  \
+#define SYMM_RS(NAME, NW, DT, KW)                                                                                  \
   extern "C" __global__ void __launch_bounds__(512)                                                                \
-      NAME(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, int rank, int world,        \
-           u64 timeout_ns, u64 *status) {                                                                          \
-    reduce_scatter<NW, BF16, KW>(bufs, offset, nwords, out, local, pads, rank, world, timeout_ns, status);         \
+      NAME(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, u32 *epochs, int rank,      \
+           int world, u64 timeout_ns, u64 *status) {                                                               \
+    reduce_scatter<NW, DT, KW>(bufs, offset, nwords, out, local, pads, epochs, rank, world, timeout_ns, status);         \
   }
-#define SYMM_RS_WORLDS(DT, NW, BF16)             \
-  SYMM_RS(symm_rs_##DT##_v##NW##_w2, NW, BF16, 2) \
-  SYMM_RS(symm_rs_##DT##_v##NW##_w4, NW, BF16, 4) \
-  SYMM_RS(symm_rs_##DT##_v##NW##_w8, NW, BF16, 8) \
-  SYMM_RS(symm_rs_##DT##_v##NW##_wany, NW, BF16, 0)
+#define SYMM_RS_WORLDS(NAME, NW, DT)             \
+  SYMM_RS(symm_rs_##NAME##_v##NW##_w2, NW, DT, 2) \
+  SYMM_RS(symm_rs_##NAME##_v##NW##_w4, NW, DT, 4) \
+  SYMM_RS(symm_rs_##NAME##_v##NW##_w8, NW, DT, 8) \
+  SYMM_RS(symm_rs_##NAME##_v##NW##_wany, NW, DT, 0)
 
-SYMM_RS_WORLDS(f32, 4, false)
-SYMM_RS_WORLDS(f32, 1, false)
-SYMM_RS_WORLDS(bf16, 4, true)
-SYMM_RS_WORLDS(bf16, 1, true)
+SYMM_RS_WORLDS(f32, 4, SYMM_DT_F32)
+SYMM_RS_WORLDS(f32, 1, SYMM_DT_F32)
+SYMM_RS_WORLDS(bf16, 4, SYMM_DT_BF16)
+SYMM_RS_WORLDS(f16, 4, SYMM_DT_F16)
+SYMM_RS_WORLDS(bf16, 1, SYMM_DT_BF16)
+SYMM_RS_WORLDS(f16, 1, SYMM_DT_F16)
 
 #define SYMM_AG(NW)                                                                                                  \
   extern "C" __global__ void __launch_bounds__(512)                                                                \
-      symm_ag_v##NW(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, int rank,           \
-                    int world, u64 timeout_ns, u64 *status) {                                                      \
-    all_gather<NW>(bufs, offset, nwords, out, local, pads, rank, world, timeout_ns, status);                       \
+      symm_ag_v##NW(u32 **bufs, u64 offset, u64 nwords, u32 *out, const u32 *local, u32 **pads, u32 *epochs,      \
+                    int rank, int world, u64 timeout_ns, u64 *status) {                                            \
+    all_gather<NW>(bufs, offset, nwords, out, local, pads, epochs, rank, world, timeout_ns, status);                       \
   }
 SYMM_AG(4)
 SYMM_AG(1)
@@ -579,23 +679,6 @@ __device__ __forceinline__ void store_line(char *p, u64 nbytes, u64 l, bool vec,
   for (int k = 0; k < 4; k++)
     if (at + 2 * k + 2 <= nbytes) ((unsigned short *)(p + at))[k] = (unsigned short)h[k];
 }
-
-__device__ __forceinline__ float f16_to_f32(u32 h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)h));
-  return f;
-}
-
-// Round to nearest even (cvt.rn); out of range gives infinity.
-__device__ __forceinline__ u32 to_f16(float f) {
-  unsigned short h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
-
-#define SYMM_DT_F32 0
-#define SYMM_DT_BF16 1
-#define SYMM_DT_F16 2
 
 // acc[0..3]: the elements of one line (f32: acc[0], acc[1]).
 template <int DT>

@@ -57,7 +57,7 @@ type Dtype int
 const (
 	Float32  Dtype = 0 // SYMM_FLOAT32
 	BFloat16 Dtype = 1 // SYMM_BFLOAT16
-	Float16  Dtype = 2 // SYMM_FLOAT16 (the push all-reduce only)
+	Float16  Dtype = 2 // SYMM_FLOAT16
 )
 
 func (d Dtype) String() string {
@@ -110,8 +110,11 @@ func AllGatherKernel(wordsPerThread int) string {
 
 func arKernel(kind string, d Dtype, wordsPerThread, world int) string {
 	dt := "f32"
-	if d == BFloat16 {
+	switch d {
+	case BFloat16:
 		dt = "bf16"
+	case Float16:
+		dt = "f16"
 	}
 	w := "any"
 	switch world {

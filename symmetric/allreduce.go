@@ -16,7 +16,7 @@ import (
 type AllReduce struct {
 	Offset uint64        // bytes from the start of each rank's buffer; a multiple of 4
 	Count  uint64        // elements; Count × element size a multiple of 4
-	Dtype  kernels.Dtype // Float32 or BFloat16
+	Dtype  kernels.Dtype // Float32, BFloat16 or Float16
 	Op     string        // "sum" (the only one, as in PyTorch)
 	// Out receives the sum (device memory on GPUs, Count elements). It may
 	// not overlap this rank's input, which peers read concurrently, nor
@@ -96,7 +96,7 @@ func (h *Handle) TwoShotAllReduce(a AllReduce) error {
 			return fmt.Errorf("two_shot_all_reduce on device %d needs the kernels: %w", h.b.Dev(), err)
 		}
 		v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world)
-		words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()),
+		words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()), uint64(h.epochsArg()),
 			u32(h.rank), u32(h.world), 0, 0}
 		return h.launch(twoShotIndex(a.Dtype, v, h.world), blocks, threads, a.Stream, a.Timeout, words[:],
 			callDesc{kind: kTwoShot, count: a.Count, dtype: a.Dtype})
@@ -109,8 +109,8 @@ func (h *Handle) TwoShotAllReduce(a AllReduce) error {
 func (h *Handle) checkAllReduce(a AllReduce, fn string) (uint64, error) {
 	size := uint64(a.Dtype.Size())
 	switch {
-	case size == 0 || (a.Dtype != kernels.Float32 && a.Dtype != kernels.BFloat16):
-		return 0, fmt.Errorf("%w: %s: dtype %d is neither float32 (0) nor bfloat16 (1)", ErrInvalid, fn, int(a.Dtype))
+	case size == 0:
+		return 0, fmt.Errorf("%w: %s: dtype %d is not float32 (0), bfloat16 (1) or float16 (2)", ErrInvalid, fn, int(a.Dtype))
 	case a.Op != "sum":
 		return 0, fmt.Errorf("%w: %s: op %q: only sum is supported", ErrInvalid, fn, a.Op)
 	case a.Timeout < 0:
@@ -173,7 +173,7 @@ func overlap(a, b uintptr, n uint64) bool {
 
 func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {
 	v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world)
-	words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()),
+	words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()), uint64(h.epochsArg()),
 		u32(h.rank), u32(h.world), 0, 0}
 	return h.launch(allReduceIndex(a.Dtype, v, h.world), blocks, threads, a.Stream, a.Timeout, words[:],
 		callDesc{kind: kAllReduce, count: a.Count, dtype: a.Dtype})
@@ -229,18 +229,25 @@ func (h *Handle) sumWords(offset uint64, n int, d kernels.Dtype, lo, hi int, out
 	for r := 0; r < h.world; r++ {
 		words := hostWords(h.BufferPtr(r)+uintptr(offset), n)[lo:hi]
 		for i, w := range words {
-			if d == kernels.BFloat16 {
+			switch d {
+			case kernels.BFloat16:
 				acc[2*i] += math.Float32frombits(w << 16)
 				acc[2*i+1] += math.Float32frombits(w & 0xffff0000)
-			} else {
+			case kernels.Float16:
+				acc[2*i] += F16ToF32(uint16(w))
+				acc[2*i+1] += F16ToF32(uint16(w >> 16))
+			default:
 				acc[2*i] += math.Float32frombits(w)
 			}
 		}
 	}
 	for i := range out {
-		if d == kernels.BFloat16 {
+		switch d {
+		case kernels.BFloat16:
 			out[i] = uint32(ToBF16(acc[2*i])) | uint32(ToBF16(acc[2*i+1]))<<16
-		} else {
+		case kernels.Float16:
+			out[i] = uint32(ToF16(acc[2*i])) | uint32(ToF16(acc[2*i+1]))<<16
+		default:
 			out[i] = math.Float32bits(acc[2*i])
 		}
 	}

@@ -17,6 +17,13 @@ import (
 // so channels × world size ≤ 512 (PyTorch uses the same size).
 const SignalPadSize = 2048
 
+// SyncAreaSize is the size of the sync area that follows each block's
+// signal pad: 512 uint32 slots of the epoch meetings of the block's
+// collectives and barrier (kernels/symm.cu: epoch sync), slot
+// channel × world + src written only by rank src. One group per block uses
+// it (Handle.epochSync); it is not part of the signal pad users see.
+const SyncAreaSize = 2048
+
 // ErrInvalid marks bad arguments; ErrUnknownPointer a pointer that is not in
 // a live block.
 var (
@@ -43,6 +50,10 @@ type Block struct {
 	handles  map[string]*Handle // by group name
 	freed    bool
 	exportFD int // the block's exported descriptor, made at its first rendezvous; -1 before
+	// syncOwner is the group whose handle meets through the block's sync
+	// area ("" while none does): the first group whose every rank found its
+	// own block's area free at the rendezvous.
+	syncOwner string
 }
 
 // Ptr is the buffer's address; Dev its device; Size the buffer's size.
@@ -144,7 +155,7 @@ func (m *Manager) Alloc(dev int, size uint64) (*Block, error) {
 		return nil, err
 	}
 	padOff := (size + 15) &^ 15
-	total := (padOff + SignalPadSize + g - 1) / g * g
+	total := (padOff + SignalPadSize + SyncAreaSize + g - 1) / g * g
 	if total < size {
 		return nil, fmt.Errorf("%w: symmetric allocation of %d bytes overflows", ErrInvalid, size)
 	}
@@ -226,14 +237,14 @@ func (m *Manager) Live() int {
 	return len(m.blocks)
 }
 
-// zeroPad clears a new block's signal pad: slots start at 0.
+// zeroPad clears a new block's signal pad and sync area: slots start at 0.
 func (m *Manager) zeroPad(b *Block) error {
 	// memfd memory starts zeroed; device memory from cuMemCreate is not
 	// promised to, so providers that need it implement Zero.
 	if z, ok := m.prov.(interface {
 		Zero(dev int, ptr uintptr, n uint64) error
 	}); ok {
-		return z.Zero(b.mem.Dev, b.PadPtr(), SignalPadSize)
+		return z.Zero(b.mem.Dev, b.PadPtr(), SignalPadSize+SyncAreaSize)
 	}
 	return nil
 }

@@ -3,8 +3,6 @@ package symmetric
 import (
 	"fmt"
 	"math"
-
-	"github.com/libsymm/libsymm/kernels"
 )
 
 const (
@@ -22,7 +20,7 @@ const (
 // world shares. Local, when not 0, holds the whole world × Count input and
 // is copied into this rank's buffer first; it may be the buffer itself or
 // disjoint from it, and Out may be Local's share r (NCCL's in place) or
-// disjoint from Local. Float32 and BFloat16, op "sum"; Count × element size
+// disjoint from Local. Float32, BFloat16 and Float16, op "sum"; Count × element size
 // and Offset multiples of 4 bytes. On GPUs it is one kernel with
 // OneShotAllReduce's launch shape (over one share) and synchronization
 // (block b with block b of every peer on channel b, before the reads and
@@ -65,7 +63,7 @@ func (h *Handle) collective(a AllReduce, fn string) error {
 			return fmt.Errorf("%s on device %d needs the kernels: %w", fn, h.b.Dev(), err)
 		}
 		v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world)
-		words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()),
+		words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()), uint64(h.epochsArg()),
 			u32(h.rank), u32(h.world), 0, 0}
 		id, kind := reduceScatterIndex(a.Dtype, v, h.world), kReduceScatter
 		if fn == allGatherName {
@@ -82,9 +80,7 @@ func (h *Handle) checkCollective(a AllReduce, fn string) (uint64, error) {
 	size := uint64(a.Dtype.Size())
 	gather := fn == allGatherName
 	switch {
-	case !gather && (size == 0 || (a.Dtype != kernels.Float32 && a.Dtype != kernels.BFloat16)):
-		return 0, fmt.Errorf("%w: %s: dtype %d is neither float32 (0) nor bfloat16 (1)", ErrInvalid, fn, int(a.Dtype))
-	case gather && size == 0:
+	case size == 0:
 		return 0, fmt.Errorf("%w: %s: dtype %d is not float32 (0), bfloat16 (1) or float16 (2)", ErrInvalid, fn, int(a.Dtype))
 	case !gather && a.Op != "sum":
 		return 0, fmt.Errorf("%w: %s: op %q: only sum is supported", ErrInvalid, fn, a.Op)

@@ -59,7 +59,7 @@ func rsagCall(h *Handle, rank, world int, d kernels.Dtype, n, off int, mode stri
 	msg := buf[off : off+world*n]
 	base := h.BufferPtr(rank) + uintptr(4*off)
 	count := uint64(n * 4 / d.Size())
-	// All-gather (any dtype, a copy); then reduce-scatter (float32 and bfloat16).
+	// All-gather (any dtype, a copy); then reduce-scatter.
 	in := make([]uint32, n)
 	for i := range in {
 		in[i] = twoShotInput(kernels.Float32, rank, k, i)
@@ -97,9 +97,6 @@ func rsagCall(h *Handle, rank, world int, d kernels.Dtype, n, off int, mode stri
 	}
 	if user[world*n] != 0xfeedface || (off > 0 && buf[off-1] != 0xdeadbeef) || buf[off+world*n] != 0xdeadbeef {
 		return fmt.Errorf("all_gather wrote outside the message")
-	}
-	if d == kernels.Float16 {
-		return nil
 	}
 	// Reduce-scatter: rank r's share of the two-shot's sum of world × n words.
 	all := make([]uint32, world*n)
@@ -173,7 +170,7 @@ func TestReduceScatterAllGatherRefusals(t *testing.T) {
 			{ag(u, share+4), "all_gather: local_input"},
 			{ag(u, buf+uintptr(4*n*(1-rank))), "overlaps this rank's buffer"},
 			{ag(u, u+uintptr(4*n*(1-rank))), "all_gather: the output"},
-			{h.ReduceScatter(AllReduce{Count: n, Dtype: kernels.Float16, Op: "sum", Out: u}), "reduce_scatter: dtype 2 is neither"},
+			{h.ReduceScatter(AllReduce{Count: n, Dtype: kernels.Dtype(7), Op: "sum", Out: u}), "reduce_scatter: dtype 7 is not float32 (0), bfloat16 (1) or float16 (2)"},
 			{h.ReduceScatter(AllReduce{Count: n, Dtype: kernels.Float32, Op: "max", Out: u}), `op "max"`},
 			{h.AllGather(AllReduce{Count: n, Dtype: 7, Out: u}), "all_gather: dtype 7"},
 			{h.AllGather(AllReduce{Count: 3, Dtype: kernels.BFloat16, Out: u}), "size per rank 6 bytes (3 bfloat16) must be multiples of 4"},
@@ -219,8 +216,8 @@ func TestReduceScatterAllGatherKernelLaunches(t *testing.T) {
 	require.Equal(t, "symm_ag_v1", kernelNames[ag.id])
 	bl, th := kernels.AllReduceLaunch(512, 4)
 	require.Equal(t, [2]uint32{bl, th}, [2]uint32{rs.grid, rs.block})
-	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), 16, 512, uint64(uintptrOf(out)), 0, uint64(h.PadPtrsDev()), 0, 1,
-		uint64(time.Second), rs.words[9]}, rs.words)
+	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), 16, 512, uint64(uintptrOf(out)), 0, uint64(h.PadPtrsDev()),
+		uint64(h.epochsArg()), 0, 1, uint64(time.Second), rs.words[10]}, rs.words)
 
 	g.report = 1<<63 | uint64(kernels.OpReduceIn)<<56 | 2<<32 | 5
 	a.Timeout = 100 * time.Millisecond

@@ -7,11 +7,14 @@
 //
 // # Blocks
 //
-// A block is [buffer | signal pad]: the buffer starts at the block (so the
-// pointer PyTorch's MemPool gets is the buffer), the signal pad of
-// SignalPadSize bytes starts at the buffer size rounded up to 16 bytes. A
-// block belongs to no group until it is rendezvoused; it can be rendezvoused
-// with several groups, each giving its own Handle.
+// A block is [buffer | signal pad | sync area]: the buffer starts at the
+// block (so the pointer PyTorch's MemPool gets is the buffer), the signal pad
+// of SignalPadSize bytes starts at the buffer size rounded up to 16 bytes,
+// and the sync area of SyncAreaSize bytes (the collectives' epoch meetings,
+// libsymm's own) follows it. A block belongs to no group until it is
+// rendezvoused; it can be rendezvoused with several groups, each giving its
+// own Handle; the first group that every rank finds free of another owner
+// meets through the sync area, the others through the signal pad.
 //
 // # Rendezvous protocol (all ranks call it, in the same order per group)
 //

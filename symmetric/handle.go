@@ -25,7 +25,8 @@ type Handle struct {
 	// arrays: world buffer pointers then world signal-pad pointers, in host
 	// memory outside Go's heap (C callers keep these pointers) and, for
 	// devices, in device memory; then the push all-reduce's state
-	// (pushStateWords, zero: push.go), which only this rank uses.
+	// (pushStateWords, zero: push.go) and the epoch meetings' counts per
+	// channel (epochWords, zero), which only this rank uses.
 	hostArr, devArr uintptr
 	hostSize        uint64
 	freeDev         func() error
@@ -46,6 +47,24 @@ type Handle struct {
 	kstat kernelStatus // its kernels' function handles and status word (kernelsig.go)
 
 	push pushSetUp // the push all-reduce's workspace set-up (push.go)
+
+	// epochSync: the handle's group owns its block's sync area (every rank's
+	// block agreed at the rendezvous), so its kernels meet through it.
+	epochSync bool
+}
+
+// epochWords is the size, in 8-byte words, of a handle's epoch counts: one
+// uint32 per channel, SignalPadSize/4 channels at most (world 1).
+const epochWords = SignalPadSize / 4 / 2
+
+// epochsArg is the kernels' epochs argument: the handle's counts in device
+// memory when it owns its block's sync area, else 0 (meet through the signal
+// pad).
+func (h *Handle) epochsArg() uintptr {
+	if !h.epochSync {
+		return 0
+	}
+	return h.devArr + uintptr(8*(2*h.world+pushStateWords))
 }
 
 // Acquire keeps the handle's block from being freed until release is
@@ -97,7 +116,7 @@ type DeviceArrays interface {
 }
 
 func (h *Handle) buildArrays() error {
-	vals := make([]uint64, 2*h.world+pushStateWords)
+	vals := make([]uint64, 2*h.world+pushStateWords+epochWords)
 	for r := 0; r < h.world; r++ {
 		vals[r] = uint64(h.BufferPtr(r))
 		vals[h.world+r] = uint64(h.PadPtr(r))

@@ -95,12 +95,12 @@ const (
 	kBarrier = iota
 	kPut
 	kWait
-	kAllReduce     // 16 of them: allReduceIndex
-	kPushInit      = kAllReduce + 16
-	kPush          = kPushInit + 1       // 3 of them, by dtype: kPush + int(dtype)
-	kTwoShot       = kPush + 3           // 16 of them: twoShotIndex
-	kReduceScatter = kTwoShot + 16       // 16 of them: reduceScatterIndex
-	kAllGather     = kReduceScatter + 16 // 2 of them: kAllGather (4 words per thread), kAllGather + 1 (1)
+	kAllReduce     // arKernels of them: allReduceIndex
+	kPushInit      = kAllReduce + arKernels
+	kPush          = kPushInit + 1              // 3 of them, by dtype: kPush + int(dtype)
+	kTwoShot       = kPush + 3                  // arKernels of them: twoShotIndex
+	kReduceScatter = kTwoShot + arKernels       // arKernels of them: reduceScatterIndex
+	kAllGather     = kReduceScatter + arKernels // 2 of them: kAllGather (4 words per thread), kAllGather + 1 (1)
 	numKernels     = kAllGather + 2
 )
 
@@ -109,7 +109,7 @@ var kernelNames = func() (n [numKernels]string) {
 	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16, kernels.Float16} {
 		n[kPush+int(d)] = kernels.PushAllReduceKernel(d)
 	}
-	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16} {
+	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16, kernels.Float16} {
 		for _, v := range []int{4, 1} {
 			for _, w := range []int{2, 4, 8, 0} {
 				n[allReduceIndex(d, v, w)] = kernels.AllReduceKernel(d, v, w)
@@ -145,6 +145,10 @@ func allGatherIndex(v int) int {
 	}
 	return kAllGather + 1
 }
+
+// arKernels is the size of each reducing family (all-reduce, two-shot,
+// reduce-scatter): 3 dtypes × 2 vector widths × 4 worlds (2, 4, 8, any).
+const arKernels = 24
 
 func arIndex(d kernels.Dtype, v, w int) int {
 	i := int(d) * 8
@@ -551,7 +555,7 @@ func (h *Handle) kernelCheck(peer, channel int) error {
 }
 
 func (h *Handle) kernelBarrier(channel int, stream uintptr, timeout time.Duration) error {
-	words := [...]uint64{uint64(h.PadPtrsDev()), u32(h.rank), u32(h.world), u32(channel), 0, 0}
+	words := [...]uint64{uint64(h.PadPtrsDev()), uint64(h.epochsArg()), u32(h.rank), u32(h.world), u32(channel), 0, 0}
 	return h.launch(kBarrier, 1, uint32((h.world+31)/32*32), stream, timeout, words[:], callDesc{kind: kBarrier, channel: channel})
 }
 

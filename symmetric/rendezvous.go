@@ -34,6 +34,8 @@ type meta struct {
 	Block    uint64 `json:"block"`
 	Socket   string `json:"socket"`
 	PE       int    `json:"pe"` // PeerMapper.PeerID (NVSHMEM's PE); 0 otherwise
+	// SyncFree: no group owns this rank's block's sync area yet.
+	SyncFree bool `json:"sync_free,omitempty"`
 }
 
 // Rendezvous maps every rank's block of group g into this process and
@@ -117,6 +119,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	if err != nil {
 		return nil, err
 	}
+	me.SyncFree = b.syncOwner == "" // b.mu is held (Rendezvous)
 	if r.mb, err = openMailbox(&me, g, seq); err != nil {
 		return nil, err
 	}
@@ -141,6 +144,15 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	}
 	if err = r.register(h); err != nil {
 		return nil, err
+	}
+	// The group meets through the sync area only if it is free on every
+	// rank: every rank reads the same metas, so all decide alike.
+	h.epochSync = true
+	for _, p := range r.metas {
+		h.epochSync = h.epochSync && p.SyncFree
+	}
+	if h.epochSync {
+		b.syncOwner = g.Name
 	}
 	return h, nil
 }

@@ -16,11 +16,16 @@ import (
 )
 
 // twoShotInput is word i of rank r's input for call k: multiples of 0.75
-// (two bfloat16 elements, or a float32 plus a thousandth per rank).
+// (two bfloat16 or float16 elements, or a float32 plus a thousandth per
+// rank; float16 gets a hundredth per rank too, so that its sums round).
 func twoShotInput(d kernels.Dtype, r, k, i int) uint32 {
 	f := func(j int) float32 { return float32((r*7+k*3+j)%23-11) * 0.75 }
-	if d == kernels.BFloat16 {
+	switch d {
+	case kernels.BFloat16:
 		return uint32(ToBF16(f(2*i))) | uint32(ToBF16(f(2*i+1)))<<16
+	case kernels.Float16:
+		e := 0.01 * float32(r)
+		return uint32(ToF16(f(2*i)+e)) | uint32(ToF16(f(2*i+1)+e))<<16
 	}
 	return math.Float32bits(f(i) + 1e-3*float32(r))
 }
@@ -32,16 +37,23 @@ func twoShotWant(d kernels.Dtype, world, k, n int) []uint32 {
 		var a, b float32
 		for r := 0; r < world; r++ {
 			w := twoShotInput(d, r, k, i)
-			if d == kernels.BFloat16 {
+			switch d {
+			case kernels.BFloat16:
 				a += math.Float32frombits(w << 16)
 				b += math.Float32frombits(w & 0xffff0000)
-			} else {
+			case kernels.Float16:
+				a += F16ToF32(uint16(w))
+				b += F16ToF32(uint16(w >> 16))
+			default:
 				a += math.Float32frombits(w)
 			}
 		}
-		if d == kernels.BFloat16 {
+		switch d {
+		case kernels.BFloat16:
 			out[i] = uint32(ToBF16(a)) | uint32(ToBF16(b))<<16
-		} else {
+		case kernels.Float16:
+			out[i] = uint32(ToF16(a)) | uint32(ToF16(b))<<16
+		default:
 			out[i] = math.Float32bits(a)
 		}
 	}
@@ -66,7 +78,7 @@ func TestTwoShotAllReduceHostRanks(t *testing.T) {
 					return err
 				}
 				k := 0
-				for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16} {
+				for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16, kernels.Float16} {
 					for _, n := range []int{1, 2, 3, 4, 5, 16, 17, 1000, 1003, 4096} {
 						for _, mode := range []string{"in place", "out", "local in place", "local out", "local to buffer"} {
 							const offWords = 4
@@ -178,8 +190,8 @@ func TestTwoShotAllReduceRefusesOverlaps(t *testing.T) {
 	require.Equal(t, want[n:2*n], buf[:n])
 	require.NoError(t, ar(in+4*n, 0), "a disjoint neighbour")
 	require.Equal(t, want[n:2*n], buf[2*n:])
-	err = h.TwoShotAllReduce(AllReduce{Count: 4, Dtype: kernels.Float16, Op: "sum", Out: in})
-	require.ErrorContains(t, err, "two_shot_all_reduce: dtype 2 is neither float32 (0) nor bfloat16 (1)")
+	err = h.TwoShotAllReduce(AllReduce{Count: 4, Dtype: kernels.Dtype(7), Op: "sum", Out: in})
+	require.ErrorContains(t, err, "two_shot_all_reduce: dtype 7 is not float32 (0), bfloat16 (1) or float16 (2)")
 	require.NoError(t, h.TwoShotAllReduce(AllReduce{Dtype: kernels.Float32, Op: "sum"}), "count 0 does nothing")
 }
 
@@ -208,8 +220,9 @@ func TestTwoShotAllReduceKernelLaunches(t *testing.T) {
 	require.Equal(t, "symm_ts_bf16_v1_wany", kernelNames[l1.id])
 	b, th := kernels.AllReduceLaunch(512, 4)
 	require.Equal(t, [2]uint32{b, th}, [2]uint32{l4.grid, l4.block})
-	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), 16, 512, uint64(uintptrOf(out)), 0, uint64(h.PadPtrsDev()), 0, 1,
-		uint64(time.Second), l4.words[9]}, l4.words)
+	require.NotZero(t, h.epochsArg(), "a handle whose group owns the sync area meets through it")
+	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), 16, 512, uint64(uintptrOf(out)), 0, uint64(h.PadPtrsDev()),
+		uint64(h.epochsArg()), 0, 1, uint64(time.Second), l4.words[10]}, l4.words)
 
 	g.report = 1<<63 | uint64(kernels.OpReduceOut)<<56 | 2<<32 | 5
 	a.Timeout = 100 * time.Millisecond

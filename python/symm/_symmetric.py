@@ -197,11 +197,11 @@ class Handle:
     def one_shot_all_reduce_ptr(self, offset: int, count: int, dtype: str, out: int, local_input: int = 0,
                                 op: str = "sum", timeout_ms: int = 0, stream=None) -> None:
         """symm_one_shot_all_reduce on raw addresses (torch-free): count
-        elements of dtype ("float32" or "bfloat16") at byte offset of every
+        elements of dtype ("float32", "bfloat16" or "float16") at byte offset of every
         rank's buffer (from the handle's own start, self.offset included),
         summed into out."""
         if dtype not in _DTYPES:
-            raise ValueError(f"one_shot_all_reduce: dtype {dtype!r}: want float32 or bfloat16")
+            raise ValueError(f"one_shot_all_reduce: dtype {dtype!r}: want float32, bfloat16 or float16")
         if op not in _OPS:
             raise ValueError(f"one_shot_all_reduce: op {op!r}: only 'sum' is supported")
         _fast_rc(load().symm_one_shot_all_reduce, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
@@ -210,12 +210,12 @@ class Handle:
     def two_shot_all_reduce_ptr(self, offset: int, count: int, dtype: str, out: int = 0, local_input: int = 0,
                                 op: str = "sum", timeout_ms: int = 0, stream=None) -> None:
         """symm_two_shot_all_reduce on raw addresses (torch-free): count
-        elements of dtype ("float32" or "bfloat16") at byte offset of every
+        elements of dtype ("float32", "bfloat16" or "float16") at byte offset of every
         rank's buffer (from the handle's own start, self.offset included)
         are summed into every rank's buffer there (in place; out 0 means
         that address) and, when out is another address, copied into out."""
         if dtype not in _DTYPES:
-            raise ValueError(f"two_shot_all_reduce: dtype {dtype!r}: want float32 or bfloat16")
+            raise ValueError(f"two_shot_all_reduce: dtype {dtype!r}: want float32, bfloat16 or float16")
         if op not in _OPS:
             raise ValueError(f"two_shot_all_reduce: op {op!r}: only 'sum' is supported")
         at = int(self.offset + offset)
@@ -227,13 +227,13 @@ class Handle:
     def reduce_scatter_ptr(self, offset: int, count: int, dtype: str, out: int = 0, local_input: int = 0,
                            op: str = "sum", timeout_ms: int = 0, stream=None) -> None:
         """symm_reduce_scatter on raw addresses (torch-free): every rank's
-        buffer holds world shares of count elements of dtype ("float32" or
-        "bfloat16") at byte offset (from the handle's own start,
+        buffer holds world shares of count elements of dtype ("float32",
+        "bfloat16" or "float16") at byte offset (from the handle's own start,
         self.offset included); the rank-order sum of share rank of every
         rank's buffer goes to out (0: that share of this rank's buffer, in
         place). local_input (world × count elements) is copied in first."""
         if dtype not in _DTYPES:
-            raise ValueError(f"reduce_scatter: dtype {dtype!r}: want float32 or bfloat16")
+            raise ValueError(f"reduce_scatter: dtype {dtype!r}: want float32, bfloat16 or float16")
         if op not in _OPS:
             raise ValueError(f"reduce_scatter: op {op!r}: only 'sum' is supported")
         if not out:
@@ -275,8 +275,8 @@ class Handle:
         return 8 * (self.buffer_size // (32 * self.world_size))
 
 
-_DTYPES = {"float32": 0, "bfloat16": 1}
-_PUSH_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+_PUSH_DTYPES = _DTYPES
 _TORCH_DTYPES: dict = {}
 
 
@@ -331,10 +331,10 @@ def _all_reduce_args(fn: str, tensor, op: str, local_input):
     import torch
 
     if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
+        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
     code = _TORCH_DTYPES.get(tensor.dtype)
     if code is None:
-        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32 or torch.bfloat16")
+        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
     if op != "sum":
         raise ValueError(f"{fn}: op {op!r}: only 'sum' is supported")
     if not tensor.is_contiguous():
@@ -351,7 +351,8 @@ def one_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     """PyTorch's symm_mem.one_shot_all_reduce: tensor lives in a symmetric
     block (symm.empty, or get_mem_pool) of every rank of group; each rank
     reads every peer's tensor over NVLink and returns the sum (a new tensor,
-    or out), in stream order on the current stream. float32 and bfloat16;
+    or out), in stream order on the current stream. float32, bfloat16 and
+    float16;
     the tensor's bytes must be a multiple of 4. local_input: copied into
     tensor first (PyTorch's one_shot_all_reduce_copy). Every rank calls it
     with the same shape. Raises SymmError (INVALID, NO_DEVICE when the
@@ -394,7 +395,7 @@ def two_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     share of every rank's tensor, so the call leaves the sum in tensor on
     every rank (in place) and returns tensor, or, with out, also copies it
     into out and returns out. local_input: copied into tensor first. In
-    stream order on the current stream; float32 and bfloat16, the tensor's
+    stream order on the current stream; float32, bfloat16 and float16, the tensor's
     bytes a multiple of 4; every rank calls it with the same shape; the
     same bits as one_shot_all_reduce. Raises SymmError (INVALID,
     NO_DEVICE when the kernels cannot run, TIMEOUT naming a rank that did
@@ -436,14 +437,14 @@ def reduce_scatter(tensor, op: str = "sum", group=None, out=None, local_input=No
     float32 accumulation (the same bits on every rank), in out (n elements,
     any CUDA memory) or, without out, in place in its own tensor's share r,
     returned as a view. local_input (world × n elements) is copied into
-    tensor first; out may be local_input's share r. float32 and bfloat16,
+    tensor first; out may be local_input's share r. float32, bfloat16 and float16,
     n's bytes a multiple of 4; in stream order on the current stream; every
     rank calls it with the same shape. Raises ValueError or SymmError
     (INVALID, NO_DEVICE, TIMEOUT naming a rank that did not come)."""
     import torch
 
     if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
+        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
     if op != "sum":
         raise ValueError(f"reduce_scatter: op {op!r}: only 'sum' is supported")
     hit = _allreduce_handle(tensor, group)
@@ -708,7 +709,7 @@ def all_reduce(tensor, op: str = "sum", group=None, out=None, algorithm: str | N
     if alg == "push":
         return push_all_reduce(tensor, group=group, out=out, timeout_ms=timeout_ms)
     if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1})
+        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
     code = _TORCH_DTYPES.get(tensor.dtype)
     if code is None:
         raise ValueError(f"all_reduce: dtype {tensor.dtype} with the {alg} all-reduce: want torch.float32 or "

@@ -80,37 +80,6 @@ static uint16_t to_bf16(float f) {
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-/* Rank r's input word i: pseudo-random floats (or bf16 pairs) of mixed
- * signs and magnitudes, the same on every rank. */
-static uint32_t input_word(int dtype, int r, size_t i) {
-  uint64_t x = (uint64_t)(r + 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)i * 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 31;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 29;
-  float a = (float)((int64_t)(x % 2000001) - 1000000) / 4096.0f;
-  float b = (float)((int64_t)((x >> 21) % 2001) - 1000) / 8.0f;
-  if (dtype == SYMM_FLOAT32) return bits_of(a);
-  return (uint32_t)to_bf16(a) | ((uint32_t)to_bf16(b) << 16);
-}
-
-/* The sum of every rank's word i, in rank order with float accumulation. */
-static uint32_t expected_word(int dtype, int world, size_t i) {
-  float lo = 0, hi = 0;
-  for (int r = 0; r < world; r++) {
-    uint32_t w = input_word(dtype, r, i);
-    if (dtype == SYMM_FLOAT32) {
-      lo += f32_of(w);
-    } else {
-      lo += f32_of(w << 16);
-      hi += f32_of(w & 0xffff0000u);
-    }
-  }
-  if (dtype == SYMM_FLOAT32) return bits_of(lo);
-  return (uint32_t)to_bf16(lo) | ((uint32_t)to_bf16(hi) << 16);
-}
-
-/* ---- the push all-reduce's reference -------------------------------------- */
-
 /* IEEE half precision, as the kernel's cvt.rn.f16.f32 (round to nearest
  * even; no NaN in these tests). */
 static uint16_t to_f16(float f) {
@@ -135,7 +104,44 @@ static float f16_to_f32(uint16_t h) {
   return f32_of(sign | ((exp + 112) << 23) | (man << 13));
 }
 
+/* Rank r's input word i: pseudo-random floats (or bf16 pairs) of mixed
+ * signs and magnitudes, the same on every rank. */
+static uint32_t input_word(int dtype, int r, size_t i) {
+  uint64_t x = (uint64_t)(r + 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)i * 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 31;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 29;
+  float a = (float)((int64_t)(x % 2000001) - 1000000) / 4096.0f;
+  float b = (float)((int64_t)((x >> 21) % 2001) - 1000) / 8.0f;
+  if (dtype == SYMM_FLOAT32) return bits_of(a);
+  if (dtype == SYMM_FLOAT16) return (uint32_t)to_f16(a) | ((uint32_t)to_f16(b) << 16);
+  return (uint32_t)to_bf16(a) | ((uint32_t)to_bf16(b) << 16);
+}
+
+/* The sum of every rank's word i, in rank order with float accumulation. */
+static uint32_t expected_word(int dtype, int world, size_t i) {
+  float lo = 0, hi = 0;
+  for (int r = 0; r < world; r++) {
+    uint32_t w = input_word(dtype, r, i);
+    if (dtype == SYMM_FLOAT32) {
+      lo += f32_of(w);
+    } else if (dtype == SYMM_FLOAT16) {
+      lo += f16_to_f32((uint16_t)w);
+      hi += f16_to_f32((uint16_t)(w >> 16));
+    } else {
+      lo += f32_of(w << 16);
+      hi += f32_of(w & 0xffff0000u);
+    }
+  }
+  if (dtype == SYMM_FLOAT32) return bits_of(lo);
+  if (dtype == SYMM_FLOAT16) return (uint32_t)to_f16(lo) | ((uint32_t)to_f16(hi) << 16);
+  return (uint32_t)to_bf16(lo) | ((uint32_t)to_bf16(hi) << 16);
+}
+
+/* ---- the push all-reduce's reference -------------------------------------- */
+
 static size_t elem_size(int dtype) { return dtype == SYMM_FLOAT32 ? 4 : 2; }
+static const char *dtype_name(int dtype) { return dtype == SYMM_FLOAT32 ? "f32" : dtype == SYMM_FLOAT16 ? "f16" : "bf16"; }
 
 /* Rank r's element i of push call k, as stored (mixed signs and
  * magnitudes, the same on every rank), and its value. */
@@ -201,7 +207,7 @@ static void check_all_reduce(symm_handle_t h, void *buf, int rank, int world, in
     CHECK(to_dev((char *)buf + offset, host, nbytes) == 0, "input to the symmetric buffer");
   }
   int rc = symm_one_shot_all_reduce(h, offset, count, dtype, SYMM_SUM, out, with_local ? local : NULL, NULL, 20000);
-  CHECK(rc == SYMM_OK, "all-reduce of %zu %s at offset %zu%s: %d %s", count, dtype ? "bf16" : "f32", offset,
+  CHECK(rc == SYMM_OK, "all-reduce of %zu %s at offset %zu%s: %d %s", count, dtype_name(dtype), offset,
         with_local ? " (local input)" : "", rc, symm_last_error());
   CHECK(dev_sync() == 0, "sync");
   memset(host, 0xff, nbytes);
@@ -210,7 +216,7 @@ static void check_all_reduce(symm_handle_t h, void *buf, int rank, int world, in
   for (size_t i = 0; i < nwords; i++)
     if (host[i] != expected_word(dtype, world, i) && bad++ == 0) first = i;
   CHECK(bad == 0, "all-reduce of %zu %s at offset %zu%s: %zu of %zu words wrong, first %zu: %#x, want %#x", count,
-        dtype ? "bf16" : "f32", offset, with_local ? " (local)" : "", bad, nwords, first, host[first],
+        dtype_name(dtype), offset, with_local ? " (local)" : "", bad, nwords, first, host[first],
         expected_word(dtype, world, first));
   if (with_local) { /* the local input was copied into our buffer */
     CHECK(from_dev(host, (char *)buf + offset, nbytes) == 0 && host[nwords - 1] == input_word(dtype, rank, nwords - 1),
@@ -234,7 +240,7 @@ static void check_two_shot(symm_handle_t h, void *buf, int rank, int world, int 
   void *dst = mode == 0 || mode == 3 ? (void *)mine : mode == 2 ? local : out;
   if (mode == 1) CHECK(to_dev((char *)out + nbytes, host + nwords, 4) == 0, "the word after the output");
   int rc = symm_two_shot_all_reduce(h, offset, count, dtype, SYMM_SUM, dst, mode >= 2 ? local : NULL, NULL, 20000);
-  CHECK(rc == SYMM_OK, "two-shot all-reduce of %zu %s at offset %zu (%s): %d %s", count, dtype ? "bf16" : "f32", offset,
+  CHECK(rc == SYMM_OK, "two-shot all-reduce of %zu %s at offset %zu (%s): %d %s", count, dtype_name(dtype), offset,
         modes[mode], rc, symm_last_error());
   CHECK(dev_sync() == 0, "sync");
   for (int pass = 0; pass < 2; pass++) {
@@ -244,7 +250,7 @@ static void check_two_shot(symm_handle_t h, void *buf, int rank, int world, int 
     for (size_t i = 0; i < nwords; i++)
       if (host[i] != expected_word(dtype, world, i) && bad++ == 0) first = i;
     CHECK(bad == 0, "two-shot all-reduce of %zu %s at offset %zu (%s), %s: %zu of %zu words wrong, first %zu: %#x, want %#x",
-          count, dtype ? "bf16" : "f32", offset, modes[mode], pass ? "symmetric buffer" : "output", bad, nwords, first,
+          count, dtype_name(dtype), offset, modes[mode], pass ? "symmetric buffer" : "output", bad, nwords, first,
           host[first], expected_word(dtype, world, first));
     if (!pass && (mode == 1 || mode == 2))
       CHECK(host[nwords] == 0x5a5a5a5au, "two-shot (%s): the word after the output written", modes[mode]);
@@ -290,14 +296,14 @@ static void check_rs_ag(symm_handle_t h, void *buf, int rank, int world, int dty
   if (mode == 1 || mode == 2) CHECK(to_dev((char *)out + nbytes, &canary, 4) == 0, "the word after the output");
   rc = symm_reduce_scatter(h, offset, count, dtype, SYMM_SUM, rs_out, rs_local, NULL, 20000);
   CHECK(rc == SYMM_OK, "reduce-scatter of %zu bytes per rank of %s at offset %zu (%s): %d %s", nbytes,
-        dtype ? "bf16" : "f32", offset, modes[mode], rc, symm_last_error());
+        dtype_name(dtype), offset, modes[mode], rc, symm_last_error());
   CHECK(dev_sync() == 0, "sync");
   CHECK(from_dev(host, rs_out, nbytes + 4) == 0, "read the reduce-scatter output");
   bad = first = 0;
   for (size_t j = 0; j < nw; j++)
     if (host[j] != expected_word(dtype, world, nw * rank + j) && bad++ == 0) first = j;
   CHECK(bad == 0, "reduce-scatter of %zu bytes per rank of %s at offset %zu (%s): %zu of %zu words wrong, first %zu: %#x, want %#x",
-        nbytes, dtype ? "bf16" : "f32", offset, modes[mode], bad, nw, first, host[first],
+        nbytes, dtype_name(dtype), offset, modes[mode], bad, nw, first, host[first],
         expected_word(dtype, world, nw * rank + first));
   if (mode == 1 || mode == 2) CHECK(host[nw] == canary, "reduce-scatter (%s): the word after the output written", modes[mode]);
 }
@@ -520,7 +526,7 @@ static int child(int rank, int world, int dev) {
   void *out = dev_alloc(4 * MiB + 64), *local = dev_alloc(4 * MiB + 64);
   CHECK(out && local, "output buffers");
   const size_t sizes[] = {4, 16, 4 * KiB, 4 * KiB + 12, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB};
-  for (int dtype = SYMM_FLOAT32; dtype <= SYMM_BFLOAT16; dtype++)
+  for (int dtype = SYMM_FLOAT32; dtype <= SYMM_FLOAT16; dtype++)
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
       size_t count = sizes[s] / (dtype == SYMM_FLOAT32 ? 4 : 2);
       check_all_reduce(h, p, rank, world, dtype, 0, count, 0, host, out, local);
@@ -530,8 +536,8 @@ static int child(int rank, int world, int dev) {
         check_all_reduce(h, p, rank, world, dtype, 32, count, 1, host, local, local); /* in place */
       }
     }
-  if (rank == 0) printf("rank 0: all-reduce float32 and bfloat16, 4 B to 4 MiB: checked\n");
-  for (int dtype = SYMM_FLOAT32; dtype <= SYMM_BFLOAT16; dtype++)
+  if (rank == 0) printf("rank 0: all-reduce float32, bfloat16 and float16, 4 B to 4 MiB: checked\n");
+  for (int dtype = SYMM_FLOAT32; dtype <= SYMM_FLOAT16; dtype++)
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
       size_t count = sizes[s] / (dtype == SYMM_FLOAT32 ? 4 : 2);
       check_two_shot(h, p, rank, world, dtype, 0, count, 0, host, out, local);
@@ -542,9 +548,9 @@ static int child(int rank, int world, int dev) {
         check_two_shot(h, p, rank, world, dtype, 32, count, 3, host, out, (char *)local + 4);
       }
     }
-  if (rank == 0) printf("rank 0: two-shot all-reduce float32 and bfloat16, 4 B to 4 MiB, in place and out of place: checked\n");
+  if (rank == 0) printf("rank 0: two-shot all-reduce float32, bfloat16 and float16, 4 B to 4 MiB, in place and out of place: checked\n");
   const size_t per_rank[] = {4, 12, 4 * KiB + 12, 64 * KiB, 256 * KiB};
-  for (int dtype = SYMM_FLOAT32; dtype <= SYMM_BFLOAT16; dtype++)
+  for (int dtype = SYMM_FLOAT32; dtype <= SYMM_FLOAT16; dtype++)
     for (size_t s = 0; s < sizeof per_rank / sizeof per_rank[0]; s++)
       for (int mode = 0; mode < 4; mode++) {
         size_t count = per_rank[s] / elem_size(dtype);
@@ -552,6 +558,21 @@ static int child(int rank, int world, int dev) {
         check_rs_ag(h, p, rank, world, dtype, 0, count, mode, host, out, local);
       }
   if (rank == 0) printf("rank 0: reduce-scatter and all-gather, 4 B to 256 KiB per rank, in place and not: checked\n");
+
+  /* A second group on the same blocks: the first group owns the blocks'
+   * sync area, so this one meets through the signal pad. Calls of the two
+   * groups alternate and neither disturbs the other. */
+  symm_handle_t h2 = 0;
+  CHECK(symm_rendezvous(p, st, "coll-second", rank, world, &h2) == SYMM_OK, "second rendezvous: %s", symm_last_error());
+  for (int round = 0; round < 3; round++)
+    for (int dtype = SYMM_FLOAT32; dtype <= SYMM_FLOAT16; dtype++) {
+      symm_handle_t hh = round % 2 ? h : h2;
+      CHECK(symm_barrier(hh, round, NULL, 10000) == SYMM_OK, "barrier of group %d: %s", round % 2, symm_last_error());
+      check_all_reduce(hh, p, rank, world, dtype, 32, 64 * KiB / elem_size(dtype), 1, host, out, local);
+      check_two_shot(hh, p, rank, world, dtype, 0, 256 * KiB / elem_size(dtype), 1, host, out, local);
+      check_rs_ag(hh, p, rank, world, dtype, 32, 4 * KiB / elem_size(dtype), round % 4, host, out, local);
+    }
+  if (rank == 0) printf("rank 0: a second group on the same blocks, alternating with the first: checked\n");
 
   /* Bad input: each refused, nothing lost. */
   struct {

@@ -629,7 +629,7 @@ RS_AG_SCRIPT = textwrap.dedent(
     h.reduce_scatter_ptr(0, n, "float32", o.buffer_info()[0], local_input=full.buffer_info()[0], timeout_ms=20000)
     rs_out = list(o[:n]) == want and o[n] == 0.0
     errors = {}
-    for name, call in {"rs dtype": lambda: h.reduce_scatter_ptr(0, 16, "float16"),
+    for name, call in {"rs dtype": lambda: h.reduce_scatter_ptr(0, 16, "int8"),
                        "rs op": lambda: h.reduce_scatter_ptr(0, 16, "float32", op="max"),
                        "ag dtype": lambda: h.all_gather_ptr(0, 16, "int8")}.items():
         try:
