@@ -91,6 +91,13 @@ func getManager() (*symmetric.Manager, error) {
 		}
 		cfg.PushFirstCall = n
 	}
+	if v := getenv("SYMM_COLLECTIVE_BLOCKS"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 16)
+		if err != nil || n == 0 || n > symmetric.SignalPadSize/4 {
+			return nil, fmt.Errorf("%w: SYMM_COLLECTIVE_BLOCKS=%q: want a number of blocks from 1 to %d", symmetric.ErrInvalid, v, symmetric.SignalPadSize/4)
+		}
+		cfg.CollectiveBlocks = int(n)
+	}
 	if v := getenv("SYMM_ALL_REDUCE"); v != "" {
 		if cfg.AllReduce, err = symmetric.ParseAlgorithm(v); err != nil {
 			return nil, fmt.Errorf("%w: SYMM_ALL_REDUCE=%q: want auto, push, two_shot or one_shot", symmetric.ErrInvalid, v)

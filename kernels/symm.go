@@ -124,17 +124,22 @@ func arKernel(kind string, d Dtype, wordsPerThread, world int) string {
 	return fmt.Sprintf("symm_%s_%s_v%d_w%s", kind, dt, wordsPerThread, w)
 }
 
+// DefaultCollectiveBlocks is the most blocks a collective that meets its
+// peers (one-shot, two-shot, reduce-scatter, all-gather) launches by
+// default: PyTorch's 24.
+const DefaultCollectiveBlocks = 24
+
 // AllReduceLaunch is the launch shape of the one-shot all-reduce over nwords
-// 32-bit words, PyTorch's: at most 24 blocks of at most 512 threads (the
-// kernel synchronizes block b with block b of every peer on channel b, so a
-// grid never uses more than 24 channels).
-func AllReduceLaunch(nwords uint64, wordsPerThread int) (blocks, threads uint32) {
-	const maxBlocks, maxThreads = 24, 512
+// 32-bit words: blocks of at most 512 threads, at most maxBlocks of them
+// (the kernel synchronizes block b with block b of every peer on channel b,
+// so a grid uses as many channels as blocks).
+func AllReduceLaunch(nwords uint64, wordsPerThread int, maxBlocks uint32) (blocks, threads uint32) {
+	const maxThreads = 512
 	items := (nwords + uint64(wordsPerThread) - 1) / uint64(wordsPerThread)
 	if items <= maxThreads {
 		return 1, uint32(max((items+31)/32*32, 32))
 	}
-	return uint32(min((items+maxThreads-1)/maxThreads, maxBlocks)), maxThreads
+	return uint32(min((items+maxThreads-1)/maxThreads, uint64(max(maxBlocks, 1)))), maxThreads
 }
 
 // PushAllReduceKernel names the push all-reduce kernel for dtype d.

@@ -93,9 +93,13 @@ func TestAllReduceLaunch(t *testing.T) {
 		{1, 1, 1, 32}, {1024, 4, 1, 256}, {2048, 4, 1, 512}, {2049, 4, 2, 512},
 		{1 << 20, 4, 24, 512}, {1 << 20, 1, 24, 512}, {100, 1, 1, 128},
 	} {
-		b, th := AllReduceLaunch(c.nwords, c.v)
+		b, th := AllReduceLaunch(c.nwords, c.v, DefaultCollectiveBlocks)
 		require.Equal(t, [2]uint32{c.blocks, c.thread}, [2]uint32{b, th}, "%d words, %d per thread", c.nwords, c.v)
 	}
+	b, th := AllReduceLaunch(1<<20, 4, 96)
+	require.Equal(t, [2]uint32{96, 512}, [2]uint32{b, th}, "a larger cap")
+	b, th = AllReduceLaunch(1<<20, 4, 0)
+	require.Equal(t, [2]uint32{1, 512}, [2]uint32{b, th}, "a cap of 0 is 1")
 	require.Equal(t, "symm_ar_bf16_v1_wany", AllReduceKernel(BFloat16, 1, 3))
 	require.Equal(t, "symm_push_ar_f16", PushAllReduceKernel(Float16))
 	require.Equal(t, "symm_ar_f32_v4_w8", AllReduceKernel(Float32, 4, 8))

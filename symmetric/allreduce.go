@@ -95,7 +95,7 @@ func (h *Handle) TwoShotAllReduce(a AllReduce) error {
 		if err := h.m.KernelsReady(h.b.Dev()); err != nil {
 			return fmt.Errorf("two_shot_all_reduce on device %d needs the kernels: %w", h.b.Dev(), err)
 		}
-		v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world)
+		v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world, h.maxBlocks)
 		words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()), uint64(h.epochsArg()),
 			u32(h.rank), u32(h.world), 0, 0}
 		return h.launch(twoShotIndex(a.Dtype, v, h.world), blocks, threads, a.Stream, a.Timeout, words[:],
@@ -172,7 +172,7 @@ func overlap(a, b uintptr, n uint64) bool {
 }
 
 func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {
-	v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world)
+	v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world, h.maxBlocks)
 	words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()), uint64(h.epochsArg()),
 		u32(h.rank), u32(h.world), 0, 0}
 	return h.launch(allReduceIndex(a.Dtype, v, h.world), blocks, threads, a.Stream, a.Timeout, words[:],
@@ -187,12 +187,13 @@ func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {
 // as vectors only where their alignment allows). 16-byte vectors need the
 // offset and size to be multiples of 16; every rank's buffer starts on a
 // multiple of the allocation granularity.
-func allReduceShape(offset, nbytes uint64, world int) (v int, blocks, threads uint32) {
+// maxBlocks is the handle's cap (Handle.maxBlocks: agreed by every rank).
+func allReduceShape(offset, nbytes uint64, world int, maxBlocks uint32) (v int, blocks, threads uint32) {
 	v = 1
 	if offset%16 == 0 && nbytes%16 == 0 {
 		v = 4
 	}
-	blocks, threads = kernels.AllReduceLaunch(nbytes/4, v)
+	blocks, threads = kernels.AllReduceLaunch(nbytes/4, v, maxBlocks)
 	// Block b uses channel b: no more blocks than channels; enough threads
 	// for one per peer.
 	blocks = min(blocks, uint32(SignalPadSize/4/world))
@@ -267,7 +268,7 @@ func (h *Handle) hostTwoShot(a AllReduce, nbytes uint64) error {
 		return fmt.Errorf("%s, before the reads: %w", what, err)
 	}
 	n := int(nbytes / 4)
-	v, _, _ := allReduceShape(a.Offset, nbytes, h.world)
+	v, _, _ := allReduceShape(a.Offset, nbytes, h.world, h.maxBlocks)
 	lo, hi := twoShotShare(n, v, h.rank, h.world)
 	sum := make([]uint32, hi-lo)
 	h.sumWords(a.Offset, n, a.Dtype, lo, hi, sum)

@@ -132,6 +132,19 @@ type Config struct {
 	// AllReduce forces the algorithm of AllReduceAlgorithm when not
 	// AllReduceAuto (SYMM_ALL_REDUCE=auto, push, two_shot or one_shot).
 	AllReduce Algorithm
+	// CollectiveBlocks caps the blocks of the collectives that meet their
+	// peers (SYMM_COLLECTIVE_BLOCKS; 0: kernels.DefaultCollectiveBlocks).
+	// A group uses the smallest cap of its ranks, and never more blocks than
+	// channels (SignalPadSize/4/world).
+	CollectiveBlocks int
+}
+
+// collectiveBlocks is a rank's cap: n, or the default for 0.
+func collectiveBlocks(n int) int {
+	if n <= 0 {
+		return kernels.DefaultCollectiveBlocks
+	}
+	return n
 }
 
 // NewManager returns a manager over prov.

@@ -62,7 +62,7 @@ func (h *Handle) collective(a AllReduce, fn string) error {
 		if err := h.m.KernelsReady(h.b.Dev()); err != nil {
 			return fmt.Errorf("%s on device %d needs the kernels: %w", fn, h.b.Dev(), err)
 		}
-		v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world)
+		v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world, h.maxBlocks)
 		words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()), uint64(h.epochsArg()),
 			u32(h.rank), u32(h.world), 0, 0}
 		id, kind := reduceScatterIndex(a.Dtype, v, h.world), kReduceScatter

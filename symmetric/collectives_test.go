@@ -214,7 +214,7 @@ func TestReduceScatterAllGatherKernelLaunches(t *testing.T) {
 	g.mu.Unlock()
 	require.Equal(t, "symm_rs_bf16_v4_wany", kernelNames[rs.id])
 	require.Equal(t, "symm_ag_v1", kernelNames[ag.id])
-	bl, th := kernels.AllReduceLaunch(512, 4)
+	bl, th := kernels.AllReduceLaunch(512, 4, kernels.DefaultCollectiveBlocks)
 	require.Equal(t, [2]uint32{bl, th}, [2]uint32{rs.grid, rs.block})
 	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), 16, 512, uint64(uintptrOf(out)), 0, uint64(h.PadPtrsDev()),
 		uint64(h.epochsArg()), 0, 1, uint64(time.Second), rs.words[10]}, rs.words)

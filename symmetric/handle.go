@@ -51,6 +51,10 @@ type Handle struct {
 	// epochSync: the handle's group owns its block's sync area (every rank's
 	// block agreed at the rendezvous), so its kernels meet through it.
 	epochSync bool
+	// maxBlocks caps the blocks of the collectives that meet their peers:
+	// the smallest Config.CollectiveBlocks of the group's ranks (block b
+	// meets block b of every peer, so every rank must launch the same grid).
+	maxBlocks uint32
 }
 
 // epochWords is the size, in 8-byte words, of a handle's epoch counts: one

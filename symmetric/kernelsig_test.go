@@ -318,7 +318,7 @@ func TestAllReduceShape(t *testing.T) {
 		offset, nbytes uint64
 		world, v       int
 	}{{0, 32768, 2, 4}, {4, 32768, 2, 1}, {16, 32772, 2, 1}, {1 << 20, 4 << 20, 8, 4}, {0, 64, 3, 4}} {
-		v, blocks, threads := allReduceShape(c.offset, c.nbytes, c.world)
+		v, blocks, threads := allReduceShape(c.offset, c.nbytes, c.world, 1000)
 		require.Equal(t, c.v, v, "%+v", c)
 		require.LessOrEqual(t, int(blocks), SignalPadSize/4/c.world)
 		require.GreaterOrEqual(t, int(threads), c.world)

@@ -36,6 +36,8 @@ type meta struct {
 	PE       int    `json:"pe"` // PeerMapper.PeerID (NVSHMEM's PE); 0 otherwise
 	// SyncFree: no group owns this rank's block's sync area yet.
 	SyncFree bool `json:"sync_free,omitempty"`
+	// Blocks is this rank's Config.CollectiveBlocks (0: the default).
+	Blocks int `json:"blocks,omitempty"`
 }
 
 // Rendezvous maps every rank's block of group g into this process and
@@ -120,6 +122,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 		return nil, err
 	}
 	me.SyncFree = b.syncOwner == "" // b.mu is held (Rendezvous)
+	me.Blocks = m.cfg.CollectiveBlocks
 	if r.mb, err = openMailbox(&me, g, seq); err != nil {
 		return nil, err
 	}
@@ -147,9 +150,10 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	}
 	// The group meets through the sync area only if it is free on every
 	// rank: every rank reads the same metas, so all decide alike.
-	h.epochSync = true
+	h.epochSync, h.maxBlocks = true, uint32(SignalPadSize/4/g.World)
 	for _, p := range r.metas {
 		h.epochSync = h.epochSync && p.SyncFree
+		h.maxBlocks = min(h.maxBlocks, uint32(collectiveBlocks(p.Blocks)))
 	}
 	if h.epochSync {
 		b.syncOwner = g.Name

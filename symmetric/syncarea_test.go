@@ -4,9 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/store"
 )
 
@@ -85,5 +87,48 @@ func TestBlockHasRoomForTheSyncArea(t *testing.T) {
 		require.NoError(t, err, "size %d", size)
 		require.GreaterOrEqual(t, b.mem.Size, b.padOff+SignalPadSize+SyncAreaSize, "size %d", size)
 		require.NoError(t, m.Free(b.Ptr()))
+	}
+}
+
+// A group launches the smallest block cap of its ranks, whatever each asked
+// for, and never more blocks than channels.
+func TestCollectiveBlocksAgreed(t *testing.T) {
+	caps := []int{96, 0, 40}
+	errs := runRanks(3, func(int) Provider { return NewHostProvider() }, Config{Timeout: 5 * time.Second},
+		func(rank int, m *Manager, st store.Store) error {
+			m.cfg.CollectiveBlocks = caps[rank]
+			b, err := m.Alloc(0, 4096)
+			if err != nil {
+				return err
+			}
+			h, err := m.Rendezvous(b.Ptr(), Group{Name: "caps", Rank: rank, World: 3, Store: st})
+			if err != nil {
+				return err
+			}
+			if h.maxBlocks != kernels.DefaultCollectiveBlocks {
+				return fmt.Errorf("rank %d: cap %d, want the smallest, %d (the default of rank 1)", rank, h.maxBlocks, kernels.DefaultCollectiveBlocks)
+			}
+			return m.Free(b.Ptr())
+		})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	errs = runRanks(2, func(int) Provider { return NewHostProvider() }, Config{Timeout: 5 * time.Second, CollectiveBlocks: 512},
+		func(rank int, m *Manager, st store.Store) error {
+			b, err := m.Alloc(0, 4096)
+			if err != nil {
+				return err
+			}
+			h, err := m.Rendezvous(b.Ptr(), Group{Name: "wide", Rank: rank, World: 2, Store: st})
+			if err != nil {
+				return err
+			}
+			if h.maxBlocks != SignalPadSize/4/2 {
+				return fmt.Errorf("rank %d: cap %d, want the channels of a world of 2, %d", rank, h.maxBlocks, SignalPadSize/4/2)
+			}
+			return m.Free(b.Ptr())
+		})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
 	}
 }

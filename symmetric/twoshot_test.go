@@ -218,7 +218,7 @@ func TestTwoShotAllReduceKernelLaunches(t *testing.T) {
 	require.Equal(t, twoShotIndex(kernels.BFloat16, 4, 1), l4.id)
 	require.Equal(t, "symm_ts_bf16_v4_wany", kernelNames[l4.id])
 	require.Equal(t, "symm_ts_bf16_v1_wany", kernelNames[l1.id])
-	b, th := kernels.AllReduceLaunch(512, 4)
+	b, th := kernels.AllReduceLaunch(512, 4, kernels.DefaultCollectiveBlocks)
 	require.Equal(t, [2]uint32{b, th}, [2]uint32{l4.grid, l4.block})
 	require.NotZero(t, h.epochsArg(), "a handle whose group owns the sync area meets through it")
 	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), 16, 512, uint64(uintptrOf(out)), 0, uint64(h.PadPtrsDev()),

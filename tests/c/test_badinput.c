@@ -1002,7 +1002,7 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   float in[64], out[64];
   for (int i = 0; i < 64; i++) in[i] = (float)i - 20.5f;
   memcpy(p, in, sizeof in);
-  BAD(SYMM_ERR_INVALID, "dtype 2", symm_one_shot_all_reduce(h, 0, 64, 2, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "dtype 3", symm_one_shot_all_reduce(h, 0, 64, 3, SYMM_SUM, out, NULL, NULL, 0));
   BAD(SYMM_ERR_INVALID, "dtype -1", symm_one_shot_all_reduce(h, 0, 64, -1, SYMM_SUM, out, NULL, NULL, 0));
   BAD(SYMM_ERR_INVALID, "op 1", symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, 1, out, NULL, NULL, 0));
   BAD(SYMM_ERR_INVALID, "output is NULL", symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, NULL, 0));
@@ -1036,7 +1036,7 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   memcpy(p, in, sizeof in);
   /* The two-shot all-reduce: the one-shot's refusals, by its own name; the
    * buffer itself as the output (in place), and no other overlap with it. */
-  BAD(SYMM_ERR_INVALID, "two_shot_all_reduce: dtype 2", symm_two_shot_all_reduce(h, 0, 64, 2, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "two_shot_all_reduce: dtype 3", symm_two_shot_all_reduce(h, 0, 64, 3, SYMM_SUM, out, NULL, NULL, 0));
   BAD(SYMM_ERR_INVALID, "op 1", symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, 1, out, NULL, NULL, 0));
   BAD(SYMM_ERR_INVALID, "output is NULL", symm_two_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, NULL, 0));
   BAD(SYMM_ERR_INVALID, "overlaps this rank's buffer",
@@ -1062,7 +1062,7 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   memcpy(p, in, sizeof in);
   /* Reduce-scatter and all-gather: each bad argument refused by name with
    * nothing written; a world of one gives back its input, in place and not. */
-  BAD(SYMM_ERR_INVALID, "reduce_scatter: dtype 2", symm_reduce_scatter(h, 0, 64, 2, SYMM_SUM, out, NULL, NULL, 0));
+  BAD(SYMM_ERR_INVALID, "reduce_scatter: dtype 3", symm_reduce_scatter(h, 0, 64, 3, SYMM_SUM, out, NULL, NULL, 0));
   BAD(SYMM_ERR_INVALID, "op 1", symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, 1, out, NULL, NULL, 0));
   BAD(SYMM_ERR_INVALID, "output is NULL", symm_reduce_scatter(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, NULL, NULL, NULL, 0));
   BAD(SYMM_ERR_INVALID, "overlaps this rank's buffer",
@@ -1251,6 +1251,12 @@ static int child_main(const char *name) {
     void *p = symm_pool_alloc(16, 0, NULL);
     CHECK(p != NULL, "the pool does not depend on SYMM_ALL_REDUCE");
     symm_pool_free(p, 16, 0, NULL);
+  } else if (!strcmp(name, "bad-collective-blocks")) { /* SYMM_COLLECTIVE_BLOCKS=0: refused by name; the pool still works */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_COLLECTIVE_BLOCKS=\"0\": want a number of blocks from 1 to 512",
+         symm_alloc(4096, 0, NULL));
+    void *p = symm_pool_alloc(16, 0, NULL);
+    CHECK(p != NULL, "the pool does not depend on SYMM_COLLECTIVE_BLOCKS");
+    symm_pool_free(p, 16, 0, NULL);
   } else if (!strcmp(name, "forced-all-reduce")) { /* SYMM_ALL_REDUCE=one_shot: chosen at every size; a caller's choice wins */
     int chosen = -1;
     CALL(F_NOSTATE, SYMM_OK, SYMM_OK, NULL, symm_all_reduce_algorithm(4, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
@@ -1329,6 +1335,7 @@ static void test_children(const char *self) {
       {"bad-signals", {"SYMM_SIGNALS=fast", NULL}},
       {"bad-all-reduce", {"SYMM_ALL_REDUCE=fastest", NULL}},
       {"forced-all-reduce", {"SYMM_ALL_REDUCE=one_shot", NULL}},
+      {"bad-collective-blocks", {"SYMM_COLLECTIVE_BLOCKS=0", NULL}},
       {"nvshmem-on-host", {"SYMM_BACKEND=nvshmem", NULL}},
       {"nccl-on-host", {"SYMM_BACKEND=", NULL}},
       {"no-driver", {"SYMM_DEVICE=", "SYMM_CUDA_LIB=/nonexistent/libcuda.so.1", NULL}},
