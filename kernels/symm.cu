@@ -594,8 +594,12 @@ SYMM_AG(1)
 //      accumulation (its own input read from `in` again), so every rank gets
 //      the same bits, into `out` (which may be `in`: a thread reads its lines
 //      before it writes them, and no other thread touches them);
-//   3. the last block to finish (a counter in the handle's memory) advances
-//      e. The next call, later on the same stream, reads it at entry: no
+//   3. each block, once all its threads are done, advances e: the handle's
+//      memory keeps one copy of e per block of the largest grid
+//      (SYMM_PUSH_MAX_BLOCKS), equal between calls, and block b of a grid
+//      of G blocks writes e + 1 into copies b, b + G, b + 2G, ..., so that
+//      every copy moves on without a counter shared by the blocks. The next
+//      call, later on the same stream, reads its block's copy at entry: no
 //      host state per call, so a CUDA graph replays it as it is.
 //
 // Why half b of a peer is never overwritten (call e+2) before that peer has
@@ -620,9 +624,11 @@ SYMM_AG(1)
 #define SYMM_OP_PUSH 5      // push all-reduce: a peer's data did not come (channel: the call's flag)
 #define SYMM_OP_PUSH_INIT 6 // push all-reduce's first call: a peer did not come to set the workspace up
 
+#define SYMM_PUSH_MAX_BLOCKS 128 // kernels.PushMaxBlocks: the most blocks of a push grid
+
 struct PushState {
-  u64 epoch; // the next call's number; 0: the workspace is not set up yet
-  u32 done;  // blocks of the current call that have finished
+  u64 epoch[SYMM_PUSH_MAX_BLOCKS]; // the next call's number, a copy per block; 0: not set up yet
+  u32 done;                        // blocks of the set-up that have finished
   u32 unused;
 };
 
@@ -737,7 +743,7 @@ __device__ __forceinline__ void clear_half(u32 *mine, u64 lines, int world, int 
 }
 
 // Thread 0 of the last block to get here (every block's work before it done)
-// returns true.
+// returns true (the set-up's count of finished blocks).
 __device__ __forceinline__ bool last_block(PushState *st) {
   __shared__ bool last;
   __syncthreads();
@@ -754,7 +760,7 @@ __device__ __forceinline__ void push_all_reduce(u32 **bufs, u64 *state, const ch
                                                 int rank, int world, u64 timeout_ns, u64 *status) {
   PushState *st = (PushState *)state;
   u64 start = now_ns();
-  u64 e = *(volatile u64 *)&st->epoch;
+  u64 e = *(volatile u64 *)&st->epoch[blockIdx.x];
   int b = (int)(e & 1);
   u32 flag = (u32)e;
   u64 nlines = (nbytes + 7) / 8;
@@ -793,11 +799,9 @@ __device__ __forceinline__ void push_all_reduce(u32 **bufs, u64 *state, const ch
     clear_half(mine, lines, world, b, first, stride);
     __threadfence_system();
   }
-  if (last_block(st) && threadIdx.x == 0) {
-    *(volatile u32 *)&st->done = 0;
-    *(volatile u64 *)&st->epoch = e + 1;
-    __threadfence();
-  }
+  __syncthreads(); // every thread of the block read e at entry
+  if (threadIdx.x == 0)
+    for (u32 j = blockIdx.x; j < SYMM_PUSH_MAX_BLOCKS; j += gridDim.x) *(volatile u64 *)&st->epoch[j] = e + 1;
 }
 
 // symm_push_ar_<dtype>: bufs are the workspace's buffers as mapped here,
@@ -821,7 +825,7 @@ extern "C" __global__ void __launch_bounds__(512)
     symm_push_init(u32 **bufs, u64 *state, u64 lines, u32 **pads, int rank, int world, u64 first_epoch, u64 timeout_ns,
                    u64 *status) {
   PushState *st = (PushState *)state;
-  if (*(volatile u64 *)&st->epoch != 0) return;
+  if (*(volatile u64 *)&st->epoch[0] != 0) return;
   u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   u64 stride = (u64)gridDim.x * blockDim.x;
   clear_half(bufs[rank], lines, world, 0, first, stride);
@@ -837,7 +841,7 @@ extern "C" __global__ void __launch_bounds__(512)
   }
   if (__syncthreads_or(!ok) == 0 && threadIdx.x == 0) {
     *(volatile u32 *)&st->done = 0;
-    *(volatile u64 *)&st->epoch = first_epoch;
+    for (int j = 0; j < SYMM_PUSH_MAX_BLOCKS; j++) *(volatile u64 *)&st->epoch[j] = first_epoch;
     __threadfence();
   }
 }

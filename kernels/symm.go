@@ -163,12 +163,16 @@ func PushAllReduceKernel(d Dtype) string {
 // Blocks of 256 rather than 512 spread a small message over more SMs, so
 // that more of them issue stores to the peers at once.
 func PushLaunch(nlines uint64) (blocks, threads uint32) {
-	const maxBlocks, perBlock = 128, 256
+	const perBlock = 256
 	if nlines <= perBlock {
 		return 1, uint32(max((nlines+31)/32*32, 32))
 	}
-	return uint32(min((nlines+perBlock-1)/perBlock, maxBlocks)), perBlock
+	return uint32(min((nlines+perBlock-1)/perBlock, PushMaxBlocks)), perBlock
 }
+
+// PushMaxBlocks is the most blocks of a push all-reduce's grid: the state
+// keeps a copy of the call number per block (symm.cu's SYMM_PUSH_MAX_BLOCKS).
+const PushMaxBlocks = 128
 
 // PushInitLaunch is the launch shape of the push workspace's set-up over
 // slots of lines lines each.

@@ -3,6 +3,7 @@ package kernels
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,6 +74,8 @@ func TestPushLaunch(t *testing.T) {
 	}
 	require.Equal(t, "float16", Float16.String())
 	require.Equal(t, 2, Float16.Size())
+	// The kernel's per-block copies of the call number cover the largest grid.
+	require.Contains(t, SymmSource, fmt.Sprintf("#define SYMM_PUSH_MAX_BLOCKS %d ", PushMaxBlocks))
 }
 
 func TestDecodeReport(t *testing.T) {

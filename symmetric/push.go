@@ -38,9 +38,11 @@ import (
 // by its timeout (else SYMM_TIMEOUT_MS).
 
 // pushStateWords is the size, in 8-byte words, of a handle's push state
-// (symm.cu's PushState): the next call's number (0: not set up), then the
-// count of the call's blocks that are done.
-const pushStateWords = 2
+// (symm.cu's PushState): the next call's number (0: not set up), a copy per
+// block of the largest grid (the kernels keep them equal between calls; the
+// host backend uses the first), then the count of the set-up's blocks that
+// are done.
+const pushStateWords = kernels.PushMaxBlocks + 1
 
 // pushLine is the workspace's bytes per line (8 bytes of message, with two
 // flags).
