@@ -151,11 +151,13 @@ if want graphs; then
 fi
 
 if want kernels; then
-  # Signals and the one-shot all-reduce from PyTorch: 2 and 4
-  # ranks (sharing GPUs when there are fewer), then the one-GPU comparison.
+  # The collectives' checks from PyTorch (signals, the all-reduces,
+  # reduce-scatter, all-gather): 2 and 4 ranks (sharing GPUs when there are
+  # fewer), then the one-GPU comparison with PyTorch (symm_bench.py --bench1;
+  # the multi-GPU tables: python3 tests/device/symm_bench.py WORLD).
   run_step kernels-2 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py 2
   run_step kernels-4 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py 4
-  run_step kernels-bench1 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_kernels.py --bench1
+  run_step kernels-bench1 "${SYMM_KERNELS_TIMEOUT:-300}" python3 tests/device/symm_bench.py --bench1
 fi
 
 if want recipes; then
