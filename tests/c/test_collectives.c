@@ -473,6 +473,8 @@ static void push_tests(int rank, int world, int dev, char *host) {
 
 static int child(int rank, int world, int dev) {
   CHECK(use_device(dev) == 0, "device %d", dev);
+  /* NVSHMEM and NCCL (SYMM_BACKEND) join their world here; the others only check. */
+  CHECK(symm_backend_init(st, rank, world, dev) == SYMM_OK, "backend init: %s", symm_last_error());
   const size_t size = 4 * MiB + 64;
   char *p = symm_alloc(size, dev, NULL);
   CHECK(p != NULL, "symm_alloc: %s", symm_last_error());
