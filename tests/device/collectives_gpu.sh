@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# libsymm's collectives on the GPUs of this machine, checks then tables, in
+# the steps named (default: check bench):
+#
+#   bash tests/device/collectives_gpu.sh [check] [bench] [bench23] [blocks] [fused] [compile] [backends] [sanitizer]
+#
+#   check     build/tests/gpu_collectives on every GPU and on 2 (one-shot,
+#             two-shot, reduce-scatter, all-gather, push, float32/bfloat16/
+#             float16, a second group on the same blocks, late peers), then
+#             symm_kernels.py (its checks through PyTorch, push included) on
+#             every GPU, and the Go GPU tests of symmetric/
+#   bench     symm_bench.py on every GPU
+#   bench23   symm_bench.py on 2 GPUs, and on 3 with 4 GPUs
+#   blocks    symm_bench.py's all-reduce and reduce-scatter/all-gather
+#             tables, graph-captured, with SYMM_COLLECTIVE_BLOCKS=$BLOCKS
+#             (default 96) beside the default cap, on every GPU
+#   fused     symm_fused.py on every GPU
+#   compile   symm_compile.py on 2 GPUs
+#   backends  symm_backends.sh (the checks on NCCL and NVSHMEM)
+#   sanitizer symm_sanitizer.sh (memcheck and racecheck over gpu_collectives 2)
+#
+# Build here first (make device), carry build/libsymm.so*, build/tests and
+# build/device. Logs and tables go to $OUT (else build/device-logs): a
+# summary.md, the tables as markdown, and every log in logs.tgz (the device
+# runner brings back few files).
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+export SYMM_LIB=${SYMM_LIB:-$ROOT/build/libsymm.so}
+export SYMM_COMMIT=${SYMM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+unset SYMM_DEVICE
+if [[ -z ${SYMM_NVRTC_LIB:-} ]]; then
+  SYMM_NVRTC_LIB=$(python3 -c 'import nvidia, os
+for p in nvidia.__path__:
+    for rel in ("cu13/lib/libnvrtc.so.13", "cuda_nvrtc/lib/libnvrtc.so.12"):
+        if os.path.exists(os.path.join(p, rel)):
+            print(os.path.join(p, rel)); raise SystemExit' 2>/dev/null)
+  [[ -n $SYMM_NVRTC_LIB ]] && export SYMM_NVRTC_LIB || unset SYMM_NVRTC_LIB
+fi
+LOGS=${OUT:-$ROOT/build/device-logs}
+mkdir -p "$LOGS/logs"
+N=$(nvidia-smi -L | wc -l)
+STEPS=${*:-check bench}
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+SUMMARY="$LOGS/summary.md"
+{
+  echo "# collectives on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) × $N, commit $SYMM_COMMIT, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "| step | result | seconds | last lines |"
+  echo "| --- | --- | --- | --- |"
+} > "$SUMMARY"
+FAILED=0
+
+# step NAME LIMIT CMD...: runs CMD with a time limit into logs/NAME.log and
+# adds a row to the summary with the log's last meaningful lines.
+step() {
+  local name=$1 limit=$2 start rc status tail
+  shift 2
+  start=$(date +%s)
+  echo "===== $name: $*"
+  timeout --kill-after=10 "$limit" "$@" > "$LOGS/logs/$name.log" 2>&1
+  rc=$?
+  case $rc in 0) status=PASS ;; 124 | 137) status=TIMEOUT ;; *) status="FAIL ($rc)" ;; esac
+  [[ $rc != 0 ]] && FAILED=1
+  tail=$(grep -E "passed|failed|FAIL|ok$|Error|error:|ERROR SUMMARY|Traceback" "$LOGS/logs/$name.log" | tail -3 | tr '|\n' '/ ' | cut -c1-300)
+  echo "| $name | $status | $(($(date +%s) - start)) | $tail |" | tee -a "$SUMMARY"
+}
+
+if want check; then
+  step gpu_collectives_$N 240 build/tests/gpu_collectives "$N"
+  if [[ $N -gt 2 ]]; then step gpu_collectives_2 180 env CUDA_VISIBLE_DEVICES=0,1 build/tests/gpu_collectives 2; fi
+  step symm_kernels_$N 300 python3 tests/device/symm_kernels.py "$N"
+  if [[ -x build/device/symmetric.test ]]; then
+    step go_symmetric 180 build/device/symmetric.test -test.run 'GPU' -test.count=1
+  fi
+fi
+if want bench; then
+  step bench_W$N 300 python3 tests/device/symm_bench.py "$N"
+fi
+if want bench23; then
+  step bench_W2 240 env CUDA_VISIBLE_DEVICES=0,1 python3 tests/device/symm_bench.py 2
+  if [[ $N -ge 4 ]]; then
+    step bench_W3 240 env CUDA_VISIBLE_DEVICES=0,1,2 python3 tests/device/symm_bench.py 3
+  fi
+fi
+if want blocks; then
+  B=${BLOCKS:-96}
+  step bench_W${N}_blocks$B 240 env SYMM_COLLECTIVE_BLOCKS="$B" OUT="$LOGS/blocks$B" \
+    python3 tests/device/symm_bench.py "$N" --what allreduce,rsag --mode graph
+  cp "$LOGS/blocks$B/symm_bench_W$N.md" "$LOGS/symm_bench_W${N}_blocks$B.md" 2>/dev/null
+fi
+if want fused; then step symm_fused_$N 300 python3 tests/device/symm_fused.py "$N"; fi
+if want compile; then step symm_compile_2 180 env CUDA_VISIBLE_DEVICES=0,1 python3 tests/device/symm_compile.py 2; fi
+if want backends; then step backends 540 bash tests/device/symm_backends.sh; fi
+if want sanitizer; then step sanitizer 200 bash tests/device/symm_sanitizer.sh; fi
+
+# Few files come back from the device runner: the tables and summary stay
+# loose, everything else goes into one archive.
+(cd "$LOGS" && tar czf logs.tgz --exclude=logs.tgz . && find . -mindepth 1 \( -type d -o -name '*.log' \) -prune -exec rm -rf {} +)
+echo
+cat "$SUMMARY"
+exit $FAILED
