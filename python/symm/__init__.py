@@ -107,6 +107,7 @@ from ._symmetric import (
     world_within_direct_access,
     world_within_direct_access_store,
 )
+from ._fused import fused_all_gather_matmul, fused_matmul_reduce_scatter
 
 __all__ = [
     "Handle",
@@ -130,6 +131,8 @@ __all__ = [
     "two_shot_all_reduce",
     "reduce_scatter",
     "all_gather",
+    "fused_all_gather_matmul",
+    "fused_matmul_reduce_scatter",
     "topology",
     "backend_init",
     "get_backend",
