@@ -577,8 +577,8 @@ enum { SYMM_SUM = 0 };
  * bits) and writes the sum to out, in stream order; every rank calls it with
  * the same offset, count and dtype. local_input (or NULL) is copied into this
  * rank's buffer first (one_shot_all_reduce_copy). Block b of the kernel
- * meets block b of every peer on channel b (at most 24 channels) before
- * reading and after, so the inputs may be rewritten as soon as the call's
+ * meets block b of every peer on channel b (at most SYMM_COLLECTIVE_BLOCKS
+ * channels, 96 by default) before reading and after, so the inputs may be rewritten as soon as the call's
  * work is done. The first group rendezvoused on a block (on every rank)
  * owns the block's sync area, which follows the signal pad: its collectives
  * and kernel barriers meet there, with one store per peer and no round trip;

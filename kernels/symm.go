@@ -126,8 +126,15 @@ func arKernel(kind string, d Dtype, wordsPerThread, world int) string {
 
 // DefaultCollectiveBlocks is the most blocks a collective that meets its
 // peers (one-shot, two-shot, reduce-scatter, all-gather) launches by
-// default: PyTorch's 24.
-const DefaultCollectiveBlocks = 24
+// default. PyTorch launches at most 24; on 2 × H200 (2026-11-26,
+// tests/device/symm_bench.py 2 with SYMM_COLLECTIVE_BLOCKS=96 beside 24)
+// 96 took the two-shot from 10.3 to 9.7 µs at 1 MiB and from 1044 to
+// 833 µs at 256 MiB, the reduce-scatter from 1.66× to 0.77× NCCL's time
+// at 256 MiB and the all-gather from 2.16× to 0.98×, and changed nothing
+// up to 512 KiB (a grid never has more blocks than 512-thread rows of
+// the message). Groups of more than 5 ranks get fewer: no more blocks than
+// channels (512 / world).
+const DefaultCollectiveBlocks = 96
 
 // AllReduceLaunch is the launch shape of the one-shot all-reduce over nwords
 // 32-bit words: blocks of at most 512 threads, at most maxBlocks of them

@@ -94,7 +94,7 @@ func TestAllReduceLaunch(t *testing.T) {
 		blocks, thread uint32
 	}{
 		{1, 1, 1, 32}, {1024, 4, 1, 256}, {2048, 4, 1, 512}, {2049, 4, 2, 512},
-		{1 << 20, 4, 24, 512}, {1 << 20, 1, 24, 512}, {100, 1, 1, 128},
+		{1 << 20, 4, 96, 512}, {1 << 20, 1, 96, 512}, {100, 1, 1, 128}, {20 * 2048, 4, 20, 512},
 	} {
 		b, th := AllReduceLaunch(c.nwords, c.v, DefaultCollectiveBlocks)
 		require.Equal(t, [2]uint32{c.blocks, c.thread}, [2]uint32{b, th}, "%d words, %d per thread", c.nwords, c.v)

@@ -93,7 +93,7 @@ func TestBlockHasRoomForTheSyncArea(t *testing.T) {
 // A group launches the smallest block cap of its ranks, whatever each asked
 // for, and never more blocks than channels.
 func TestCollectiveBlocksAgreed(t *testing.T) {
-	caps := []int{96, 0, 40}
+	caps := []int{120, 0, 200}
 	errs := runRanks(3, func(int) Provider { return NewHostProvider() }, Config{Timeout: 5 * time.Second},
 		func(rank int, m *Manager, st store.Store) error {
 			m.cfg.CollectiveBlocks = caps[rank]
