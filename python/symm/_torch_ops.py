@@ -71,7 +71,8 @@ def _reduce_scatter_tensor(tensor, group_name: str):
     symmetric scratch buffer (the one symm.all_reduce uses)."""
     import torch
 
-    from ._symmetric import _all_reduce_scratch, _current_raw_stream, _resolve_group, _tensor_at
+    from ._collectives import _all_reduce_scratch, _resolve_group
+    from ._symmetric import _current_raw_stream, _tensor_at
 
     fn = "torch.ops.symm.reduce_scatter"
     if tensor.device.type != "cuda":
@@ -105,7 +106,8 @@ def _all_gather_tensor(tensor, group_name: str):
     symmetric scratch buffer (the one symm.all_reduce uses)."""
     import torch
 
-    from ._symmetric import _all_reduce_scratch, _current_raw_stream, _resolve_group, _tensor_at
+    from ._collectives import _all_reduce_scratch, _resolve_group
+    from ._symmetric import _current_raw_stream, _tensor_at
 
     fn = "torch.ops.symm.all_gather"
     if tensor.device.type != "cuda":
@@ -176,7 +178,7 @@ def register_torch_ops() -> None:
 
 def _register_custom_ops(torch) -> None:
     """The operators that torch.library.custom_op defines from annotations."""
-    from ._symmetric import all_reduce, push_all_reduce
+    from ._collectives import all_reduce, push_all_reduce
 
     @torch.library.custom_op("symm::push_all_reduce", mutates_args=())
     def _push_all_reduce(tensor: torch.Tensor, group_name: str) -> torch.Tensor:

@@ -35,7 +35,7 @@ def main():
     results, rows = [], []
     symm.set_backend(os.environ.get("SYMM_BACKEND", "nccl"))
     probe = symm.empty(1024, dtype=torch.float32, device=dev)  # sets the backend up
-    status = symm._symmetric.backend_status(rank)
+    status = symm._backends.backend_status(rank)
     results.append(("backend is nccl", symm.get_backend() == "nccl", f"{symm.get_backend()}, {status}"))
     pool = symm._symmetric._mempools[rank]
     pg = dist.group.WORLD._get_backend(dev)
