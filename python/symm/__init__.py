@@ -94,6 +94,7 @@ from ._symmetric import (
 )
 from ._backends import backend_init, get_backend, is_nccl_available, is_nvshmem_available, nccl_adopt_comm, set_backend
 from ._collectives import (
+    NCCL_FROM_BYTES,
     all_gather,
     all_reduce,
     all_reduce_algorithm,
@@ -127,6 +128,7 @@ __all__ = [
     "symm_free",
     "two_shot_all_reduce",
     "reduce_scatter",
+    "NCCL_FROM_BYTES",
     "all_gather",
     "fused_all_gather_matmul",
     "fused_matmul_reduce_scatter",

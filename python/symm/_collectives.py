@@ -363,20 +363,60 @@ def _all_reduce_scratch(group, dev, nbytes: int) -> Handle:
     return h
 
 
+# Messages from this size up, of a tensor outside symmetric memory, go to
+# the process group's own all-reduce when it is NCCL: the two-shot would
+# first copy the tensor into the symmetric scratch buffer and the sum back
+# out, two passes over HBM that cost more than NCCL's whole call there. On
+# 2 × H200 (2026-11-26, tests/device/symm_bench.py 2, 96 blocks, µs, bf16):
+# 16 MiB 78.5 through the scratch buffer against 83.2 for NCCL, 64 MiB 319
+# against 250, 256 MiB 1246 against 887. Larger worlds keep this size
+# (not yet measured on more GPUs). A symmetric tensor needs no copy:
+# two_shot_all_reduce runs in place on it at every size.
+NCCL_FROM_BYTES = 32 << 20
+
+_ar_plans: dict = {}  # (group key, device index, bytes, dtype, algorithm) -> the algorithm all_reduce runs
+
+
+def _all_reduce_plan(tensor, group, nbytes: int, algorithm) -> str:
+    """The algorithm all_reduce runs for this group, device, size, dtype
+    and argument: all_reduce_algorithm's choice, or "nccl" for a large
+    message when nothing forces one and the group's backend is NCCL. Kept
+    per shape, so that a repeated call pays for none of the lookups."""
+    import torch.distributed as dist
+
+    key = (group if group is None or isinstance(group, str) else id(group), tensor.device.index, nbytes,
+           tensor.dtype, algorithm)
+    alg = _ar_plans.get(key)
+    if alg is not None:
+        return alg
+    pg, name = _resolve_group(group)
+    ws = _push_workspaces.get((name, tensor.device.index))
+    push_max = ws.push_max_bytes if ws is not None else _push_max_bytes_setting()
+    alg = all_reduce_algorithm(dist.get_world_size(pg), nbytes, push_max, algorithm)
+    forced = (algorithm not in (None, "auto")) or os.environ.get("SYMM_ALL_REDUCE", "auto") != "auto"
+    if alg != "push" and not forced and nbytes >= NCCL_FROM_BYTES and dist.get_backend(pg) == "nccl":
+        alg = "nccl"
+    _ar_plans[key] = alg
+    return alg
+
+
 def all_reduce(tensor, op: str = "sum", group=None, out=None, algorithm: str | None = None, timeout_ms: int = 0):
     """All-reduce of any contiguous CUDA tensor over group, with the
     algorithm libsymm chooses (:func:`all_reduce_algorithm`: the push
     all-reduce for small messages, the two-shot for large ones, from
     measured crossovers; SYMM_ALL_REDUCE or algorithm="push", "two_shot" or
-    "one_shot" forces one). Returns the sum in out (a new tensor when None;
+    "one_shot" forces one). From NCCL_FROM_BYTES (32 MiB) on, unless an
+    algorithm is forced, a group whose backend is NCCL runs its own
+    all_reduce on the tensor instead (it needs no copy into symmetric
+    memory; timeout_ms does not apply to it). Returns the sum in out (a new tensor when None;
     it may be tensor itself), in stream order on the current stream, the
     same bits on every rank. The push runs on the group's push workspace
     (:func:`push_all_reduce`); the two-shot and the one-shot copy tensor
     into the group's symmetric scratch buffer (allocated and rendezvoused on
     the first call, grown when a larger message comes: make one call of the
     largest size before capturing a CUDA graph). Every rank calls it with
-    the same shape, dtype and algorithm, in the same order. float32 and
-    bfloat16 (float16: the push only). Raises ValueError for a bad argument,
+    the same shape, dtype and algorithm, in the same order. float32,
+    bfloat16 and float16. Raises ValueError for a bad argument,
     SymmError as the algorithm's own call does."""
     import torch
     import torch.distributed as dist
@@ -393,19 +433,22 @@ def all_reduce(tensor, op: str = "sum", group=None, out=None, algorithm: str | N
         raise ValueError(f"all_reduce: out must be a contiguous {tensor.dtype} tensor of {n} elements on "
                          f"{tensor.device} (got {out.dtype}, {out.numel()}, {out.device})")
     dev = tensor.device
-    pg, name = _resolve_group(group)
     es = tensor.element_size()
-    ws = _push_workspaces.get((name, dev.index))
-    push_max = ws.push_max_bytes if ws is not None else _push_max_bytes_setting()
-    alg = all_reduce_algorithm(dist.get_world_size(pg), n * es, push_max, algorithm)
+    alg = _all_reduce_plan(tensor, group, n * es, algorithm)
     if alg == "push":
         return push_all_reduce(tensor, group=group, out=out, timeout_ms=timeout_ms)
+    pg, _ = _resolve_group(group)
+    if alg == "nccl":
+        if out.data_ptr() != tensor.data_ptr():
+            out.copy_(tensor)
+        dist.all_reduce(out, group=pg)
+        return out
     if not _TORCH_DTYPES:
         _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
     code = _TORCH_DTYPES.get(tensor.dtype)
     if code is None:
-        raise ValueError(f"all_reduce: dtype {tensor.dtype} with the {alg} all-reduce: want torch.float32 or "
-                         f"torch.bfloat16 (float16 runs on the push only, up to {push_max} bytes)")
+        raise ValueError(f"all_reduce: dtype {tensor.dtype} with the {alg} all-reduce: want torch.float32, "
+                         "torch.bfloat16 or torch.float16")
     if n == 0:
         return out
     count = n + (n * es) % 4 // es  # an odd bfloat16 count: one element more, summed and dropped
