@@ -64,7 +64,7 @@ step() {
   rc=$?
   case $rc in 0) status=PASS ;; 124 | 137) status=TIMEOUT ;; *) status="FAIL ($rc)" ;; esac
   [[ $rc != 0 ]] && FAILED=1
-  tail=$(grep -E "passed|failed|FAIL|ok$|Error|error:|ERROR SUMMARY|Traceback" "$LOGS/logs/$name.log" | tail -3 | tr '|\n' '/ ' | cut -c1-300)
+  tail=$(grep -E "passed|failed|FAIL|SKIP|ok$|Error|error:|ERROR SUMMARY|Traceback" "$LOGS/logs/$name.log" | tail -3 | tr '|\n' '/ ' | cut -c1-300)
   echo "| $name | $status | $(($(date +%s) - start)) | $tail |" | tee -a "$SUMMARY"
 }
 
@@ -73,7 +73,7 @@ if want check; then
   if [[ $N -gt 2 ]]; then step gpu_collectives_2 180 env CUDA_VISIBLE_DEVICES=0,1 build/tests/gpu_collectives 2; fi
   step symm_kernels_$N 300 python3 tests/device/symm_kernels.py "$N"
   if [[ -x build/device/symmetric.test ]]; then
-    step go_symmetric 180 build/device/symmetric.test -test.run 'GPU' -test.count=1
+    step go_symmetric 180 env SYMM_TEST_DEVICE=cuda build/device/symmetric.test -test.run 'GPU' -test.count=1 -test.v
   fi
 fi
 if want bench; then
@@ -98,7 +98,8 @@ if want sanitizer; then step sanitizer 200 bash tests/device/symm_sanitizer.sh; 
 
 # Few files come back from the device runner: the tables and summary stay
 # loose, everything else goes into one archive.
-(cd "$LOGS" && tar czf logs.tgz --exclude=logs.tgz . && find . -mindepth 1 \( -type d -o -name '*.log' \) -prune -exec rm -rf {} +)
+TGZ=$(mktemp /tmp/symm-logs.XXXXXX)
+(cd "$LOGS" && tar czf "$TGZ" . && find . -mindepth 1 \( -type d -o -name '*.log' \) -prune -exec rm -rf {} + && mv "$TGZ" logs.tgz)
 echo
 cat "$SUMMARY"
 exit $FAILED
