@@ -4,11 +4,10 @@
 # SYMM_BACKEND=<backend> python3 tests/device/symm_kernels.py <GPUs> (signals,
 # barriers, the one-shot, two-shot and push all-reduces, symm.all_reduce,
 # reduce-scatter and all-gather, CUDA graphs, timeouts naming the absent
-# rank), each backend in processes of its own. The C test
-# build/tests/gpu_collectives runs on the CUDA backend only: it never calls
-# symm_backend_init, which the NCCL and NVSHMEM backends need before their
-# first allocation, so for them it is listed as SKIP; add cuda to
-# SYMM_BACKENDS to run it (and symm_kernels.py on the CUDA backend) too.
+# rank), each backend in processes of its own; then the C test
+# build/tests/gpu_collectives on the same backend (every rank joins the
+# backend's world with symm_backend_init first). Add cuda to SYMM_BACKENDS
+# to run both on the CUDA backend too.
 #
 #   bash tests/device/symm_backends.sh                            # nccl nvshmem
 #   SYMM_BACKENDS="cuda nccl nvshmem" bash tests/device/symm_backends.sh
@@ -100,15 +99,11 @@ for b in $BACKENDS; do
   [[ $b == nvshmem ]] && extra=(NVSHMEM_SYMMETRIC_SIZE="${NVSHMEM_SYMMETRIC_SIZE:-4G}")
   run "kernels-$b" "$LIMIT" env SYMM_BACKEND="$b" OUT="$LOGS/kernels-$b" ${extra[@]+"${extra[@]}"} \
     python3 tests/device/symm_kernels.py "$N"
-  if [[ $b == cuda ]]; then
-    if [[ -x build/tests/gpu_collectives ]]; then
-      run "gpu_collectives-$b" 180 env SYMM_BACKEND="$b" build/tests/gpu_collectives "$N"
-    else
-      FAILED=$((FAILED + 1))
-      ROWS+=("$(printf '| %-26s | %-12s | %6s | %s |' "gpu_collectives-$b" "FAIL" "-" "build/tests/gpu_collectives missing: make device")")
-    fi
+  if [[ -x build/tests/gpu_collectives ]]; then
+    run "gpu_collectives-$b" 180 env SYMM_BACKEND="$b" ${extra[@]+"${extra[@]}"} build/tests/gpu_collectives "$N"
   else
-    ROWS+=("$(printf '| %-26s | %-12s | %6s | %s |' "gpu_collectives-$b" "SKIP" "-" "the C test never calls symm_backend_init")")
+    FAILED=$((FAILED + 1))
+    ROWS+=("$(printf '| %-26s | %-12s | %6s | %s |' "gpu_collectives-$b" "FAIL" "-" "build/tests/gpu_collectives missing: make device")")
   fi
 done
 

@@ -84,7 +84,7 @@ for tool in memcheck racecheck; do
   # racecheck's "RACECHECK SUMMARY: h hazards displayed (k errors, w warnings)" (or ERROR SUMMARY).
   read -r errors nsum < <(grep -oE '(ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+ error)' \
     "$log" 2>/dev/null | grep -oE '[0-9]+ error' | awk '{s += $1} END {print s + 0, NR}')
-  prog=$(grep -E "^$PROG: " "$log" | tail -1)
+  prog=$(grep -E "(^|/)$(basename "$PROG"): " "$log" | tail -1) # argv[0] may be absolute
   if [[ $rc == 0 && $nsum -ge 1 && $errors -eq 0 && $prog == *": ok" ]]; then
     status=PASS
   elif [[ $rc == 124 || $rc == 137 ]]; then
