@@ -77,9 +77,9 @@ def _reduce_scatter_tensor(tensor, group_name: str):
     fn = "torch.ops.symm.reduce_scatter"
     if tensor.device.type != "cuda":
         raise ValueError(f"{fn}: the tensor is on {tensor.device}: want a CUDA tensor")
-    names = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
     if tensor.dtype not in names:
-        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32 or torch.bfloat16")
+        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
     pg, _ = _resolve_group(group_name)
     world = pg.size()
     out = torch.empty(reduce_scatter_shape(fn, tuple(tensor.shape), world), dtype=tensor.dtype, device=tensor.device)

@@ -375,8 +375,6 @@ def collective_op_rounds(ctx):
             except Exception as e:  # noqa: BLE001
                 ctx.check(f"torch.ops.symm.all_gather {dname(dtype)} {list(shape)}{how}", False,
                           f"{type(e).__name__}: {str(e)[:300]}")
-            if dtype == torch.float16:
-                continue  # the reduce-scatter takes float32 and bfloat16
             # reduce_scatter: the rank-order float32 sum of share r, rounded once.
             n0 = shape[0] // w
             acc = alls[0, r * n0:(r + 1) * n0].float()
@@ -498,8 +496,8 @@ def bad_argument_rounds(ctx):
          lambda: torch.ops.symm.fused_all_gather_matmul(a, [b], 3, g)),
         ("torch.ops.symm.fused_matmul_reduce_scatter reduce_op", (ValueError, RuntimeError), ["reduce_op 'max'"],
          lambda: torch.ops.symm.fused_matmul_reduce_scatter(a, b, "max", 0, g)),
-        ("torch.ops.symm.reduce_scatter float16", (ValueError, RuntimeError), ["want torch.float32 or torch.bfloat16"],
-         lambda: torch.ops.symm.reduce_scatter(torch.ones(w, device=ctx.dev, dtype=torch.float16), g)),
+        ("torch.ops.symm.reduce_scatter int32", (ValueError, RuntimeError), ["dtype torch.int32"],
+         lambda: torch.ops.symm.reduce_scatter(torch.ones(w, device=ctx.dev, dtype=torch.int32), g)),
         ("torch.ops.symm.all_gather int32", (ValueError, RuntimeError), ["dtype torch.int32"],
          lambda: torch.ops.symm.all_gather(torch.ones(4, device=ctx.dev, dtype=torch.int32), g)),
     ]

@@ -28,13 +28,13 @@ def two_shot_rounds(rank, world, dev, group, check):
     symmetric tensor), out of place and from a local input; bit for bit
     against the float32 sum in rank order (so the same bits on every rank,
     checked by all_gather too) and within rounding of float64; a CUDA graph
-    of two calls replayed with new inputs."""
+    of two calls replayed 1,000 times with new inputs. float16 as well."""
     import torch
     import torch.distributed as dist
 
     import symm
 
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         es = 4 if dtype == torch.float32 else 2
         ity = torch.int32 if es == 4 else torch.int16
         bad = []
@@ -93,7 +93,7 @@ def two_shot_rounds(rank, world, dev, group, check):
             symm.two_shot_all_reduce(g_in, group=group)
             symm.two_shot_all_reduce(g_in, group=group, out=g_out)
         ok, detail = True, ""
-        for k in range(5):
+        for k in range(1000):
             g_in.fill_(float(rank + 10 * k))
             torch.cuda.synchronize()
             graph.replay()
@@ -105,7 +105,7 @@ def two_shot_rounds(rank, world, dev, group, check):
                 detail = f"replay {k}: out {g_out[:4].tolist()} in {g_in[:4].tolist()} want {want}"
     except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
         ok, detail = False, f"{type(e).__name__}: {e}"
-    check("two_shot_all_reduce x2 captured in a CUDA graph, replayed 5 times with new inputs", ok, detail)
+    check("two_shot_all_reduce x2 captured in a CUDA graph, replayed 1000 times with new inputs", ok, detail)
     dist.barrier()
 
 
@@ -116,7 +116,8 @@ def rsag_rounds(rank, world, dev, group, check):
     same bits on every rank for the same share), all_gather float32,
     bfloat16 and float16 (exact copies); per-rank shares of 4 bytes .. 1 MiB
     and odd sizes; in place, out of place, from a local input and NCCL's
-    in-place layout; a CUDA graph of both replayed with new inputs."""
+    in-place layout; a CUDA graph of both replayed 1,000 times with new
+    inputs. reduce_scatter takes float16 too."""
     import hashlib
 
     import torch
@@ -159,8 +160,6 @@ def rsag_rounds(rank, world, dev, group, check):
                 res = symm.all_gather(x, group=group, out=out, local_input=loc)
                 if not torch.equal(res.cpu().view(ity), want.view(ity)):
                     bad.append(f"all_gather {nbytes}B/rank {mode}: not an exact copy")
-                if dtype == torch.float16:
-                    continue
                 # Reduce-scatter: share rank of the rank-order float32 sum.
                 acc = torch.zeros(n, dtype=torch.float32)
                 for r in range(world):
@@ -187,13 +186,12 @@ def rsag_rounds(rank, world, dev, group, check):
                 if not bits or not close:
                     bad.append(f"reduce_scatter {nbytes}B/rank {mode}: bits {bits}, float64 {close}")
             # Every rank computes share s alike: the full sums through the all-gather agree everywhere.
-            if dtype != torch.float16:
-                x.copy_(mine)
-                shares = symm.reduce_scatter(x, group=group, out=torch.empty(n, dtype=dtype, device=dev))
-                x[rank * n:(rank + 1) * n].copy_(shares)
-                full = symm.all_gather(x, group=group, out=torch.empty(world * n, dtype=dtype, device=dev))
-                if len(set(digests(full))) != 1:
-                    bad.append(f"{nbytes}B/rank: the reduced shares differ between ranks")
+            x.copy_(mine)
+            shares = symm.reduce_scatter(x, group=group, out=torch.empty(n, dtype=dtype, device=dev))
+            x[rank * n:(rank + 1) * n].copy_(shares)
+            full = symm.all_gather(x, group=group, out=torch.empty(world * n, dtype=dtype, device=dev))
+            if len(set(digests(full))) != 1:
+                bad.append(f"{nbytes}B/rank: the reduced shares differ between ranks")
             del x
         check(f"reduce_scatter / all_gather {str(dtype)[6:]} 4 B..1 MiB per rank, in place / out / local_input / "
               f"NCCL in place: exact, in rank order, within rounding of float64, the same on every rank",
@@ -217,7 +215,7 @@ def rsag_rounds(rank, world, dev, group, check):
             symm.reduce_scatter(g_x, group=group)
             symm.all_gather(g_x, group=group, out=g_out)
         ok, detail = True, ""
-        for k in range(5):
+        for k in range(1000):
             g_x.fill_(float(rank + 10 * k))
             torch.cuda.synchronize()
             graph.replay()
@@ -229,7 +227,7 @@ def rsag_rounds(rank, world, dev, group, check):
                 detail = f"replay {k}: out {g_out[:4].tolist()} want {want}"
     except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
         ok, detail = False, f"{type(e).__name__}: {e}"
-    check("reduce_scatter + all_gather captured in a CUDA graph, replayed 5 times with new inputs", ok, detail)
+    check("reduce_scatter + all_gather captured in a CUDA graph, replayed 1000 times with new inputs", ok, detail)
     dist.barrier()
 
 
