@@ -706,7 +706,9 @@ int main(int argc, char **argv) {
     int rc = child(rank, world, rank % ndev);
     symm_store_close(st);
     if (failures) fprintf(stderr, "rank %d: %d checks failed\n", rank, failures);
-    printf("rank %d (%s backend): %d checks passed, %d failed\n", rank, BACKEND, passes, failures);
+    char used[32] = BACKEND; /* the backend the library ran on (SYMM_BACKEND may choose nccl or nvshmem) */
+    symm_get_backend(used, sizeof used);
+    printf("rank %d (%s backend): %d checks passed, %d failed\n", rank, used, passes, failures);
     return rc || failures;
   }
 #ifdef SYMM_GPU
