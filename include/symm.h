@@ -542,6 +542,20 @@ int symm_put_signal(symm_handle_t h, int dst_rank, int channel, void *stream);
 int symm_wait_signal(symm_handle_t h, int src_rank, int channel, void *stream, int timeout_ms);
 int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
 
+/* Starts h's signals over on every rank of its group, as a block handed out
+ * again by a caching allocator (PyTorch's MemPool) needs before its next
+ * use: each rank waits for the work queued on its device, the ranks agree
+ * through the group's store (no peer can still be signalling), each zeroes
+ * its own signal pad (and, when h's group owns the block's sync area, that
+ * area and its meeting counts), and the ranks agree again before any
+ * returns. Every rank of the group calls it, in the same order per group,
+ * with no signal or collective of h under way. timeout_ms bounds each wait
+ * for the peers (0: SYMM_TIMEOUT_MS). Returns SYMM_OK; SYMM_ERR_INVALID for
+ * a bad handle or a negative timeout_ms, SYMM_ERR_UNKNOWN_POINTER when the
+ * handle's block was freed, SYMM_ERR_TIMEOUT when a rank does not come,
+ * SYMM_ERR_PEER when one fails or dies (the message names it). */
+int symm_reset_signal_pad(symm_handle_t h, int timeout_ms);
+
 /* ---- kernels -----------------------------------------------------------------
  *
  * On GPUs, put_signal, wait_signal and barrier are one kernel launch each
@@ -717,7 +731,7 @@ int symm_push_all_reduce(symm_handle_t workspace, const void *in, void *out, siz
  * Python (symm.all_reduce). SYMM_ALL_REDUCE_AUTO asks libsymm to choose:
  * SYMM_ALL_REDUCE (auto, push, two_shot or one_shot) when it forces one,
  * else from the crossovers measured on H200s (symmetric/choose.go has the
- * table and the run): the push all-reduce up to 512 KiB on 2 GPUs, 256 KiB
+ * table and the run): the push all-reduce up to 1 MiB on 2 GPUs, 256 KiB
  * on 3, 128 KiB on 4 and more (more than 4: not measured, an
  * extrapolation), the two-shot above, and the two-shot too for a message
  * over push_max_bytes (the largest message the caller's push workspace

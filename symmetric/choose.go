@@ -50,9 +50,16 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 // comparing libsymm's own push and two-shot:
 //
 //	world  push wins up to  first size the two-shot wins (push / two-shot µs, bf16 and f32)
-//	2      512 KiB          1 MiB   (11.58/11.03, 11.52/10.84; 512 KiB: 7.70/9.45, 7.59/9.32)
+//	2      1 MiB            -       (see below)
 //	3      256 KiB          512 KiB (11.32/10.19, 11.19/10.01; 256 KiB: 7.39/9.63, 7.33/9.40)
 //	4      128 KiB          256 KiB (9.25/8.62; float32 a tie, 9.17/9.29; 128 KiB: 7.04/8.58, 6.97/8.82)
+//
+// World 2 was measured again on 2 × H200, 2026-11-26, commit 79deb82
+// (tests/device/symm_bench.py 2): at 1 MiB the push takes 10.60 / 10.34 µs
+// (bf16 / f32) and symm.all_reduce's two-shot, which copies the tensor into
+// its symmetric scratch buffer and the sum back out, 11.49 / 11.42 (the
+// two-shot in place on a symmetric tensor: 9.98 / 9.35), so the push runs
+// up to the workspace's default limit, 1 MiB.
 //
 // World 1 takes world 2's entry (not measured: any algorithm is a copy).
 // Worlds above 4 are NOT measured (8 GPUs were not lent): they keep 4's
@@ -60,7 +67,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 // rank storing its message into every peer's workspace, so the crossover
 // is not expected to rise). The one-shot is never chosen: at every size
 // measured it was slower than the push or the two-shot.
-var pushCrossovers = [...]uint64{1: 512 << 10, 2: 512 << 10, 3: 256 << 10, 4: 128 << 10}
+var pushCrossovers = [...]uint64{1: 1 << 20, 2: 1 << 20, 3: 256 << 10, 4: 128 << 10}
 
 // PushCrossover is the largest message, in bytes, for which ChooseAllReduce
 // chooses the push all-reduce for a group of world ranks.

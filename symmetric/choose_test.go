@@ -6,13 +6,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The measured crossovers (choose.go's table): the push up to 512 KiB on 2
+// The measured crossovers (choose.go's table): the push up to 1 MiB on 2
 // ranks, 256 KiB on 3, 128 KiB on 4 and beyond; the two-shot above.
 func TestChooseAllReduce(t *testing.T) {
 	for _, c := range []struct {
 		world int
 		limit uint64
-	}{{1, 512 << 10}, {2, 512 << 10}, {3, 256 << 10}, {4, 128 << 10}, {5, 128 << 10}, {8, 128 << 10}, {64, 128 << 10}} {
+	}{{1, 1 << 20}, {2, 1 << 20}, {3, 256 << 10}, {4, 128 << 10}, {5, 128 << 10}, {8, 128 << 10}, {64, 128 << 10}} {
 		require.Equal(t, c.limit, PushCrossover(c.world), "world %d", c.world)
 		for _, n := range []uint64{0, 4, 4 << 10, c.limit} {
 			require.Equal(t, AllReducePush, ChooseAllReduce(c.world, n), "world %d, %d bytes", c.world, n)

@@ -298,7 +298,7 @@ def all_reduce_algorithm(world_size: int, nbytes: int, push_max_bytes: int | Non
     :func:`all_reduce` runs for a message of nbytes bytes on world_size
     ranks (symm_all_reduce_algorithm, torch-free): algorithm when given and
     not "auto", else SYMM_ALL_REDUCE when it forces one, else the measured
-    crossovers (the push up to 512 KiB on 2 ranks, 256 KiB on 3, 128 KiB on
+    crossovers (the push up to 1 MiB on 2 ranks, 256 KiB on 3, 128 KiB on
     4 and more; the two-shot above), the push only up to push_max_bytes (the
     push workspace's limit; None: SYMM_PUSH_MAX_BYTES, else 1 MiB).
     Raises SymmError (INVALID: a bad SYMM_ALL_REDUCE, naming it, or a push

@@ -373,13 +373,14 @@ static void push_tests(int rank, int world, int dev, char *host) {
     }
   if (rank == 0) printf("rank 0: push all-reduce float32, bfloat16 and float16, 1 to %zu elements: checked\n", sizes[8] / 2);
   /* The choice of algorithm (symm_all_reduce_algorithm): the push up to the
-   * measured crossover (512 KiB on 2 ranks, 128 KiB on 4), the two-shot
+   * measured crossover (1 MiB on 2 ranks, 128 KiB on 4), the two-shot
    * above it and over the workspace's limit; the push, where chosen, run on
    * this workspace. */
-  const size_t crossover = world <= 2 ? 512 * KiB : world == 3 ? 256 * KiB : 128 * KiB;
+  const size_t crossover = world <= 2 ? 1 * MiB : world == 3 ? 256 * KiB : 128 * KiB;
   const size_t asked[] = {4 * KiB, 128 * KiB, 128 * KiB + 4, 256 * KiB, 512 * KiB, 1 * MiB, 4 * MiB};
   for (size_t s = 0; s < sizeof asked / sizeof asked[0]; s++) {
-    int chosen = -1, want = asked[s] <= crossover ? SYMM_ALL_REDUCE_PUSH : SYMM_ALL_REDUCE_TWO_SHOT;
+    int chosen = -1,
+        want = asked[s] <= crossover && asked[s] <= max_bytes ? SYMM_ALL_REDUCE_PUSH : SYMM_ALL_REDUCE_TWO_SHOT;
     int rc = symm_all_reduce_algorithm(world, asked[s], max_bytes, SYMM_ALL_REDUCE_AUTO, &chosen);
     CHECK(rc == SYMM_OK && chosen == want, "%d ranks, %zu bytes: algorithm %d, want %d (%d %s)", world, asked[s], chosen,
           want, rc, symm_last_error());

@@ -560,13 +560,13 @@ CHOICE_SCRIPT = textwrap.dedent(
 
 def test_all_reduce_algorithm():
     """The all-reduce's choice through the C library (symm_all_reduce_algorithm):
-    the measured crossovers (push up to 512 KiB on 2 ranks, 256 KiB on 3,
+    the measured crossovers (push up to 1 MiB on 2 ranks, 256 KiB on 3,
     128 KiB on 4 and beyond), the workspace's limit, a forced algorithm,
     and each bad argument refused by name."""
     from conftest import run_json
 
     r = run_json(CHOICE_SCRIPT, env=child_env(unset=("SYMM_ALL_REDUCE",)))
-    for world, cross in {"1": 524288, "2": 524288, "3": 262144, "4": 131072, "8": 131072}.items():
+    for world, cross in {"1": 1048576, "2": 1048576, "3": 262144, "4": 131072, "8": 131072}.items():
         for n, alg in r[world].items():
             assert alg == ("push" if int(n) <= cross else "two_shot"), (world, n, alg)
     assert r["small_ws"] == "two_shot"
