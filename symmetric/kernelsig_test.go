@@ -289,6 +289,21 @@ func BenchmarkKernelPutWait(b *testing.B) {
 	}
 }
 
+// BenchmarkKernelBarrier is the host's cost of a barrier queued as a kernel
+// (world 1: the launch path alone; GPU: SYMM_TEST_DEVICE=cuda).
+func BenchmarkKernelBarrier(b *testing.B) {
+	_, h := cudaKernelHandleB(b)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if err := h.Barrier(0, 0, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := cuda.StreamSynchronize(0, 0); err != nil {
+		b.Fatal(err)
+	}
+}
+
 func cudaKernelHandleB(b *testing.B) (*Manager, *Handle) {
 	if os.Getenv("SYMM_TEST_DEVICE") != "cuda" {
 		b.Skip("needs a GPU: SYMM_TEST_DEVICE=cuda")

@@ -2,7 +2,7 @@
 # libsymm's collectives on the GPUs of this machine, checks then tables, in
 # the steps named (default: check bench):
 #
-#   bash tests/device/collectives_gpu.sh [check] [bench] [bench23] [blocks] [nvbarrier] [fused] [compile] [backends] [sanitizer]
+#   bash tests/device/collectives_gpu.sh [check] [bench] [bench23] [blocks] [nvbarrier] [launch] [fused] [compile] [backends] [sanitizer]
 #
 #   check     build/tests/gpu_collectives on every GPU and on 2 (one-shot,
 #             two-shot, reduce-scatter, all-gather, push, float32/bfloat16/
@@ -16,6 +16,8 @@
 #             (default 96) beside the default cap, on every GPU
 #   nvbarrier symm_bench.py's barrier table on the NVSHMEM backend, beside
 #             PyTorch's NVSHMEM backend (TORCH_SYMMMEM=NVSHMEM)
+#   launch    the host's cost per call on one GPU: the Go benchmarks of the
+#             kernel launches, and symm_bench.py --bench1 beside PyTorch
 #   fused     symm_fused.py on every GPU
 #   compile   symm_compile.py on 2 GPUs
 #   backends  symm_backends.sh (the checks on NCCL and NVSHMEM)
@@ -97,6 +99,11 @@ if want nvbarrier; then
   step barrier_nvshmem_W$N 240 env SYMM_BACKEND=nvshmem TORCH_SYMMMEM=NVSHMEM NVSHMEM_SYMMETRIC_SIZE=4G \
     OUT="$LOGS/nvshmem" python3 tests/device/symm_bench.py "$N" --what barrier
   cp "$LOGS/nvshmem/symm_bench_W$N.md" "$LOGS/symm_bench_W${N}_nvshmem_barrier.md" 2>/dev/null
+fi
+if want launch; then
+  step launch_go 120 env SYMM_TEST_DEVICE=cuda CUDA_VISIBLE_DEVICES=0 build/device/symmetric.test \
+    -test.run '^$' -test.bench 'Kernel' -test.benchtime 20000x
+  step launch_python 180 env CUDA_VISIBLE_DEVICES=0 python3 tests/device/symm_bench.py --bench1
 fi
 if want fused; then step symm_fused_$N 300 python3 tests/device/symm_fused.py "$N"; fi
 if want compile; then step symm_compile_2 180 env CUDA_VISIBLE_DEVICES=0,1 python3 tests/device/symm_compile.py 2; fi
