@@ -350,15 +350,17 @@ func TestWriterLeavesAPageInItsWay(t *testing.T) {
 	require.Equal(t, "someone else's", string(b))
 }
 
-// The page shows allocated <= reserved, though the pool's statistics, read
-// shard by shard, may say otherwise for a moment.
+// The page shows allocated <= reserved for current and peak figures,
+// though the pool's statistics, read shard by shard, may say otherwise for
+// a moment; cumulative figures (allocated, freed) are shown as read.
 func TestPublishedAllocatedWithinReserved(t *testing.T) {
 	dir := t.TempDir()
 	names := []string{"allocated_bytes.all.current", "reserved_bytes.all.current", "allocated_bytes.large_pool.peak",
-		"reserved_bytes.large_pool.peak", "allocated_bytes.small_pool.current", "num_ooms"}
+		"reserved_bytes.large_pool.peak", "allocated_bytes.small_pool.current", "num_ooms",
+		"allocated_bytes.all.freed", "reserved_bytes.all.freed", "allocated_bytes.all.allocated", "reserved_bytes.all.allocated"}
 	w, err := Create(dir, Source{
 		Devices: 1, Names: names, Backend: "host",
-		Stats: func(int) ([]int64, error) { return []int64{9, 5, 12, 10, 7, 3}, nil },
+		Stats: func(int) ([]int64, error) { return []int64{9, 5, 12, 10, 7, 3, 8, 0, 24, 16}, nil },
 		Streams: func(int) ([]Stream, error) {
 			return []Stream{{Stream: 1, Allocated: 9, Reserved: 5}, {Stream: 2, Allocated: 2, Reserved: 5}}, nil
 		},
@@ -370,6 +372,8 @@ func TestPublishedAllocatedWithinReserved(t *testing.T) {
 	d := l.Pages[0].Devices[0]
 	require.Equal(t, map[string]int64{"allocated_bytes.all.current": 5, "reserved_bytes.all.current": 5,
 		"allocated_bytes.large_pool.peak": 10, "reserved_bytes.large_pool.peak": 10,
-		"allocated_bytes.small_pool.current": 7, "num_ooms": 3}, d.Stats)
+		"allocated_bytes.small_pool.current": 7, "num_ooms": 3,
+		"allocated_bytes.all.freed": 8, "reserved_bytes.all.freed": 0,
+		"allocated_bytes.all.allocated": 24, "reserved_bytes.all.allocated": 16}, d.Stats)
 	require.Equal(t, []Stream{{Stream: 1, Allocated: 5, Reserved: 5}, {Stream: 2, Allocated: 2, Reserved: 5}}, d.Streams)
 }

@@ -117,7 +117,8 @@ type Writer struct {
 	l   layout
 	src Source
 	// pairs are the indexes of statistics "allocated_bytes.X" and
-	// "reserved_bytes.X" (the same X): Update keeps allocated <= reserved.
+	// "reserved_bytes.X" (the same X, a current or peak figure): Update
+	// keeps allocated <= reserved.
 	pairs [][2]int
 	stop  chan struct{}
 	done  chan struct{}
@@ -192,7 +193,11 @@ func Create(dir string, src Source) (*Writer, error) {
 }
 
 // statPairs finds the statistics "allocated_bytes.X" and
-// "reserved_bytes.X" of the same X.
+// "reserved_bytes.X" of the same X, where X is a current or peak figure.
+// Only those obey allocated <= reserved: the cumulative ".allocated" and
+// ".freed" count every reuse of cached memory, so a pool that frees 8 MiB
+// and gives back nothing has freed 8 MiB of allocated bytes and none of
+// reserved ones.
 func statPairs(names []string) [][2]int {
 	idx := make(map[string]int, len(names))
 	for i, n := range names {
@@ -200,7 +205,8 @@ func statPairs(names []string) [][2]int {
 	}
 	var out [][2]int
 	for i, n := range names {
-		if rest, ok := strings.CutPrefix(n, "allocated_bytes."); ok {
+		rest, ok := strings.CutPrefix(n, "allocated_bytes.")
+		if ok && (strings.HasSuffix(rest, ".current") || strings.HasSuffix(rest, ".peak")) {
 			if j, ok := idx["reserved_bytes."+rest]; ok {
 				out = append(out, [2]int{i, j})
 			}

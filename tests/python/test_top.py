@@ -161,6 +161,66 @@ def test_top_json_sees_every_process(workers):
     assert not any(pubdir.iterdir()), list(pubdir.iterdir())
 
 
+# Allocates three 8 MiB blocks, frees one (the front cache parks it) and,
+# without asking for its own statistics (which would hand the parked block
+# back), says it is ready; on DIR/stats it writes memory_stats() there.
+PARKED = r"""
+import json, os, sys, time
+import symm
+d = sys.argv[1]
+held = [symm.alloc(8 << 20) for _ in range(3)]
+symm.free(held.pop())
+open(os.path.join(d, "ready"), "w").close()
+while not os.path.exists(os.path.join(d, "stats")):
+    time.sleep(0.01)
+with open(os.path.join(d, "stats.tmp"), "w") as f:
+    json.dump(symm.memory_stats(0), f)
+os.rename(os.path.join(d, "stats.tmp"), os.path.join(d, "stats.json"))
+while not os.path.exists(os.path.join(d, "stop")):
+    time.sleep(0.01)
+"""
+
+
+def test_top_counts_front_cached_blocks_as_freed(tmp_path):
+    """A block freed into the front cache is freed on the page within a
+    refresh, and the page equals the process's own memory_stats()."""
+    pubdir, ctl = tmp_path / "pages", tmp_path / "ctl"
+    pubdir.mkdir()
+    ctl.mkdir()
+    env = child_env({"SYMM_PUBLISH_DIR": str(pubdir), "SYMM_DEVICE": "host", "SYMM_POOL_FRONT_CACHE": "1"})
+    proc = subprocess.Popen([sys.executable, "-c", PARKED, str(ctl)], env=env)
+    try:
+        deadline = time.time() + 60
+        while not (ctl / "ready").exists():
+            assert time.time() < deadline and proc.poll() is None, "the worker did not start"
+            time.sleep(0.01)
+        # The page is refreshed every 250 ms: a few refreshes are allowed for
+        # a loaded machine, far less than the minute a parked block can sit.
+        deadline = time.time() + 2
+        while True:
+            st = by_pid(top_json(pubdir))[proc.pid]["devices"][0]["stats"]
+            if st["allocated_bytes.all.current"] == 16 * MiB or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert st["allocated_bytes.all.current"] == 16 * MiB, st
+        assert st["allocated_bytes.all.freed"] == 8 * MiB, st
+        assert st["active.all.current"] == 2 and st["active.all.freed"] == 1, st
+        (ctl / "stats").touch()
+        while not (ctl / "stats.json").exists():
+            assert time.time() < deadline + 60 and proc.poll() is None, "the worker did not report"
+            time.sleep(0.01)
+        own = json.loads((ctl / "stats.json").read_text())
+        assert by_pid(top_json(pubdir))[proc.pid]["devices"][0]["stats"] == own
+    finally:
+        (ctl / "stop").touch()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert proc.returncode == 0
+    assert not any(pubdir.iterdir()), "the worker removed its page at exit"
+
+
 def test_top_live_view_in_tmux(workers):
     if shutil.which("tmux") is None:
         pytest.fail("tmux is needed for the live view test (Debian package tmux)")
