@@ -128,6 +128,20 @@ def test_host_recipe_runs(path, lang, code, tmp_path):
     assert got.returncode == 0, f"{path.name}: recipe failed ({got.returncode}):\n{code}\n--- stdout\n{got.stdout}\n--- stderr\n{got.stderr}"
 
 
+def test_host_backend_is_never_a_fallback(tmp_path):
+    """The host recipes need SYMM_DEVICE=host, as the README says: without it
+    and without a driver, the Python recipe fails and names the variable."""
+    env = host_env(tmp_path)
+    del env["SYMM_DEVICE"]
+    env["SYMM_CUDA_LIB"] = str(tmp_path / "no-libcuda.so.1")  # no driver, even on a GPU machine
+    code = next(code for p, kind, lang, code, _ in ALL if p.name == "README.md" and kind == "host" and lang == "python")
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode != 0, got.stdout
+    assert "SymmError" in got.stderr and "set SYMM_DEVICE=host" in got.stderr, got.stderr
+    readme = (ROOT / "README.md").read_text()
+    assert "never in place of\na missing GPU" in readme
+
+
 def gpu_recipes():
     """The GPU recipes, for tests/device/recipes_gpu.py: (where, language, code)."""
     return [(f"{p.relative_to(ROOT)}:{line}", lang, code) for p, kind, lang, code, line in ALL if kind == "gpu"]
