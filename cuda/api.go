@@ -131,6 +131,16 @@ func StreamDestroy(dev int, stream uintptr) error {
 	return d.streamDestroy(dev, stream)
 }
 
+// Synchronize waits until all work queued on every stream of device dev's
+// primary context has completed (cuCtxSynchronize).
+func Synchronize(dev int) error {
+	d, err := loaded()
+	if err != nil {
+		return err
+	}
+	return d.ctxSync(dev)
+}
+
 // StreamSynchronize waits until all work queued on stream has completed
 // (stream 0 is the legacy default stream of device dev).
 func StreamSynchronize(dev int, stream uintptr) error {

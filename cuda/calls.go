@@ -418,6 +418,17 @@ func (d *driver) streamDestroy(dev int, stream uintptr) error {
 	return s.leave(err)
 }
 
+func (d *driver) ctxSync(dev int) error {
+	s, err := d.enter(dev)
+	if err != nil {
+		return err
+	}
+	if r := Result(C.symm_cuCtxSynchronize(d.fn[fnCtxSynchronize])); r != Success {
+		err = fmt.Errorf("cuCtxSynchronize on device %d: %w", dev, r)
+	}
+	return s.leave(err)
+}
+
 func (d *driver) streamSync(dev int, stream uintptr) error {
 	s, err := d.enter(dev)
 	if err != nil {

@@ -516,6 +516,7 @@ func TestFakeEvents(t *testing.T) {
 	require.True(t, done)
 	require.NoError(t, d.streamSync(0, s))
 	require.NoError(t, d.streamSync(0, 0))
+	require.NoError(t, d.ctxSync(0), "every stream of the device")
 
 	// A stream of device 0 cannot be used with device 1's context.
 	ev1, err := b.NewEvent(1)
