@@ -155,6 +155,7 @@ fuzz:
 	@bash tests/fuzz.sh ./allocator FuzzParseTorchAllocConf $(FUZZTIME)
 	@bash tests/fuzz.sh ./store FuzzDecodeFrame $(FUZZTIME)
 	@bash tests/fuzz.sh ./topology FuzzNormalizeBusID $(FUZZTIME)
+	@bash tests/fuzz.sh ./symmetric FuzzConfigFromEnv $(FUZZTIME)
 
 # The demo: on a machine with an NVIDIA GPU and PyTorch it trains a small
 # model on the pool; otherwise it runs on the host backend.

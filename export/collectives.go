@@ -129,3 +129,15 @@ func goAllReduceAlgorithm(world C.int, nbytes, pushMax C.size_t, algorithm C.int
 	*chosen = C.int(a)
 	return C.SYMM_OK
 }
+
+//export goAllReduceSetting
+func goAllReduceSetting(algorithm *C.int) (code C.int) {
+	const fn = "symm_all_reduce_setting"
+	defer guard(fn, &code)
+	m, err := getManager()
+	if err != nil {
+		return failSymm(fn, err)
+	}
+	*algorithm = C.int(m.Config().AllReduce)
+	return C.SYMM_OK
+}

@@ -6,6 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/libsymm/libsymm/host"
+	"github.com/libsymm/libsymm/symmetric"
 )
 
 // SYMM_HOST_FAULTS turns on fault injection in the host pool backend and the
@@ -17,6 +18,14 @@ func TestHostFaultsFromEnv(t *testing.T) {
 			m[kv[i]] = kv[i+1]
 		}
 		return func(k string) string { return m[k] }
+	}
+	// The symmetric provider, as getManager makes it.
+	newProvider := func(getenv func(string) string) (symmetric.Provider, error) {
+		cfg, err := symmetric.ConfigFromEnv(getenv)
+		if err != nil {
+			return nil, err
+		}
+		return symmetric.NewProvider(cfg)
 	}
 	b, kind, err := newBackend(env("SYMM_DEVICE", "host", "SYMM_HOST_FAULTS", "1:7"))
 	require.NoError(t, err)

@@ -26,7 +26,6 @@ import (
 	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/host"
 	"github.com/libsymm/libsymm/internal/version"
-	"github.com/libsymm/libsymm/symmetric"
 )
 
 func main() {}
@@ -218,22 +217,6 @@ func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
 	default:
 		return nil, 0, fmt.Errorf("%w: SYMM_DEVICE=%q: want \"cuda\" or \"host\"", allocator.ErrInvalid, dev)
 	}
-}
-
-// newHostProvider is the symmetric host provider (newProvider in symm.go
-// calls it for SYMM_DEVICE=host), with SYMM_HOST_FAULTS's fault
-// injection (Create, Export and Import fail at random) when it is set.
-func newHostProvider(getenv func(string) string) (symmetric.Provider, error) {
-	v := getenv(host.EnvFaults)
-	if v == "" {
-		return symmetric.NewHostProvider(), nil
-	}
-	rate, seed, err := host.ParseFaults(v)
-	if err != nil {
-		return nil, err
-	}
-	p, _, err := symmetric.NewHostProviderWithFaults(rate, seed)
-	return p, err
 }
 
 // hostFaultOps are the pool backend's operations SYMM_HOST_FAULTS fails:

@@ -11,24 +11,37 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
 	"unsafe"
 
 	"github.com/libsymm/libsymm/allocator"
-	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/store"
 	"github.com/libsymm/libsymm/symmetric"
 )
 
 // Symmetric memory: the manager is made on first use, over the provider of
-// the backend symm_set_backend chose, else SYMM_BACKEND, else SYMM_DEVICE's.
+// the backend symm_set_backend chose, else SYMM_BACKEND, else SYMM_DEVICE's
+// (symmetric.ConfigFromEnv reads every setting).
 var symmLib struct {
 	mu      sync.Mutex
 	mgr     *symmetric.Manager
 	backend string // set by symm_set_backend before the manager exists
+}
+
+// symmEnv is the environment symmetric memory reads: the C environment,
+// with symm_set_backend's choice as SYMM_BACKEND. Called under symmLib.mu.
+func symmEnv() func(string) string {
+	if chosen := symmLib.backend; chosen != "" {
+		return func(k string) string {
+			if k == "SYMM_BACKEND" {
+				return chosen
+			}
+			return getenv(k)
+		}
+	}
+	return getenv
 }
 
 func getManager() (*symmetric.Manager, error) {
@@ -37,71 +50,14 @@ func getManager() (*symmetric.Manager, error) {
 	if symmLib.mgr != nil {
 		return symmLib.mgr, nil
 	}
-	env := getenv
-	if symmLib.backend != "" {
-		env = func(k string) string {
-			if k == "SYMM_BACKEND" {
-				return symmLib.backend
-			}
-			return getenv(k)
-		}
-	}
-	prov, err := newProvider(env)
+	cfg, err := symmetric.ConfigFromEnv(symmEnv())
 	if err != nil {
 		return nil, err
 	}
-	cfg := symmetric.Config{
-		AllowOverlappingDevices: getenv("SYMM_ALLOW_OVERLAPPING_DEVICES") == "1",
-		Trace:                   getenv("SYMM_TRACE_RENDEZVOUS") == "1",
-		CrashAt:                 getenv("SYMM_FAULT_CRASH_AT"),
-		Signals:                 getenv("SYMM_SIGNALS"),
-		KernelCache:             kernels.CacheDir(getenv),
-	}
-	switch cfg.Signals {
-	case "", symmetric.SignalsAuto, symmetric.SignalsKernel, symmetric.SignalsMemop:
-	default:
-		return nil, fmt.Errorf("%w: SYMM_SIGNALS=%q: want auto, kernel or memop", symmetric.ErrInvalid, cfg.Signals)
-	}
-	switch cfg.CrashAt {
-	case "", "publish", "gathered", "sent", "mapped":
-	default:
-		return nil, fmt.Errorf("%w: SYMM_FAULT_CRASH_AT=%q: want publish, gathered, sent or mapped", symmetric.ErrInvalid, cfg.CrashAt)
-	}
-	if v := getenv("SYMM_TIMEOUT_MS"); v != "" {
-		ms, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || ms <= 0 {
-			return nil, fmt.Errorf("%w: SYMM_TIMEOUT_MS=%q: want a positive number of milliseconds", symmetric.ErrInvalid, v)
-		}
-		cfg.Timeout = time.Duration(ms) * time.Millisecond
-	} else if v := getenv("SYMM_RENDEZVOUS_TIMEOUT"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			if s, e2 := strconv.ParseFloat(v, 64); e2 == nil && s > 0 {
-				d, err = time.Duration(s*float64(time.Second)), nil
-			} else {
-				return nil, fmt.Errorf("%w: SYMM_RENDEZVOUS_TIMEOUT=%q: want seconds or a duration such as 30s", symmetric.ErrInvalid, v)
-			}
-		}
-		cfg.Timeout = d
-	}
-	if v := getenv("SYMM_PUSH_FIRST_CALL"); v != "" {
-		n, err := strconv.ParseUint(v, 0, 64)
-		if err != nil || n == 0 {
-			return nil, fmt.Errorf("%w: SYMM_PUSH_FIRST_CALL=%q: want a positive call number", symmetric.ErrInvalid, v)
-		}
-		cfg.PushFirstCall = n
-	}
-	if v := getenv("SYMM_COLLECTIVE_BLOCKS"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 16)
-		if err != nil || n == 0 || n > symmetric.SignalPadSize/4 {
-			return nil, fmt.Errorf("%w: SYMM_COLLECTIVE_BLOCKS=%q: want a number of blocks from 1 to %d", symmetric.ErrInvalid, v, symmetric.SignalPadSize/4)
-		}
-		cfg.CollectiveBlocks = int(n)
-	}
-	if v := getenv("SYMM_ALL_REDUCE"); v != "" {
-		if cfg.AllReduce, err = symmetric.ParseAlgorithm(v); err != nil {
-			return nil, fmt.Errorf("%w: SYMM_ALL_REDUCE=%q: want auto, push, two_shot or one_shot", symmetric.ErrInvalid, v)
-		}
+	cfg.HostLimits = hostLimits
+	prov, err := symmetric.NewProvider(cfg)
+	if err != nil {
+		return nil, err
 	}
 	symmLib.mgr = symmetric.NewManager(prov, cfg)
 	return symmLib.mgr, nil
@@ -178,7 +134,7 @@ func errCodeSymm(err error) C.int {
 		return C.SYMM_ERR_TIMEOUT
 	case errors.Is(err, symmetric.ErrPeerFailed), errors.Is(err, store.ErrClosed):
 		return C.SYMM_ERR_PEER
-	case errors.Is(err, symmetric.ErrNoKernels):
+	case errors.Is(err, symmetric.ErrNoKernels), errors.Is(err, symmetric.ErrNoDevice):
 		return C.SYMM_ERR_NO_DEVICE
 	case errors.Is(err, syscall.ENOMEM):
 		return C.SYMM_ERR_OUT_OF_MEMORY // mmap of a block the host cannot back
@@ -222,15 +178,11 @@ func cBytes(p unsafe.Pointer, n C.size_t, most int) []byte {
 	return unsafe.Slice((*byte)(p), int(n))
 }
 
-// checkHostDevice applies to the host provider's blocks what the host pool
-// applies to its segments: the device is one of SYMM_HOST_DEVICES and a
-// block fits in SYMM_HOST_MEMORY (the provider maps a sparse memfd, which
-// would otherwise take any device label and any size). Other providers
-// check the device with the driver.
-func checkHostDevice(m *symmetric.Manager, dev int, size uint64) error {
-	if m.ProviderName() != "host" {
-		return nil
-	}
+// hostLimits is the host backend's Config.HostLimits: a symmetric block's
+// device is one of the host pool's (SYMM_HOST_DEVICES) and it fits in one
+// (SYMM_HOST_MEMORY), as the pool's segments must (the provider maps a
+// sparse memfd, which would otherwise take any device label and any size).
+func hostLimits(dev int, size uint64) error {
 	p, err := getPool()
 	if err != nil {
 		return err
@@ -269,9 +221,6 @@ func goSymmAlloc(size C.size_t, device C.int) (ptr C.uintptr_t) {
 		}
 	}()
 	m, err := getManager()
-	if err == nil {
-		err = checkHostDevice(m, int(device), uint64(size))
-	}
 	if err != nil {
 		failSymm("symm_alloc", err)
 		return 0
@@ -417,17 +366,27 @@ func goBarrier(hid C.int64_t, channel C.int, stream C.uintptr_t, timeoutMS C.int
 	if h == nil {
 		return code
 	}
-	// Checked here too: with a world of one there is no peer to signal, and
-	// a bad channel would pass unnoticed.
-	if channel < 0 || (int(channel)+1)*h.World()*4 > symmetric.SignalPadSize {
-		return failSymm("symm_barrier", fmt.Errorf("%w: channel %d outside [0, %d) for world size %d",
-			symmetric.ErrInvalid, int(channel), symmetric.SignalPadSize/4/h.World(), h.World()))
-	}
 	if timeoutMS < 0 {
 		return failSymm("symm_barrier", fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
 	}
 	if err := h.Barrier(int(channel), uintptr(stream), ms(timeoutMS)); err != nil {
 		return failSymm("symm_barrier", err)
+	}
+	return C.SYMM_OK
+}
+
+//export goResetSignalPad
+func goResetSignalPad(hid C.int64_t, timeoutMS C.int) (code C.int) {
+	defer guard("symm_reset_signal_pad", &code)
+	h, code := liveHandle("symm_reset_signal_pad", hid)
+	if h == nil {
+		return code
+	}
+	if timeoutMS < 0 {
+		return failSymm("symm_reset_signal_pad", fmt.Errorf("%w: timeout_ms %d is negative (0: SYMM_TIMEOUT_MS)", symmetric.ErrInvalid, int(timeoutMS)))
+	}
+	if err := h.ResetSignalPad(ms(timeoutMS)); err != nil {
+		return failSymm("symm_reset_signal_pad", err)
 	}
 	return C.SYMM_OK
 }
@@ -448,65 +407,14 @@ func goKernelsReady(device C.int) (ready C.int) {
 	return 1
 }
 
-// newProvider picks the symmetric provider of the backend SYMM_DEVICE names.
-func newProvider(getenv func(string) string) (symmetric.Provider, error) {
-	dev := getenv("SYMM_DEVICE")
-	switch dev {
-	case "", "cuda", "host":
-	default:
-		return nil, fmt.Errorf("%w: SYMM_DEVICE=%q: want \"cuda\" or \"host\"", symmetric.ErrInvalid, dev)
-	}
-	backend := getenv("SYMM_BACKEND")
-	if backend == "" {
-		backend = dev
-	}
-	switch backend {
-	case "host":
-		if dev != "" && dev != "host" {
-			return nil, fmt.Errorf("%w: SYMM_BACKEND=host with SYMM_DEVICE=%s: host memory needs SYMM_DEVICE=host", symmetric.ErrInvalid, dev)
-		}
-		return newHostProvider(getenv)
-	case "", "cuda":
-		if dev == "host" {
-			return newHostProvider(getenv) // SYMM_DEVICE=host alone
-		}
-		return newCUDAProvider()
-	case "nvshmem", "nccl":
-		if dev == "host" {
-			return nil, fmt.Errorf("%w: SYMM_BACKEND=%s needs GPUs, not SYMM_DEVICE=host", symmetric.ErrInvalid, backend)
-		}
-		newP := symmetric.NewNVSHMEMProvider
-		if backend == "nccl" {
-			newP = symmetric.NewNCCLProvider
-		}
-		p, err := newP(nil)
-		if err != nil {
-			return nil, noDevice{err}
-		}
-		return p, nil
-	default:
-		return nil, fmt.Errorf("%w: SYMM_BACKEND=%q: want \"cuda\", \"nvshmem\", \"nccl\" or \"host\"", symmetric.ErrInvalid, backend)
-	}
-}
-
-func newCUDAProvider() (symmetric.Provider, error) {
-	p, err := symmetric.NewCUDAProvider()
-	if err != nil {
-		return nil, noDevice{err}
-	}
-	return p, nil
-}
-
 // ---- backend choice -----------------------------------------------------------
 
 //export goSetBackend
 func goSetBackend(name *C.char) (code C.int) {
 	defer guard("symm_set_backend", &code)
 	n := C.GoString(name)
-	switch n {
-	case "cuda", "nvshmem", "nccl", "host":
-	default:
-		return failSymm("symm_set_backend", fmt.Errorf("%w: backend %q: want \"cuda\", \"nvshmem\", \"nccl\" or \"host\"", symmetric.ErrInvalid, n))
+	if err := symmetric.CheckBackend(n); err != nil {
+		return failSymm("symm_set_backend", err)
 	}
 	symmLib.mu.Lock()
 	defer symmLib.mu.Unlock()
@@ -520,26 +428,23 @@ func goSetBackend(name *C.char) (code C.int) {
 	return C.SYMM_OK
 }
 
-// goGetBackend writes the backend's name ("cuda", "nvshmem", "host"): the
-// one in use, else the one that will be used.
+// goGetBackend writes the backend's name ("cuda", "nvshmem", "nccl",
+// "host"): the one in use, else the one that will be used.
 //
 //export goGetBackend
 func goGetBackend(buf *C.char, capacity C.size_t) (code C.int) {
 	defer guard("symm_get_backend", &code)
 	symmLib.mu.Lock()
-	name := symmLib.backend
+	var name string
+	var err error
 	if symmLib.mgr != nil {
 		name = symmLib.mgr.ProviderName()
+	} else {
+		name, err = symmetric.BackendFromEnv(symmEnv())
 	}
 	symmLib.mu.Unlock()
-	if name == "" {
-		name = getenv("SYMM_BACKEND")
-	}
-	if name == "" {
-		name = "cuda"
-		if getenv("SYMM_DEVICE") == "host" {
-			name = "host"
-		}
+	if err != nil {
+		return failSymm("symm_get_backend", err)
 	}
 	dst := cBytes(unsafe.Pointer(buf), capacity, len(name)+1)
 	dst[copy(dst[:len(dst)-1], name)] = 0
@@ -587,9 +492,6 @@ func goBackendInit(s C.int64_t, rank, world, device C.int) (code C.int) {
 		return failSymm("symm_backend_init", err)
 	}
 	e, err := stores.get(int64(s))
-	if err == nil {
-		err = checkHostDevice(m, int(device), 0)
-	}
 	if err != nil {
 		return failSymm("symm_backend_init", err)
 	}

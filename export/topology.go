@@ -62,9 +62,6 @@ func goWorldWithinDirectAccess(s C.int64_t, group *C.char, rank, world, device C
 		return failSymm("symm_world_within_direct_access", err)
 	}
 	e, err := stores.get(int64(s))
-	if err == nil {
-		err = checkHostDevice(m, int(device), 0)
-	}
 	if err != nil {
 		return failSymm("symm_world_within_direct_access", err)
 	}

@@ -168,6 +168,8 @@ SYMM_CALL(int, symm_wait_signal, (symm_handle_t h, int src_rank, int channel, vo
           SYMM_ERR_FORKED, goWaitSignal(h, src_rank, channel, (uintptr_t)stream, timeout_ms))
 SYMM_CALL(int, symm_barrier, (symm_handle_t h, int channel, void *stream, int timeout_ms), SYMM_ERR_FORKED,
           goBarrier(h, channel, (uintptr_t)stream, timeout_ms))
+SYMM_CALL(int, symm_reset_signal_pad, (symm_handle_t h, int timeout_ms), SYMM_ERR_FORKED,
+          goResetSignalPad(h, timeout_ms))
 SYMM_CALL(int, symm_kernels_ready, (int device), 0, goKernelsReady(device))
 SYMM_CALL(int, symm_one_shot_all_reduce,
           (symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out, const void *local_input,
@@ -200,6 +202,8 @@ SYMM_CALL(int, symm_push_all_reduce,
 SYMM_CHECKED(symm_all_reduce_algorithm,
              (int world_size, size_t nbytes, size_t push_max_bytes, int algorithm, int *chosen), chosen == nullptr,
              "chosen is NULL", goAllReduceAlgorithm(world_size, nbytes, push_max_bytes, algorithm, chosen))
+SYMM_CHECKED(symm_all_reduce_setting, (int *algorithm), algorithm == nullptr, "algorithm is NULL",
+             goAllReduceSetting(algorithm))
 SYMM_CALL(size_t, symm_push_all_reduce_workspace_size, (int world_size, size_t max_bytes), 0,
           goPushWorkspaceSize(world_size, max_bytes))
 

@@ -409,8 +409,10 @@ int symm_has_multicast_support(int device);
 /* symm_set_backend: SYMM_OK; SYMM_ERR_INVALID for an unknown name, NULL, or
  * another backend once one is in use. */
 int symm_set_backend(const char *name);
-/* Writes the backend's name (in use, else chosen) into buf (NUL-terminated).
- * SYMM_ERR_INVALID when buf is NULL or cap is under 8. */
+/* Writes the backend's name (in use, else chosen: symm_set_backend's, else
+ * SYMM_BACKEND, else SYMM_DEVICE's) into buf (NUL-terminated).
+ * SYMM_ERR_INVALID when buf is NULL, cap is under 8, or SYMM_DEVICE and
+ * SYMM_BACKEND choose no backend (the message names the variable). */
 int symm_get_backend(char *buf, size_t cap);
 /* 1 when NVSHMEM's host library loads and is a supported version; else 0,
  * and the last error says why. Initializes nothing. */
@@ -751,6 +753,15 @@ enum { SYMM_ALL_REDUCE_AUTO = 0, SYMM_ALL_REDUCE_PUSH = 1, SYMM_ALL_REDUCE_TWO_S
  * holds another word (the message names the variable); SYMM_ERR_NO_DEVICE
  * when the symmetric backend cannot start (as for symm_alloc). */
 int symm_all_reduce_algorithm(int world_size, size_t nbytes, size_t push_max_bytes, int algorithm, int *chosen);
+
+/* Writes into *algorithm what SYMM_ALL_REDUCE sets: SYMM_ALL_REDUCE_AUTO
+ * (unset or auto) or the algorithm it forces, so that a caller with choices
+ * of its own (Python's NCCL hand-off for large messages) reads the setting
+ * from the library instead of the environment. Returns SYMM_OK;
+ * SYMM_ERR_INVALID (nothing written) when algorithm is NULL or a symmetric
+ * setting is bad (the message names the variable); SYMM_ERR_NO_DEVICE when
+ * the symmetric backend cannot start (as for symm_alloc). */
+int symm_all_reduce_setting(int *algorithm);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -15,6 +15,7 @@ import (
 // the NCCL provider has (windows); it counts registrations and releases.
 type registrar struct {
 	Provider
+	hostLabels
 	mu         sync.Mutex
 	registered int
 }

@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/store"
 )
 
@@ -98,59 +96,10 @@ type Manager struct {
 	usage   Usage
 }
 
-// Config holds the rendezvous settings.
-type Config struct {
-	// Timeout bounds every wait of a rendezvous (SYMM_TIMEOUT_MS).
-	Timeout time.Duration
-	// CrashAt, for fault-injection tests only, kills the process at that
-	// phase of every rendezvous (see crashAt; SYMM_FAULT_CRASH_AT).
-	CrashAt string
-	// FailAt, for fault-injection tests only, makes this process's
-	// rendezvous fail at that phase: "send" (instead of sending its
-	// descriptors), "arrays" (building the pointer arrays), "register"
-	// (the provider's collective registration, NCCL windows).
-	FailAt string
-	// AllowOverlappingDevices lets two ranks use one device
-	// (SYMM_ALLOW_OVERLAPPING_DEVICES=1).
-	AllowOverlappingDevices bool
-	// Signals chooses how signals and barriers run on GPUs (SYMM_SIGNALS):
-	// "auto" or "" (kernels when NVRTC can build them, else stream memory
-	// operations), "kernel" (kernels or an error) or "memop".
-	Signals string
-	// OpenNVRTC opens NVRTC for the kernels (nil: kernels.Open(nil), which
-	// looks at SYMM_NVRTC_LIB and the loader path).
-	OpenNVRTC func() (*kernels.NVRTC, error)
-	// KernelCache is where compiled kernels are kept ("": not on disk).
-	KernelCache string
-	// Trace prints the time of each rendezvous phase to standard error
-	// (SYMM_TRACE_RENDEZVOUS=1), to see where a slow rendezvous spends it.
-	Trace bool
-	// PushFirstCall, for tests, is the number of a push workspace's first
-	// call (0: 1); near a multiple of 2^32 it exercises the wrap-around of
-	// the 32-bit flags (SYMM_PUSH_FIRST_CALL).
-	PushFirstCall uint64
-	// AllReduce forces the algorithm of AllReduceAlgorithm when not
-	// AllReduceAuto (SYMM_ALL_REDUCE=auto, push, two_shot or one_shot).
-	AllReduce Algorithm
-	// CollectiveBlocks caps the blocks of the collectives that meet their
-	// peers (SYMM_COLLECTIVE_BLOCKS; 0: kernels.DefaultCollectiveBlocks).
-	// A group uses the smallest cap of its ranks, and never more blocks than
-	// channels (SignalPadSize/4/world).
-	CollectiveBlocks int
-}
-
-// collectiveBlocks is a rank's cap: n, or the default for 0.
-func collectiveBlocks(n int) int {
-	if n <= 0 {
-		return kernels.DefaultCollectiveBlocks
-	}
-	return n
-}
-
 // NewManager returns a manager over prov.
 func NewManager(prov Provider, cfg Config) *Manager {
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 60 * time.Second
+		cfg.Timeout = DefaultTimeout
 	}
 	return &Manager{prov: prov, cfg: cfg, seq: map[string]int{}}
 }
@@ -158,8 +107,14 @@ func NewManager(prov Provider, cfg Config) *Manager {
 // Provider returns the manager's provider.
 func (m *Manager) Provider() Provider { return m.prov }
 
+// Config returns the settings the manager runs with.
+func (m *Manager) Config() Config { return m.cfg }
+
 // Alloc makes a block with a buffer of size bytes on dev.
 func (m *Manager) Alloc(dev int, size uint64) (*Block, error) {
+	if err := m.checkDevice(dev, size); err != nil {
+		return nil, err
+	}
 	if size == 0 {
 		return nil, fmt.Errorf("%w: symmetric allocation of 0 bytes", ErrInvalid)
 	}
@@ -190,6 +145,16 @@ func (m *Manager) Alloc(dev int, size uint64) (*Block, error) {
 	m.mu.Unlock()
 	m.count(1, Usage{Blocks: 1, Bytes: size})
 	return b, nil
+}
+
+// checkDevice refuses a device (and a block of size bytes on it) that a
+// provider whose devices are labels does not have (LabelDevices); a driver
+// checks the others' devices.
+func (m *Manager) checkDevice(dev int, size uint64) error {
+	if l, ok := m.prov.(LabelDevices); ok {
+		return l.CheckDevice(dev, size)
+	}
+	return nil
 }
 
 // Find returns the live block holding ptr (its start or any byte inside,
@@ -254,21 +219,22 @@ func (m *Manager) Live() int {
 func (m *Manager) zeroPad(b *Block) error {
 	// memfd memory starts zeroed; device memory from cuMemCreate is not
 	// promised to, so providers that need it implement Zero.
-	if z, ok := m.prov.(interface {
-		Zero(dev int, ptr uintptr, n uint64) error
-	}); ok {
+	if z, ok := m.prov.(Zeroer); ok {
 		return z.Zero(b.mem.Dev, b.PadPtr(), SignalPadSize+SyncAreaSize)
 	}
 	return nil
 }
 
-// ProviderName is the name of the backend blocks come from ("cuda", "nvshmem", "host").
+// ProviderName is the name of the backend blocks come from ("cuda", "nvshmem", "nccl", "host").
 func (m *Manager) ProviderName() string { return m.prov.Name() }
 
 // Bootstrap joins the provider's world when it has one (NVSHMEM: every rank
 // calls it once before allocating); for the others it only checks its
 // arguments.
 func (m *Manager) Bootstrap(st store.Store, rank, world, dev int) error {
+	if err := m.checkDevice(dev, 0); err != nil {
+		return err
+	}
 	if world < 1 || rank < 0 || rank >= world || st == nil {
 		return fmt.Errorf("%w: backend init needs 0 <= rank < world and a store (rank %d, world %d)", ErrInvalid, rank, world)
 	}

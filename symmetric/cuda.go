@@ -83,6 +83,9 @@ func (p *cudaProvider) Release(m *Mem) error {
 // Zero clears a new block's signal pad (cuMemCreate memory is not zeroed).
 func (p *cudaProvider) Zero(dev int, ptr uintptr, n uint64) error { return cuda.Memset(dev, ptr, 0, n) }
 
+// Quiesce waits for every stream of dev (Quiescer).
+func (p *cudaProvider) Quiesce(dev int) error { return cuda.Synchronize(dev) }
+
 // PutSignal: wait for the peer to have consumed the slot, then set it. Only
 // this rank writes 1 there and only the peer writes 0, so the two stream
 // operations need no atomicity between them. Signals are stream operations

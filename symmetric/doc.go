@@ -51,5 +51,19 @@
 // atomics. A handle's way is chosen on its first signal and kept
 // (signals.go).
 //
+// A handle's signals start over with ResetSignalPad (padreset.go): every
+// rank waits for its device, the ranks agree, each zeroes its own pad, and
+// the ranks agree again, so that no signal still on its way lands in a pad
+// already cleared.
+//
+// # Settings and providers
+//
+// ConfigFromEnv (config.go) reads every SYMM_* setting of symmetric memory
+// once and BackendFromEnv chooses the backend; NewProvider makes its
+// provider. What differs between providers is a capability (provider.go:
+// Peering, PeerMapper, Registrar, Bootstrapper, LabelDevices, Zeroer,
+// Quiescer, DeviceArrays; streamMarker and kernelDevice inside the
+// package), never a test of the provider's name.
+//
 // Multicast is never used: HasMulticastSupport is false.
 package symmetric

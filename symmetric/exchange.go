@@ -61,21 +61,22 @@ func openMailbox(me *meta, g Group, seq int) (mb *ipc.Mailbox, err error) {
 }
 
 // exchange sends our block's descriptor fd to every peer's mailbox while
-// taking and mapping theirs from mb.
-func (h *Handle) exchange(mb *ipc.Mailbox, metas []meta, fd int, g Group, deadline time.Time) error {
+// taking and mapping theirs from our mailbox into r.h.
+func (r *handshake) exchange(fd int) error {
+	g, metas := r.g, r.metas
 	// Send while receiving: a peer's queue may be full until it reads.
 	sent := make(chan error, 1)
 	gone := make(chan error, g.World) // peers found dead while sending
 	go func() {
 		var errs []error
 		payload := []byte(fmt.Sprint(g.Rank))
-		if err := h.m.failAt("send"); err != nil {
+		if err := r.m.failAt("send"); err != nil {
 			sent <- err
 			return
 		}
 		for j := 0; j < g.World; j++ {
 			if j != g.Rank {
-				if err := mb.SendTo(metas[j].Socket, payload, []int{fd}, time.Until(deadline)); err != nil {
+				if err := r.mb.SendTo(metas[j].Socket, payload, []int{fd}, time.Until(r.deadline)); err != nil {
 					if errors.Is(err, ipc.ErrNoMailbox) { // its process has exited
 						err = fmt.Errorf("%w: rank %d (pid %d) is gone: %w", ErrPeerFailed, j, metas[j].PID, err)
 						gone <- err
@@ -87,9 +88,9 @@ func (h *Handle) exchange(mb *ipc.Mailbox, metas []meta, fd int, g Group, deadli
 			}
 		}
 		sent <- errors.Join(errs...)
-		h.m.crashAt("sent")
+		r.m.crashAt("sent")
 	}()
-	rerr := h.receive(mb, metas, deadline, gone)
+	rerr := r.receive(gone)
 	serr := <-sent
 	if serr != nil && errors.Is(serr, ipc.ErrNoMailbox) {
 		if rerr != nil {
@@ -98,7 +99,7 @@ func (h *Handle) exchange(mb *ipc.Mailbox, metas []meta, fd int, g Group, deadli
 		// A peer whose mailbox is gone either died or failed after telling
 		// us why (its message was sent before its mailbox closed): prefer
 		// the cause to "gone".
-		if cause := h.pendingFailure(mb, metas, 100*time.Millisecond); cause != nil {
+		if cause := r.pendingFailure(100 * time.Millisecond); cause != nil {
 			return cause
 		}
 	}
@@ -107,24 +108,24 @@ func (h *Handle) exchange(mb *ipc.Mailbox, metas []meta, fd int, g Group, deadli
 
 // failureIn returns the failure a peer reported in msg (tellFailure), or nil
 // if msg is not one, or not from the process that published that rank.
-func (h *Handle) failureIn(msg ipc.Message, metas []meta) error {
+func (r *handshake) failureIn(msg ipc.Message) error {
 	if !strings.HasPrefix(string(msg.Payload), failurePrefix) {
 		return nil
 	}
 	rank, text, _ := strings.Cut(strings.TrimPrefix(string(msg.Payload), failurePrefix), ":")
-	if j, err := strconv.Atoi(rank); err == nil && j >= 0 && j < h.world && msg.PID == metas[j].PID && msg.UID == os.Getuid() {
+	if j, err := strconv.Atoi(rank); err == nil && j >= 0 && j < r.g.World && msg.PID == r.metas[j].PID && msg.UID == os.Getuid() {
 		return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, msg.PID, text)
 	}
 	return nil
 }
 
-// pendingFailure reads what is left in mb for up to wait and returns the
-// first failure a peer reported there, or nil. Descriptors in other
-// messages are closed: the rendezvous is failing anyway.
-func (h *Handle) pendingFailure(mb *ipc.Mailbox, metas []meta, wait time.Duration) error {
+// pendingFailure reads what is left in our mailbox for up to wait and
+// returns the first failure a peer reported there, or nil. Descriptors in
+// other messages are closed: the rendezvous is failing anyway.
+func (r *handshake) pendingFailure(wait time.Duration) error {
 	until := time.Now().Add(wait)
 	for time.Now().Before(until) {
-		msg, err := mb.Recv(1, time.Until(until))
+		msg, err := r.mb.Recv(1, time.Until(until))
 		if err != nil && !errors.Is(err, ipc.ErrBadMessage) {
 			return nil
 		}
@@ -132,7 +133,7 @@ func (h *Handle) pendingFailure(mb *ipc.Mailbox, metas []meta, wait time.Duratio
 			unix.Close(fd)
 		}
 		if err == nil {
-			if cause := h.failureIn(msg, metas); cause != nil {
+			if cause := r.failureIn(msg); cause != nil {
 				return cause
 			}
 		}
@@ -141,9 +142,11 @@ func (h *Handle) pendingFailure(mb *ipc.Mailbox, metas []meta, wait time.Duratio
 }
 
 // mapViews finds every peer's block through the provider (NVSHMEM's
-// nvshmem_ptr on our symmetric address): no descriptor changes hands.
-func (h *Handle) mapViews(pm PeerMapper, metas []meta) error {
-	for j, p := range metas {
+// nvshmem_ptr on our symmetric address) and puts it in r.h: no descriptor
+// changes hands.
+func (r *handshake) mapViews(pm PeerMapper) error {
+	h := r.h
+	for j, p := range r.metas {
 		if j == h.rank {
 			continue
 		}
@@ -161,24 +164,25 @@ func (h *Handle) mapViews(pm PeerMapper, metas []meta) error {
 const failurePrefix = "!"
 
 // tellFailure sends err to every peer's mailbox (best effort).
-func tellFailure(mb *ipc.Mailbox, g Group, metas []meta, err error, deadline time.Time) {
-	msg := []byte(fmt.Sprintf("%s%d:%v", failurePrefix, g.Rank, err))
+func (r *handshake) tellFailure(err error) {
+	msg := []byte(fmt.Sprintf("%s%d:%v", failurePrefix, r.g.Rank, err))
 	if len(msg) > 60<<10 {
 		msg = msg[:60<<10]
 	}
-	for j := 0; j < g.World; j++ {
-		if j != g.Rank {
-			mb.SendTo(metas[j].Socket, msg, nil, min(time.Until(deadline), time.Second))
+	for j := 0; j < r.g.World; j++ {
+		if j != r.g.Rank {
+			r.mb.SendTo(r.metas[j].Socket, msg, nil, min(time.Until(r.deadline), time.Second))
 		}
 	}
 }
 
-// receive takes one descriptor from each peer in mb and maps it, until
-// deadline. A message is taken only from the process that published rank
-// j's metadata and runs as our uid; anything else is closed and ignored.
-// Peers are mapped as their messages come, in parallel; every mapping has
-// ended when receive returns.
-func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time, gone <-chan error) error {
+// receive takes one descriptor from each peer in our mailbox and maps it
+// into r.h, until the deadline. A message is taken only from the process
+// that published rank j's metadata and runs as our uid; anything else is
+// closed and ignored. Peers are mapped as their messages come, in parallel;
+// every mapping has ended when receive returns.
+func (r *handshake) receive(gone <-chan error) error {
+	h, metas, deadline := r.h, r.metas, r.deadline
 	var wg sync.WaitGroup
 	errs := make([]error, h.world)
 	got := make([]bool, h.world)
@@ -187,13 +191,13 @@ func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time, gone
 	for missing > 0 {
 		// Wait in short slices, so that a peer found dead by the sender
 		// (its mailbox is gone) ends the wait at once.
-		msg, err := mb.Recv(1, min(time.Until(deadline), 50*time.Millisecond))
+		msg, err := r.mb.Recv(1, min(time.Until(deadline), 50*time.Millisecond))
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			var stop error // nil: wait on
 			if time.Now().Before(deadline) {
-				stop = h.peerGone(got, metas, gone)
+				stop = r.peerGone(got, gone)
 			} else {
-				stop = h.noBlockCame(got, metas, ignored, lastErr, err)
+				stop = r.noBlockCame(got, ignored, lastErr, err)
 			}
 			if stop == nil {
 				continue
@@ -206,12 +210,12 @@ func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time, gone
 			return err
 		}
 		if err == nil {
-			if cause := h.failureIn(msg, metas); cause != nil {
+			if cause := r.failureIn(msg); cause != nil {
 				wg.Wait()
 				return cause
 			}
 		}
-		j, refused := h.senderOf(msg, err, metas, got)
+		j, refused := r.senderOf(msg, err, got)
 		if refused == nil {
 			got[j] = true
 			missing--
@@ -236,15 +240,15 @@ func (h *Handle) receive(mb *ipc.Mailbox, metas []meta, deadline time.Time, gone
 // peerGone returns why a peer that has not sent its block never will: the
 // sender found its mailbox gone, or its process has exited; nil if none is
 // known gone.
-func (h *Handle) peerGone(got []bool, metas []meta, gone <-chan error) error {
+func (r *handshake) peerGone(got []bool, gone <-chan error) error {
 	select {
 	case e := <-gone:
 		return e
 	default:
 	}
 	for j := range got {
-		if !got[j] && j != h.rank && !processAlive(metas[j].PID) {
-			return fmt.Errorf("%w: rank %d (pid %d) exited before sending its block", ErrPeerFailed, j, metas[j].PID)
+		if !got[j] && j != r.g.Rank && !processAlive(r.metas[j].PID) {
+			return fmt.Errorf("%w: rank %d (pid %d) exited before sending its block", ErrPeerFailed, j, r.metas[j].PID)
 		}
 	}
 	return nil
@@ -253,11 +257,11 @@ func (h *Handle) peerGone(got []bool, metas []meta, gone <-chan error) error {
 // noBlockCame is the failure of a receive that reached its deadline (err):
 // it names the peers whose block did not come, and the last of the ignored
 // stray messages.
-func (h *Handle) noBlockCame(got []bool, metas []meta, ignored int, lastErr, err error) error {
+func (r *handshake) noBlockCame(got []bool, ignored int, lastErr, err error) error {
 	var who []string
 	for j := range got {
-		if !got[j] && j != h.rank {
-			who = append(who, fmt.Sprintf("rank %d (pid %d)", j, metas[j].PID))
+		if !got[j] && j != r.g.Rank {
+			who = append(who, fmt.Sprintf("rank %d (pid %d)", j, r.metas[j].PID))
 		}
 	}
 	more := ""
@@ -272,15 +276,15 @@ func (h *Handle) noBlockCame(got []bool, metas []meta, ignored int, lastErr, err
 // is refused: recvErr (a malformed message, whose descriptors the caller
 // closes), a payload that names no peer still expected, or a sender other
 // than the process that published that rank's metadata as our uid.
-func (h *Handle) senderOf(msg ipc.Message, recvErr error, metas []meta, got []bool) (int, error) {
+func (r *handshake) senderOf(msg ipc.Message, recvErr error, got []bool) (int, error) {
 	j, perr := strconv.Atoi(string(msg.Payload))
 	switch {
 	case recvErr != nil:
 		return j, recvErr
-	case perr != nil || j < 0 || j >= h.world || j == h.rank || got[j]:
+	case perr != nil || j < 0 || j >= r.g.World || j == r.g.Rank || got[j]:
 		return j, fmt.Errorf("message %q from pid %d is not a peer's first", msg.Payload, msg.PID)
-	case msg.PID != metas[j].PID || msg.UID != os.Getuid():
-		return j, fmt.Errorf("pid %d uid %d claimed to be rank %d (pid %d)", msg.PID, msg.UID, j, metas[j].PID)
+	case msg.PID != r.metas[j].PID || msg.UID != os.Getuid():
+		return j, fmt.Errorf("pid %d uid %d claimed to be rank %d (pid %d)", msg.PID, msg.UID, j, r.metas[j].PID)
 	}
 	return j, nil
 }

@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/libsymm/libsymm/store"
 )
 
 // Handle is one block joined with one group: the peers' blocks mapped
@@ -21,6 +23,12 @@ type Handle struct {
 	rank  int
 	world int
 	peers []*Mem // peers[j] maps rank j's block; nil for our own
+
+	// store and metas are the group's store and every rank's metadata from
+	// the rendezvous: the later steps the group takes together
+	// (ResetSignalPad) agree through them.
+	store store.Store
+	metas []meta
 
 	// arrays: world buffer pointers then world signal-pad pointers, in host
 	// memory outside Go's heap (C callers keep these pointers) and, for

@@ -95,10 +95,35 @@ type Bootstrapper interface {
 	Bootstrap(st store.Store, rank, world, dev int, timeout time.Duration) error
 }
 
+// LabelDevices is implemented by providers whose devices are labels of one
+// memory (host memory): no driver checks a device, so the manager asks
+// CheckDevice before it makes a block of size bytes on dev (size 0: before
+// it joins a backend's world there), and two ranks of a group may use the
+// same label.
+type LabelDevices interface {
+	CheckDevice(dev int, size uint64) error
+}
+
+// Zeroer is implemented by providers whose memory does not start zeroed
+// (cuMemCreate's): Zero clears n bytes at ptr on dev and returns once they
+// are clear for every stream. Memory of the other providers is host memory
+// (memfd mappings), cleared in place.
+type Zeroer interface {
+	Zero(dev int, ptr uintptr, n uint64) error
+}
+
+// Quiescer is implemented by providers whose devices run queued work:
+// Quiesce returns once every stream of dev has completed what was queued
+// on it. Work of the other providers is done when its call returns.
+type Quiescer interface {
+	Quiesce(dev int) error
+}
+
 // ErrSignalTimeout marks a wait_signal or barrier that did not complete.
 var ErrSignalTimeout = errors.New("signal wait timed out")
 
-// NewHostProvider returns the host-memory provider.
+// NewHostProvider returns the host-memory provider (NewProvider makes it
+// with its limits and fault injection from a Config).
 func NewHostProvider() Provider { return hostProvider{} }
 
 // NewHostProviderWithFaults returns the host-memory provider with fault
@@ -119,7 +144,16 @@ func NewHostProviderWithFaults(rate float64, seed uint64) (Provider, *host.Fault
 // hostProvider serves blocks from memfd mappings. Its "devices" are labels:
 // every block is host memory, visible to every process that maps it.
 type hostProvider struct {
-	faults *host.Faults // nil: no fault injection
+	faults *host.Faults                     // nil: no fault injection
+	limits func(dev int, size uint64) error // Config.HostLimits; nil: any device and size
+}
+
+// CheckDevice applies Config.HostLimits (LabelDevices).
+func (p hostProvider) CheckDevice(dev int, size uint64) error {
+	if p.limits == nil {
+		return nil
+	}
+	return p.limits(dev, size)
 }
 
 func (hostProvider) Name() string                    { return "host" }

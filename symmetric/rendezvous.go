@@ -90,8 +90,10 @@ func (m *Manager) nextSeq(group string) int {
 // in order (doc.go: the protocol): export our block in the background
 // (startExport), open our mailbox (openMailbox), publish our metadata and
 // gather every rank's (gatherMetas), check them (validate), map the peers
-// (mapPeers), agree on the outcome (complete), register with the provider
-// (register).
+// into the handle (mapPeers: exchange.go), agree on the outcome (complete),
+// register with the provider (register). A handle's later group steps (its
+// signal pad's reset) run as a handshake of their own over the same group
+// and metadata, without a mailbox.
 // From the check on, a rank that fails tells its peers through their
 // mailboxes, so that none waits for its descriptor until the timeout
 // (ranks that see different devices may judge a group differently); from
@@ -105,7 +107,8 @@ type handshake struct {
 	deadline time.Time
 	tr       *tracer
 	mb       *ipc.Mailbox
-	metas    []meta // every rank's, once gathered
+	metas    []meta  // every rank's, once gathered
+	h        *Handle // the handle being made, once the metadata is in
 }
 
 // rendezvous joins b with g. Nothing stays mapped or open after a failure.
@@ -136,16 +139,18 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 		return nil, err
 	}
 
-	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World)}
+	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World),
+		store: g.Store, metas: r.metas}
+	r.h = h
 	defer func() {
 		if err != nil { // nothing stays mapped after a failed rendezvous
 			h.release()
 		}
 	}()
-	if err = r.complete(r.mapPeers(h, pm, mapped, fd)); err != nil {
+	if err = r.complete(r.mapPeers(pm, mapped, fd)); err != nil {
 		return nil, err
 	}
-	if err = r.register(h); err != nil {
+	if err = r.register(); err != nil {
 		return nil, err
 	}
 	// The group meets through the sync area only if it is free on every
@@ -234,7 +239,7 @@ func (r *handshake) gatherMetas(me meta) error {
 	}
 	r.metas = metas
 	if err := r.m.validate(g, metas); err != nil {
-		tellFailure(r.mb, g, metas, err, r.deadline)
+		r.tellFailure(err)
 		return err
 	}
 	r.tr.mark("listen+gather metadata")
@@ -249,20 +254,22 @@ func (r *handshake) exported(exp chan exported) (int, error) {
 	exp <- e // for the deferred hand-over to the block
 	if e.err != nil {
 		err := fmt.Errorf("exporting the block: %w", e.err)
-		tellFailure(r.mb, r.g, r.metas, err, r.deadline)
+		r.tellFailure(err)
 		return 0, err
 	}
 	r.tr.mark("export")
 	return e.fd, nil
 }
 
-// mapPeers maps every peer's block into h, through the provider (mapped)
-// or by exchanging descriptors (fd: ours), then builds h's pointer arrays.
-func (r *handshake) mapPeers(h *Handle, pm PeerMapper, mapped bool, fd int) (err error) {
+// mapPeers maps every peer's block into the handle, through the provider
+// (mapped) or by exchanging descriptors (fd: ours), then builds the
+// handle's pointer arrays.
+func (r *handshake) mapPeers(pm PeerMapper, mapped bool, fd int) (err error) {
+	h := r.h
 	if mapped {
-		err = h.mapViews(pm, r.metas)
+		err = r.mapViews(pm)
 	} else {
-		err = h.exchange(r.mb, r.metas, fd, r.g, r.deadline)
+		err = r.exchange(fd)
 	}
 	r.tr.mark(fmt.Sprintf("exchange descriptors + map (of which import+map %.3fms)", float64(h.importTime.Load())/1e6))
 	r.m.crashAt("mapped")
@@ -288,10 +295,10 @@ func (r *handshake) complete(mine error) error {
 	if mine != nil {
 		status = []byte(mine.Error())
 		g.Store.Set(fmt.Sprintf("%sdone/%d", r.prefix, g.Rank), status) // best effort: the peers time out otherwise
-		tellFailure(r.mb, g, r.metas, mine, r.deadline)
+		r.tellFailure(mine)
 		return mine
 	}
-	vals, err := gatherWatching(g, r.prefix+"done/", status, r.deadline, r.metas)
+	vals, err := r.gatherWatching(r.prefix+"done/", status)
 	if err != nil {
 		var ge *store.GatherError
 		switch {
@@ -316,7 +323,8 @@ func (r *handshake) complete(mine error) error {
 // register registers b with providers that need it (Registrar: an NCCL
 // window), a collective: only after every rank has completed, so that it
 // cannot hang on a rank that failed before.
-func (r *handshake) register(h *Handle) error {
+func (r *handshake) register() error {
+	h := r.h
 	reg, ok := r.m.prov.(Registrar)
 	if !ok {
 		return nil
@@ -330,31 +338,32 @@ func (r *handshake) register(h *Handle) error {
 	}
 	// A second agreement: the registration can fail on one rank after all
 	// agreed on the completion; then every rank fails, naming it.
-	if err = r.m.agree(r.g, r.prefix+"registered/", err, r.deadline, r.metas); err != nil {
+	if err = r.agree("registered", err); err != nil {
 		return err
 	}
 	r.tr.mark("registration")
 	return nil
 }
 
-// agree all-gathers each rank's outcome of a step (nil: success) and
-// returns mine, or the first other rank's failure, so that every rank
-// succeeds or every rank fails with the same named cause.
-func (m *Manager) agree(g Group, prefix string, mine error, deadline time.Time, metas []meta) error {
+// agree all-gathers each rank's outcome of step (nil: success), under the
+// handshake's prefix, and returns mine, or the first other rank's failure,
+// so that every rank succeeds or every rank fails with the same named
+// cause.
+func (r *handshake) agree(step string, mine error) error {
 	status := []byte{}
 	if mine != nil {
 		status = []byte(mine.Error())
 	}
-	vals, err := gatherWatching(g, prefix, status, deadline, metas)
+	vals, err := r.gatherWatching(r.prefix+step+"/", status)
 	if mine != nil {
 		return mine
 	}
 	if err != nil {
-		return fmt.Errorf("agreeing on %s: %w", strings.TrimSuffix(prefix[strings.LastIndex(strings.TrimSuffix(prefix, "/"), "/")+1:], "/"), err)
+		return fmt.Errorf("agreeing on %s: %w", step, err)
 	}
 	for j, v := range vals {
 		if len(v) > 0 {
-			return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, metas[j].PID, v)
+			return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, r.metas[j].PID, v)
 		}
 	}
 	return nil
@@ -395,6 +404,8 @@ func (t *tracer) done() {
 func (m *Manager) validate(g Group, metas []meta) error {
 	me := metas[g.Rank]
 	devs := map[string]int{}
+	// Labels of one memory (host "devices") may repeat: only real devices must differ.
+	_, labels := m.prov.(LabelDevices)
 	for j, p := range metas {
 		switch {
 		case p.Host != me.Host:
@@ -408,8 +419,7 @@ func (m *Manager) validate(g Group, metas []meta) error {
 		case p.Block != me.Block:
 			return fmt.Errorf("rank %d's block is %d bytes, rank %d's is %d", j, p.Block, g.Rank, me.Block)
 		}
-		// Host "devices" are labels of one memory: only real devices must differ.
-		if m.prov.Name() != "host" && !m.cfg.AllowOverlappingDevices {
+		if !labels && !m.cfg.AllowOverlappingDevices {
 			id := p.DevID
 			if id == "" {
 				id = fmt.Sprint(p.Dev)
@@ -452,6 +462,9 @@ func HasMulticastSupport() bool { return false }
 // call it; all get the same answer (each rank judges the pairs it can see,
 // then the verdicts are gathered). The host backend always answers true.
 func (m *Manager) WorldWithinDirectAccess(dev int, g Group) (bool, error) {
+	if err := m.checkDevice(dev, 0); err != nil {
+		return false, err
+	}
 	if g.World < 1 || g.Rank < 0 || g.Rank >= g.World || g.Name == "" || g.Store == nil {
 		return false, fmt.Errorf("%w: world_within_direct_access needs 0 <= rank < world, a group name and a store (rank %d, world %d, group %q)",
 			ErrInvalid, g.Rank, g.World, g.Name)
@@ -489,18 +502,19 @@ func (m *Manager) WorldWithinDirectAccess(dev int, g Group) (bool, error) {
 	return true, nil
 }
 
-// gatherWatching is store.AllGather while watching the peers' processes
-// (one host: their pids came with the metadata): a peer that has exited
-// ends the wait at once instead of at the deadline. The gather left behind
-// ends at the deadline on its own.
-func gatherWatching(g Group, prefix string, value []byte, deadline time.Time, metas []meta) ([][]byte, error) {
+// gatherWatching is store.AllGather of value under prefix while watching
+// the peers' processes (one host: their pids came with the metadata): a
+// peer that has exited ends the wait at once instead of at the deadline.
+// The gather left behind ends at the deadline on its own.
+func (r *handshake) gatherWatching(prefix string, value []byte) ([][]byte, error) {
+	g, metas := r.g, r.metas
 	type result struct {
 		vals [][]byte
 		err  error
 	}
 	done := make(chan result, 1)
 	go func() {
-		v, err := store.AllGather(g.Store, prefix, g.Rank, g.World, value, time.Until(deadline))
+		v, err := store.AllGather(g.Store, prefix, g.Rank, g.World, value, time.Until(r.deadline))
 		done <- result{v, err}
 	}()
 	tick := time.NewTicker(50 * time.Millisecond)

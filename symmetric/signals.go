@@ -15,10 +15,12 @@ import (
 // Invariants:
 //   - a handle's signaler is chosen on its first signal and kept (Handle.sig):
 //     calls of one handle never mix the two ways on its pads;
-//   - each signaler checks the handle's failure and the call's arguments
-//     itself, as its path always did: the checks differ between the paths
-//     (a barrier of stream operations checks every slot it signals, and none
-//     in a world of one; a kernel checks its one call), and so do the errors;
+//   - a barrier's channel is checked by Barrier, on every path and in a
+//     world of one too (checkChannel, the one bound of a channel);
+//   - each signaler checks the handle's failure and the call's other
+//     arguments itself, as its path always did: the checks differ between
+//     the paths (a barrier of stream operations checks every slot it
+//     signals; a kernel checks its one call), and so do the errors;
 //   - a put or a wait queued as a kernel without a timeout makes no Go heap
 //     allocation: the signaler is an interface value stored once per
 //     handle, and its methods call the launches directly (a method value
@@ -101,13 +103,17 @@ func (h *Handle) WaitSignal(src, channel int, stream uintptr, timeout time.Durat
 }
 
 // Barrier signals every peer on channel and waits for every peer's signal.
-// A failed handle is refused before a signaler is chosen.
+// A bad channel is refused first (in a world of one too, where there is no
+// peer to signal), then a failed handle, before a signaler is chosen.
 func (h *Handle) Barrier(channel int, stream uintptr, timeout time.Duration) error {
 	release, err := h.Acquire()
 	if err != nil {
 		return err
 	}
 	defer release()
+	if err := h.checkChannel(channel); err != nil {
+		return err
+	}
 	if err := h.failed(); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
@@ -126,11 +132,20 @@ func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
 	case src < 0 || src >= h.world:
 		return 0, fmt.Errorf("%w: source rank %d outside [0, %d)", ErrInvalid, src, h.world)
 	}
-	i := channel*h.world + src
-	if channel < 0 || (i+1)*4 > SignalPadSize {
-		return 0, fmt.Errorf("%w: channel %d outside [0, %d) for world size %d", ErrInvalid, channel, SignalPadSize/4/h.world, h.world)
+	if err := h.checkChannel(channel); err != nil {
+		return 0, err
 	}
-	return h.PadPtr(dst) + uintptr(4*i), nil
+	return h.PadPtr(dst) + uintptr(4*(channel*h.world+src)), nil
+}
+
+// checkChannel refuses a channel whose slots (channel × world + src, for
+// every rank src) do not all fit in the signal pad: the channels of a world
+// are [0, SignalPadSize/4/world).
+func (h *Handle) checkChannel(channel int) error {
+	if n := SignalPadSize / 4 / h.world; channel < 0 || channel >= n {
+		return fmt.Errorf("%w: channel %d outside [0, %d) for world size %d", ErrInvalid, channel, n, h.world)
+	}
+	return nil
 }
 
 // memopSignals runs a handle's signals as the provider's stream memory
@@ -182,11 +197,12 @@ func (s memopSignals) barrier(channel int, stream uintptr, timeout time.Duration
 	})
 }
 
-// hostBound turns "no timeout" into the manager's timeout on the host
-// backend: there a signal is waited for by the calling thread, not queued on
-// a stream, so waiting for ever would hang the caller.
+// hostBound turns "no timeout" into the manager's timeout for providers
+// whose signals are not stream operations (not a streamMarker: the host
+// backend's atomics): there a signal is waited for by the calling thread,
+// not queued on a stream, so waiting for ever would hang the caller.
 func (h *Handle) hostBound(timeout time.Duration) time.Duration {
-	if timeout <= 0 && h.m.prov.Name() == "host" {
+	if _, queued := h.m.prov.(streamMarker); timeout <= 0 && !queued {
 		return h.m.cfg.Timeout
 	}
 	return timeout

@@ -173,8 +173,18 @@ func TestRendezvousBadGroup(t *testing.T) {
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
 
+// hostLabels gives a test wrapper of the host provider the host's
+// capability of device labels (LabelDevices), which an embedded Provider
+// interface does not carry: its ranks may share device 0.
+type hostLabels struct{}
+
+func (hostLabels) CheckDevice(int, uint64) error { return nil }
+
 // failingImport is a host provider whose Import fails.
-type failingImport struct{ Provider }
+type failingImport struct {
+	Provider
+	hostLabels
+}
 
 func (failingImport) Import(int, int, uint64) (*Mem, error) {
 	return nil, fmt.Errorf("injected import failure")
@@ -187,7 +197,7 @@ func TestRendezvousFailureReachesEveryRank(t *testing.T) {
 	took := make([]time.Duration, world)
 	errs := runRanks(world, func(r int) Provider {
 		if r == 2 {
-			return failingImport{NewHostProvider()}
+			return failingImport{Provider: NewHostProvider()}
 		}
 		return NewHostProvider()
 	}, Config{Timeout: 10 * time.Second}, func(r int, m *Manager, st store.Store) error {

@@ -997,6 +997,20 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   NOOP(SYMM_OK, symm_put_signal(h, 0, 511, NULL));
   NOOP(SYMM_OK, symm_wait_signal(h, 0, 511, NULL, 1000));
   NOOP(SYMM_OK, symm_barrier(h, 0, NULL, 1000));
+  /* symm_reset_signal_pad: a pad left dirty comes back zero (a world of
+   * one agrees with itself), and signals go round again. */
+  BAD(SYMM_ERR_INVALID, "timeout_ms -1 is negative", symm_reset_signal_pad(h, -1));
+  BAD(SYMM_ERR_INVALID, "is not a live symmetric-memory handle", symm_reset_signal_pad(h + 1000, 0));
+  BAD(SYMM_ERR_INVALID, "0 is not a live symmetric-memory handle", symm_reset_signal_pad(0, 0));
+  NOOP(SYMM_OK, symm_put_signal(h, 0, 9, NULL));
+  CHECK(pad[9] == 1, "the put left its slot set: %u", pad[9]);
+  NOOP(SYMM_OK, symm_reset_signal_pad(h, 0));
+  zero = 1;
+  for (size_t i = 0; i < info.signal_pad_size / 4; i++) zero &= pad[i] == 0;
+  CHECK(zero, "every slot 0 after the reset");
+  NOOP(SYMM_OK, symm_reset_signal_pad(h, 1000));
+  NOOP(SYMM_OK, symm_put_signal(h, 0, 9, NULL));
+  NOOP(SYMM_OK, symm_wait_signal(h, 0, 9, NULL, 1000));
   /* The all-reduce: every bad argument refused by name, then a world of one
    * sums to its own input. */
   float in[64], out[64];
@@ -1142,6 +1156,10 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   /* The all-reduce's choice: refused by name, nothing written; then the
    * measured crossovers and a forced algorithm. */
   int chosen = -1;
+  BAD(SYMM_ERR_INVALID, "algorithm is NULL", symm_all_reduce_setting(NULL));
+  NOOP(SYMM_OK, symm_all_reduce_setting(&chosen));
+  CHECK(chosen == SYMM_ALL_REDUCE_AUTO, "SYMM_ALL_REDUCE unset: auto (got %d)", chosen);
+  chosen = -1;
   BAD(SYMM_ERR_INVALID, "chosen is NULL", symm_all_reduce_algorithm(4, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, NULL));
   BAD(SYMM_ERR_INVALID, "all-reduce over 0 ranks", symm_all_reduce_algorithm(0, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
   BAD(SYMM_ERR_INVALID, "all-reduce algorithm 4", symm_all_reduce_algorithm(2, 4096, 1 << 20, 4, &chosen));
@@ -1167,6 +1185,7 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   BAD(SYMM_ERR_INVALID, word, symm_put_signal(h, 0, 0, NULL));
   BAD(SYMM_ERR_INVALID, word, symm_wait_signal(h, 0, 0, NULL, 10));
   BAD(SYMM_ERR_INVALID, word, symm_barrier(h, 0, NULL, 10));
+  BAD(SYMM_ERR_INVALID, word, symm_reset_signal_pad(h, 0));
   BAD(SYMM_ERR_INVALID, word, symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
   symm_handle_t hout = 777;
   BAD(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_rendezvous(p, st_main, "solo", 0, 1, &hout));
@@ -1233,6 +1252,8 @@ static int child_main(const char *name) {
   } else if (!strcmp(name, "bad-backend")) { /* SYMM_BACKEND=quantum: the pool still works */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_BACKEND=\"quantum\"", symm_alloc(4096, 0, NULL));
     CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_BACKEND", symm_nccl_adopt_comm(NULL, 0));
+    char name[16];
+    CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_BACKEND=\"quantum\"", symm_get_backend(name, sizeof name));
     void *p = symm_pool_alloc(16, 0, NULL);
     CHECK(p != NULL, "the pool does not depend on SYMM_BACKEND");
     symm_pool_free(p, 16, 0, NULL);
@@ -1247,6 +1268,7 @@ static int child_main(const char *name) {
     CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_ALL_REDUCE=\"fastest\": want auto, push, two_shot or one_shot",
          symm_all_reduce_algorithm(2, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_ALL_REDUCE", symm_alloc(4096, 0, NULL));
+    CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_ALL_REDUCE=\"fastest\"", symm_all_reduce_setting(&chosen));
     CHECK(chosen == -1, "a refused choice writes nothing");
     void *p = symm_pool_alloc(16, 0, NULL);
     CHECK(p != NULL, "the pool does not depend on SYMM_ALL_REDUCE");
@@ -1265,6 +1287,8 @@ static int child_main(const char *name) {
     CHECK(chosen == SYMM_ALL_REDUCE_ONE_SHOT, "SYMM_ALL_REDUCE=one_shot, 64 MiB: the one-shot (got %d)", chosen);
     CALL(F_NOSTATE, SYMM_OK, SYMM_OK, NULL, symm_all_reduce_algorithm(4, 4096, 1 << 20, SYMM_ALL_REDUCE_PUSH, &chosen));
     CHECK(chosen == SYMM_ALL_REDUCE_PUSH, "the caller's choice wins over SYMM_ALL_REDUCE (got %d)", chosen);
+    CALL(F_NOSTATE, SYMM_OK, SYMM_OK, NULL, symm_all_reduce_setting(&chosen));
+    CHECK(chosen == SYMM_ALL_REDUCE_ONE_SHOT, "the setting: the one-shot (got %d)", chosen);
   } else if (!strcmp(name, "bad-timeout")) { /* SYMM_TIMEOUT_MS=-5 */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_TIMEOUT_MS", symm_alloc(4096, 0, NULL));
   } else if (!strcmp(name, "nvshmem-on-host")) { /* SYMM_BACKEND=nvshmem with SYMM_DEVICE=host */
@@ -1364,8 +1388,8 @@ static void check_coverage(void) {
       "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_store_server", "symm_store_connect",
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
-      "symm_wait_signal", "symm_barrier", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
-      "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm",
+      "symm_wait_signal", "symm_barrier", "symm_reset_signal_pad", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
+      "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm", "symm_all_reduce_setting",
       "symm_push_all_reduce", "symm_pool_segment_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment"};

@@ -1,0 +1,95 @@
+package symmetric
+
+import (
+	"fmt"
+	"time"
+	"unsafe"
+)
+
+// Resetting a handle's signal pad. A block that a caching allocator
+// (PyTorch's MemPool) hands out again keeps its handles, and its pad keeps
+// what the last user left there: a slot set by a put that nobody waited
+// for lets the next wait on it pass early, a slot left at 1 makes the next
+// put wait for ever. ResetSignalPad starts the handle's signals over on
+// every rank of its group at once:
+//
+//  1. each rank waits for the work queued on its device (Quiescer): none of
+//     its signals to a peer is still on the way;
+//  2. the ranks agree ("quiet"): from here no peer can be signalling into
+//     any pad of the group;
+//  3. each rank zeroes its own signal pad and, when the group meets through
+//     the block's sync area (Handle.epochSync), that area and its own epoch
+//     counts, so that the group's next meeting is its first on every rank
+//     (zeroing one without the other would let a meeting pass early);
+//  4. the ranks agree ("zeroed"): no rank signals into a pad that is not
+//     clean yet.
+//
+// A rank that fails a step, or does not come by the timeout, fails every
+// rank, which names it (handshake.agree). Every rank of the group calls it,
+// in the same order per group (the keys are numbered per group, as
+// rendezvous' are), with no call of the handle's signals or collectives
+// under way.
+
+// ResetSignalPad zeroes this rank's signal pad of h's block, once no peer
+// can still be signalling into it, and returns once every rank of h's
+// group has done the same (the steps above). timeout bounds each wait for
+// the peers (0: the manager's, SYMM_TIMEOUT_MS).
+func (h *Handle) ResetSignalPad(timeout time.Duration) error {
+	release, err := h.Acquire()
+	if err != nil {
+		return err
+	}
+	defer release()
+	if timeout <= 0 {
+		timeout = h.m.cfg.Timeout
+	}
+	g := Group{Name: h.group, Rank: h.rank, World: h.world, Store: h.store}
+	r := &handshake{m: h.m, b: h.b, g: g, deadline: time.Now().Add(timeout), tr: newTracer(false, g),
+		metas: h.metas, h: h, prefix: fmt.Sprintf("symm/%s/reset%d/", h.group, h.m.nextSeq(h.group+"/reset"))}
+	if err = r.agree("quiet", h.quiesce()); err == nil {
+		err = r.agree("zeroed", h.zeroSignals())
+	}
+	if err != nil {
+		return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
+	}
+	return nil
+}
+
+// quiesce waits for the work queued on the handle's device.
+func (h *Handle) quiesce() error {
+	if q, ok := h.m.prov.(Quiescer); ok {
+		if err := q.Quiesce(h.b.Dev()); err != nil {
+			return fmt.Errorf("waiting for device %d: %w", h.b.Dev(), err)
+		}
+	}
+	return nil
+}
+
+// zeroSignals zeroes this rank's signal pad, and the block's sync area with
+// the handle's epoch counts when the group meets there.
+func (h *Handle) zeroSignals() error {
+	n := uint64(SignalPadSize)
+	if h.epochSync {
+		n += SyncAreaSize // it follows the pad
+	}
+	if err := h.zero(h.b.PadPtr(), n, true); err != nil {
+		return fmt.Errorf("zeroing the signal pad: %w", err)
+	}
+	if h.epochSync {
+		if err := h.zero(h.epochsArg(), 8*epochWords, h.freeDev != nil); err != nil {
+			return fmt.Errorf("zeroing the epoch counts: %w", err)
+		}
+	}
+	return nil
+}
+
+// zero clears n bytes at ptr: through the provider (Zeroer) when ptr is
+// memory it made (made: a block, or the device arrays of DeviceArrays),
+// else in place (host memory: memfd blocks, host arrays).
+func (h *Handle) zero(ptr uintptr, n uint64, made bool) error {
+	if z, ok := h.m.prov.(Zeroer); ok && made {
+		return z.Zero(h.b.Dev(), ptr, n)
+	}
+	clear(unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&ptr))), n))
+	return nil
+}

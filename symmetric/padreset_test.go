@@ -1,0 +1,147 @@
+package symmetric
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/store"
+)
+
+// bytesAt views n bytes of a live mapping at addr.
+func bytesAt(addr uintptr, n int) []byte {
+	return unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&addr))), n)
+}
+
+func allZero(b []byte) bool {
+	for _, v := range b {
+		if v != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// A pad left dirty by its last user (a put nobody took, stale meetings in
+// the sync area and the epoch counts) is zero on every rank once
+// ResetSignalPad returns anywhere, and the group's signals work again.
+func TestResetSignalPadZeroesEveryRank(t *testing.T) {
+	const world = 3
+	ranks(t, world, func(r int, m *Manager, st store.Store) error {
+		b, err := m.Alloc(0, 4096)
+		if err != nil {
+			return err
+		}
+		defer m.Free(b.Ptr())
+		h, err := m.Rendezvous(b.Ptr(), Group{Name: "reset", Rank: r, World: world, Store: st})
+		if err != nil {
+			return err
+		}
+		if !h.epochSync {
+			return fmt.Errorf("the block's first group owns its sync area")
+		}
+		if err := h.PutSignal((r+1)%world, 3, 0, time.Second); err != nil { // nobody takes it
+			return err
+		}
+		pad, sync := bytesAt(b.PadPtr(), SignalPadSize), bytesAt(b.PadPtr()+SignalPadSize, SyncAreaSize)
+		epochs := bytesAt(h.epochsArg(), 8*epochWords)
+		for i := range sync {
+			sync[i] = 7
+		}
+		epochs[0] = 5
+		if err := h.ResetSignalPad(0); err != nil {
+			return err
+		}
+		if !allZero(pad) || !allZero(sync) || !allZero(epochs) {
+			return fmt.Errorf("rank %d: not zero after the reset: pad %v, sync area %v, epoch counts %v",
+				r, allZero(pad), allZero(sync), allZero(epochs))
+		}
+		// Nobody signals before everyone has looked.
+		if _, err := store.AllGather(st, "looked/", r, world, []byte{1}, 5*time.Second); err != nil {
+			return err
+		}
+		return h.Barrier(3, 0, 5*time.Second)
+	})
+}
+
+// A rank that does not come makes the others fail at the timeout, naming
+// it; one that fails makes every rank fail at once, with its cause.
+func TestResetSignalPadFailures(t *testing.T) {
+	t.Run("absent", func(t *testing.T) {
+		errs := runRanks(2, func(int) Provider { return NewHostProvider() }, Config{Timeout: 5 * time.Second},
+			func(r int, m *Manager, st store.Store) error {
+				b, err := m.Alloc(0, 4096)
+				if err != nil {
+					return err
+				}
+				defer m.Free(b.Ptr())
+				h, err := m.Rendezvous(b.Ptr(), Group{Name: "absent", Rank: r, World: 2, Store: st})
+				if err != nil || r == 1 {
+					return err
+				}
+				start := time.Now()
+				err = h.ResetSignalPad(200 * time.Millisecond)
+				if took := time.Since(start); took > 2*time.Second {
+					return fmt.Errorf("waited %v, not the call's timeout", took)
+				}
+				return err
+			})
+		require.NoError(t, errs[1])
+		require.ErrorIs(t, errs[0], store.ErrTimeout)
+		require.ErrorContains(t, errs[0], "rank 1")
+		require.ErrorContains(t, errs[0], `resetting the signal pad of group "absent" (rank 0 of 2)`)
+	})
+	t.Run("failing", func(t *testing.T) {
+		errs := runRanks(3, func(r int) Provider {
+			if r == 1 {
+				return quiesceFails{Provider: NewHostProvider()}
+			}
+			return NewHostProvider()
+		}, Config{Timeout: 10 * time.Second}, func(r int, m *Manager, st store.Store) error {
+			b, err := m.Alloc(0, 4096)
+			if err != nil {
+				return err
+			}
+			defer m.Free(b.Ptr())
+			h, err := m.Rendezvous(b.Ptr(), Group{Name: "failing", Rank: r, World: 3, Store: st})
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			err = h.ResetSignalPad(0)
+			if took := time.Since(start); took > 5*time.Second {
+				return fmt.Errorf("waited %v for a failure", took)
+			}
+			return err
+		})
+		for r, err := range errs {
+			require.ErrorContains(t, err, "device stuck", "rank %d", r)
+			if r != 1 {
+				require.ErrorIs(t, err, ErrPeerFailed, "rank %d", r)
+				require.ErrorContains(t, err, "rank 1 (pid", "rank %d names it", r)
+			}
+		}
+	})
+	t.Run("freed", func(t *testing.T) {
+		m := NewManager(NewHostProvider(), Config{})
+		b, err := m.Alloc(0, 4096)
+		require.NoError(t, err)
+		h, err := m.Rendezvous(b.Ptr(), Group{Name: "solo", Rank: 0, World: 1, Store: store.NewMemory()})
+		require.NoError(t, err)
+		require.NoError(t, h.ResetSignalPad(time.Second), "a world of one agrees with itself")
+		require.NoError(t, m.Free(b.Ptr()))
+		require.ErrorIs(t, h.ResetSignalPad(time.Second), ErrUnknownPointer)
+	})
+}
+
+// quiesceFails is a host provider whose device cannot be waited for.
+type quiesceFails struct {
+	Provider
+	hostLabels
+}
+
+func (quiesceFails) Quiesce(int) error { return errors.New("device stuck") }
