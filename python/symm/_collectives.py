@@ -292,6 +292,15 @@ def _push_max_bytes_setting() -> int:
     return (n + 7) // 8 * 8
 
 
+def _all_reduce_setting() -> str:
+    """What the library's SYMM_ALL_REDUCE sets: "auto" or the algorithm it
+    forces (symm_all_reduce_setting). Raises SymmError (INVALID) naming a bad
+    setting."""
+    got = ctypes.c_int(-1)
+    _fast_rc(load().symm_all_reduce_setting, ctypes.byref(got))
+    return ALL_REDUCE_ALGORITHMS[got.value]
+
+
 def all_reduce_algorithm(world_size: int, nbytes: int, push_max_bytes: int | None = None,
                          algorithm: str | None = None) -> str:
     """The algorithm ("push", "two_shot" or "one_shot") that
@@ -393,7 +402,7 @@ def _all_reduce_plan(tensor, group, nbytes: int, algorithm) -> str:
     ws = _push_workspaces.get((name, tensor.device.index))
     push_max = ws.push_max_bytes if ws is not None else _push_max_bytes_setting()
     alg = all_reduce_algorithm(dist.get_world_size(pg), nbytes, push_max, algorithm)
-    forced = (algorithm not in (None, "auto")) or os.environ.get("SYMM_ALL_REDUCE", "auto") != "auto"
+    forced = (algorithm not in (None, "auto")) or _all_reduce_setting() != "auto"
     if alg != "push" and not forced and nbytes >= NCCL_FROM_BYTES and dist.get_backend(pg) == "nccl":
         alg = "nccl"
     _ar_plans[key] = alg

@@ -138,6 +138,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_put_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p], _c_int),
     "symm_wait_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p, _c_int], _c_int),
     "symm_barrier": ([ctypes.c_int64, _c_int, _c_void_p, _c_int], _c_int),
+    "symm_reset_signal_pad": ([ctypes.c_int64, _c_int], _c_int),
     "symm_kernels_ready": ([_c_int], _c_int),
     "symm_one_shot_all_reduce": ([ctypes.c_int64, _c_size_t, _c_size_t, _c_int, _c_int, _c_void_p, _c_void_p,
                                   _c_void_p, _c_int], _c_int),
@@ -148,6 +149,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_all_gather": ([ctypes.c_int64, _c_size_t, _c_size_t, _c_int, _c_void_p, _c_void_p, _c_void_p, _c_int], _c_int),
     "symm_push_all_reduce_workspace_size": ([_c_int, _c_size_t], _c_size_t),
     "symm_all_reduce_algorithm": ([_c_int, _c_size_t, _c_size_t, _c_int, ctypes.POINTER(_c_int)], _c_int),
+    "symm_all_reduce_setting": ([ctypes.POINTER(_c_int)], _c_int),
     "symm_push_all_reduce": ([ctypes.c_int64, _c_void_p, _c_void_p, _c_size_t, _c_int, _c_int, _c_void_p, _c_int],
                              _c_int),
 }

@@ -33,7 +33,7 @@ class Store:
         lib = load()
         out = ctypes.c_int64()
         bound = ctypes.create_string_buffer(256)
-        tok = (token if token is not None else os.environ.get("SYMM_STORE_TOKEN", "")).encode()
+        tok = (token or "").encode()  # "": the library's SYMM_STORE_TOKEN
         _call_rc(lib.symm_store_server, addr.encode(), tok, ctypes.byref(out), bound, len(bound))
         return cls(out.value, bound.value.decode())
 
@@ -41,7 +41,7 @@ class Store:
     def connect(cls, addr: str, token: str | None = None, timeout_ms: int = 60000) -> "Store":
         lib = load()
         out = ctypes.c_int64()
-        tok = (token if token is not None else os.environ.get("SYMM_STORE_TOKEN", "")).encode()
+        tok = (token or "").encode()  # "": the library's SYMM_STORE_TOKEN
         _call_rc(lib.symm_store_connect, addr.encode(), tok, int(timeout_ms), ctypes.byref(out))
         return cls(out.value, addr)
 
@@ -155,6 +155,17 @@ class Handle:
 
     def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
         _fast_rc(load().symm_wait_signal, self._h, int(src_rank), int(channel), self._stream(stream), int(timeout_ms))
+
+    def reset_signal_pad(self, timeout_ms: int = 0) -> None:
+        """Zeroes this rank's signal pad once no peer can still be signalling
+        into it, and returns once every rank of the group has done the same
+        (symm_reset_signal_pad: each rank waits for its device's queued work,
+        the ranks agree through the group's store, zero, and agree again).
+        Every rank calls it, in the same order per group, with no signal of
+        the handle under way. timeout_ms bounds each wait for the peers (0:
+        the library's, SYMM_TIMEOUT_MS); a rank that does not come raises
+        SymmError(TIMEOUT), one that fails SymmError(PEER), naming it."""
+        _call_rc(load().symm_reset_signal_pad, self._h, int(timeout_ms))
 
     # ---- tensors (torch) ----
 
@@ -502,35 +513,9 @@ def _group_store(group) -> Store:
 # rendezvoused there. A MemPool hands a freed block out again without telling
 # libsymm; when that tensor is gone, the next rendezvous of the block zeroes
 # its signal pad on every rank first (pad hygiene: a dirty pad would make the
-# next barrier wait for ever).
+# next barrier wait for ever): Handle.reset_signal_pad, which waits for the
+# device's work and agrees with every rank before and after the zeroing.
 _block_owner: dict = {}  # block start -> {id(tensor): weakref.finalize}
-_reset_seq: dict = {}
-
-
-def _reset_pads(h: Handle, group, name: str) -> None:
-    """Zeroes this rank's signal pad of h's block once no work is left on
-    the device, then waits until every rank of the group has done the same."""
-    import time
-
-    import torch
-    import torch.distributed as dist
-
-    torch.cuda.synchronize(h.device)
-    _tensor_at(h.signal_pad_ptrs[h.rank], (h.signal_pad_size,), torch.uint8, h.device).zero_()
-    torch.cuda.synchronize(h.device)
-    seq = _reset_seq[name] = _reset_seq.get(name, 0) + 1
-    store = dist.distributed_c10d._get_default_store()
-    # Ranks map the block at different addresses: the key is the group's
-    # count of resets, which every rank advances in the same order.
-    key = f"symm_pad_reset/{name}/{seq}"
-    deadline = time.monotonic() + int(os.environ.get("SYMM_TIMEOUT_MS", "60000")) / 1000
-    n = store.add(key, 1)
-    while n < h.world_size:
-        if time.monotonic() > deadline:
-            raise SymmError(ErrorCode.TIMEOUT, f"rendezvous: {h.world_size - n} rank(s) of group {name} did not "
-                            "reset the recycled block's signal pad in time")
-        time.sleep(50e-6)
-        n = store.add(key, 0)
 
 
 def rendezvous(tensor, group=None):
@@ -556,7 +541,7 @@ def rendezvous(tensor, group=None):
         # Every tensor rendezvoused on this block is gone: the block was
         # handed out again (or the program let go of it): start clean.
         owners.clear()
-        _reset_pads(h, group, name)
+        h.reset_signal_pad()
     for k in [k for k, f in owners.items() if not f.alive]:
         del owners[k]  # some other tensor of the block still lives
     if id(tensor) not in owners:
