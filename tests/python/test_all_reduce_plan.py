@@ -34,6 +34,7 @@ MiB = 1 << 20
 gloo = PG("g", "gloo")
 print("4KiB", c._all_reduce_plan(T("bf16"), None, 4096, None))
 print("1MiB", c._all_reduce_plan(T("bf16"), None, MiB, None))
+print("2MiB", c._all_reduce_plan(T("bf16"), None, 2 * MiB, None))
 print("64MiB", c._all_reduce_plan(T("bf16"), None, 64 * MiB, None))
 print("64MiB gloo", c._all_reduce_plan(T("bf16"), gloo, 64 * MiB, None))
 print("64MiB forced", c._all_reduce_plan(T("bf16"), None, 64 * MiB, "two_shot"))
@@ -57,7 +58,7 @@ def run(env_extra=None):
 
 def test_the_choice_by_size_backend_and_argument():
     got = run()
-    assert got == {"4KiB": "push", "1MiB": "two_shot", "64MiB": "nccl", "64MiB gloo": "two_shot",
+    assert got == {"4KiB": "push", "1MiB": "push", "2MiB": "two_shot", "64MiB": "nccl", "64MiB gloo": "two_shot",
                    "64MiB forced": "two_shot", "at the threshold": "nccl", "below it": "two_shot",
                    "asked again": "0"}, got
 
