@@ -14,6 +14,7 @@ latency. Rank 0 prints PASS/FAIL lines and a table; $OUT/symm_gpu.md gets it.
 
 import os
 import sys
+import statistics
 import time
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -112,6 +113,19 @@ def main():
     dist.destroy_process_group()
 
 
+def timed_max(fn):
+    """fn's wall time on the slowest rank, every rank starting after a
+    barrier: what a collective call costs the job."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=torch.cuda.current_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def timed(fn, reps=1):
     torch.cuda.synchronize()
     dist.barrier()
@@ -201,30 +215,37 @@ def bench(rank, world, dev, group):
         bench_rows.append((f"barrier, {world} GPUs (µs, host-timed, 200 back to back)", t if SIDES == "ours" else nan,
                            t if SIDES == "theirs" else nan))
         return
+    # Like with like: each side allocates a fresh block (not timed), times
+    # the rendezvous alone (every rank after a dist.barrier, until the
+    # slowest returns), then frees it (not timed); the median of REPS.
+    reps = int(os.environ.get("SYMM_RENDEZVOUS_REPS", "5"))
     for size in (MiB, 256 * MiB, 1024 * MiB):
         n = size // 4
-
-        def ours():
-            # A fresh block each time: a block rendezvoused before returns its handle at once.
+        ours_t, theirs_t = [], []
+        for k in range(reps + 1):  # the first of each is a warm-up
             p = symm.symm_alloc(size, rank)
-            symm.rendezvous_ptr(p, st, f"bench{size}", rank, world, dev)
+            t = timed_max(lambda p=p, k=k: symm.rendezvous_ptr(p, st, f"bench{size}-{k}", rank, world, dev))
             symm.symm_free(p)  # peers keep their own reference to the memory
-
-        def theirs():
             x = tsm.empty(n, dtype=torch.float32, device=dev)
-            tsm.rendezvous(x, group.group_name)
+            u = timed_max(lambda x=x: tsm.rendezvous(x, group.group_name))
+            del x
+            if k:
+                ours_t.append(t)
+                theirs_t.append(u)
+        bench_rows.append((f"rendezvous {size // MiB} MiB, {world} GPUs (ms, median of {reps}, allocation not timed)",
+                           statistics.median(ours_t) * 1e3, statistics.median(theirs_t) * 1e3))
 
-        ours()  # warm
-        theirs()
-        a, b = timed(ours), timed(theirs)
-        bench_rows.append((f"rendezvous {size // MiB} MiB, {world} GPUs (ms)", a * 1e3, b * 1e3))
-        # Where our time goes: allocation and free alone.
-        def alloc_free():
-            symm.symm_free(symm.symm_alloc(size, rank))
-        bench_rows.append((f"  of which symm_alloc + symm_free of {size // MiB} MiB (ms)", timed(alloc_free) * 1e3, float("nan")))
-        def t_alloc():
-            tsm.empty(n, dtype=torch.float32, device=dev)
-        bench_rows.append((f"  torch: symmetric empty of {size // MiB} MiB alone (ms)", float("nan"), timed(t_alloc) * 1e3))
+    # A block handed back to the pool and out again at the same size: its
+    # handle is kept, rendezvous only starts its signals over.
+    recycled = []
+    for k in range(reps + 1):
+        y = symm.empty(MiB // 4, dtype=torch.float32, device=dev)
+        t = timed_max(lambda y=y: symm.rendezvous(y, group))
+        del y
+        if k:
+            recycled.append(t)
+    bench_rows.append((f"re-rendezvous of a recycled 1 MiB block, {world} GPUs (ms, median of {reps})",
+                       statistics.median(recycled) * 1e3, float("nan")))
 
     n = 256 * MiB // 4
     x = symm.empty(n, dtype=torch.float32, device=dev)
