@@ -2,7 +2,7 @@
 # libsymm's collectives on the GPUs of this machine, checks then tables, in
 # the steps named (default: check bench):
 #
-#   bash tests/device/collectives_gpu.sh [check] [bench] [bench23] [blocks] [nvbarrier] [launch] [fused] [compile] [backends] [sanitizer]
+#   bash tests/device/collectives_gpu.sh [check] [bench] [bench23] [blocks] [nvbarrier] [launch] [symm] [fused] [compile] [backends] [sanitizer]
 #
 #   check     build/tests/gpu_collectives on every GPU and on 2 (one-shot,
 #             two-shot, reduce-scatter, all-gather, push, float32/bfloat16/
@@ -18,6 +18,10 @@
 #             PyTorch's NVSHMEM backend (TORCH_SYMMMEM=NVSHMEM)
 #   launch    the host's cost per call on one GPU: the Go benchmarks of the
 #             kernel launches, and symm_bench.py --bench1 beside PyTorch
+#   symm      symmetric memory itself: gpu_symm (C) on every GPU and with two
+#             ranks per GPU, symm_torchrun.py's checks and its benchmark
+#             beside PyTorch (rendezvous, bandwidth, barrier), then again
+#             with SYMM_TRACE_RENDEZVOUS=1 (the time of each phase)
 #   fused     symm_fused.py on every GPU
 #   compile   symm_compile.py on 2 GPUs
 #   backends  symm_backends.sh (the checks on NCCL and NVSHMEM)
@@ -104,6 +108,13 @@ if want launch; then
   step launch_go 120 env SYMM_TEST_DEVICE=cuda CUDA_VISIBLE_DEVICES=0 build/device/symmetric.test \
     -test.run '^$' -test.bench 'Kernel' -test.benchtime 20000x
   step launch_python 180 env CUDA_VISIBLE_DEVICES=0 python3 tests/device/symm_bench.py --bench1
+fi
+if want symm; then
+  step gpu_symm_$N 120 build/tests/gpu_symm "$N"
+  step gpu_symm_$((2 * N)) 120 build/tests/gpu_symm "$((2 * N))"
+  step torchrun_$N 300 torchrun --nproc_per_node="$N" tests/device/symm_torchrun.py
+  step torchrun_${N}_trace 300 env SYMM_TRACE_RENDEZVOUS=1 SYMM_RUN_TAG=_trace \
+    torchrun --nproc_per_node="$N" tests/device/symm_torchrun.py
 fi
 if want fused; then step symm_fused_$N 300 python3 tests/device/symm_fused.py "$N"; fi
 if want compile; then step symm_compile_2 180 env CUDA_VISIBLE_DEVICES=0,1 python3 tests/device/symm_compile.py 2; fi
