@@ -447,8 +447,18 @@ bool any_cached() {
 }
 
 void drain(int dev) {
+  // What is parked when the drain begins goes back; blocks other threads
+  // park meanwhile may stay. Taking until nothing is left would never end
+  // while another thread frees steadily (symm top's refresh drains every
+  // 250 ms beside such threads). A batch that is not full means take visited
+  // every CPU; full ones go on, at most as many as every CPU's slots fill.
   Entry out[kBatch];
-  while (int k = take(dev, out, kBatch)) goPoolReturnParked(out, k);
+  constexpr int kMaxBatches = kCpus * (kEntries + kDeferred) / kBatch + 1;
+  for (int i = 0; i < kMaxBatches; i++) {
+    int k = take(dev, out, kBatch);
+    if (k > 0) goPoolReturnParked(out, k);
+    if (k < kBatch) break;
+  }
 }
 
 void forget_all() {

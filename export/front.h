@@ -46,7 +46,8 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream);
 bool any_cached();
 // mark_record_stream flags block base: its frees go to Go (events).
 void mark_record_stream(uintptr_t base);
-// drain hands every cached block of dev (-1: all devices) back to Go.
+// drain hands every block of dev (-1: all devices) cached when it begins
+// back to Go; it ends even while other threads go on freeing.
 void drain(int dev);
 // forget_all empties the live set: every block's next free goes to Go.
 // For a change of mode in which frees and allocations bypass the front cache

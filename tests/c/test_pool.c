@@ -384,6 +384,32 @@ static void test_threads(void) {
   CHECK(stat(0, "allocation.all.current") == 0, "threads freed everything");
 }
 
+/* A statistics read hands back what the front cache holds when it begins,
+ * and ends while other threads go on freeing into it (symm top's refresh
+ * reads every 250 ms beside a program that never pauses). */
+static volatile int g_churn_stop;
+
+static void *churn(void *arg) {
+  size_t n = 4096 << (uintptr_t)arg;
+  while (!__atomic_load_n(&g_churn_stop, __ATOMIC_RELAXED)) {
+    void *p = symm_pool_alloc(n, 0, NULL);
+    symm_pool_free(p, n, 0, NULL);
+  }
+  return NULL;
+}
+
+static void test_stats_end_beside_steady_frees(void) {
+  pthread_t t[4];
+  for (uintptr_t i = 0; i < 4; i++) pthread_create(&t[i], NULL, churn, (void *)i);
+  symm_stat_t st[512];
+  int reads = 0;
+  for (int i = 0; i < 2000; i++) reads += symm_pool_stats(0, st, 512) > 0;
+  __atomic_store_n(&g_churn_stop, 1, __ATOMIC_RELAXED);
+  for (int i = 0; i < 4; i++) pthread_join(t[i], NULL);
+  CHECK(reads == 2000, "every statistics read ended and succeeded (%d of 2000)", reads);
+  CHECK(stat(0, "allocation.all.current") == 0, "the churning threads freed everything");
+}
+
 static void test_fork(void) {
   int fds[2];
   if (pipe(fds) != 0) return;
@@ -428,6 +454,7 @@ int main(void) {
   test_a_miss_returns_parked_blocks();
   test_history_toggle_forgets_stale_blocks();
   test_threads();
+  test_stats_end_beside_steady_frees();
   test_fork();
   printf("test_pool: %d passed, %d failed\n", passes, failures);
   return failures != 0;

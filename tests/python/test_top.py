@@ -102,12 +102,15 @@ def uid_name(uid: int) -> str:
 def test_top_json_sees_every_process(workers):
     pubdir, ctl, procs, reports = workers
     # The steady workers' pages converge to what they report (the page is
-    # refreshed every 250 ms); the churning one is listed while it allocates.
+    # refreshed every 250 ms); the churning one is listed while it allocates
+    # (once its first refresh after its allocations has come: its process
+    # may have started later than the others').
     deadline = time.time() + 10
     while True:
         snap = by_pid(top_json(pubdir))
         ok = all(r["pid"] in snap for r in reports) and all(
-            snap[r["pid"]]["devices"][0]["stats"][k] == r[k] for r in reports[:2] for k in r if k != "pid")
+            snap[r["pid"]]["devices"][0]["stats"][k] == r[k] for r in reports[:2] for k in r if k != "pid") and \
+            snap[reports[2]["pid"]]["devices"][0]["stats"]["allocation.all.allocated"] > 4
         if ok or time.time() > deadline:
             break
         time.sleep(0.1)
