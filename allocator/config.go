@@ -7,10 +7,13 @@ import (
 	"strings"
 )
 
-// ParseSize reads a byte count: a non-negative integer or decimal with an
-// optional unit, K/M/G/T (powers of 1024; "KiB", "KB" and "K" all mean 1024),
-// or B. Spaces around the number and unit are allowed; case is ignored.
-// Examples: "4096", "512MiB", "1.5 GiB", "2g".
+// ParseSize reads a byte count: a non-negative integer, optionally followed
+// by B, or a non-negative integer or decimal followed by a unit K/M/G/T
+// (powers of 1024; "KiB", "KB" and "K" all mean 1024), rounded down to a
+// whole byte. A number of bytes is whole: "1.5" and "1.5B" are refused, as
+// is a decimal that comes to less than one byte ("0.0001K"), so that no
+// typo becomes a cap of 1 byte or of none. Spaces around the number and unit
+// are allowed; case is ignored. Examples: "4096", "512MiB", "1.5 GiB", "2g".
 func ParseSize(s string) (uint64, error) {
 	t := strings.ToLower(strings.TrimSpace(s))
 	if t == "" {
@@ -44,6 +47,9 @@ func ParseSize(s string) (uint64, error) {
 	if num == "" {
 		return 0, fmt.Errorf("%w: size %q has no number", ErrInvalid, s)
 	}
+	if shift == 0 && strings.Contains(num, ".") {
+		return 0, fmt.Errorf("%w: size %q: a size without a unit is a whole number of bytes (or give a unit: %sMiB)", ErrInvalid, s, num)
+	}
 	if !strings.Contains(num, ".") {
 		v, err := strconv.ParseUint(num, 10, 64)
 		if err != nil || (shift > 0 && v > math.MaxUint64>>shift) {
@@ -58,6 +64,9 @@ func ParseSize(s string) (uint64, error) {
 	v := f * float64(uint64(1)<<shift)
 	if v >= math.MaxUint64/2 {
 		return 0, fmt.Errorf("%w: size %q is too large", ErrInvalid, s)
+	}
+	if f > 0 && v < 1 {
+		return 0, fmt.Errorf("%w: size %q is less than one byte", ErrInvalid, s)
 	}
 	return uint64(v), nil
 }

@@ -3,6 +3,7 @@ package allocator
 import (
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -282,15 +283,20 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 }
 
 // FuzzParseSize checks that ParseSize never panics, that what it accepts
-// re-parses to the same value when printed in bytes, and that units scale.
+// re-parses to the same value when printed in bytes, that units scale, and
+// that a decimal is accepted only with a unit of at least a KiB.
 func FuzzParseSize(f *testing.F) {
-	for _, s := range []string{"0", "512", "4KiB", "1.5 GiB", "2t", "", "x", "9999999999999999999999", "1e9", "-1", ".", "1..2MiB"} {
+	for _, s := range []string{"0", "512", "4KiB", "1.5 GiB", "2t", "", "x", "9999999999999999999999", "1e9", "-1", ".", "1..2MiB",
+		"1.5", "0.5B", "0.0001K"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		v, err := ParseSize(s)
 		if err != nil {
 			return
+		}
+		if strings.Contains(s, ".") && !strings.ContainsAny(strings.ToLower(s), "kmgt") {
+			t.Fatalf("%q -> %d: a decimal without a unit is not a number of bytes", s, v)
 		}
 		back, err := ParseSize(fmt.Sprint(v))
 		if err != nil || back != v {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 
@@ -500,52 +499,6 @@ func TestCachedPathMakesNoHeapAllocation(t *testing.T) {
 		live = live[:0]
 	})
 	require.Zero(t, avg)
-}
-
-func TestConfigFromEnv(t *testing.T) {
-	env := func(kv ...string) func(string) string {
-		m := map[string]string{}
-		for i := 0; i < len(kv); i += 2 {
-			m[kv[i]] = kv[i+1]
-		}
-		return func(k string) string { return m[k] }
-	}
-	c, _, err := ConfigFromEnv(env())
-	require.NoError(t, err)
-	require.Equal(t, Config{}, c)
-	c, _, err = ConfigFromEnv(env("SYMM_POOL_LIMIT", "8GiB", "SYMM_POOL_MAX_SPLIT", "256MiB"))
-	require.NoError(t, err)
-	require.Equal(t, Config{Limit: 8 << 30, MaxSplit: 256 << 20}, c)
-	c, _, err = ConfigFromEnv(env("SYMM_POOL_LIMIT", "90%"))
-	require.NoError(t, err)
-	require.InDelta(t, 0.9, c.LimitFraction, 1e-12)
-	for _, bad := range [][]string{
-		{"SYMM_POOL_LIMIT", "lots"}, {"SYMM_POOL_LIMIT", "0%"}, {"SYMM_POOL_LIMIT", "101%"},
-		{"SYMM_POOL_LIMIT", "-5"}, {"SYMM_POOL_MAX_SPLIT", "1MiB"}, {"SYMM_POOL_MAX_SPLIT", "3 parsecs"},
-	} {
-		_, _, err := ConfigFromEnv(env(bad...))
-		require.Error(t, err, "%v", bad)
-		require.Contains(t, err.Error(), bad[0], "the message names the variable")
-	}
-}
-
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]uint64{
-		"0": 0, "4096": 4096, "512B": 512, "1k": 1024, "1KiB": 1024, "1 KB": 1024, "2M": 2 << 20,
-		"1.5GiB": 3 << 29, " 3 gib ": 3 << 30, "1T": 1 << 40, "16777215TiB": 16777215 << 40,
-	} {
-		got, err := ParseSize(in)
-		require.NoError(t, err, in)
-		require.Equal(t, want, got, in)
-	}
-	for _, in := range []string{"", "abc", "1.2.3", "GiB", "5 XB", "99999999999999999999", "16777216TiB", "-1", "1e3", "NaN"} {
-		_, err := ParseSize(in)
-		require.Error(t, err, in)
-		require.True(t, errors.Is(err, ErrInvalid), in)
-		require.True(t, strings.Contains(err.Error(), fmt.Sprintf("%q", in)) || in == "", "message quotes the input: %v", err)
-	}
-	_, err := ParseSize("-5")
-	require.ErrorContains(t, err, `size "-5" is negative`)
 }
 
 func TestRecordStreamInteriorPointer(t *testing.T) {

@@ -305,13 +305,7 @@ func TestRoundDivisions(t *testing.T) {
 }
 
 func TestConfigFromEnvTorch(t *testing.T) {
-	env := func(kv ...string) func(string) string {
-		m := map[string]string{}
-		for i := 0; i < len(kv); i += 2 {
-			m[kv[i]] = kv[i+1]
-		}
-		return func(k string) string { return m[k] }
-	}
+	env := envOf
 	type want struct {
 		cfg   Config
 		warns []string // substrings, one per warning

@@ -4,14 +4,14 @@
 // needed; docs/REPLAY.md).
 //
 //	symm info [--json] [--lib-dir DIR]...   devices, links, libraries, backends
-//	symm bench [--backend cuda|host] [--device N] [--iters N]
+//	symm bench [--backend cuda|host] [--device N] [--iters N]   (backend: SYMM_DEVICE's by default)
 //	symm replay TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--json]
 //	symm top [--json] [--once] [-n N] [--interval D] [--sort COLUMN] [--pid PID] [--record FILE] [--dir DIR]
 //	symm version
 //
 // Exit codes: 0 success; 1 a failure while running; 2 bad usage; 3 no
 // NVIDIA driver found (info still prints what it knows, bench asks for
-// --backend host).
+// --backend host or SYMM_DEVICE=host).
 package main
 
 import (
@@ -194,7 +194,7 @@ func pythonSiteDirs() []string {
 
 func bench(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("bench", "[--backend cuda|host] [--device N] [--iters N]", stderr)
-	backend := fs.String("backend", "cuda", "cuda (the GPU) or host (host memory, no GPU needed)")
+	backend := fs.String("backend", "", "cuda (the GPU) or host (host memory, no GPU needed); default: SYMM_DEVICE's, else cuda")
 	dev := fs.Int("device", 0, "device to measure")
 	iters := fs.Int("iters", 20000, "alloc+free pairs per size through the pool")
 	if code, done := parse(fs, args); done {
@@ -204,12 +204,21 @@ func bench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "symm bench: --iters must be >= 1 and --device >= 0 (got %d, %d)\n", *iters, *dev)
 		return exitUsage
 	}
+	// The backend is chosen as the library chooses it: SYMM_DEVICE, unless
+	// --backend says otherwise.
+	name, from := *backend, "--backend "+*backend
+	if name == "" {
+		name, from = os.Getenv("SYMM_DEVICE"), fmt.Sprintf("SYMM_DEVICE=%q", os.Getenv("SYMM_DEVICE"))
+		if name == "" {
+			name = "cuda"
+		}
+	}
 	var b allocator.Backend
-	switch *backend {
+	switch name {
 	case "cuda":
 		cb, err := cuda.NewBackend()
 		if err != nil {
-			fmt.Fprintf(stderr, "symm bench: %v\n(without a GPU: symm bench --backend host)\n", err)
+			fmt.Fprintf(stderr, "symm bench: %v\n(without a GPU: symm bench --backend host, or SYMM_DEVICE=host)\n", err)
 			return exitNoDriver
 		}
 		b = cb
@@ -221,11 +230,16 @@ func bench(args []string, stdout, stderr io.Writer) int {
 		}
 		b = hb
 	default:
-		fmt.Fprintf(stderr, "symm bench: --backend must be cuda or host, not %q\n", *backend)
+		fmt.Fprintf(stderr, "symm bench: %s: want cuda or host\n", from)
 		return exitUsage
 	}
-	if n, err := b.DeviceCount(); err != nil || *dev >= n {
-		fmt.Fprintf(stderr, "symm bench: device %d does not exist (%d devices; %v)\n", *dev, n, err)
+	n, err := b.DeviceCount()
+	if err != nil {
+		fmt.Fprintf(stderr, "symm bench: counting the %s backend's devices: %v\n", b.Name(), err)
+		return exitFailure
+	}
+	if *dev >= n {
+		fmt.Fprintf(stderr, "symm bench: --device %d does not exist: the %s backend has %s\n", *dev, b.Name(), deviceRange(n))
 		return exitUsage
 	}
 	rows, err := measure(b, *dev, *iters)
@@ -241,6 +255,17 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	}
 	tw.Flush()
 	return exitOK
+}
+
+// deviceRange says how many devices there are and their numbers.
+func deviceRange(n int) string {
+	switch n {
+	case 0:
+		return "no devices"
+	case 1:
+		return "1 device (0)"
+	}
+	return fmt.Sprintf("%d devices (0 to %d)", n, n-1)
 }
 
 type benchRow struct {

@@ -31,9 +31,9 @@ func TestUsage(t *testing.T) {
 		{[]string{"version", "--help"}, exitOK, "usage: symm version"},
 		{[]string{"info", "--bogus"}, exitUsage, "flag provided but not defined: -bogus"},
 		{[]string{"info", "extra"}, exitUsage, `unexpected argument "extra"`},
-		{[]string{"bench", "--backend", "tpu"}, exitUsage, "--backend must be cuda or host"},
+		{[]string{"bench", "--backend", "tpu"}, exitUsage, "--backend tpu: want cuda or host"},
 		{[]string{"bench", "--backend", "host", "--iters", "0"}, exitUsage, "--iters must be >= 1"},
-		{[]string{"bench", "--backend", "host", "--device", "7"}, exitUsage, "device 7 does not exist"},
+		{[]string{"bench", "--backend", "host", "--device", "7"}, exitUsage, "--device 7 does not exist: the host backend has 1 device (0)"},
 		{[]string{"version"}, exitOK, "symm 0.1.0"},
 		// Flags are listed as the usage line writes them.
 		{[]string{"replay", "--help"}, exitOK, "\n  --limit SIZE\n"},
@@ -65,9 +65,14 @@ func TestInfoWithoutDriver(t *testing.T) {
 	require.Equal(t, topology.SchemaVersion, top.Schema)
 	require.False(t, top.Driver.Found)
 
+	t.Setenv("SYMM_DEVICE", "")
 	code, _, errOut := runCLI("bench")
 	require.Equal(t, exitNoDriver, code)
-	require.Contains(t, errOut, "symm bench --backend host")
+	require.Contains(t, errOut, "symm bench --backend host, or SYMM_DEVICE=host")
+	// --backend wins over SYMM_DEVICE.
+	t.Setenv("SYMM_DEVICE", "host")
+	code, _, _ = runCLI("bench", "--backend", "cuda")
+	require.Equal(t, exitNoDriver, code)
 }
 
 func TestBenchHost(t *testing.T) {
@@ -76,4 +81,29 @@ func TestBenchHost(t *testing.T) {
 	for _, want := range []string{"host backend, device 0", "512 B", "1 MiB", "64 MiB", "pool alloc+free (ns)"} {
 		require.Contains(t, out, want)
 	}
+}
+
+// bench chooses its backend as the library does: SYMM_DEVICE, unless
+// --backend says otherwise.
+func TestBenchFollowsSymmDevice(t *testing.T) {
+	t.Setenv("SYMM_DEVICE", "host")
+	code, out, errOut := runCLI("bench", "--iters", "100")
+	require.Equal(t, exitOK, code, errOut)
+	require.Contains(t, out, "host backend, device 0")
+	code, _, errOut = runCLI("bench", "--iters", "100", "--device", "5")
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, "symm bench: --device 5 does not exist: the host backend has 1 device (0)\n", errOut)
+	t.Setenv("SYMM_DEVICE", "tpu")
+	code, _, errOut = runCLI("bench")
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, "symm bench: SYMM_DEVICE=\"tpu\": want cuda or host\n", errOut)
+	code, _, errOut = runCLI("bench", "--backend", "tpu")
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, "symm bench: --backend tpu: want cuda or host\n", errOut)
+}
+
+func TestDeviceRange(t *testing.T) {
+	require.Equal(t, "no devices", deviceRange(0))
+	require.Equal(t, "1 device (0)", deviceRange(1))
+	require.Equal(t, "8 devices (0 to 7)", deviceRange(8))
 }

@@ -112,6 +112,8 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 		fmt.Fprintln(stderr, "symm replay: missing TRACE (a CSV trace, plain or gzip; python -m symm.trace writes one)")
 	case len(pos) > 1:
 		fmt.Fprintf(stderr, "symm replay: unexpected argument %q (one TRACE only)\n", pos[1])
+	case o.capacity == 0 && flagGiven(fs, "capacity"):
+		fmt.Fprintln(stderr, "symm replay: --capacity must be more than 0 bytes (without it: 1PiB, no out-of-memory)")
 	case o.maxSplit != 0 && o.maxSplit <= 1<<20:
 		fmt.Fprintf(stderr, "symm replay: --max-split must be more than 1MiB (small blocks are always split), not %d bytes\n", o.maxSplit)
 	case o.frontCache != 0 && (o.frontCache < 512 || o.frontCache > 64<<20):
@@ -260,6 +262,13 @@ func plotFormat(file string) string {
 		return "html"
 	}
 	return ""
+}
+
+// flagGiven reports whether flag name was on the command line.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }
 
 // givenFlags writes the flags given but --plot and --json, as a command

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -63,6 +64,9 @@ func top(args []string, stdout, stderr io.Writer) int {
 	case sortIndex(o.sortBy) < 0:
 		fmt.Fprintf(stderr, "symm top: --sort %q: want one of %s\n", o.sortBy, strings.Join(topColumns, ", "))
 		return exitUsage
+	case o.pid < 0:
+		fmt.Fprintf(stderr, "symm top: --pid must be a process id, not %d\n", o.pid)
+		return exitUsage
 	}
 	if o.record != "" {
 		if ext := filepath.Ext(o.record); ext != ".jsonl" && ext != ".svg" && ext != ".html" {
@@ -70,11 +74,41 @@ func top(args []string, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 	}
+	dirFrom := "--dir " + o.dir
 	if o.dir == "" {
-		o.dir = publish.Dir(os.Getenv)
+		o.dir, dirFrom = publish.Dir(os.Getenv), publish.Dir(os.Getenv)
+		if v := os.Getenv("SYMM_PUBLISH_DIR"); v != "" {
+			dirFrom = "SYMM_PUBLISH_DIR=" + v
+		}
+	}
+	if st, err := os.Stat(o.dir); err != nil || !st.IsDir() {
+		why := "not a directory"
+		if errors.Is(err, os.ErrNotExist) {
+			why = "no such directory"
+		} else if err != nil {
+			why = err.Error()
+		}
+		fmt.Fprintf(stderr, "symm top: %s: %s (where libsymm processes publish their statistics pages)\n", dirFrom, why)
+		return exitFailure
+	}
+	var first *snapshot
+	if o.pid != 0 {
+		// The process asked for must publish now; once shown, it may end
+		// (the view then says so).
+		first = takeSnapshot(o.dir)
+		if first.page(o.pid) == nil {
+			fmt.Fprintf(stderr, "symm top: --pid %d: no statistics page of this process in %s (not running, not a libsymm process of this user, or SYMM_PUBLISH=0)\n", o.pid, o.dir)
+			return exitFailure
+		}
 	}
 	if o.json {
-		b, err := json.MarshalIndent(takeSnapshot(o.dir), "", "  ")
+		s := first
+		if s == nil {
+			s = takeSnapshot(o.dir)
+		} else {
+			s.Processes = []*publish.Page{s.page(o.pid)}
+		}
+		b, err := json.MarshalIndent(s, "", "  ")
 		if err == nil {
 			_, err = stdout.Write(append(jsonSafe(b), '\n'))
 		}
@@ -97,7 +131,7 @@ func top(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
-	return runText(o, rec, stdout, stderr)
+	return runText(o, rec, first, stdout, stderr)
 }
 
 func sortIndex(col string) int {
@@ -439,13 +473,20 @@ func (s *snapshot) textView(col string, pid int) []string {
 
 // detail describes one process: per device its pools (size classes),
 // libsymm's own counters and its streams, then its symmetric memory.
-func (s *snapshot) detail(pid int) []string {
+// page is process pid's page (the last listed, if pages of several pid
+// namespaces carry it); nil when it publishes none.
+func (s *snapshot) page(pid int) *publish.Page {
 	var p *publish.Page
 	for _, q := range s.Processes {
 		if q.PID == pid {
 			p = q
 		}
 	}
+	return p
+}
+
+func (s *snapshot) detail(pid int) []string {
+	p := s.page(pid)
 	if p == nil {
 		return []string{fmt.Sprintf("process %d publishes no statistics here (gone, or not a libsymm process of this user)", pid)}
 	}
@@ -484,7 +525,8 @@ func (s *snapshot) detail(pid int) []string {
 
 // runText prints the text view every interval (n times; 0: until
 // interrupted), or once with --once.
-func runText(o topOptions, rec *recorder, stdout, stderr io.Writer) int {
+// runText prints a table every o.interval; first, when set, is the first.
+func runText(o topOptions, rec *recorder, first *snapshot, stdout, stderr io.Writer) int {
 	n := o.n
 	if o.once {
 		n = 1
@@ -501,7 +543,10 @@ func runText(o topOptions, rec *recorder, stdout, stderr io.Writer) int {
 			}
 			fmt.Fprintln(stdout)
 		}
-		s := takeSnapshot(o.dir)
+		s := first
+		if i > 0 || s == nil {
+			s = takeSnapshot(o.dir)
+		}
 		if err := rec.add(s); err != nil {
 			fmt.Fprintf(stderr, "symm top: %v\n", err)
 			return exitFailure
@@ -509,125 +554,4 @@ func runText(o topOptions, rec *recorder, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, strings.Join(s.textView(o.sortBy, o.pid), "\n"))
 	}
 	return exitOK
-}
-
-// recorder keeps what --record asks for: snapshots as JSON lines, or a
-// chart of allocated and reserved bytes per process over time.
-type recorder struct {
-	path   string
-	jsonl  *os.File
-	start  time.Time
-	series map[string]*plotSeries // by name
-	order  []string
-	colors map[string]string // by process and device
-}
-
-// topPalette colours the processes of a recorded chart, in order of
-// appearance.
-var topPalette = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"}
-
-func newRecorder(path string) (*recorder, error) {
-	r := &recorder{path: path, series: map[string]*plotSeries{}, colors: map[string]string{}}
-	if path == "" {
-		return r, nil
-	}
-	if filepath.Ext(path) == ".jsonl" {
-		// 0600 like the pages it copies, and never through a link.
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
-		if err == nil {
-			if err = f.Chmod(0o600); err != nil { // made by someone else before
-				f.Close()
-			}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("--record: %w", err)
-		}
-		r.jsonl = f
-	}
-	return r, nil
-}
-
-func (r *recorder) add(s *snapshot) error {
-	if r.path == "" {
-		return nil
-	}
-	if r.jsonl != nil {
-		b, err := json.Marshal(s)
-		if err != nil {
-			return err
-		}
-		if _, err := r.jsonl.Write(append(jsonSafe(b), '\n')); err != nil {
-			return fmt.Errorf("--record: %w", err)
-		}
-		return nil
-	}
-	if r.start.IsZero() {
-		r.start = s.Time
-	}
-	t := s.Time.Sub(r.start).Seconds()
-	for _, p := range s.Processes {
-		for _, d := range p.Devices {
-			if d.Stats["reserved_bytes.all.peak"] == 0 {
-				continue
-			}
-			for _, k := range []struct {
-				what   string
-				stat   string
-				dashed bool
-			}{{"reserved", "reserved_bytes.all.current", false}, {"allocated", "allocated_bytes.all.current", true}} {
-				key := fmt.Sprintf("pid %d GPU %d", p.PID, d.Index)
-				name := key + " " + k.what
-				ps := r.series[name]
-				if ps == nil {
-					if _, ok := r.colors[key]; !ok {
-						r.colors[key] = topPalette[len(r.colors)%len(topPalette)]
-					}
-					ps = &plotSeries{Name: name, Dashed: k.dashed, Color: r.colors[key]}
-					r.series[name] = ps
-					r.order = append(r.order, name)
-				}
-				ps.X = append(ps.X, t)
-				ps.Y = append(ps.Y, float64(d.Stats[k.stat]))
-			}
-		}
-	}
-	return r.writePlot()
-}
-
-// writePlot rewrites the chart, through a new temporary file (0600, like
-// the pages it draws) renamed over it, so that a recorder stopped at any
-// moment leaves a whole chart behind and no link is followed.
-func (r *recorder) writePlot() error {
-	var series []plotSeries
-	for _, n := range r.order {
-		series = append(series, *r.series[n])
-	}
-	f, err := os.CreateTemp(filepath.Dir(r.path), "."+filepath.Base(r.path)+".*.tmp")
-	if err != nil {
-		return fmt.Errorf("--record: %w", err)
-	}
-	tmp := f.Name()
-	title := "symm top --record: memory of libsymm processes over time"
-	if filepath.Ext(r.path) == ".html" {
-		err = writePlotHTML(f, title, "seconds", "bytes", series)
-	} else {
-		err = writePlotSVG(f, title, "seconds", "bytes", series)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, r.path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("--record: %w", err)
-	}
-	return nil
-}
-
-func (r *recorder) close() {
-	if r.jsonl != nil {
-		r.jsonl.Close()
-	}
 }

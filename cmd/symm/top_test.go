@@ -119,6 +119,7 @@ func TestTopBadFlags(t *testing.T) {
 		{[]string{"-n", "-1"}, "-n must be 0 or more"},
 		{[]string{"--record", "out.png"}, "want a file ending in .jsonl, .svg or .html"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"--pid", "-3"}, "--pid must be a process id, not -3"},
 	} {
 		code, _, errs := runSymm(t, append([]string{"top"}, c.args...)...)
 		require.Equal(t, exitUsage, code, c.args)
@@ -127,6 +128,46 @@ func TestTopBadFlags(t *testing.T) {
 	code, _, errs := runSymm(t, "top", "--once", "--record", filepath.Join(t.TempDir(), "no", "such", "dir.jsonl"))
 	require.Equal(t, exitFailure, code)
 	require.Contains(t, errs, "--record")
+}
+
+// A directory that is not there, and a process that publishes nothing, are
+// errors: symm top would otherwise show an empty table as if all were well.
+func TestTopMissingDirOrProcess(t *testing.T) {
+	empty := t.TempDir()
+	file := filepath.Join(empty, "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	for _, c := range []struct {
+		env  string // SYMM_PUBLISH_DIR
+		args []string
+		want string
+	}{
+		{"", []string{"--once", "--dir", "/nonexistent"}, "symm top: --dir /nonexistent: no such directory"},
+		{"", []string{"--json", "--dir", "/nonexistent"}, "symm top: --dir /nonexistent: no such directory"},
+		{"/nonexistent", []string{"--once"}, "symm top: SYMM_PUBLISH_DIR=/nonexistent: no such directory"},
+		{"", []string{"--once", "--dir", file}, "symm top: --dir " + file + ": not a directory"},
+		{"", []string{"--once", "--dir", empty, "--pid", "999999"}, "symm top: --pid 999999: no statistics page of this process in " + empty},
+		{empty, []string{"--json", "--pid", "999999"}, "symm top: --pid 999999: no statistics page"},
+	} {
+		t.Setenv("SYMM_PUBLISH_DIR", c.env)
+		code, out, errs := runSymm(t, append([]string{"top"}, c.args...)...)
+		require.Equal(t, exitFailure, code, c.args)
+		require.Contains(t, errs, c.want, c.args)
+		require.Empty(t, out, c.args)
+	}
+
+	// --json with --pid: that process alone.
+	dir := t.TempDir()
+	var a, r atomic.Int64
+	fakePage(t, dir, &a, &r)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, publish.Name(os.Getuid(), 1, 1)), []byte("garbage"), 0o600))
+	code, out, errs := runSymm(t, "top", "--json", "--dir", dir, "--pid", itoa(os.Getpid()))
+	require.Equal(t, exitOK, code, errs)
+	var snap struct {
+		Processes []publish.Page `json:"processes"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &snap))
+	require.Len(t, snap.Processes, 1)
+	require.Equal(t, os.Getpid(), snap.Processes[0].PID)
 }
 
 func TestTopRecord(t *testing.T) {

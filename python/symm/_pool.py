@@ -87,17 +87,52 @@ def _from_call(err: SymmError, call: str, c_name: str) -> SymmError:
     return make_error(err.code, f"{call}: {msg}")
 
 
+_DEVICE_FORMS = "an index (0), a string 'cuda' or 'cuda:0', or a torch.device of type cuda"
+
+
 def _device(device: Any) -> int:
-    """Accepts an int or anything with an ``index`` (a torch.device)."""
-    index = getattr(device, "index", device)
-    if index is None:
+    """A device given the way PyTorch's torch.cuda functions take one: an
+    integer index, "cuda" or "cuda:N", or a torch.device of type cuda
+    (torch.device("cuda") and "cuda" without an index, and None, are device
+    0). Anything else raises, naming the public call and the parameter: a
+    float is no index (0.7 is not device 0), nor is "0" (PyTorch refuses it
+    too: "Invalid device string"). An index the pool lacks (-1, or past the
+    last device) is the library's SymmError (INVALID), naming the device."""
+    given = device
+    if device is None:
         return 0
-    return int(index)
+    if not isinstance(device, (str, bool)) and not hasattr(type(device), "__index__") \
+            and hasattr(device, "type") and hasattr(device, "index"):  # a torch.device
+        if device.type != "cuda":
+            raise ValueError(f"{_python_call()}: device {given!r} is not a cuda device (want {_DEVICE_FORMS})")
+        device = device.index
+        if device is None:
+            return 0
+    elif isinstance(device, str):
+        kind, colon, index = device.partition(":")
+        if kind != "cuda" or (colon and not (index.isascii() and index.isdigit()
+                                             and (index == "0" or index[0] != "0"))):
+            raise ValueError(f"{_python_call()}: device {given!r} is not a device (want {_DEVICE_FORMS})")
+        return int(index) if colon else 0
+    if isinstance(device, bool) or not hasattr(type(device), "__index__"):
+        raise TypeError(f"{_python_call()}: device must be {_DEVICE_FORMS}, not {type(given).__name__} {given!r}")
+    return operator.index(device)
 
 
 def _stream(stream: Any) -> int:
-    """Accepts a raw cudaStream_t value or a torch.cuda.Stream (``cuda_stream``)."""
-    return int(getattr(stream, "cuda_stream", stream) or 0)
+    """A raw cudaStream_t value (an integer from 0 to 2**64 - 1; None is 0)
+    or a torch.cuda.Stream (its ``cuda_stream``). Anything else raises,
+    naming the public call and the parameter, on every backend."""
+    value = getattr(stream, "cuda_stream", stream)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{_python_call()}: stream must be a cudaStream_t value (an int) or a torch.cuda.Stream, "
+                        f"not {type(stream).__name__} {stream!r}")
+    n = operator.index(value)
+    if not 0 <= n <= _SIZE_MAX:
+        raise ValueError(f"{_python_call()}: stream {n} is not a cudaStream_t value (from 0 to 2**64 - 1)")
+    return n
 
 
 def _pointer(ptr: Any) -> int:
@@ -258,7 +293,11 @@ def alloc(size: int, device: Any = 0, stream: Any = 0) -> int:
     stream. Goes through symm_pool_try_alloc, which never throws: a failure
     is an exception here (OutOfMemoryError, SymmError), whatever mode PyTorch
     uses libsymm in, never a C++ exception through ctypes. A size that is not
-    an integer raises TypeError, a negative one ValueError.
+    an integer raises TypeError, a negative one ValueError. device is an
+    index, "cuda", "cuda:N" or a torch.device of type cuda (as PyTorch's
+    torch.cuda functions take it); stream a cudaStream_t value or a
+    torch.cuda.Stream. Anything else raises TypeError or ValueError naming
+    the parameter.
     """
     size = _nbytes(size, "symm.alloc")
     dev = _device(device)

@@ -214,6 +214,72 @@ def test_weak_arguments_get_clear_errors(symm):
         assert "symm_pool_try_alloc" not in str(e.value) and "returned NULL" not in str(e.value)
 
 
+def test_devices_are_taken_as_pytorch_takes_them(symm):
+    """An index, "cuda", "cuda:N" and a torch.device of type cuda name a
+    device; anything else is refused naming the call and the parameter."""
+
+    class Device:  # what the pool reads of a torch.device: its type and index
+        def __init__(self, type, index=None):
+            self.type, self.index = type, index
+
+        def __repr__(self):
+            return f"device(type={self.type!r}, index={self.index!r})"
+
+    for device in (0, "cuda", "cuda:0", Device("cuda", 0), Device("cuda"), None):
+        p = symm.alloc(4096, device=device)
+        symm.free(p, 4096, device=device)
+        assert symm.memory_stats(device) == symm.memory_stats(0)
+    last = symm.device_count()
+    with pytest.raises(symm.SymmError) as e:
+        symm.alloc(4096, device=f"cuda:{last}")
+    assert e.value.code == symm.ErrorCode.INVALID and names_device(str(e.value), last), str(e.value)
+    forms = "an index (0), a string 'cuda' or 'cuda:0', or a torch.device of type cuda"
+    for device, kind, says in [
+        (0.7, TypeError, f"symm.alloc: device must be {forms}, not float 0.7"),
+        (1.0, TypeError, "symm.alloc: device must be"),
+        (True, TypeError, "not bool True"),
+        (b"0", TypeError, "not bytes"),
+        ("0", ValueError, f"symm.alloc: device '0' is not a device (want {forms})"),
+        ("cuda:", ValueError, "device 'cuda:' is not a device"),
+        ("cuda:01", ValueError, "device 'cuda:01' is not a device"),
+        ("cuda:-1", ValueError, "device 'cuda:-1' is not a device"),
+        ("cuda:0 ", ValueError, "device 'cuda:0 ' is not a device"),
+        ("cpu", ValueError, "device 'cpu' is not a device"),
+        (Device("cpu"), ValueError, "symm.alloc: device device(type='cpu', index=None) is not a cuda device"),
+    ]:
+        with pytest.raises(kind) as e:
+            symm.alloc(4096, device=device)
+        assert says in str(e.value), (device, str(e.value))
+    with pytest.raises(TypeError, match=r"^symm.memory_stats: device must be"):
+        symm.memory_stats(0.5)
+
+
+def test_streams_are_refused_by_name(symm):
+    """A stream is a cudaStream_t value or a torch.cuda.Stream, on every
+    backend (host included): anything else is refused naming the parameter."""
+
+    class Stream:  # what the pool reads of a torch.cuda.Stream
+        cuda_stream = 0x7F00
+
+    p = symm.alloc(4096, stream=Stream())
+    symm.free(p, 4096, stream=0x7F00)
+    before = stable_stats(symm)
+    for stream, kind, says in [
+        ("x", TypeError, "symm.alloc: stream must be a cudaStream_t value (an int) or a torch.cuda.Stream, not str 'x'"),
+        (1.5, TypeError, "not float 1.5"),
+        (-1, ValueError, "symm.alloc: stream -1 is not a cudaStream_t value (from 0 to 2**64 - 1)"),
+        (2**64, ValueError, "stream 18446744073709551616 is not a cudaStream_t value"),
+    ]:
+        with pytest.raises(kind) as e:
+            symm.alloc(4096, stream=stream)
+        assert says in str(e.value), (stream, str(e.value))
+    with pytest.raises(ValueError, match=r"^symm.free: stream -1 "):
+        symm.free(p, 4096, stream=-1)
+    with pytest.raises(TypeError, match=r"^symm.record_stream: stream must be"):
+        symm.record_stream(p, "x")
+    assert stable_stats(symm) == before
+
+
 def test_empty_without_torch_explains(tmp_path):
     """symm.empty() in a process without torch says what it needs."""
     import subprocess

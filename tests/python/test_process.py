@@ -204,6 +204,8 @@ def test_child_process_exits_cleanly():
     ("SYMM_POOL_FRONT_CACHE", "maybe"),
     ("SYMM_POOL_FRONT_CACHE_MAX", "1 GiB"),
     ("SYMM_POOL_LIMIT", "lots"),
+    ("SYMM_POOL_LIMIT", "1.5"),  # not a 1-byte cap: bytes are whole
+    ("SYMM_POOL_LIMIT", "0.5"),  # not "no cap"
     ("SYMM_POOL_MAX_SPLIT", "12 parsecs"),
     ("SYMM_DEVICE", "tpu"),
     ("SYMM_HOST_DEVICES", "0"),
