@@ -5,15 +5,27 @@ libsymm.so and symm tool inside, so that it works wherever it is installed.
 editable install (`pip install -e python`) finds them in ../build at run
 time. A plain install copies them from ../build here, or refuses, saying
 how to build them, when the checkout has none.
+
+A wheel that carries them is a platform wheel with `make wheel`'s tag
+(py3-none-manylinux_2_<N>_<arch>, from tools/build_wheel.py), not
+py3-none-any: pip must refuse it where the binaries cannot run.
 """
 
+import importlib.util
 import shutil
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1 has it in the wheel package
+    from wheel.bdist_wheel import bdist_wheel
+
 CHECKOUT_BUILD = Path(__file__).resolve().parent.parent / "build"
+LIB, TOOL = CHECKOUT_BUILD / "libsymm.so", CHECKOUT_BUILD / "symm"
+BUILD_WHEEL = CHECKOUT_BUILD.parent / "tools" / "build_wheel.py"
 
 
 class BuildPyWithLibrary(build_py):
@@ -24,17 +36,38 @@ class BuildPyWithLibrary(build_py):
         pkg = Path(self.build_lib) / "symm"
         if (pkg / "libsymm.so").exists():
             return  # already bundled (make wheel)
-        lib, tool = CHECKOUT_BUILD / "libsymm.so", CHECKOUT_BUILD / "symm"
-        if not lib.is_file() or not tool.is_file():
+        if not LIB.is_file() or not TOOL.is_file():
             raise SystemExit(
                 f"symm: `pip install ./python` bundles the checkout's build/libsymm.so and build/symm, "
-                f"and {CHECKOUT_BUILD} has {'neither' if not lib.is_file() and not tool.is_file() else 'only one of them'}. "
-                "Run `make lib cli` in the repository first (Go 1.26 and a C compiler), or `make wheel` and "
+                f"and {CHECKOUT_BUILD} has {'neither' if not LIB.is_file() and not TOOL.is_file() else 'only one of them'}. "
+                "Run `make lib cli` in the repository first (Go 1.24 or newer and a C compiler), or `make wheel` and "
                 "`pip install build/dist/symm-*.whl`."
             )
-        shutil.copy2(lib, pkg / "libsymm.so")
+        shutil.copy2(LIB, pkg / "libsymm.so")
         (pkg / "bin").mkdir(exist_ok=True)
-        shutil.copy2(tool, pkg / "bin" / "symm")
+        shutil.copy2(TOOL, pkg / "bin" / "symm")
 
 
-setup(cmdclass={"build_py": BuildPyWithLibrary})
+def _bundles() -> bool:
+    """Whether the wheel carries the checkout's binaries (build_py copies them)."""
+    return LIB.is_file() and TOOL.is_file() and BUILD_WHEEL.is_file()
+
+
+class PlatformWheel(bdist_wheel):
+    """Tags the wheel as `make wheel` does when it carries the binaries."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if _bundles():
+            self.root_is_pure = False
+
+    def get_tag(self):
+        if not _bundles():
+            return super().get_tag()  # build_py refuses such a build
+        spec = importlib.util.spec_from_file_location("build_wheel", BUILD_WHEEL)
+        tools = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tools)
+        return "py3", "none", tools.platform_tag([LIB, TOOL])
+
+
+setup(cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel})

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `pip install ./python` from the checkout, as the README prints it: a plain
 # (not editable) install into a fresh virtual environment bundles
-# build/libsymm.so and build/symm, so the package works from anywhere. A
-# copy of python/ with no build/ beside it is refused with what to run.
+# build/libsymm.so and build/symm, so the package works from anywhere, in a
+# wheel tagged as `make wheel` tags it (py3-none-manylinux_2_N_ARCH, not
+# py3-none-any). A copy of python/ with no build/ beside it is refused with
+# what to run.
 # Needs `make lib cli` first (make test-packaging does). pip's isolated
 # build wants setuptools and wheel: the first run downloads them into
 # build/pip-wheels, later runs install from there with no network.
@@ -20,6 +22,10 @@ PIP=("$TMP/venv/bin/pip" install --quiet --no-index --find-links "$WHEELS")
 (cd "$ROOT" && "${PIP[@]}" ./python)
 cd "$TMP"  # away from the repository
 want=$(cat "$ROOT/internal/version/VERSION")
+tag=$("$PY" "$ROOT/tools/build_wheel.py" --lib "$ROOT/build/libsymm.so" --tool "$ROOT/build/symm" --print-tag)
+wheel_file=$(ls "$TMP"/venv/lib/python3*/site-packages/symm-"$want".dist-info/WHEEL)
+grep -qx "Tag: $tag" "$wheel_file" && grep -qx "Root-Is-Purelib: false" "$wheel_file" || {
+  echo "pip install ./python built a wheel tagged otherwise than make wheel's $tag:"; cat "$wheel_file"; exit 1; }
 SYMM_DEVICE=host "$TMP/venv/bin/python" - "$want" <<'PYEOF'
 import sys
 import symm
@@ -39,4 +45,5 @@ if "${PIP[@]}" "$TMP/copy/python" > "$TMP/refused.txt" 2>&1; then
   echo "pip install of python/ without build/ succeeded"; exit 1
 fi
 grep -q 'Run `make lib cli` in the repository first' "$TMP/refused.txt" || { cat "$TMP/refused.txt"; exit 1; }
-echo "source install OK: symm version from the console script; without build/ the install is refused with what to run"
+grep -q 'Go 1.24 or newer' "$TMP/refused.txt" || { echo "the refusal names another Go than go.mod's:"; cat "$TMP/refused.txt"; exit 1; }
+echo "source install OK: wheel tag $tag, symm version from the console script; without build/ the install is refused with what to run"

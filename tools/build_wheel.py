@@ -9,6 +9,7 @@ manylinux_2_<N>_<arch>, N the newest glibc symbol version libsymm.so and the
 tool need (objdump -T), so pip refuses the wheel where glibc is older.
 
     python3 tools/build_wheel.py --lib build/libsymm.so --tool build/symm --out build/dist
+    python3 tools/build_wheel.py --print-tag     # the tag alone: py3-none-manylinux_2_34_x86_64
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ def glibc_needed(paths: list[Path]) -> tuple[int, int]:
     return best
 
 
+def platform_tag(paths: list[Path]) -> str:
+    """The wheel's platform tag for the binaries at paths: manylinux_2_<N>_<arch>,
+    N the newest glibc symbol version they import (python/setup.py tags
+    `pip install ./python`'s wheel with it too)."""
+    g = glibc_needed(paths)
+    return f"manylinux_{g[0]}_{g[1]}_{platform.machine()}"
+
+
 def record_line(name: str, data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"{name},sha256={digest},{len(data)}"
@@ -70,9 +79,7 @@ def strip_copy(src: Path, dst: Path) -> None:
 
 def build(lib: Path, tool: Path, out: Path) -> Path:
     version = (ROOT / "internal" / "version" / "VERSION").read_text().strip()
-    arch = platform.machine()
-    g = glibc_needed([lib, tool])
-    tag = f"py3-none-manylinux_{g[0]}_{g[1]}_{arch}"
+    tag = f"py3-none-{platform_tag([lib, tool])}"
     name = f"symm-{version}-{tag}.whl"
     dist_info = f"symm-{version}.dist-info"
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,11 +123,15 @@ def main() -> int:
     ap.add_argument("--lib", type=Path, default=ROOT / "build" / "libsymm.so")
     ap.add_argument("--tool", type=Path, default=ROOT / "build" / "symm")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "dist")
+    ap.add_argument("--print-tag", action="store_true", help="print the wheel's tag (py3-none-PLATFORM) and build nothing")
     a = ap.parse_args()
     for p in (a.lib, a.tool):
         if not p.is_file():
             print(f"build_wheel: {p} is missing: run make first", file=sys.stderr)
             return 1
+    if a.print_tag:
+        print(f"py3-none-{platform_tag([a.lib, a.tool])}")
+        return 0
     path = build(a.lib, a.tool, a.out)
     print(f"{path} ({os.path.getsize(path) / 2**20:.1f} MiB)")
     return 0

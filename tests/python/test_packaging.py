@@ -35,3 +35,17 @@ def test_python_package_version_comes_from_the_one_file():
     want = (ROOT / "internal" / "version" / "VERSION").read_text().strip()
     assert symm.__version__ == want
     assert (ROOT / "python" / "VERSION").is_symlink()
+
+
+def test_go_version_is_go_mod_s():
+    """The Go a build needs, as go.mod says it, is what the README and the
+    source install's refusal name."""
+    import re
+
+    m = re.search(r"^go (\d+)\.(\d+)", (ROOT / "go.mod").read_text(), re.M)
+    assert m, "go.mod has no go line"
+    want = f"{m.group(1)}.{m.group(2)}"
+    readme = (ROOT / "README.md").read_text()
+    assert set(re.findall(r"Go ≥ (\d+\.\d+)", readme)) == {want}, re.findall(r"Go ≥ (\d+\.\d+)", readme)
+    setup = (ROOT / "python" / "setup.py").read_text()
+    assert re.findall(r"Go (\d+\.\d+)", setup) == [want], re.findall(r"Go (\d+\.\d+)", setup)
