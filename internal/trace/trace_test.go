@@ -13,7 +13,7 @@ import (
 )
 
 // gpt2 is the real trace: 12 training steps of GPT-2 small recorded from
-// PyTorch 2.11 on an H200 (bench/testdata; /work/shared/traces/README.md).
+// PyTorch 2.11 on an H200 (bench/testdata).
 const gpt2 = "../../bench/testdata/gpt2_train_trace.csv.gz"
 
 const mib = 1 << 20

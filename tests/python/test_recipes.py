@@ -18,6 +18,7 @@ library (SYMM_LIB, build/ on PATH) and python/ on PYTHONPATH: sh with bash
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -151,14 +152,25 @@ REPLAYS = [pytest.param(p, code, id=f"{p.name}:{line}") for p, kind, lang, code,
            if kind == "output" and code.startswith("$ symm replay ")]
 
 
+def test_a_json_sample_is_among_the_checked_ones():
+    """docs/REPLAY.md's `--json` sample is one of those compared whole."""
+    assert any(code.split("\n", 1)[1].startswith("{") for p, code in
+               ((param.values[0], param.values[1]) for param in REPLAYS) if p.name == "REPLAY.md")
+
+
 @pytest.mark.parametrize("path,code", REPLAYS)
 def test_replay_samples_are_what_the_tool_prints(path, code, tmp_path):
     """A sample of `symm replay` output is the tool's: every line shown (but
-    "...") comes out, in order, when the command runs now."""
+    "...") comes out, in order, when the command runs now; a JSON sample is
+    the whole object the command prints, every field and value."""
     first, *shown = code.splitlines()
     args = first[len("$ symm "):].split()
     got = subprocess.run([str(ROOT / "build" / "symm"), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr
+    if shown and shown[0].startswith("{"):
+        assert json.loads("\n".join(shown)) == json.loads(got.stdout), \
+            f"{path.name}: the JSON sample is not what `{first[2:]}` prints now:\n{got.stdout}"
+        return
     out = got.stdout.splitlines()
     k = 0
     for want in (s for s in shown if s.strip() != "..."):
