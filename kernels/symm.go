@@ -8,12 +8,21 @@ import (
 	"github.com/libsymm/libsymm/topology"
 )
 
-// SymmSource is libsymm's kernel source (symm.cu): signal-pad put, wait and
-// barrier with in-kernel timeouts, the one-shot, two-shot and push
-// all-reduces, the reduce-scatter and the all-gather.
-//
+// SymmSource is libsymm's kernel source, one NVRTC program: symm.cu
+// (signal-pad put, wait and barrier with in-kernel timeouts, the epoch
+// meetings, the one-shot all-reduce and the helpers the others use), then
+// symm_collectives.cu (the two-shot all-reduce, reduce-scatter and
+// all-gather), then symm_push.cu (the push all-reduce).
+var SymmSource = symmCore + symmCollectives + symmPush
+
 //go:embed symm.cu
-var SymmSource string
+var symmCore string
+
+//go:embed symm_collectives.cu
+var symmCollectives string
+
+//go:embed symm_push.cu
+var symmPush string
 
 // SymmName names SymmSource in NVRTC's messages and in the disk cache.
 const SymmName = "libsymm-symm.cu"

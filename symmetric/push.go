@@ -13,7 +13,7 @@ import (
 )
 
 // The push all-reduce: one kernel per call, with no barrier phase, for
-// small messages inside CUDA graphs (kernels/symm.cu has the protocol and
+// small messages inside CUDA graphs (kernels/symm_push.cu has the protocol and
 // why it is safe). Its handle is a workspace: a symmetric block of its own,
 // rendezvoused once with one group, that holds no user data. Each rank's
 // buffer is 2 halves × world slots × lines 16-byte lines, a line carrying 8
