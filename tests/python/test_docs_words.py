@@ -1,6 +1,6 @@
 """The product's documents speak of the product: no issue numbers, work
 sessions or submissions, no story of its changes (the history of how it was
-built belongs in git), no path outside the repository. Dates, commits, GPUs
+built belongs in git), no path outside the repository, no word written twice. Dates, commits, GPUs
 and commands are what a figure names instead; a target a figure misses is
 stated beside the figure."""
 
@@ -41,6 +41,17 @@ def offending_lines(text: str) -> list[str]:
     return out
 
 
+# A word written twice in a row ("as\nas listed"), across a line break too;
+# code (fenced blocks and `spans`) is left out.
+DOUBLED = re.compile(r"\b([A-Za-z]+)(?:[ \t]+|[ \t]*\n[ \t>]*)\1\b", re.I)
+
+
+def doubled_words(text: str) -> list[str]:
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    text = re.sub(r"`[^`]*`", "``", text)
+    return [f"{text.count(chr(10), 0, m.start()) + 1}: {' '.join(m.group(0).split())!r}" for m in DOUBLED.finditer(text)]
+
+
 def test_documents_speak_of_the_product():
     bad = []
     for doc in DOCS:
@@ -58,3 +69,12 @@ def test_the_word_check_catches_each_kind():
     for line in ["a training step on an H100 (2026-11-25, commit 3c91cde)", "python -c '...' # .../site-packages/symm",
                  "`.../store` (the rendezvous store)", "0.96–1.78× PyTorch's time (target ≤ 0.75×)"]:
         assert not offending_lines(line), line
+
+
+def test_no_word_is_written_twice():
+    bad = []
+    for doc in DOCS:
+        bad += [f"{doc.relative_to(ROOT)}:{x}" for x in doubled_words(doc.read_text())]
+    assert not bad, "a word written twice in a row:\n" + "\n".join(bad)
+    assert doubled_words("its handle, as\nas listed") and doubled_words("the the pool")
+    assert not doubled_words("NCCL's LL line") and not doubled_words("`--pid PID`") and not doubled_words("```\nimport symm\nsymm.x()\n```")
