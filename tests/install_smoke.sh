@@ -8,7 +8,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 FAKEHOME=$(mktemp -d /tmp/symm-home-XXXXXX)
-trap 'rm -rf "$FAKEHOME" "$ROOT/pool_example"' EXIT
+trap 'rm -rf "$FAKEHOME"' EXIT
 recipe=$(awk '/^\*\*C\*\*:/ {c=1; next} c && /^```sh/ {b=1; next} b && /^```/ {exit} b' "$ROOT/README.md")
 [[ -n $recipe ]] || { echo "install_smoke: no C recipe found in README.md after **C**:"; exit 1; }
 echo "README's C recipe:"

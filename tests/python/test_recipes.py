@@ -13,7 +13,9 @@ Each fenced block is preceded by a marker line:
 
 A host block runs from the repository root with SYMM_DEVICE=host, the built
 library (SYMM_LIB, build/ on PATH) and python/ on PYTHONPATH: sh with bash
--euo pipefail, python with python3, c compiled against include/ and build/.
+-euo pipefail, python with python3, c compiled against include/ and build/
+in a temporary directory. It must leave nothing in the checkout outside
+build/ (no ./a.out, no ./pool_example).
 """
 
 from __future__ import annotations
@@ -78,10 +80,14 @@ def test_ci_recipes_are_what_ci_runs():
                 assert not cmd or cmd in ci, f"{p.name}:{line}: .ci/run does not run {cmd!r}"
 
 
-def untracked() -> set:
-    got = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
-                         capture_output=True, text=True)
-    return {line[3:] for line in got.stdout.splitlines() if line.startswith("?? ")}
+def checkout_files() -> set:
+    """The checkout's untracked and ignored entries, as git status lists them
+    (build/ is one entry: what a recipe writes there does not show), leaving
+    out Python's byte-code caches."""
+    got = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    return {line[3:] for line in got.stdout.splitlines()
+            if line[:3] in ("?? ", "!! ") and "__pycache__" not in line}
 
 
 def host_env(tmp_path: Path) -> dict:
@@ -120,13 +126,11 @@ def test_host_recipe_runs(path, lang, code, tmp_path):
         cmd = [str(exe)]
     else:
         pytest.fail(f"{path.name}: no way to run a host recipe in {lang!r}")
-    before = untracked()
-    try:
-        got = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    finally:
-        for name in untracked() - before:  # what the recipe wrote into the checkout (e.g. ./pool_example)
-            (ROOT / name).unlink(missing_ok=True)
+    before = checkout_files()
+    got = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert got.returncode == 0, f"{path.name}: recipe failed ({got.returncode}):\n{code}\n--- stdout\n{got.stdout}\n--- stderr\n{got.stderr}"
+    left = checkout_files() - before
+    assert not left, f"{path.name}: the recipe left {sorted(left)} in the checkout (write into build/ or a temporary directory)"
 
 
 def test_host_backend_is_never_a_fallback(tmp_path):
