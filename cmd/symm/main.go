@@ -99,11 +99,16 @@ func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 }
 
 // printDefaults is flag.PrintDefaults with the flags written as the usage
-// lines write them, --name (the flag package accepts both).
+// lines write them: -x for a one-letter flag, --name for the others (the
+// flag package accepts both), and the argument by its name in the usage
+// line (the `NAME` quoted in the flag's help).
 func printDefaults(fs *flag.FlagSet, w io.Writer) {
 	fs.VisitAll(func(f *flag.Flag) {
 		arg, usage := flag.UnquoteUsage(f)
 		line := "  --" + f.Name
+		if len(f.Name) == 1 {
+			line = "  -" + f.Name
+		}
 		if arg != "" {
 			line += " " + arg
 		}
@@ -143,7 +148,7 @@ func info(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("info", "[--json] [--lib-dir DIR]...", stderr)
 	asJSON := fs.Bool("json", false, "print the topology as JSON (schema in the README and topology/doc.go)")
 	var dirs dirList
-	fs.Var(&dirs, "lib-dir", "also look for NCCL and NVSHMEM under this directory (repeatable); Python's site-packages are searched too")
+	fs.Var(&dirs, "lib-dir", "also look for NCCL and NVSHMEM under `DIR` (repeatable); Python's site-packages are searched too")
 	if code, done := parse(fs, args); done {
 		return code
 	}
@@ -194,9 +199,9 @@ func pythonSiteDirs() []string {
 
 func bench(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("bench", "[--backend cuda|host] [--device N] [--iters N]", stderr)
-	backend := fs.String("backend", "", "cuda (the GPU) or host (host memory, no GPU needed); default: SYMM_DEVICE's, else cuda")
-	dev := fs.Int("device", 0, "device to measure")
-	iters := fs.Int("iters", 20000, "alloc+free pairs per size through the pool")
+	backend := fs.String("backend", "", "`cuda|host`: the GPU, or host memory (no GPU needed); default: SYMM_DEVICE's, else cuda")
+	dev := fs.Int("device", 0, "device `N` to measure")
+	iters := fs.Int("iters", 20000, "`N` alloc+free pairs per size through the pool")
 	if code, done := parse(fs, args); done {
 		return code
 	}

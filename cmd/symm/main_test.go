@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -37,13 +39,34 @@ func TestUsage(t *testing.T) {
 		{[]string{"version"}, exitOK, "symm 0.1.0"},
 		// Flags are listed as the usage line writes them.
 		{[]string{"replay", "--help"}, exitOK, "\n  --limit SIZE\n"},
-		{[]string{"bench", "--help"}, exitOK, "\n  --iters int\n"},
+		{[]string{"bench", "--help"}, exitOK, "\n  --iters N\n"},
+		{[]string{"top", "--help"}, exitOK, "\n  -n N\n"},
 		// The help names where the replay documentation is, wherever symm is installed.
 		{[]string{"help"}, exitOK, "https://github.com/libsymm/libsymm/blob/main/docs/REPLAY.md"},
 	} {
 		code, o, e := runCLI(tc.args...)
 		require.Equal(t, tc.code, code, "%v: %s%s", tc.args, o, e)
 		require.Contains(t, o+e, tc.out, "%v", tc.args)
+	}
+}
+
+// Every flag a command's --help lists is written there as its usage line
+// writes it: one dash for a one-letter flag, two for the others, and the
+// argument by the same name.
+func TestHelpAgreesWithUsage(t *testing.T) {
+	for _, cmd := range []string{"info", "bench", "replay", "top", "version"} {
+		code, _, e := runCLI(cmd, "--help")
+		require.Equal(t, exitOK, code, cmd)
+		lines := strings.Split(e, "\n")
+		usageLine := lines[0]
+		require.True(t, strings.HasPrefix(usageLine, "usage: symm "+cmd), usageLine)
+		for _, l := range lines[1:] {
+			if !strings.HasPrefix(l, "  -") {
+				continue
+			}
+			flag := strings.TrimSpace(l)
+			require.Regexp(t, `(\[| )`+regexp.QuoteMeta(flag)+`(\]|$| )`, usageLine, "symm %s --help lists %q", cmd, flag)
+		}
 	}
 }
 

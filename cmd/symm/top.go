@@ -45,12 +45,12 @@ func top(args []string, stdout, stderr io.Writer) int {
 	var o topOptions
 	fs.BoolVar(&o.json, "json", false, "print one snapshot as JSON and exit")
 	fs.BoolVar(&o.once, "once", false, "print the table once and exit")
-	fs.IntVar(&o.n, "n", 0, "with text output (--once, or standard output not a terminal), print this many tables (0: until interrupted)")
-	fs.DurationVar(&o.interval, "interval", time.Second, "time between refreshes")
-	fs.StringVar(&o.sortBy, "sort", "reserved", "column to sort by: "+strings.Join(topColumns, ", "))
-	fs.IntVar(&o.pid, "pid", 0, "show this process in detail: pools, streams, symmetric memory")
-	fs.StringVar(&o.record, "record", "", "record every refresh: FILE.jsonl gets one JSON snapshot per line, FILE.svg or FILE.html a chart of allocated and reserved bytes per process over time, rewritten at each refresh")
-	fs.StringVar(&o.dir, "dir", "", "directory of the statistics pages (default: SYMM_PUBLISH_DIR, else /dev/shm)")
+	fs.IntVar(&o.n, "n", 0, "with text output (--once, or standard output not a terminal), print `N` tables (0: until interrupted)")
+	fs.DurationVar(&o.interval, "interval", time.Second, "time between refreshes, a duration `D` (250ms, 2s)")
+	fs.StringVar(&o.sortBy, "sort", "reserved", "`COLUMN` to sort by: "+strings.Join(topColumns, ", "))
+	fs.IntVar(&o.pid, "pid", 0, "show process `PID` in detail: pools, streams, symmetric memory")
+	fs.StringVar(&o.record, "record", "", "record every refresh in `FILE`: FILE.jsonl gets one JSON snapshot per line, FILE.svg or FILE.html a chart of allocated and reserved bytes per process over time, rewritten at each refresh")
+	fs.StringVar(&o.dir, "dir", "", "look for the statistics pages in `DIR` (default: SYMM_PUBLISH_DIR, else /dev/shm)")
 	if code, done := parse(fs, args); done {
 		return code
 	}
@@ -148,13 +148,31 @@ func sortIndex(col string) int {
 // directory (file names): they are shown only through textView, which
 // escapes them, or as JSON.
 type snapshot struct {
-	Time      time.Time            `json:"time"`
-	Processes []*publish.Page      `json:"processes"`
-	GPUs      []topology.GPUMemory `json:"gpus,omitempty"`
-	GPUError  string               `json:"gpu_error,omitempty"`
-	Problems  []publish.Problem    `json:"problems,omitempty"`
-	Removed   []string             `json:"removed,omitempty"`
-	Totals    map[int]deviceTotals `json:"-"`
+	Time      time.Time               `json:"time"`
+	Processes []*publish.Page         `json:"processes"`
+	GPUs      []topology.GPUMemory    `json:"gpus,omitempty"`
+	GPUError  string                  `json:"gpu_error,omitempty"`
+	Problems  []publish.Problem       `json:"problems,omitempty"`
+	Removed   []string                `json:"removed,omitempty"`
+	Totals    map[device]deviceTotals `json:"-"`
+}
+
+// device is one device with a bar: a GPU (NVML's figures beside the
+// processes') or a device of the host backend (host memory, named so),
+// counted apart even where their indices are the same.
+type device struct {
+	host  bool
+	index int
+}
+
+// deviceOf is device index of a process whose pool runs on backend.
+func deviceOf(backend string, index int) device { return device{host: backend == "host", index: index} }
+
+func (d device) String() string {
+	if d.host {
+		return fmt.Sprintf("host %d", d.index)
+	}
+	return fmt.Sprintf("GPU %d", d.index)
 }
 
 // deviceTotals sums the libsymm processes' figures of one device.
@@ -177,13 +195,14 @@ func takeSnapshot(dir string) *snapshot {
 
 // sum fills Totals from the processes' pages.
 func (s *snapshot) sum() {
-	s.Totals = map[int]deviceTotals{}
+	s.Totals = map[device]deviceTotals{}
 	for _, p := range s.Processes {
 		for _, d := range p.Devices {
-			t := s.Totals[d.Index]
+			k := deviceOf(p.Backend, d.Index)
+			t := s.Totals[k]
 			t.allocated += d.Stats["allocated_bytes.all.current"]
 			t.reserved += d.Stats["reserved_bytes.all.current"]
-			s.Totals[d.Index] = t
+			s.Totals[k] = t
 		}
 	}
 }
@@ -371,27 +390,28 @@ const barWidth = 50
 // bar draws one device: libsymm's allocated (#), its cached free (=), the
 // device's other used memory (-: CUDA contexts, libraries, other processes)
 // and free memory (.), from NVML's totals; without them, allocated within
-// reserved only. The bar is always barWidth cells, whatever the figures
-// (allocated above reserved, reserved above NVML's total, a total of 0).
-func (s *snapshot) bar(dev int) string {
+// reserved only (always so on the host backend). The bar is always
+// barWidth cells, whatever the figures (allocated above reserved, reserved
+// above NVML's total, a total of 0).
+func (s *snapshot) bar(dev device) string {
 	t := s.Totals[dev]
 	cached := cachedBytes(t.allocated, t.reserved)
 	var g *topology.GPUMemory
 	for i := range s.GPUs {
-		if s.GPUs[i].Index == dev {
+		if !dev.host && s.GPUs[i].Index == dev.index {
 			g = &s.GPUs[i]
 		}
 	}
 	if g == nil {
 		parts := barParts(max(t.reserved, t.allocated), t.allocated)
-		return fmt.Sprintf("GPU %-2d [%s%s] %s allocated, %s cached", dev, strings.Repeat("#", parts[0]),
+		return fmt.Sprintf("%-6s [%s%s] %s allocated, %s cached", dev, strings.Repeat("#", parts[0]),
 			strings.Repeat("=", barWidth-parts[0]), human(t.allocated), human(cached))
 	}
 	total, other := int64(g.Total), max(int64(g.Used)-t.reserved, 0)
 	parts := barParts(total, t.allocated, cached, other)
 	b := strings.Repeat("#", parts[0]) + strings.Repeat("=", parts[1]) + strings.Repeat("-", parts[2])
 	b += strings.Repeat(".", barWidth-parts[0]-parts[1]-parts[2])
-	return fmt.Sprintf("GPU %-2d [%s] %s allocated, %s cached, %s other, %s free of %s", dev, b,
+	return fmt.Sprintf("%-6s [%s] %s allocated, %s cached, %s other, %s free of %s", dev, b,
 		human(t.allocated), human(cached), human(other), human(int64(g.Free)), human(total))
 }
 
@@ -412,28 +432,34 @@ func barParts(total int64, parts ...int64) []int {
 	return out
 }
 
-// devicesShown are the devices with a bar: NVML's, else those the
-// processes use.
-func (s *snapshot) devicesShown() []int {
-	var out []int
-	if len(s.GPUs) > 0 {
-		for _, g := range s.GPUs {
-			out = append(out, g.Index)
-		}
-		return out
+// devicesShown are the devices with a bar: NVML's GPUs (else the GPUs the
+// processes use), then the host backend's devices the processes use.
+func (s *snapshot) devicesShown() []device {
+	var out []device
+	for _, g := range s.GPUs {
+		out = append(out, device{index: g.Index})
 	}
 	for d := range s.Totals {
-		out = append(out, d)
+		if d.host || len(s.GPUs) == 0 {
+			out = append(out, d)
+		}
 	}
-	sort.Ints(out)
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return (!a.host && b.host) || (a.host == b.host && a.index < b.index)
+	})
 	return out
 }
 
 // textView is what the text output and the live view print: a title, the
 // device bars, the table (or a process in detail) and the problems.
 func (s *snapshot) textView(col string, pid int) []string {
-	lines := []string{fmt.Sprintf("symm top - %s - %d libsymm processes - sorted by %s",
-		s.Time.Format("15:04:05"), len(s.Processes), col)}
+	procs := "processes"
+	if len(s.Processes) == 1 {
+		procs = "process"
+	}
+	lines := []string{fmt.Sprintf("symm top - %s - %d libsymm %s - sorted by %s",
+		s.Time.Format("15:04:05"), len(s.Processes), procs, col)}
 	for _, d := range s.devicesShown() {
 		lines = append(lines, s.bar(d))
 	}

@@ -91,7 +91,8 @@ func TestTopJSONAndText(t *testing.T) {
 
 	code, out, errs = runSymm(t, "top", "--once", "--dir", dir)
 	require.Equal(t, exitOK, code, errs)
-	require.Contains(t, out, "1 libsymm processes - sorted by reserved")
+	require.Contains(t, out, "1 libsymm process - sorted by reserved")
+	require.Contains(t, out, "\nhost 0 [", "a host-backend device is named so, not GPU 0")
 	require.Contains(t, out, tableHeader())
 	require.Regexp(t, `\n +`+itoa(os.Getpid())+` +0 +3\.0 MiB +8\.0 MiB +8\.0 MiB +5\.0 MiB +2 +1/1\.0 MiB `, out)
 	require.Contains(t, out, "skipped "+filepath.Join(dir, publish.Name(os.Getuid(), 1, 1)))
@@ -199,8 +200,8 @@ func TestTopRecord(t *testing.T) {
 	b, err = os.ReadFile(svg)
 	require.NoError(t, err)
 	require.NoError(t, xml.Unmarshal(b, new(struct{})), "a well-formed SVG")
-	require.Contains(t, string(b), "pid "+itoa(os.Getpid())+" GPU 0 reserved")
-	require.Contains(t, string(b), "pid "+itoa(os.Getpid())+" GPU 0 allocated")
+	require.Contains(t, string(b), "pid "+itoa(os.Getpid())+" host 0 reserved")
+	require.Contains(t, string(b), "pid "+itoa(os.Getpid())+" host 0 allocated")
 }
 
 // The live view on tcell's simulation screen: what it draws, and the keys.
@@ -286,7 +287,7 @@ func TestTopAllocatedAboveReserved(t *testing.T) {
 		"no total":                 {{Index: 0}},
 	} {
 		s := &snapshot{Time: time.Now(), Processes: []*publish.Page{page}, GPUs: gpus,
-			Totals: map[int]deviceTotals{0: {allocated: 9 << 20, reserved: 5 << 20}}}
+			Totals: map[device]deviceTotals{{index: 0}: {allocated: 9 << 20, reserved: 5 << 20}}}
 		for _, pid := range []int{0, 7} {
 			lines := s.textView("cached", pid)
 			bar := lines[1]
@@ -302,6 +303,43 @@ func TestTopAllocatedAboveReserved(t *testing.T) {
 		v.draw(sc)
 		require.Contains(t, screenText(sc), "GPU 0  [", name)
 		sc.Fini()
+	}
+}
+
+// The title counts processes in words ("1 libsymm process"); each device's
+// bar is named for what it is, a GPU or a device of the host backend, and
+// a host-backend process's memory is never added to a GPU's bar of the same
+// index.
+func TestTopTitleAndDeviceNames(t *testing.T) {
+	stats := func(mib int64) map[string]int64 {
+		return map[string]int64{"allocated_bytes.all.current": mib << 20, "reserved_bytes.all.current": mib << 20,
+			"reserved_bytes.all.peak": mib << 20}
+	}
+	gpu := &publish.Page{PID: 7, Command: "train.py", Backend: "cuda", Devices: []publish.Device{{Index: 0, Stats: stats(4)}}}
+	hostPage := &publish.Page{PID: 8, Command: "test.py", Backend: "host", Devices: []publish.Device{{Index: 0, Stats: stats(2)}}}
+	for _, c := range []struct {
+		pages []*publish.Page
+		gpus  []topology.GPUMemory
+		title string
+		bars  []string
+	}{
+		{nil, nil, "0 libsymm processes", nil},
+		{[]*publish.Page{hostPage}, nil, "1 libsymm process -", []string{"host 0 [", "2.0 MiB allocated"}},
+		{[]*publish.Page{gpu}, nil, "1 libsymm process -", []string{"GPU 0  [", "4.0 MiB allocated"}},
+		{[]*publish.Page{gpu, hostPage}, nil, "2 libsymm processes", []string{"GPU 0  [", "4.0 MiB allocated", "host 0 [", "2.0 MiB allocated"}},
+		{[]*publish.Page{hostPage, gpu}, []topology.GPUMemory{{Index: 0, Total: 16 << 20, Used: 4 << 20}, {Index: 1, Total: 16 << 20}},
+			"2 libsymm processes", []string{"GPU 0  [", "4.0 MiB allocated", "GPU 1  [", "0 B allocated", "host 0 [", "2.0 MiB allocated"}},
+	} {
+		s := &snapshot{Time: time.Now(), Processes: c.pages, GPUs: c.gpus}
+		s.sum()
+		lines := s.textView("reserved", 0)
+		require.Contains(t, lines[0], " - "+c.title, lines[0])
+		require.Len(t, s.devicesShown(), len(c.bars)/2)
+		for i := 0; i < len(c.bars); i += 2 {
+			bar := lines[1+i/2]
+			require.True(t, strings.HasPrefix(bar, c.bars[i]), "%q: want %q", bar, c.bars[i])
+			require.Contains(t, bar, c.bars[i+1], bar)
+		}
 	}
 }
 

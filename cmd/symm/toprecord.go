@@ -75,7 +75,7 @@ func (r *recorder) add(s *snapshot) error {
 				stat   string
 				dashed bool
 			}{{"reserved", "reserved_bytes.all.current", false}, {"allocated", "allocated_bytes.all.current", true}} {
-				key := fmt.Sprintf("pid %d GPU %d", p.PID, d.Index)
+				key := fmt.Sprintf("pid %d %s", p.PID, deviceOf(p.Backend, d.Index))
 				name := key + " " + k.what
 				ps := r.series[name]
 				if ps == nil {

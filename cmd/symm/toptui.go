@@ -135,7 +135,7 @@ func (v *topView) draw(sc tcell.Screen) {
 		case strings.HasPrefix(l, "skipped ") || strings.HasPrefix(l, "removed "):
 			style = style.Foreground(tcell.ColorYellow)
 		}
-		if strings.HasPrefix(l, "GPU ") {
+		if strings.HasPrefix(l, "GPU ") || strings.HasPrefix(l, "host ") {
 			drawBar(sc, y, l)
 			continue
 		}
