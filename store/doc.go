@@ -28,7 +28,9 @@
 // Memory lives in one process (tests, a single-process group). Server holds
 // a Memory and serves it over TCP to Clients in other processes, which is
 // what C programs and multi-process tests use. Prefix gives a group its own
-// key space inside a shared store.
+// key space inside a shared store. Count wraps any Store and counts the
+// requests, round trips and bytes its user sends through it (Traffic),
+// without changing what is sent: an all-gather stays one batch on a Client.
 //
 // A Client has one connection and never reconnects: once the connection is
 // lost (the server closed or died), every pending and later call fails with

@@ -33,36 +33,56 @@ func AllGather(s Store, prefix string, rank, world int, value []byte, timeout ti
 	if world < 1 || rank < 0 || rank >= world {
 		return nil, fmt.Errorf("store: all-gather under %q: rank %d outside [0, %d)", prefix, rank, world)
 	}
-	if p, ok := s.(*prefixed); ok { // batch through the view
-		s, prefix = p.s, p.prefix+prefix
-	}
 	keys := make([]string, world)
 	for j := range keys {
 		keys[j] = prefix + strconv.Itoa(j)
 	}
-	if b, ok := s.(batcher); ok {
-		vals, errs, err := b.setGet(keys[rank], value, keys, timeout)
-		if err != nil {
-			return nil, err
-		}
-		for j, e := range errs {
-			if e != nil {
-				return nil, &GatherError{Rank: j, Err: e}
-			}
-		}
-		return vals, nil
-	}
-	if err := s.Set(keys[rank], value); err != nil {
+	vals, errs, err := setGet(s, keys[rank], value, keys, timeout)
+	if err != nil {
 		return nil, err
 	}
-	deadline := time.Now().Add(timeout)
-	vals := make([][]byte, world)
-	for j, k := range keys {
-		v, err := s.Get(k, max(time.Until(deadline), time.Nanosecond))
-		if err != nil {
-			return nil, &GatherError{Rank: j, Err: err}
+	for j, e := range errs {
+		if e != nil {
+			return nil, &GatherError{Rank: j, Err: e}
 		}
-		vals[j] = v
 	}
 	return vals, nil
+}
+
+// setGet sends one all-gather's requests through s: a Set of key, then a
+// Get of each of keys under one deadline. A store that batches (through
+// Prefix's views too) sends them as one batch; any other gets them one at a
+// time, and the Gets stop at the first that fails (errs holds its error;
+// the later keys are not asked).
+func setGet(s Store, key string, value []byte, keys []string, timeout time.Duration) (vals [][]byte, errs []error, err error) {
+	if p, ok := s.(*prefixed); ok { // batch through the view
+		full := make([]string, len(keys))
+		for j, k := range keys {
+			full[j] = p.prefix + k
+		}
+		s, key, keys = p.s, p.prefix+key, full
+	}
+	if b, ok := s.(batcher); ok {
+		return b.setGet(key, value, keys, timeout)
+	}
+	if err := s.Set(key, value); err != nil {
+		return nil, nil, err
+	}
+	deadline := time.Now().Add(timeout)
+	vals, errs = make([][]byte, len(keys)), make([]error, len(keys))
+	for j, k := range keys {
+		if vals[j], errs[j] = s.Get(k, max(time.Until(deadline), time.Nanosecond)); errs[j] != nil {
+			break
+		}
+	}
+	return vals, errs, nil
+}
+
+// batches reports whether setGet sends s's requests as one batch.
+func batches(s Store) bool {
+	if p, ok := s.(*prefixed); ok {
+		s = p.s
+	}
+	_, ok := s.(batcher)
+	return ok
 }
