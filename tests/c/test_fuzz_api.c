@@ -137,9 +137,12 @@ static struct {
 
 /* A symmetric block's extent: buffer, signal pad (2048 bytes at a 16-byte
  * offset), rounded up to pages (the host provider's granularity). */
+/* A symmetric block's bytes: the buffer rounded up to 16, the signal pad
+ * (2048) and the sync area (2048), in whole pages (the host backend's
+ * granularity). */
 static size_t extent(size_t size) {
   size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  return (((size + 15) & ~(size_t)15) + 2048 + page - 1) / page * page;
+  return (((size + 15) & ~(size_t)15) + 2048 + 2048 + page - 1) / page * page;
 }
 static int sym_containing(uintptr_t a) {
   for (int i = 0; i < nsym; i++)
