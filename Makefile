@@ -23,7 +23,7 @@ BINDIR     ?= $(PREFIX)/bin
 PCDIR      ?= $(LIBDIR)/pkgconfig
 FUZZTIME ?= 20s
 
-.PHONY: all lib cli check-header ctests test test-go test-kernels test-torch-ext test-c test-python test-packaging fuzz run device bench clean fmt \
+.PHONY: all lib cli check-header ctests test test-steps test-go test-kernels test-torch-ext test-c test-python test-packaging fuzz run device bench clean fmt \
 	wheel install uninstall set-version cross-arm64
 
 all: lib check-header cli ctests
@@ -60,7 +60,12 @@ $(BUILD)/tests/%: tests/c/%.cpp tests/c/check.h include/symm.h $(LIB)
 # The extension's IPC-handle parsing, tested without torch or CUDA.
 $(BUILD)/tests/test_torch_ext_ipc: python/symm/_torch_ext_ipc.h
 
-test: all test-go test-kernels test-torch-ext test-c test-python test-packaging cross-arm64 fuzz
+# Every step, then no statistics page (symm top's, /dev/shm/libsymm-*) of a
+# process that is gone may be left: tests/check_pages.sh names and removes them.
+test:
+	@bash tests/check_pages.sh $(MAKE) --no-print-directory test-steps
+
+test-steps: all test-go test-kernels test-torch-ext test-c test-python test-packaging cross-arm64 fuzz
 
 test-go:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }

@@ -8,20 +8,42 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/libsymm/libsymm/publish"
 	"github.com/libsymm/libsymm/store"
 	"github.com/libsymm/libsymm/symmetric"
 )
 
 // These tests drive the Go side of the C ABI in-process. They use the host
 // backend unless SYMM_TEST_DEVICE=cuda (the GPU run sets it), so the same
-// binary proves the zero-allocation hot path on a GPU too.
+// binary proves the zero-allocation hot path on a GPU too. The pool's
+// statistics page goes to a directory of the test's own, removed at the
+// end: a Go program exits without running the library's destructor, which
+// removes the page of a C or Python program.
 func TestMain(m *testing.M) {
 	if os.Getenv("SYMM_TEST_DEVICE") == "cuda" {
 		os.Setenv("SYMM_DEVICE", "cuda")
 	} else {
 		os.Setenv("SYMM_DEVICE", "host")
 	}
-	os.Exit(m.Run())
+	pages, err := os.MkdirTemp("", "symm-export-test-pages-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	os.Setenv("SYMM_PUBLISH_DIR", pages)
+	code := m.Run()
+	os.RemoveAll(pages)
+	os.Exit(code)
+}
+
+// The pool's page is in the test's own directory, not in /dev/shm.
+func TestPageInTheTestsDirectory(t *testing.T) {
+	p, _ := poolAlloc(512, 0, 0)
+	require.NotZero(t, p, "alloc: %s", lastErrorText())
+	poolFree(p, 512, 0, 0)
+	l := publish.List(os.Getenv("SYMM_PUBLISH_DIR"), os.Getuid())
+	require.Len(t, l.Pages, 1)
+	require.Equal(t, os.Getpid(), l.Pages[0].PID)
 }
 
 func TestHotPathMakesNoHeapAllocation(t *testing.T) {

@@ -8,7 +8,11 @@
  *                          ("symm-pool") and symmetric blocks ("symm-block");
  *   run_ranks(self, world, addr)  spawns world copies of the program as
  *                          `self child RANK WORLD ADDR` (spawned: Go does not
- *                          survive fork), waits, returns how many failed.
+ *                          survive fork), waits, returns how many failed;
+ *   private_publish_dir()  this program and what it spawns publish their
+ *                          statistics pages (symm top's) in a directory of
+ *                          their own, removed at exit with the pages that
+ *                          killed children could not remove.
  *
  * A program with its own CHECK defines SYMM_TEST_OWN_CHECK first and gets
  * only the counters. */
@@ -18,8 +22,10 @@
 #include <dirent.h>
 #include <spawn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "symm.h"
 
@@ -79,6 +85,33 @@ static inline int run_ranks(const char *self, int world, const char *addr) {
     bad += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
   }
   return bad;
+}
+
+/* A process that dies without exiting (SIGKILL, _exit) leaves its page
+ * behind: a program whose children die so publishes in a directory of its
+ * own (SYMM_PUBLISH_DIR, read by the library at its first allocation), and
+ * removes it at exit. Call it first in main. */
+static char symm_test_publish_dir[256];
+
+static inline void remove_publish_dir(void) {
+  DIR *d = opendir(symm_test_publish_dir);
+  struct dirent *e;
+  if (d == NULL) return;
+  while ((e = readdir(d)) != NULL)
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(dirfd(d), e->d_name, 0);
+  closedir(d);
+  rmdir(symm_test_publish_dir);
+}
+
+static inline void private_publish_dir(void) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(symm_test_publish_dir, sizeof symm_test_publish_dir, "%s/symm-test-pages-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (mkdtemp(symm_test_publish_dir) == NULL) {
+    perror("private_publish_dir: mkdtemp");
+    exit(2);
+  }
+  setenv("SYMM_PUBLISH_DIR", symm_test_publish_dir, 1);
+  atexit(remove_publish_dir);
 }
 
 #endif

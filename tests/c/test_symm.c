@@ -230,6 +230,7 @@ static int run(const char *self, const char *scenario, int world, const char *ad
 
 int main(int argc, char **argv) {
   if (argc >= 6 && !strcmp(argv[1], "child")) return child_main(argv);
+  private_publish_dir(); /* ranks are killed: their pages go with this directory */
   setenv("SYMM_DEVICE", "host", 0);
   setenv("SYMM_TIMEOUT_MS", "3000", 1);
   symm_store_t st;

@@ -10,8 +10,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,11 @@ PYTHON_DIR = ROOT / "python"
 HEADER = ROOT / "include" / "symm.h"
 
 os.environ["SYMM_DEVICE"] = "host"
+# This process and every child publish their statistics pages (symm top's)
+# here rather than in /dev/shm: a child killed by a test cannot remove its
+# page, and the directory goes at the end of the session with what is left.
+PUBLISH_DIR = tempfile.mkdtemp(prefix="symm-pytest-pages-")
+os.environ["SYMM_PUBLISH_DIR"] = PUBLISH_DIR
 if str(PYTHON_DIR) not in sys.path:
     sys.path.insert(0, str(PYTHON_DIR))
 
@@ -94,6 +101,12 @@ def require_host_backend(module) -> None:
         )
     assert module.backend() == "host", f"backend is {module.backend()!r}, not host"
     _backend_checked = True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _publish_dir():
+    yield PUBLISH_DIR
+    shutil.rmtree(PUBLISH_DIR, ignore_errors=True)
 
 
 @pytest.fixture

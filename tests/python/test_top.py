@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MiB, ROOT, child_env
+from conftest import PUBLISH_DIR, MiB, ROOT, child_env
 
 SYMM = ROOT / "build" / "symm"
 
@@ -274,3 +274,29 @@ def test_top_live_view_in_tmux(workers):
             time.sleep(0.1)
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)
+
+
+def test_the_sessions_pages_are_not_in_dev_shm(symm):
+    """The test processes publish in the session's own directory (conftest),
+    so that none is left in /dev/shm, whatever a test kills."""
+    symm.free(symm.alloc(4096))
+    mine = f"libsymm-{os.getuid()}-{os.getpid()}-"
+    assert any(n.startswith(mine) for n in os.listdir(PUBLISH_DIR)), os.listdir(PUBLISH_DIR)
+    assert not any(n.startswith(mine) for n in os.listdir("/dev/shm"))
+
+
+def test_make_test_fails_on_a_page_left_by_a_dead_process(tmp_path):
+    """make test runs its steps under tests/check_pages.sh, which names and
+    removes the pages that processes gone since it started left behind."""
+    assert "bash tests/check_pages.sh $(MAKE)" in (ROOT / "Makefile").read_text()
+    env = child_env({"SYMM_PUBLISH_DIR": str(tmp_path)})
+    check = ["bash", str(ROOT / "tests" / "check_pages.sh"), sys.executable, "-c"]
+    got = subprocess.run([*check, "import os, symm; symm.free(symm.alloc(4096)); os._exit(0)"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 1, got.stdout + got.stderr
+    assert "left 1 statistics page(s) of processes that are gone" in got.stdout and "os._exit" in got.stdout
+    assert not list(tmp_path.iterdir())
+    got = subprocess.run([*check, "import symm; symm.free(symm.alloc(4096))"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert not list(tmp_path.iterdir())
