@@ -25,7 +25,9 @@ import (
 //     clean yet.
 //
 // A rank that fails a step, or does not come by the timeout, fails every
-// rank, which names it (handshake.agree). Every rank of the group calls it,
+// rank, which names it (handshake.agree). On GPUs, a group that meets
+// through its block's sync area agrees by kernel barriers instead
+// (resetOnDevice), with no store round trip. Every rank of the group calls it,
 // in the same order per group (the keys are numbered per group, as
 // rendezvous' are), with no call of the handle's signals or collectives
 // under way.
@@ -43,6 +45,14 @@ func (h *Handle) ResetSignalPad(timeout time.Duration) error {
 	if timeout <= 0 {
 		timeout = h.m.cfg.Timeout
 	}
+	if h.epochSync {
+		if _, ok := h.m.prov.(kernelDevice); ok && h.m.KernelsReady(h.b.Dev()) == nil {
+			if err := h.resetOnDevice(timeout); err != nil {
+				return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
+			}
+			return nil
+		}
+	}
 	g := Group{Name: h.group, Rank: h.rank, World: h.world, Store: h.store}
 	r := &handshake{m: h.m, b: h.b, g: g, deadline: time.Now().Add(timeout), tr: newTracer(false, g),
 		metas: h.metas, h: h, prefix: fmt.Sprintf("symm/%s/reset%d/", h.group, h.m.nextSeq(h.group+"/reset"))}
@@ -51,6 +61,38 @@ func (h *Handle) ResetSignalPad(timeout time.Duration) error {
 	}
 	if err != nil {
 		return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
+	}
+	return nil
+}
+
+// resetOnDevice is ResetSignalPad for a group that meets through its
+// block's sync area on GPUs: the two agreements are kernel barriers of the
+// handle, which meet through the sync area (one store per peer over NVLink,
+// a few microseconds) and never read the signal pad being reset; the store
+// is not used. Step by step:
+//
+//  1. quiesce: every stream of this device is idle;
+//  2. a barrier on channel 0, waited for: when it passes here, every peer
+//     has reached it on its GPU, after its own step 1, so no signal of a
+//     peer is on the way into this rank's pad;
+//  3. zero this rank's signal pad (the sync area and the epoch counts stay:
+//     the meetings never need a reset, every rank having met as often);
+//  4. a second barrier, waited for: every rank's pad is clean before any
+//     returns.
+//
+// A peer that does not come fails the handle, as a barrier's timeout does.
+func (h *Handle) resetOnDevice(timeout time.Duration) error {
+	if err := h.quiesce(); err != nil {
+		return err
+	}
+	if err := h.kernelBarrier(0, 0, timeout); err != nil {
+		return fmt.Errorf("the barrier before zeroing: %w", err)
+	}
+	if err := h.zero(h.b.PadPtr(), SignalPadSize, true); err != nil {
+		return fmt.Errorf("zeroing the signal pad: %w", err)
+	}
+	if err := h.kernelBarrier(0, 0, timeout); err != nil {
+		return fmt.Errorf("the barrier after zeroing: %w", err)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/store"
 )
 
@@ -145,3 +146,30 @@ type quiesceFails struct {
 }
 
 func (quiesceFails) Quiesce(int) error { return errors.New("device stuck") }
+
+// On a GPU, a group that owns its block's sync area resets its pad with two
+// kernel barriers and no store traffic: a slot left set by a put nobody
+// waited for is zero afterwards, the barriers' meeting counts go on, and the
+// signals work again (GPU: SYMM_TEST_DEVICE=cuda).
+func TestResetSignalPadOnGPU(t *testing.T) {
+	_, h := cudaKernelHandle(t, 10*time.Second)
+	require.True(t, h.epochSync, "the handle's group owns the block's sync area")
+	require.NoError(t, h.PutSignal(0, 3, 0, 0)) // left set: nobody waits for it
+	require.NoError(t, cuda.StreamSynchronize(0, 0))
+	slot := make([]byte, 4)
+	addr := h.PadPtr(0) + uintptr(4*3)
+	require.NoError(t, cuda.MemcpyDtoH(0, slot, addr))
+	require.Equal(t, []byte{1, 0, 0, 0}, slot, "the put set our own slot of channel 3")
+	counted := store.Count(h.store)
+	h.store = counted
+	start := time.Now()
+	require.NoError(t, h.ResetSignalPad(0))
+	t.Logf("reset on the GPU: %v", time.Since(start))
+	require.Equal(t, store.Traffic{}, counted.Traffic(), "the store is not used")
+	require.NoError(t, cuda.MemcpyDtoH(0, slot, addr))
+	require.Equal(t, []byte{0, 0, 0, 0}, slot, "the slot is zero after the reset")
+	require.NoError(t, h.PutSignal(0, 3, 0, 0))
+	require.NoError(t, h.WaitSignal(0, 3, 0, 2*time.Second), "signals work again")
+	require.NoError(t, h.Barrier(0, 0, 2*time.Second))
+	require.NoError(t, h.failed())
+}
