@@ -3,6 +3,7 @@ package symmetric
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -437,6 +438,23 @@ func (h *Handle) launch(id int, grid, block uint32, stream uintptr, timeout time
 	return h.awaitKernel(sm, stream, ready, timeout, host, st, c)
 }
 
+// pollSpin is how long a wait that polls an event yields the processor
+// between polls (runtime.Gosched) before it sleeps: a kernel of a few
+// microseconds is seen done within microseconds. A Go sleep of 10 µs can
+// last a millisecond once the scheduler parks in epoll with millisecond
+// granularity, which made every timed call a millisecond or more.
+const pollSpin = 500 * time.Microsecond
+
+// pollPause waits a little before the next poll of a wait that began at
+// start: a yield during the first pollSpin, then 10 µs sleeps.
+func pollPause(start time.Time) {
+	if time.Since(start) < pollSpin {
+		runtime.Gosched()
+		return
+	}
+	time.Sleep(10 * time.Microsecond)
+}
+
 // awaitKernel waits for a kernel launched with a timeout on stream after
 // event ready (sm's marker) and returns what it reported in the call's word
 // (host, st: its host and device addresses); a report, or a kernel that
@@ -482,10 +500,11 @@ func (h *Handle) awaitKernel(sm streamMarker, stream, ready uintptr, timeout tim
 				"(no peer was waited for and the handle stays usable; the kernel stays queued, and a late peer it reports fails the handle then)",
 				h.describe(c), ErrSignalTimeout, behind)
 		}
-		time.Sleep(10 * time.Microsecond)
+		pollPause(start)
 	}
 	sm.Forget(dev, ready, true)
-	deadline := time.Now().Add(limit)
+	reached := time.Now()
+	deadline := reached.Add(limit)
 	for {
 		passed, err := sm.Passed(dev, done)
 		if err != nil {
@@ -500,7 +519,7 @@ func (h *Handle) awaitKernel(sm streamMarker, stream, ready uintptr, timeout tim
 			return fail(fmt.Errorf("%s: %w: the kernel did not finish within %v of the stream reaching it",
 				h.describe(c), ErrSignalTimeout, limit))
 		}
-		time.Sleep(10 * time.Microsecond)
+		pollPause(reached)
 	}
 	sm.Forget(dev, done, true)
 	r, ok := kernels.DecodeReport(word(host).Swap(0))

@@ -356,7 +356,7 @@ func (h *Handle) streamSignal(put bool, stream, a uintptr, timeout time.Duration
 			return fmt.Errorf("%w: the %s did not complete within %v of the stream reaching it (the stream stays blocked until the signal comes)",
 				ErrSignalTimeout, op, timeout)
 		}
-		time.Sleep(20 * time.Microsecond)
+		pollPause(start)
 	}
 }
 
