@@ -547,10 +547,13 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
 /* Starts h's signals over on every rank of its group, as a block handed out
  * again by a caching allocator (PyTorch's MemPool) needs before its next
  * use: each rank waits for the work queued on its device, the ranks agree
- * through the group's store (no peer can still be signalling), each zeroes
- * its own signal pad (and, when h's group owns the block's sync area, that
- * area and its meeting counts), and the ranks agree again before any
- * returns. Every rank of the group calls it, in the same order per group,
+ * (no peer can still be signalling), each zeroes its own signal pad, and
+ * the ranks agree again before any returns. On GPUs, a group that owns the
+ * block's sync area (symm_one_shot_all_reduce) agrees by two of its own
+ * kernel barriers, which meet through that area, with no store request
+ * (tens of microseconds). Otherwise (the host backend, or a group that does
+ * not own the area) the ranks agree through the group's store, and a group
+ * that owns the area zeroes the area and its meeting counts as well. Every rank of the group calls it, in the same order per group,
  * with no signal or collective of h under way. timeout_ms bounds each wait
  * for the peers (0: SYMM_TIMEOUT_MS). Returns SYMM_OK; SYMM_ERR_INVALID for
  * a bad handle or a negative timeout_ms, SYMM_ERR_UNKNOWN_POINTER when the
