@@ -88,8 +88,11 @@ func TestNoTornReads(t *testing.T) {
 			v.Store(i)
 			w.Update()
 			// Updates back to back, far more often than the library's four
-			// a second, but with gaps a reader can fall into.
-			time.Sleep(20 * time.Microsecond)
+			// a second, but with gaps a reader can fall into even when it
+			// is slow (the race detector on a loaded machine makes a read
+			// take longer than a 20 µs gap, and a reader that never finds
+			// a gap gives up after 1,000 tries).
+			time.Sleep(300 * time.Microsecond)
 		}
 	}()
 	for i := 0; i < 2000; i++ {
