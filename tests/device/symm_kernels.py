@@ -42,7 +42,7 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
-from symm_rounds import all_reduce_rounds, push_rounds, rsag_rounds, two_shot_rounds  # noqa: E402 - beside this file
+from symm_rounds import all_reduce_rounds, graph_replays, push_rounds, rsag_rounds, two_shot_rounds  # noqa: E402 - beside this file
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [4 * KiB << k for k in range(11)]  # 4 KiB .. 4 MiB
@@ -222,31 +222,13 @@ def run_rank(rank, world, port, push_only=False):
         g_in = symm.empty(1 << 18, dtype=torch.float32, device=dev)
         hg = symm.rendezvous(g_in, group)
         g_out = torch.empty_like(g_in)
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the capture
-            g_in.fill_(1.0)
+
+        def barrier_and_all_reduce():
+            hg.barrier(channel=5)
             symm.one_shot_all_reduce(g_in, group=group, out=g_out)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                hg.barrier(channel=5)
-                symm.one_shot_all_reduce(g_in, group=group, out=g_out)
-            ok, detail = True, ""
-            for k in range(3):
-                g_in.fill_(float(rank + 10 * k))
-                torch.cuda.synchronize()
-                graph.replay()
-                torch.cuda.synchronize()
-                want = float(sum(r + 10 * k for r in range(world)))
-                good = bool((g_out == want).all())
-                ok &= good
-                if not good:
-                    detail = f"replay {k}: {g_out[:4].tolist()} want {want}"
-        except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
-            ok, detail = False, f"{type(e).__name__}: {e}"
+
+        ok, detail = graph_replays(dev, barrier_and_all_reduce, lambda k: g_in.fill_(float(rank + 10 * k)),
+                                   lambda k: float(sum(r + 10 * k for r in range(world))), [g_out], 3)
         check("barrier + one_shot_all_reduce captured in a CUDA graph, replayed 3 times", ok, detail)
         dist.barrier()
 

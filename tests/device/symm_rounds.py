@@ -22,6 +22,38 @@ import time
 KiB, MiB = 1 << 10, 1 << 20
 
 
+def graph_replays(dev, calls, fill, want, outs, replays):
+    """calls() warmed up on a side stream, captured in one CUDA graph and
+    replayed `replays` times, fill(k) changing the inputs before replay k:
+    after each replay every tensor of outs must equal want(k). (ok, detail)
+    for check; a capture that fails is the finding."""
+    import torch
+
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (rendezvous, kernels)
+        fill(0)
+        calls()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            calls()
+        for k in range(replays):
+            fill(k)
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            w = want(k)
+            for i, o in enumerate(outs):
+                if not bool((o == w).all()):
+                    return False, f"replay {k}: output {i} {o[:4].tolist()} want {w}"
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
+        return False, f"{type(e).__name__}: {e}"
+
+
 def two_shot_rounds(rank, world, dev, group, check):
     """symm.two_shot_all_reduce: float32 and bfloat16, 4 KiB..4 MiB (and
     sizes that split unevenly into world shares), in place (the sum in the
@@ -79,32 +111,13 @@ def two_shot_rounds(rank, world, dev, group, check):
     # A CUDA graph of two calls (in place, then out of place) replayed with new inputs.
     g_in = symm.empty(1 << 18, dtype=torch.float32, device=dev)
     g_out = torch.empty_like(g_in)
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture (rendezvous, kernels)
-        g_in.fill_(1.0)
+
+    def two_calls():
         symm.two_shot_all_reduce(g_in, group=group)
         symm.two_shot_all_reduce(g_in, group=group, out=g_out)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            symm.two_shot_all_reduce(g_in, group=group)
-            symm.two_shot_all_reduce(g_in, group=group, out=g_out)
-        ok, detail = True, ""
-        for k in range(1000):
-            g_in.fill_(float(rank + 10 * k))
-            torch.cuda.synchronize()
-            graph.replay()
-            torch.cuda.synchronize()
-            want = float(sum(r + 10 * k for r in range(world))) * world
-            good = bool((g_out == want).all()) and bool((g_in == want).all())
-            ok &= good
-            if not good:
-                detail = f"replay {k}: out {g_out[:4].tolist()} in {g_in[:4].tolist()} want {want}"
-    except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
-        ok, detail = False, f"{type(e).__name__}: {e}"
+
+    ok, detail = graph_replays(dev, two_calls, lambda k: g_in.fill_(float(rank + 10 * k)),
+                               lambda k: float(sum(r + 10 * k for r in range(world))) * world, [g_out, g_in], 1000)
     check("two_shot_all_reduce x2 captured in a CUDA graph, replayed 1000 times with new inputs", ok, detail)
     dist.barrier()
 
@@ -201,32 +214,13 @@ def rsag_rounds(rank, world, dev, group, check):
     n = 1 << 16
     g_x = symm.empty(world * n, dtype=torch.float32, device=dev)
     g_out = torch.empty(world * n, dtype=torch.float32, device=dev)
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture (rendezvous, kernels)
-        g_x.fill_(1.0)
+
+    def rs_ag():
         symm.reduce_scatter(g_x, group=group)
         symm.all_gather(g_x, group=group, out=g_out)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            symm.reduce_scatter(g_x, group=group)
-            symm.all_gather(g_x, group=group, out=g_out)
-        ok, detail = True, ""
-        for k in range(1000):
-            g_x.fill_(float(rank + 10 * k))
-            torch.cuda.synchronize()
-            graph.replay()
-            torch.cuda.synchronize()
-            want = float(sum(r + 10 * k for r in range(world)))
-            good = bool((g_out == want).all())
-            ok &= good
-            if not good:
-                detail = f"replay {k}: out {g_out[:4].tolist()} want {want}"
-    except Exception as e:  # noqa: BLE001 - a capture that fails is the finding
-        ok, detail = False, f"{type(e).__name__}: {e}"
+
+    ok, detail = graph_replays(dev, rs_ag, lambda k: g_x.fill_(float(rank + 10 * k)),
+                               lambda k: float(sum(r + 10 * k for r in range(world))), [g_out], 1000)
     check("reduce_scatter + all_gather captured in a CUDA graph, replayed 1000 times with new inputs", ok, detail)
     dist.barrier()
 
