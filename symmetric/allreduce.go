@@ -30,32 +30,14 @@ type AllReduce struct {
 }
 
 // OneShotAllReduce runs a on the handle's group. On GPUs it is one kernel
-// (kernels/symm.cu): block b synchronizes with block b of every peer on
-// channel b (at most 24 channels) before and after reading, so it must not
+// (kernels/symm.cu): block b meets block b of every peer on channel b (at
+// most Handle.maxBlocks channels) before and after reading, so it must not
 // run concurrently with signals of the handle on those channels. Sums are
 // accumulated in float32 in rank order, so every rank gets the same bits.
 // On the host backend the calling thread does the same with host signals on
 // channel 0.
 func (h *Handle) OneShotAllReduce(a AllReduce) error {
-	release, err := h.Acquire()
-	if err != nil {
-		return err
-	}
-	defer release()
-	nbytes, err := h.checkAllReduce(a, oneShotName)
-	if err != nil || nbytes == 0 {
-		return err
-	}
-	if err := h.failed(); err != nil {
-		return fmt.Errorf("one_shot_all_reduce: %w", err)
-	}
-	if _, ok := h.m.prov.(kernelDevice); ok {
-		if err := h.m.KernelsReady(h.b.Dev()); err != nil {
-			return fmt.Errorf("one_shot_all_reduce on device %d needs the kernels: %w", h.b.Dev(), err)
-		}
-		return h.kernelAllReduce(a, nbytes)
-	}
-	return h.hostAllReduce(a, nbytes)
+	return h.collective(a, oneShotName)
 }
 
 const (
@@ -79,29 +61,7 @@ const (
 // channel 0. Out may be this rank's buffer at Offset exactly, or memory
 // disjoint from it; Local likewise, and not shifted against Out.
 func (h *Handle) TwoShotAllReduce(a AllReduce) error {
-	release, err := h.Acquire()
-	if err != nil {
-		return err
-	}
-	defer release()
-	nbytes, err := h.checkAllReduce(a, twoShotName)
-	if err != nil || nbytes == 0 {
-		return err
-	}
-	if err := h.failed(); err != nil {
-		return fmt.Errorf("two_shot_all_reduce: %w", err)
-	}
-	if _, ok := h.m.prov.(kernelDevice); ok {
-		if err := h.m.KernelsReady(h.b.Dev()); err != nil {
-			return fmt.Errorf("two_shot_all_reduce on device %d needs the kernels: %w", h.b.Dev(), err)
-		}
-		v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world, h.maxBlocks)
-		words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()), uint64(h.epochsArg()),
-			u32(h.rank), u32(h.world), 0, 0}
-		return h.launch(twoShotIndex(a.Dtype, v, h.world), blocks, threads, a.Stream, a.Timeout, words[:],
-			callDesc{kind: kTwoShot, count: a.Count, dtype: a.Dtype})
-	}
-	return h.hostTwoShot(a, nbytes)
+	return h.collective(a, twoShotName)
 }
 
 // checkAllReduce validates a for fn (one_shot_all_reduce or
@@ -169,14 +129,6 @@ func overlap(a, b uintptr, n uint64) bool {
 		d = b - a
 	}
 	return uint64(d) < n
-}
-
-func (h *Handle) kernelAllReduce(a AllReduce, nbytes uint64) error {
-	v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world, h.maxBlocks)
-	words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()), uint64(h.epochsArg()),
-		u32(h.rank), u32(h.world), 0, 0}
-	return h.launch(allReduceIndex(a.Dtype, v, h.world), blocks, threads, a.Stream, a.Timeout, words[:],
-		callDesc{kind: kAllReduce, count: a.Count, dtype: a.Dtype})
 }
 
 // allReduceShape is the all-reduce kernel's words per thread and launch

@@ -45,33 +45,59 @@ func (h *Handle) AllGather(a AllReduce) error {
 	return h.collective(a, allGatherName)
 }
 
+// collective runs a as fn (one_shot_all_reduce, two_shot_all_reduce,
+// reduce_scatter or all_gather): what each of them does around its work,
+// in one place. It holds the block, checks a (the size of the message, or
+// of one share), refuses a handle that failed, then launches fn's kernel
+// on GPUs (the four share a launch shape and words: allReduceShape) or runs
+// fn's protocol on the host backend. fn is a constant name, compared
+// rather than passed as a function so that the call allocates nothing.
 func (h *Handle) collective(a AllReduce, fn string) error {
 	release, err := h.Acquire()
 	if err != nil {
 		return err
 	}
 	defer release()
-	nbytes, err := h.checkCollective(a, fn)
+	reduce := fn == oneShotName || fn == twoShotName
+	var nbytes uint64
+	if reduce {
+		nbytes, err = h.checkAllReduce(a, fn)
+	} else {
+		nbytes, err = h.checkCollective(a, fn)
+	}
 	if err != nil || nbytes == 0 {
 		return err
 	}
 	if err := h.failed(); err != nil {
 		return fmt.Errorf("%s: %w", fn, err)
 	}
-	if _, ok := h.m.prov.(kernelDevice); ok {
-		if err := h.m.KernelsReady(h.b.Dev()); err != nil {
-			return fmt.Errorf("%s on device %d needs the kernels: %w", fn, h.b.Dev(), err)
+	if _, ok := h.m.prov.(kernelDevice); !ok {
+		switch fn {
+		case oneShotName:
+			return h.hostAllReduce(a, nbytes)
+		case twoShotName:
+			return h.hostTwoShot(a, nbytes)
 		}
-		v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world, h.maxBlocks)
-		words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()), uint64(h.epochsArg()),
-			u32(h.rank), u32(h.world), 0, 0}
-		id, kind := reduceScatterIndex(a.Dtype, v, h.world), kReduceScatter
-		if fn == allGatherName {
-			id, kind = allGatherIndex(v), kAllGather
-		}
-		return h.launch(id, blocks, threads, a.Stream, a.Timeout, words[:], callDesc{kind: kind, count: a.Count, dtype: a.Dtype})
+		return h.hostCollective(a, fn, nbytes)
 	}
-	return h.hostCollective(a, fn, nbytes)
+	if err := h.m.KernelsReady(h.b.Dev()); err != nil {
+		return fmt.Errorf("%s on device %d needs the kernels: %w", fn, h.b.Dev(), err)
+	}
+	v, blocks, threads := allReduceShape(a.Offset, nbytes, h.world, h.maxBlocks)
+	words := [...]uint64{uint64(h.BufferPtrsDev()), a.Offset, nbytes / 4, uint64(a.Out), uint64(a.Local), uint64(h.PadPtrsDev()),
+		uint64(h.epochsArg()), u32(h.rank), u32(h.world), 0, 0}
+	var id, kind int
+	switch fn {
+	case oneShotName:
+		id, kind = allReduceIndex(a.Dtype, v, h.world), kAllReduce
+	case twoShotName:
+		id, kind = twoShotIndex(a.Dtype, v, h.world), kTwoShot
+	case reduceScatterName:
+		id, kind = reduceScatterIndex(a.Dtype, v, h.world), kReduceScatter
+	default:
+		id, kind = allGatherIndex(v), kAllGather
+	}
+	return h.launch(id, blocks, threads, a.Stream, a.Timeout, words[:], callDesc{kind: kind, count: a.Count, dtype: a.Dtype})
 }
 
 // checkCollective validates a for reduce_scatter or all_gather and returns

@@ -224,6 +224,20 @@ func TestTwoShotAllReduceKernelLaunches(t *testing.T) {
 	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), 16, 512, uint64(uintptrOf(out)), 0, uint64(h.PadPtrsDev()),
 		uint64(h.epochsArg()), 0, 1, uint64(time.Second), l4.words[10]}, l4.words)
 
+	// The one-shot launches its own kernel with the same shape and words.
+	a.Offset = 16
+	other := make([]uint32, 1024)
+	a.Out = uintptrOf(other)
+	require.NoError(t, h.OneShotAllReduce(a))
+	g.mu.Lock()
+	one := g.launched[len(g.launched)-1]
+	g.mu.Unlock()
+	require.Equal(t, "symm_ar_bf16_v4_wany", kernelNames[one.id])
+	require.Equal(t, [2]uint32{b, th}, [2]uint32{one.grid, one.block})
+	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), 16, 512, uint64(uintptrOf(other)), 0, uint64(h.PadPtrsDev()),
+		uint64(h.epochsArg()), 0, 1, uint64(time.Second), one.words[10]}, one.words)
+	a.Out = uintptrOf(out)
+
 	g.report = 1<<63 | uint64(kernels.OpReduceOut)<<56 | 2<<32 | 5
 	a.Timeout = 100 * time.Millisecond
 	err := h.TwoShotAllReduce(a)
