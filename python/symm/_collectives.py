@@ -17,14 +17,21 @@ from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_strea
 
 _allreduce_handles: dict = {}
 
-def _all_reduce_args(fn: str, tensor, op: str, local_input):
-    """The checks the one-shot and two-shot all-reduce share: the dtype
-    code, the element count and the local input's address (0: none)."""
-    import torch
 
+def _torch_dtypes() -> dict:
+    """torch dtype -> the library's code (SYMM_FLOAT32, _BFLOAT16,
+    _FLOAT16): every collective takes the same three. Filled at the first
+    call (torch is imported only then)."""
     if not _TORCH_DTYPES:
+        import torch
+
         _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
-    code = _TORCH_DTYPES.get(tensor.dtype)
+    return _TORCH_DTYPES
+
+def _all_reduce_args(fn: str, tensor, op: str, local_input):
+    """The checks the one-shot, two-shot and push all-reduce share: the
+    dtype code, the element count and the local input's address (0: none)."""
+    code = _torch_dtypes().get(tensor.dtype)
     if code is None:
         raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
     if op != "sum":
@@ -133,10 +140,6 @@ def reduce_scatter(tensor, op: str = "sum", group=None, out=None, local_input=No
     n's bytes a multiple of 4; in stream order on the current stream; every
     rank calls it with the same shape. Raises ValueError or SymmError
     (INVALID, NO_DEVICE, TIMEOUT naming a rank that did not come)."""
-    import torch
-
-    if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
     if op != "sum":
         raise ValueError(f"reduce_scatter: op {op!r}: only 'sum' is supported")
     hit = _allreduce_handle(tensor, group)
@@ -144,7 +147,7 @@ def reduce_scatter(tensor, op: str = "sum", group=None, out=None, local_input=No
     if tensor.numel() % world:
         raise ValueError(f"reduce_scatter: the tensor's {tensor.numel()} elements do not split into {world} shares")
     n = tensor.numel() // world
-    code, local = _collective_args("reduce_scatter", tensor, _TORCH_DTYPES, local_input, world * n)
+    code, local = _collective_args("reduce_scatter", tensor, _torch_dtypes(), local_input, world * n)
     if out is None:
         out = tensor.view(-1)[rank * n:(rank + 1) * n]
     elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
@@ -167,16 +170,12 @@ def all_gather(tensor, group=None, out=None, local_input=None, timeout_ms: int =
     float32, bfloat16 and float16 (a copy), n's bytes a multiple of 4; in
     stream order on the current stream; every rank calls it with the same
     shape. Raises ValueError or SymmError (INVALID, NO_DEVICE, TIMEOUT)."""
-    import torch
-
-    if not _PUSH_TORCH_DTYPES:
-        _PUSH_TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
     hit = _allreduce_handle(tensor, group)
     world = hit[3]
     if tensor.numel() % world:
         raise ValueError(f"all_gather: the tensor's {tensor.numel()} elements do not split into {world} shares")
     n = tensor.numel() // world
-    code, local = _collective_args("all_gather", tensor, _PUSH_TORCH_DTYPES, local_input, n)
+    code, local = _collective_args("all_gather", tensor, _torch_dtypes(), local_input, n)
     if out is None:
         out = tensor
     elif out.dtype != tensor.dtype or out.numel() != world * n or not out.is_contiguous():
@@ -237,7 +236,6 @@ def push_workspace(group=None, device: Any = None, max_bytes: int | None = None)
     return h
 
 
-_PUSH_TORCH_DTYPES: dict = {}
 _push_handles: dict = {}  # (group or its id, device index) -> workspace handle: no lookup per call
 
 
@@ -257,16 +255,7 @@ def push_all_reduce(tensor, op: str = "sum", group=None, out=None, timeout_ms: i
     come, after which the group's workspace has failed)."""
     import torch
 
-    if not _PUSH_TORCH_DTYPES:
-        _PUSH_TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
-    code = _PUSH_TORCH_DTYPES.get(tensor.dtype)
-    if code is None:
-        raise ValueError(f"push_all_reduce: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
-    if op != "sum":
-        raise ValueError(f"push_all_reduce: op {op!r}: only 'sum' is supported")
-    if not tensor.is_contiguous():
-        raise ValueError("push_all_reduce: the tensor must be contiguous")
-    n = tensor.numel()
+    code, n, _ = _all_reduce_args("push_all_reduce", tensor, op, None)
     if out is None:
         out = torch.empty_like(tensor)
     elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous() or out.device != tensor.device:
@@ -452,9 +441,7 @@ def all_reduce(tensor, op: str = "sum", group=None, out=None, algorithm: str | N
             out.copy_(tensor)
         dist.all_reduce(out, group=pg)
         return out
-    if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
-    code = _TORCH_DTYPES.get(tensor.dtype)
+    code = _torch_dtypes().get(tensor.dtype)
     if code is None:
         raise ValueError(f"all_reduce: dtype {tensor.dtype} with the {alg} all-reduce: want torch.float32, "
                          "torch.bfloat16 or torch.float16")

@@ -261,11 +261,11 @@ class Handle:
         rank's input (copied there first from local_input when given); out
         (0: this rank's buffer there, in place) receives every rank's share
         at its place."""
-        if dtype not in _PUSH_DTYPES:
+        if dtype not in _DTYPES:
             raise ValueError(f"all_gather: dtype {dtype!r}: want float32, bfloat16 or float16")
         if not out:
             out = self.buffer_ptrs[self.rank] + int(offset)
-        _fast_rc(load().symm_all_gather, self._h, int(self.offset + offset), int(count), _PUSH_DTYPES[dtype],
+        _fast_rc(load().symm_all_gather, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
                  int(out), int(local_input), self._stream(stream), int(timeout_ms))
 
     def push_all_reduce_ptr(self, in_ptr: int, out_ptr: int, count: int, dtype: str = "float32", op: str = "sum",
@@ -274,11 +274,11 @@ class Handle:
         being a push workspace (see :func:`push_all_reduce_workspace_size`):
         count elements of dtype ("float32", "bfloat16" or "float16") at
         in_ptr of every rank, summed into out_ptr (which may be in_ptr)."""
-        if dtype not in _PUSH_DTYPES:
+        if dtype not in _DTYPES:
             raise ValueError(f"push_all_reduce: dtype {dtype!r}: want float32, bfloat16 or float16")
         if op not in _OPS:
             raise ValueError(f"push_all_reduce: op {op!r}: only 'sum' is supported")
-        _fast_rc(load().symm_push_all_reduce, self._h, int(in_ptr), int(out_ptr), int(count), _PUSH_DTYPES[dtype],
+        _fast_rc(load().symm_push_all_reduce, self._h, int(in_ptr), int(out_ptr), int(count), _DTYPES[dtype],
                  _OPS[op], self._stream(stream), int(timeout_ms))
 
     @property
@@ -288,7 +288,6 @@ class Handle:
 
 
 _DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
-_PUSH_DTYPES = _DTYPES
 _TORCH_DTYPES: dict = {}
 
 
