@@ -253,22 +253,6 @@ func (e *tooLargeErr) Error() string {
 }
 func (e *tooLargeErr) OutOfMemory() bool { return true }
 
-// countSegment adds bytes (and segments) of kind k to the device's reserved
-// statistics; d.reserve has already counted the bytes against the limit.
-func (d *device) countSegment(k poolKind, bytes int64, segments int64) {
-	t := statType(k)
-	d.reserved[stAll].add(bytes)
-	d.reserved[t].add(bytes)
-	d.numDeviceAlloc.Add(1)
-	if segments != 0 {
-		d.segments[stAll].add(segments)
-		d.segments[t].add(segments)
-		if k == oversizePool {
-			d.oversizeSegs.add(segments)
-		}
-	}
-}
-
 // releaseExpandable gives back what the expandable segments of s hold
 // unused: a wholly free segment is unmapped and its range given back, the
 // chunks wholly inside the free last block of the others are unmapped, and

@@ -125,7 +125,7 @@ func (s *shard) newSegment(r uint64, k poolKind) (*block, error) {
 	}
 	ptr, err := d.pool.backend.Alloc(d.idx, size)
 	if err != nil {
-		d.unreserve(size, false)
+		d.unreserve(size)
 		return nil, err
 	}
 	d.countSegment(k, int64(size), 1)
@@ -178,14 +178,53 @@ func (d *device) reserve(size uint64) error {
 	return nil
 }
 
-// unreserve gives back a reservation: of a segment the backend refused
-// (counted=false) or of one released (counted=true, in the statistics too).
-func (d *device) unreserve(size uint64, counted bool) {
+// unreserve gives back size bytes counted against the limit by reserve: of
+// a segment the backend refused, of memory released, or of spare chunks
+// released. The reserved statistics are uncountSegment's.
+func (d *device) unreserve(size uint64) {
 	d.reserveMu.Lock()
 	d.committed -= size
 	d.reserveMu.Unlock()
-	if counted {
-		d.reserved[stAll].add(-int64(size))
+}
+
+// countSegment adds bytes of kind k that one backend call gave (a segment,
+// or chunks mapped into one) and segments new segments to the device's
+// reserved statistics; d.reserve has already counted the bytes against the
+// limit. It and uncountSegment are the only writers of reserved_bytes and
+// segment, and of num_device_alloc and num_device_free.
+func (d *device) countSegment(k poolKind, bytes int64, segments int64) {
+	t := statType(k)
+	d.reserved[stAll].add(bytes)
+	d.reserved[t].add(bytes)
+	d.numDeviceAlloc.Add(1)
+	if segments != 0 {
+		d.segments[stAll].add(segments)
+		d.segments[t].add(segments)
+		if k == oversizePool {
+			d.oversizeSegs.add(segments)
+		}
+	}
+}
+
+// uncountSegment takes out of the reserved statistics what countSegment
+// put in: bytes of kind k that one backend call took back (a segment freed,
+// chunks unmapped; 0 when none did: an expandable segment's range goes
+// after its chunks were uncounted one unmap at a time) and segments
+// segments gone. The limit's side is unreserve's (chunks kept spare stay
+// counted against the limit).
+func (d *device) uncountSegment(k poolKind, bytes int64, segments int64) {
+	t := statType(k)
+	if bytes != 0 {
+		d.reserved[stAll].add(-bytes)
+		d.reserved[t].add(-bytes)
+		d.numDeviceFree.Add(1)
+	}
+	if segments != 0 {
+		d.segments[stAll].add(-segments)
+		d.segments[t].add(-segments)
+		if k == oversizePool {
+			d.oversizeSegs.add(-segments)
+		}
 	}
 }
 
@@ -218,7 +257,6 @@ func (s *shard) releaseSegment(seg *segment) error {
 			return fmt.Errorf("releasing a %d-byte segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
 		}
 		d.hist.record(ActSegmentFree, seg.ptr, seg.size, s.stream)
-		d.numDeviceFree.Add(1)
 	}
 	// What is still counted: a fixed segment's size; nothing of an
 	// expandable one, whose chunks dropMapped uncounted as it unmapped them.
@@ -228,14 +266,8 @@ func (s *shard) releaseSegment(seg *segment) error {
 	s.removeSeg(seg)
 	s.recycle(seg.head)
 	seg.head, seg.tail = nil, nil
-	t := statType(seg.kind)
-	d.unreserve(mapped, true)
-	d.reserved[t].add(-int64(mapped))
-	d.segments[stAll].add(-1)
-	d.segments[t].add(-1)
-	if seg.kind == oversizePool {
-		d.oversizeSegs.add(-1)
-	}
+	d.unreserve(mapped)
+	d.uncountSegment(seg.kind, int64(mapped), 1)
 	if rangeErr != nil {
 		return fmt.Errorf("giving back the address range of an expandable segment at %#x on device %d: %w", seg.ptr, d.idx, rangeErr)
 	}

@@ -198,13 +198,11 @@ func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) 
 		seg.holes.set(off/d.chunk, true)
 	}
 	if keep {
-		s.kept += n
-		d.reserved[stAll].add(-int64(n))
+		s.kept += n // still counted against the limit, as spare
 	} else {
-		d.unreserve(n, true)
+		d.unreserve(n)
 	}
-	d.reserved[statType(seg.kind)].add(-int64(n))
-	d.numDeviceFree.Add(1)
+	d.uncountSegment(seg.kind, int64(n), 0)
 	d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), n, s.stream)
 	return n, err
 }
@@ -256,7 +254,7 @@ func (s *shard) mapRun(ptr uintptr, n uint64) (uint64, error) {
 	d.numChunkMaps.Add(1)
 	if take > 0 {
 		if err := d.pool.keeper.MapKept(d.idx, ptr, take); err != nil {
-			d.unreserve(n-take, false)
+			d.unreserve(n - take)
 			return 0, fmt.Errorf("expandable segment: mapping %d bytes of spare chunks at %#x on device %d: %w", take, ptr, d.idx, err)
 		}
 		s.kept -= take
@@ -265,7 +263,7 @@ func (s *shard) mapRun(ptr uintptr, n uint64) (uint64, error) {
 	}
 	if n > take {
 		if err := d.pool.exp.MapChunks(d.idx, ptr+uintptr(take), n-take); err != nil {
-			d.unreserve(n-take, false)
+			d.unreserve(n - take)
 			return take, fmt.Errorf("expandable segment: mapping %d more bytes at %#x on device %d: %w", n-take, ptr+uintptr(take), d.idx, err)
 		}
 		d.hist.record(ActSegmentMap, ptr+uintptr(take), n-take, s.stream)
@@ -289,7 +287,7 @@ func (s *shard) dropSpare() error {
 		return fmt.Errorf("releasing %d bytes of spare chunks on device %d: %w", n, d.idx, err)
 	}
 	s.kept = 0
-	d.unreserve(n, false)
+	d.unreserve(n)
 	return nil
 }
 
