@@ -16,7 +16,7 @@ func BenchmarkCachedAllocFree(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				ptr, _ := p.Alloc(0, sA, n)
+				ptr, _, _ := p.Alloc(0, sA, n)
 				_ = p.Free(0, sA, ptr, n)
 			}
 		})
@@ -37,7 +37,7 @@ func BenchmarkCachedParallel(b *testing.B) {
 					st = next.Add(1) << 12
 				}
 				for pb.Next() {
-					ptr, err := p.Alloc(0, st, 1<<20)
+					ptr, _, err := p.Alloc(0, st, 1<<20)
 					if err != nil {
 						panic(err)
 					}

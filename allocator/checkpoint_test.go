@@ -72,7 +72,7 @@ func TestResetAccumulated(t *testing.T) {
 		f.launch(sC)
 		require.NoError(t, p.Free(0, streams[1%len(streams)], live[1], 3<<20))
 		f.capacity = 1 << 30
-		_, err := p.Alloc(0, sA, 2<<30) // an out-of-memory answer counts retries and OOMs
+		_, _, err := p.Alloc(0, sA, 2<<30) // an out-of-memory answer counts retries and OOMs
 		require.ErrorIs(t, err, ErrOutOfMemory)
 
 		before, err := p.StatsMap(0)
@@ -703,7 +703,7 @@ func fuzzRestore(t *testing.T, data []byte) {
 			if inPool {
 				ptr, _, err = p.AllocIn(0, st, n, graphPool)
 			} else {
-				ptr, err = p.Alloc(0, st+sC, n) // streams of their own for the default pool
+				ptr, _, err = p.Alloc(0, st+sC, n) // streams of their own for the default pool
 				st += sC
 			}
 			if err != nil {

@@ -13,25 +13,25 @@ func TestPlacementUnchanged(t *testing.T) {
 	for _, expandable := range []bool{false, true} {
 		p, err := New(NewVirtual(1, 0), Config{Expandable: expandable})
 		require.NoError(t, err)
-		a, pa, err := p.AllocPlaced(0, 0, 4<<20)
+		a, pa, err := p.Alloc(0, 0, 4<<20)
 		require.NoError(t, err)
 		require.NotNil(t, pa.Epoch, "expandable %v", expandable)
 		require.True(t, pa.Unchanged(), "expandable %v: nothing happened since", expandable)
 		for i := 0; i < 3; i++ { // free and again: the same block, and still unchanged
 			require.NoError(t, p.Free(0, 0, a, 4<<20))
-			again, pl, err := p.AllocPlaced(0, 0, 4<<20)
+			again, pl, err := p.Alloc(0, 0, 4<<20)
 			require.NoError(t, err)
 			require.Equal(t, a, again, "expandable %v", expandable)
 			require.True(t, pl.Unchanged())
 			pa = pl
 		}
 		// Another allocation on the same stream changes the bins.
-		b, pb, err := p.AllocPlaced(0, 0, 3<<20)
+		b, pb, err := p.Alloc(0, 0, 3<<20)
 		require.NoError(t, err)
 		require.False(t, pa.Unchanged(), "expandable %v: the 3 MiB block changed the shard", expandable)
 		require.True(t, pb.Unchanged())
 		// Another stream has a shard of its own.
-		c, pc, err := p.AllocPlaced(0, 0x1000, 1<<20)
+		c, pc, err := p.Alloc(0, 0x1000, 1<<20)
 		require.NoError(t, err)
 		require.True(t, pb.Unchanged(), "expandable %v: another stream's allocation", expandable)
 		require.NotEqual(t, pb.Epoch, pc.Epoch)
@@ -57,18 +57,18 @@ func TestPlacementWithPendingFrees(t *testing.T) {
 		fb.capacity = 64 << 20 // an expandable segment reserves the device's memory as address space
 		p, err := New(fb, Config{Expandable: expandable})
 		require.NoError(t, err)
-		small, err := p.Alloc(0, 0, 4096)
+		small, _, err := p.Alloc(0, 0, 4096)
 		require.NoError(t, err)
 		require.NoError(t, p.RecordStream(small, 0x2000))
 		fb.launch(0x2000) // the other stream has work queued: the free stays pending
 		require.NoError(t, p.Free(0, 0, small, 4096))
-		a, pa, err := p.AllocPlaced(0, 0, 9<<20)
+		a, pa, err := p.Alloc(0, 0, 9<<20)
 		require.NoError(t, err)
 		require.Nil(t, pa.Epoch, "expandable %v: a pending free", expandable)
 		require.False(t, pa.Unchanged())
 		fb.finish(0x2000)
 		require.NoError(t, p.Free(0, 0, a, 9<<20))
-		b, pb, err := p.AllocPlaced(0, 0, 9<<20) // the pending block joins the bins here
+		b, pb, err := p.Alloc(0, 0, 9<<20) // the pending block joins the bins here
 		require.NoError(t, err)
 		require.True(t, pb.Unchanged(), "expandable %v: nothing pending any more", expandable)
 		require.NoError(t, p.Free(0, 0, b, 9<<20))

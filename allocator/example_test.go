@@ -20,14 +20,14 @@ func Example() {
 		panic(err)
 	}
 	const stream = 0 // the default stream
-	a, err := pool.Alloc(0, stream, 1<<20)
+	a, _, err := pool.Alloc(0, stream, 1<<20)
 	if err != nil {
 		panic(err)
 	}
 	if err := pool.Free(0, stream, a, 1<<20); err != nil {
 		panic(err)
 	}
-	b, _ := pool.Alloc(0, stream, 1<<20)
+	b, _, _ := pool.Alloc(0, stream, 1<<20)
 	fmt.Println("reused:", a == b) // 1 MiB is a small block: one 2 MiB segment
 	st, _ := pool.StatsMap(0)
 	fmt.Println("allocations:", st["allocation.all.allocated"], "segments:", st["segment.all.current"],

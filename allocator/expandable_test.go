@@ -24,7 +24,7 @@ func TestExpandableGrowsInPlace(t *testing.T) {
 	p, v := expandablePool(t, 0, Config{})
 	var ptrs []uintptr
 	for i := 0; i < 5; i++ {
-		ptr, err := p.Alloc(0, 0, 3*mib)
+		ptr, _, err := p.Alloc(0, 0, 3*mib)
 		require.NoError(t, err)
 		if i > 0 {
 			require.Equal(t, ptrs[i-1]+3*mib, ptr, "blocks follow each other in the one range")
@@ -48,10 +48,10 @@ func TestExpandableGrowsInPlace(t *testing.T) {
 // asked maps 20 MiB more, where fixed segments would hold 80 MiB.
 func TestExpandableBlockGrowsAcrossSegments(t *testing.T) {
 	p, _ := expandablePool(t, 0, Config{})
-	a, err := p.Alloc(0, 0, 30*mib)
+	a, _, err := p.Alloc(0, 0, 30*mib)
 	require.NoError(t, err)
 	require.NoError(t, p.Free(0, 0, a, 30*mib))
-	b, err := p.Alloc(0, 0, 50*mib)
+	b, _, err := p.Alloc(0, 0, 50*mib)
 	require.NoError(t, err)
 	require.Equal(t, a, b, "the freed block grew in place")
 	require.EqualValues(t, 50*mib, stat(t, p, 0, "reserved_bytes.all.peak"))
@@ -59,10 +59,10 @@ func TestExpandableBlockGrowsAcrossSegments(t *testing.T) {
 
 	fixed, err := New(NewVirtual(1, 0), Config{})
 	require.NoError(t, err)
-	a, err = fixed.Alloc(0, 0, 30*mib)
+	a, _, err = fixed.Alloc(0, 0, 30*mib)
 	require.NoError(t, err)
 	require.NoError(t, fixed.Free(0, 0, a, 30*mib))
-	_, err = fixed.Alloc(0, 0, 50*mib)
+	_, _, err = fixed.Alloc(0, 0, 50*mib)
 	require.NoError(t, err)
 	m, err := fixed.StatsMap(0)
 	require.NoError(t, err)
@@ -73,9 +73,9 @@ func TestExpandableBlockGrowsAcrossSegments(t *testing.T) {
 // wholly free segment goes back with its range.
 func TestExpandableEmptyCacheTrims(t *testing.T) {
 	p, v := expandablePool(t, 0, Config{})
-	a, err := p.Alloc(0, 0, 9*mib)
+	a, _, err := p.Alloc(0, 0, 9*mib)
 	require.NoError(t, err)
-	b, err := p.Alloc(0, 0, 10*mib)
+	b, _, err := p.Alloc(0, 0, 10*mib)
 	require.NoError(t, err)
 	require.EqualValues(t, 20*mib, v.Used(0))
 	require.NoError(t, p.Free(0, 0, b, 10*mib))
@@ -84,7 +84,7 @@ func TestExpandableEmptyCacheTrims(t *testing.T) {
 	require.EqualValues(t, 10*mib, v.Used(0))
 	require.NoError(t, p.CheckInvariants())
 	// The 1 MiB left free after a grows again when asked.
-	c, err := p.Alloc(0, 0, 4*mib)
+	c, _, err := p.Alloc(0, 0, 4*mib)
 	require.NoError(t, err)
 	require.Equal(t, a+9*mib, c)
 	require.EqualValues(t, 14*mib, stat(t, p, 0, "reserved_bytes.all.current"))
@@ -100,13 +100,13 @@ func TestExpandableEmptyCacheTrims(t *testing.T) {
 // keep (the out-of-memory retry), as with fixed segments.
 func TestExpandableLimitReleasesOtherStreams(t *testing.T) {
 	p, _ := expandablePool(t, 0, Config{Limit: 24 * mib})
-	a, err := p.Alloc(0, 1, 10*mib)
+	a, _, err := p.Alloc(0, 1, 10*mib)
 	require.NoError(t, err)
 	require.NoError(t, p.Free(0, 1, a, 10*mib))
-	b, err := p.Alloc(0, 2, 20*mib)
+	b, _, err := p.Alloc(0, 2, 20*mib)
 	require.NoError(t, err, "stream 1's idle range is released for stream 2")
 	require.LessOrEqual(t, stat(t, p, 0, "reserved_bytes.all.peak"), int64(24*mib))
-	_, err = p.Alloc(0, 2, 8*mib)
+	_, _, err = p.Alloc(0, 2, 8*mib)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	require.Contains(t, err.Error(), "limit")
 	require.NoError(t, p.Free(0, 2, b, 20*mib))
@@ -116,15 +116,15 @@ func TestExpandableLimitReleasesOtherStreams(t *testing.T) {
 // A device too small: an ordinary out-of-memory error, nothing kept.
 func TestExpandableOutOfMemory(t *testing.T) {
 	p, v := expandablePool(t, 16*mib, Config{})
-	a, err := p.Alloc(0, 0, 8*mib)
+	a, _, err := p.Alloc(0, 0, 8*mib)
 	require.NoError(t, err)
-	_, err = p.Alloc(0, 0, 12*mib)
+	_, _, err = p.Alloc(0, 0, 12*mib)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	require.EqualValues(t, 8*mib, v.Used(0), "a refused growth maps nothing")
 	require.EqualValues(t, 1, stat(t, p, 0, "num_ooms"))
 	require.NoError(t, p.CheckInvariants())
 	require.NoError(t, p.Free(0, 0, a, 8*mib))
-	b, err := p.Alloc(0, 0, 12*mib)
+	b, _, err := p.Alloc(0, 0, 12*mib)
 	require.NoError(t, err, "the freed block grows into the chunks now free")
 	require.NoError(t, p.Free(0, 0, b, 12*mib))
 	require.NoError(t, p.EmptyCache())
@@ -138,14 +138,14 @@ func TestExpandableMapFailureMidGrowth(t *testing.T) {
 	fb.capacity = 64 * mib // also the size of each range, in Go memory
 	p, err := New(fb, Config{Expandable: true})
 	require.NoError(t, err)
-	a, err := p.Alloc(0, 0, 3*mib)
+	a, _, err := p.Alloc(0, 0, 3*mib)
 	require.NoError(t, err)
 	copy(fb.mem(a, 4), "keep")
 	fb.failAlloc = fakeOOM{}
-	b, err := p.Alloc(0, 0, 5*mib)
+	b, _, err := p.Alloc(0, 0, 5*mib)
 	require.NoError(t, err, "the retry after one refused map succeeds")
 	fb.capacity = fb.used[0]
-	_, err = p.Alloc(0, 0, 5*mib)
+	_, _, err = p.Alloc(0, 0, 5*mib)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	require.Equal(t, "keep", string(fb.mem(a, 4)))
 	require.NoError(t, p.CheckInvariants())
@@ -163,16 +163,16 @@ func TestExpandableRecordStream(t *testing.T) {
 	fb.capacity = 64 * mib
 	p, err := New(fb, Config{Expandable: true})
 	require.NoError(t, err)
-	a, err := p.Alloc(0, 0, 4*mib)
+	a, _, err := p.Alloc(0, 0, 4*mib)
 	require.NoError(t, err)
 	require.NoError(t, p.RecordStream(a, 7))
 	fb.launch(7)
 	require.NoError(t, p.Free(0, 0, a, 4*mib))
-	b, err := p.Alloc(0, 0, 4*mib)
+	b, _, err := p.Alloc(0, 0, 4*mib)
 	require.NoError(t, err)
 	require.NotEqual(t, a, b, "stream 7 has not finished with a")
 	fb.finish(7)
-	c, err := p.Alloc(0, 0, 4*mib)
+	c, _, err := p.Alloc(0, 0, 4*mib)
 	require.NoError(t, err)
 	require.Equal(t, a, c)
 	require.NoError(t, p.CheckInvariants())
@@ -181,9 +181,9 @@ func TestExpandableRecordStream(t *testing.T) {
 // Streams get ranges of their own; private pools (graph captures) stay fixed.
 func TestExpandableStreamsAndPrivatePools(t *testing.T) {
 	p, _ := expandablePool(t, 0, Config{})
-	_, err := p.Alloc(0, 1, mib)
+	_, _, err := p.Alloc(0, 1, mib)
 	require.NoError(t, err)
-	_, err = p.Alloc(0, 2, mib)
+	_, _, err = p.Alloc(0, 2, mib)
 	require.NoError(t, err)
 	id := PoolID{First: 1}
 	require.NoError(t, p.BeginAllocateToPool(0, id))
@@ -209,7 +209,7 @@ func TestExpandableStreamsAndPrivatePools(t *testing.T) {
 // The chunk can be larger than the granularity.
 func TestExpandableChunk(t *testing.T) {
 	p, _ := expandablePool(t, 0, Config{ExpandableChunk: 5 * mib})
-	_, err := p.Alloc(0, 0, mib)
+	_, _, err := p.Alloc(0, 0, mib)
 	require.NoError(t, err)
 	require.EqualValues(t, 6*mib, stat(t, p, 0, "reserved_bytes.all.current"), "5 MiB rounded to whole 2 MiB chunks")
 	require.NoError(t, p.CheckInvariants())
@@ -227,11 +227,11 @@ func TestExpandableNeedsExpander(t *testing.T) {
 // The cached path allocates nothing on the Go heap in expandable mode too.
 func TestExpandableCachedPathAllocatesNothing(t *testing.T) {
 	p, _ := expandablePool(t, 0, Config{})
-	warm, err := p.Alloc(0, 0, mib)
+	warm, _, err := p.Alloc(0, 0, mib)
 	require.NoError(t, err)
 	require.NoError(t, p.Free(0, 0, warm, mib))
 	avg := testing.AllocsPerRun(1000, func() {
-		ptr, err := p.Alloc(0, 0, mib)
+		ptr, _, err := p.Alloc(0, 0, mib)
 		if err != nil {
 			panic(err)
 		}
@@ -296,11 +296,11 @@ func TestExpandableReleaseWaitsForItsStreamOnly(t *testing.T) {
 	p, err := New(f, Config{Expandable: true})
 	require.NoError(t, err)
 	const stream, other = 7, 9
-	keep, err := p.Alloc(0, stream, 4*mib)
+	keep, _, err := p.Alloc(0, stream, 4*mib)
 	require.NoError(t, err)
-	tail, err := p.Alloc(0, stream, 30*mib)
+	tail, _, err := p.Alloc(0, stream, 30*mib)
 	require.NoError(t, err)
-	whole, err := p.Alloc(0, other, 6*mib)
+	whole, _, err := p.Alloc(0, other, 6*mib)
 	require.NoError(t, err)
 	f.use(stream, tail, 30*mib)
 	f.use(other, whole, 6*mib)
@@ -341,9 +341,9 @@ func TestExpandableReleaseWhileTheStreamAllocates(t *testing.T) {
 	p, err := New(f, Config{Expandable: true})
 	require.NoError(t, err)
 	const stream = 7
-	a, err := p.Alloc(0, stream, 4*mib)
+	a, _, err := p.Alloc(0, stream, 4*mib)
 	require.NoError(t, err)
-	b, err := p.Alloc(0, stream, 40*mib)
+	b, _, err := p.Alloc(0, stream, 40*mib)
 	require.NoError(t, err)
 	f.use(stream, b, 40*mib)
 	require.NoError(t, p.Free(0, stream, b, 40*mib))
@@ -357,7 +357,7 @@ func TestExpandableReleaseWhileTheStreamAllocates(t *testing.T) {
 			return
 		}
 		s.mu.Unlock()
-		ptr, err := p.Alloc(0, stream, 8*mib)
+		ptr, _, err := p.Alloc(0, stream, 8*mib)
 		require.NoError(t, err)
 		f.use(stream, ptr, 8*mib) // queued after the event: not waited for
 		taken = append(taken, ptr)

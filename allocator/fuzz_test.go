@@ -127,7 +127,7 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 					id = k.id
 					ptr, _, err = p.AllocIn(dev, st, n, id)
 				} else {
-					ptr, pl, err = p.AllocPlaced(dev, st, n)
+					ptr, pl, err = p.Alloc(dev, st, n)
 				}
 				if n == 0 {
 					if ptr != 0 || err != nil {
@@ -179,7 +179,7 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 				if unchanged {
 					// What the front cache relies on (Placement): the same
 					// request again gets this very block from the best fit.
-					again, _, err := p.AllocPlaced(l.dev, l.stream, l.n)
+					again, _, err := p.Alloc(l.dev, l.stream, l.n)
 					if err != nil || again != l.ptr {
 						t.Fatalf("unchanged shard: %d bytes freed at %#x came back at %#x (%v)", l.n, l.ptr, again, err)
 					}

@@ -28,21 +28,21 @@ func TestCaptureBeginWaitsForEventWork(t *testing.T) {
 		prep setup
 	}{
 		{"steal", Config{}, func(t *testing.T, p *Pool, f *fakeBackend) func() error {
-			a, err := p.Alloc(0, 1, 4*mib)
+			a, _, err := p.Alloc(0, 1, 4*mib)
 			require.NoError(t, err)
 			require.NoError(t, p.Free(0, 1, a, 4*mib)) // an idle segment of stream 1
-			return func() error { _, err := p.Alloc(0, 2, 4*mib); return err }
+			return func() error { _, _, err := p.Alloc(0, 2, 4*mib); return err }
 		}},
 		{"pending frees", Config{}, func(t *testing.T, p *Pool, f *fakeBackend) func() error {
-			a, err := p.Alloc(0, 1, mib)
+			a, _, err := p.Alloc(0, 1, mib)
 			require.NoError(t, err)
 			require.NoError(t, p.RecordStream(a, 2))
 			f.launch(2)
 			require.NoError(t, p.Free(0, 1, a, mib)) // pending on stream 2's event
-			return func() error { _, err := p.Alloc(0, 1, mib); return err }
+			return func() error { _, _, err := p.Alloc(0, 1, mib); return err }
 		}},
 		{"record_stream free", Config{}, func(t *testing.T, p *Pool, f *fakeBackend) func() error {
-			a, err := p.Alloc(0, 1, mib)
+			a, _, err := p.Alloc(0, 1, mib)
 			require.NoError(t, err)
 			require.NoError(t, p.RecordStream(a, 2))
 			return func() error { return p.Free(0, 1, a, mib) }
@@ -50,12 +50,12 @@ func TestCaptureBeginWaitsForEventWork(t *testing.T) {
 		{"free pages", Config{Expandable: true, UnmapFreePages: true}, func(t *testing.T, p *Pool, f *fakeBackend) func() error {
 			var ptrs []uintptr
 			for _, n := range []uint64{4 * mib, 6 * mib, 4 * mib} {
-				x, err := p.Alloc(0, 0, n)
+				x, _, err := p.Alloc(0, 0, n)
 				require.NoError(t, err)
 				ptrs = append(ptrs, x)
 			}
 			require.NoError(t, p.Free(0, 0, ptrs[1], 6*mib)) // a hole: the next growth asks the stream about it
-			return func() error { _, err := p.Alloc(0, 0, 8*mib); return err }
+			return func() error { _, _, err := p.Alloc(0, 0, 8*mib); return err }
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -113,14 +113,14 @@ func TestGateRefusesHoldsWhileRouting(t *testing.T) {
 	f := newFake(1)
 	p, err := New(f, Config{})
 	require.NoError(t, err)
-	a, err := p.Alloc(0, 1, 4*mib)
+	a, _, err := p.Alloc(0, 1, 4*mib)
 	require.NoError(t, err)
 	require.NoError(t, p.RecordStream(a, 2))
 	id := PoolID{First: 3}
 	require.NoError(t, p.BeginAllocateToPool(0, id))
 	f.onEvent = func(op string) { t.Errorf("event call %q while a capture may be under way", op) }
 	require.NoError(t, p.Free(0, 1, a, 4*mib)) // pending, its event deferred
-	b, err := p.Alloc(0, 2, 4*mib)             // no steal
+	b, _, err := p.Alloc(0, 2, 4*mib)          // no steal
 	require.NoError(t, err)
 	require.NoError(t, p.EmptyCache())
 	f.onEvent = nil

@@ -140,7 +140,7 @@ func faultyRun(t *testing.T, rate float64, seed uint64, ops host.FaultOps, n int
 		case x < 480 && len(live) < 200: // alloc
 			b := &liveBlock{dev: r.IntN(devices), stream: streams[r.IntN(len(streams))], size: randomSize(r), mark: byte(r.Uint32())}
 			retries := poolStat(t, p, b.dev, "num_alloc_retries")
-			ptr, err := p.Alloc(b.dev, b.stream, b.size)
+			ptr, _, err := p.Alloc(b.dev, b.stream, b.size)
 			if err != nil {
 				failed = true
 				switch {

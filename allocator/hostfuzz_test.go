@@ -57,7 +57,7 @@ func FuzzHostFreePages(f *testing.F) {
 			case op <= 1: // alloc: up to 16 MiB
 				size := (uint64(next()) + 1) << (next() % 17)
 				b := &liveBlock{stream: streams[int(next())%len(streams)], size: size, mark: byte(steps)}
-				ptr, err := p.Alloc(0, b.stream, size)
+				ptr, _, err := p.Alloc(0, b.stream, size)
 				if err != nil {
 					if !allocator.IsOutOfMemory(err) && !errors.Is(err, host.ErrInjectedFault) {
 						t.Fatalf("step %d: alloc of %d bytes: %v", steps, size, err)

@@ -26,7 +26,7 @@ func TestUnmapFreePages(t *testing.T) {
 	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
 	require.NoError(t, err)
 	alloc := func(n uint64) uintptr {
-		ptr, err := p.Alloc(0, 0, n)
+		ptr, _, err := p.Alloc(0, 0, n)
 		require.NoError(t, err)
 		m := fb.mem(ptr, n) // every byte of it is mapped
 		m[0], m[n-1] = 1, 1
@@ -51,7 +51,7 @@ func TestUnmapFreePages(t *testing.T) {
 
 	// A mapping the limit refuses is an ordinary out of memory; nothing changes.
 	require.NoError(t, p.SetLimit(0, 18<<20))
-	_, err = p.Alloc(0, 0, 2<<20)
+	_, _, err = p.Alloc(0, 0, 2<<20)
 	require.True(t, IsOutOfMemory(err), "%v", err)
 	require.Equal(t, int64(18<<20), reservedNow(t, p))
 	require.NoError(t, p.CheckInvariants())
@@ -90,11 +90,11 @@ func TestFreePagesStayMappedByDefault(t *testing.T) {
 	fb.capacity = 64 << 20
 	p, err := New(fb, Config{Expandable: true})
 	require.NoError(t, err)
-	a, _ := p.Alloc(0, 0, 4<<20)
-	b, _ := p.Alloc(0, 0, 6<<20)
-	c, _ := p.Alloc(0, 0, 4<<20)
+	a, _, _ := p.Alloc(0, 0, 4<<20)
+	b, _, _ := p.Alloc(0, 0, 6<<20)
+	c, _, _ := p.Alloc(0, 0, 4<<20)
 	require.NoError(t, p.Free(0, 0, b, 6<<20))
-	d, err := p.Alloc(0, 0, 8<<20)
+	d, _, err := p.Alloc(0, 0, 8<<20)
 	require.NoError(t, err)
 	require.Equal(t, int64(22<<20), reservedNow(t, p))
 	for _, x := range []uintptr{a, c} {
@@ -117,7 +117,7 @@ func TestFreePagesMappingNeverWaits(t *testing.T) {
 	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
 	require.NoError(t, err)
 	alloc := func(n uint64) uintptr {
-		ptr, err := p.Alloc(0, 0, n)
+		ptr, _, err := p.Alloc(0, 0, n)
 		require.NoError(t, err)
 		require.NoError(t, p.CheckInvariants())
 		return ptr
@@ -168,23 +168,23 @@ func TestFreePagesFailedMappingKeepsWhatItMapped(t *testing.T) {
 	require.NoError(t, err)
 	var blocks []uintptr
 	for i := 0; i < 5; i++ { // five chunks, one block each
-		b, err := p.Alloc(0, 0, 2<<20)
+		b, _, err := p.Alloc(0, 0, 2<<20)
 		require.NoError(t, err)
 		blocks = append(blocks, b)
 	}
 	require.NoError(t, p.Free(0, 0, blocks[1], 2<<20))
 	require.NoError(t, p.Free(0, 0, blocks[3], 2<<20))
-	g, err := p.Alloc(0, 0, 4<<20) // grows: chunks 1 and 3 are unmapped first
+	g, _, err := p.Alloc(0, 0, 4<<20) // grows: chunks 1 and 3 are unmapped first
 	require.NoError(t, err)
 	require.NoError(t, p.Free(0, 0, blocks[2], 2<<20)) // one hole, chunks 1-3: unmapped, mapped, unmapped
 	res := reservedNow(t, p)
 	require.NoError(t, p.SetLimit(0, uint64(res)+2<<20))
-	_, err = p.Alloc(0, 0, 6<<20) // chunk 1 maps, chunk 3 is over the limit
+	_, _, err = p.Alloc(0, 0, 6<<20) // chunk 1 maps, chunk 3 is over the limit
 	require.True(t, IsOutOfMemory(err), "%v", err)
 	require.Equal(t, res+2<<20, reservedNow(t, p), "chunk 1 stays mapped")
 	require.Equal(t, uint64(res+2<<20), p.devs[0].committed)
 	require.NoError(t, p.CheckInvariants())
-	x, err := p.Alloc(0, 0, 2<<20) // one chunk fits under the limit
+	x, _, err := p.Alloc(0, 0, 2<<20) // one chunk fits under the limit
 	require.NoError(t, err)
 	for _, b := range []uintptr{blocks[0], blocks[4], x} {
 		require.NoError(t, p.Free(0, 0, b, 2<<20))
@@ -216,7 +216,7 @@ func TestSpareChunksReused(t *testing.T) {
 		return m[name]
 	}
 	alloc := func(n uint64) uintptr {
-		ptr, err := p.Alloc(0, 0, n)
+		ptr, _, err := p.Alloc(0, 0, n)
 		require.NoError(t, err)
 		m := fb.mem(ptr, n)
 		m[0], m[n-1] = 1, 1
@@ -247,7 +247,7 @@ func TestSpareChunksReused(t *testing.T) {
 	f := alloc(2 << 20)                        // one chunk of the 8 MiB hole at the end...
 	require.NoError(t, p.Free(0, 0, a, 4<<20)) // ...and a 4 MiB hole at the start
 	fb.failAlloc = fakeOOM{}
-	g, err := p.Alloc(0, 0, 40<<20) // grows: the first hole's chunks go spare, their mapping fails
+	g, _, err := p.Alloc(0, 0, 40<<20) // grows: the first hole's chunks go spare, their mapping fails
 	require.NoError(t, err)
 	require.EqualValues(t, 1, stat("num_alloc_retries"), "served by the retry after release")
 	check()
@@ -294,7 +294,7 @@ func TestFailedUnmapLeavesTheBooksRight(t *testing.T) {
 			p, err := New(f, c.cfg)
 			require.NoError(t, err)
 			alloc := func(n uint64) uintptr {
-				ptr, err := p.Alloc(0, 0, n)
+				ptr, _, err := p.Alloc(0, 0, n)
 				require.NoError(t, err)
 				f.mem(ptr, n)[0] = 1
 				return ptr
@@ -351,7 +351,7 @@ func TestReleaseWaitsOnceWithoutLocks(t *testing.T) {
 	require.NoError(t, err)
 	const stream, side = 7, 9
 	alloc := func(st uintptr, n uint64) uintptr {
-		ptr, err := p.Alloc(0, st, n)
+		ptr, _, err := p.Alloc(0, st, n)
 		require.NoError(t, err)
 		f.use(st, ptr, n)
 		return ptr
@@ -398,15 +398,15 @@ func TestFreePagesFailureDoesNotFailTheAllocation(t *testing.T) {
 		f.capacity = 256 * mib
 		p, err := New(f, Config{Expandable: true, UnmapFreePages: true})
 		require.NoError(t, err)
-		a, err := p.Alloc(0, 0, 4*mib)
+		a, _, err := p.Alloc(0, 0, 4*mib)
 		require.NoError(t, err)
-		b, err := p.Alloc(0, 0, 6*mib)
+		b, _, err := p.Alloc(0, 0, 6*mib)
 		require.NoError(t, err)
-		c, err := p.Alloc(0, 0, 4*mib)
+		c, _, err := p.Alloc(0, 0, 4*mib)
 		require.NoError(t, err)
 		require.NoError(t, p.Free(0, 0, b, 6*mib))
 		f.failUnmap, f.failUnmapCall, f.failUnmapAfter = errors.New("FAKE_ERROR_UNMAP"), 1, after
-		x, err := p.Alloc(0, 0, 8*mib) // grows; the hole's pages go first, and that fails
+		x, _, err := p.Alloc(0, 0, 8*mib) // grows; the hole's pages go first, and that fails
 		require.NoError(t, err, "the allocation does not depend on the optional step")
 		f.mem(x, 8*mib)
 		require.Equal(t, int64(1), stat(t, p, 0, "num_release_failures"))
@@ -430,13 +430,13 @@ func TestSnapshotOfFreePagesAddsUpToReserved(t *testing.T) {
 	require.NoError(t, err)
 	var ptrs []uintptr
 	for _, n := range []uint64{3 * mib, 9 * mib, 1 * mib, 7 * mib, 2 * mib} {
-		x, err := p.Alloc(0, 0, n)
+		x, _, err := p.Alloc(0, 0, n)
 		require.NoError(t, err)
 		ptrs = append(ptrs, x)
 	}
 	require.NoError(t, p.Free(0, 0, ptrs[1], 9*mib))
 	require.NoError(t, p.Free(0, 0, ptrs[3], 7*mib))
-	_, err = p.Alloc(0, 0, 16*mib) // grows: the two holes' whole chunks are unmapped first
+	_, _, err = p.Alloc(0, 0, 16*mib) // grows: the two holes' whole chunks are unmapped first
 	require.NoError(t, err)
 	require.Positive(t, p.devs[0].shardList()[0].segs.holes.n, "some pages are unmapped")
 	snap := p.Snapshot()

@@ -297,31 +297,13 @@ func (p *Pool) device(dev int) (*device, error) {
 	return p.devs[dev], nil
 }
 
-// Alloc returns a block of at least size bytes on device dev for stream.
-// Size 0 returns 0 and no error.
-func (p *Pool) Alloc(dev int, stream uintptr, size uint64) (uintptr, error) {
-	ptr, _, err := p.AllocBlock(dev, stream, size)
-	return ptr, err
-}
-
-// AllocBlock is Alloc that also reports the size of the block handed out
-// (size rounded up, or more when the rest was too small to split off).
-func (p *Pool) AllocBlock(dev int, stream uintptr, size uint64) (uintptr, uint64, error) {
-	if size == 0 {
-		return 0, 0, nil
-	}
-	if dev < 0 || dev >= len(p.devs) || size > maxRequest {
-		return 0, 0, p.badRequest(dev, size)
-	}
-	ptr, pl, err := p.devs[dev].shardFor(stream).alloc(size)
-	return ptr, pl.Size, err
-}
-
-// AllocPlaced is AllocBlock that also reports where the block was placed
-// (Placement): what a cache in front of the pool needs to know when it may
-// hand the block, once freed, to the next request of its size without
-// changing what the pool would have placed.
-func (p *Pool) AllocPlaced(dev int, stream uintptr, size uint64) (uintptr, Placement, error) {
+// Alloc returns a block of at least size bytes on device dev for stream,
+// and where the pool placed it (Placement: the block's size, size rounded
+// up or more when the rest was too small to split off, and what a cache in
+// front of the pool needs to know to hand the block, once freed, to the
+// next request of its size without changing what the pool would have
+// placed). Size 0 returns 0 and no error.
+func (p *Pool) Alloc(dev int, stream uintptr, size uint64) (uintptr, Placement, error) {
 	if size == 0 {
 		return 0, Placement{}, nil
 	}

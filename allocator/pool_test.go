@@ -27,7 +27,7 @@ func newPool(t testing.TB, cfg Config) (*Pool, *fakeBackend) {
 
 func mustAlloc(t testing.TB, p *Pool, dev int, st uintptr, n uint64) uintptr {
 	t.Helper()
-	ptr, err := p.Alloc(dev, st, n)
+	ptr, _, err := p.Alloc(dev, st, n)
 	require.NoError(t, err)
 	require.NotZero(t, ptr)
 	return ptr
@@ -119,7 +119,7 @@ func TestSizeClassDoc(t *testing.T) {
 
 func TestAllocBasics(t *testing.T) {
 	p, _ := newPool(t, Config{})
-	ptr, err := p.Alloc(0, sA, 0)
+	ptr, _, err := p.Alloc(0, sA, 0)
 	require.NoError(t, err)
 	require.Zero(t, ptr, "size 0 gives NULL")
 
@@ -129,12 +129,12 @@ func TestAllocBasics(t *testing.T) {
 	}
 	check(t, p)
 
-	_, err = p.Alloc(2, sA, 10)
+	_, _, err = p.Alloc(2, sA, 10)
 	require.ErrorIs(t, err, ErrInvalid)
 	require.Contains(t, err.Error(), "device 2")
-	_, err = p.Alloc(-1, sA, 10)
+	_, _, err = p.Alloc(-1, sA, 10)
 	require.ErrorIs(t, err, ErrInvalid)
-	_, err = p.Alloc(0, sA, 1<<62)
+	_, _, err = p.Alloc(0, sA, 1<<62)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	check(t, p)
 }
@@ -321,7 +321,7 @@ func TestBadFreesChangeNothing(t *testing.T) {
 func TestLimitAndRetry(t *testing.T) {
 	p, _ := newPool(t, Config{Limit: 24 << 20})
 	a := mustAlloc(t, p, 0, sA, 20<<20) // one 20 MiB segment
-	_, err := p.Alloc(0, sA, 8<<20)     // needs 20 MiB more: over the cap
+	_, _, err := p.Alloc(0, sA, 8<<20)  // needs 20 MiB more: over the cap
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	msg := err.Error()
 	for _, want := range []string{"requested 8388608 bytes", "device 0", "reserved 20971520", "allocated 20971520", "limit 25165824"} {
@@ -348,7 +348,7 @@ func TestBackendOutOfMemory(t *testing.T) {
 	p, f := newPool(t, Config{})
 	f.capacity = 64 << 20
 	a := mustAlloc(t, p, 0, sA, 40<<20)
-	_, err := p.Alloc(0, sA, 40<<20)
+	_, _, err := p.Alloc(0, sA, 40<<20)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	require.True(t, IsOutOfMemory(err))
 	require.Contains(t, err.Error(), "FAKE_ERROR_OUT_OF_MEMORY", "the driver's cause is kept")
@@ -356,7 +356,7 @@ func TestBackendOutOfMemory(t *testing.T) {
 	_ = mustAlloc(t, p, 0, sA, 40<<20)
 
 	f.failAlloc = errors.New("FAKE_ERROR_LAUNCH_FAILED")
-	_, err = p.Alloc(0, sA, 100<<20)
+	_, _, err = p.Alloc(0, sA, 100<<20)
 	require.ErrorContains(t, err, "FAKE_ERROR_LAUNCH_FAILED")
 	require.False(t, IsOutOfMemory(err), "other errors are not retried as OOM")
 	check(t, p)
@@ -373,7 +373,7 @@ func TestMemoryFraction(t *testing.T) {
 	}
 	require.ErrorIs(t, p.SetMemoryFraction(5, 0.5), ErrInvalid)
 	require.EqualValues(t, 50<<20, p.Limit(0), "bad calls change nothing")
-	_, err := p.Alloc(0, sA, 60<<20)
+	_, _, err := p.Alloc(0, sA, 60<<20)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 
 	_, err = New(f, Config{LimitFraction: 2})
@@ -433,7 +433,7 @@ func TestConcurrentStreams(t *testing.T) {
 			var sizes []uint64
 			for i := 0; i < 2000; i++ {
 				n := uint64(1+(i*7919+g*104729)%(3<<20)) | 1
-				ptr, err := p.Alloc(g%2, st, n)
+				ptr, _, err := p.Alloc(g%2, st, n)
 				if !assert.NoError(t, err) {
 					return
 				}
@@ -470,7 +470,7 @@ func requireCachedNoHeapAlloc(t *testing.T, p *Pool, sizes ...uint64) {
 		ptr := mustAlloc(t, p, 0, sA, n)
 		require.NoError(t, p.Free(0, sA, ptr, n))
 		avg := testing.AllocsPerRun(1000, func() {
-			ptr, err := p.Alloc(0, sA, n)
+			ptr, _, err := p.Alloc(0, sA, n)
 			if err != nil {
 				panic(err)
 			}
@@ -490,7 +490,7 @@ func TestCachedPathMakesNoHeapAllocation(t *testing.T) {
 	live := make([]uintptr, 0, 8)
 	avg := testing.AllocsPerRun(500, func() {
 		for _, n := range []uint64{700, 5000, 70000} {
-			ptr, _ := p.Alloc(0, sA, n)
+			ptr, _, _ := p.Alloc(0, sA, n)
 			live = append(live, ptr)
 		}
 		for i, n := range []uint64{700, 5000, 70000} {
@@ -562,10 +562,10 @@ func TestParkedBlocksAreReclaimedBeforeGrowing(t *testing.T) {
 	check(t, p)
 }
 
-// AllocPlaced says when a block is a fixed segment of its own: requests
+// Alloc says when a block is a fixed segment of its own: requests
 // over 10 MiB get one; smaller ones share 2 or 20 MiB segments; expandable
 // segments grow, so none of their blocks is.
-func TestAllocPlacedWhole(t *testing.T) {
+func TestAllocPlacementWhole(t *testing.T) {
 	for _, expandable := range []bool{false, true} {
 		p, err := New(NewVirtual(1, 0), Config{Expandable: expandable})
 		require.NoError(t, err)
@@ -573,7 +573,7 @@ func TestAllocPlacedWhole(t *testing.T) {
 			size  uint64
 			whole bool
 		}{{512, false}, {1 << 20, false}, {6 << 20, false}, {12 << 20, true}, {64 << 20, true}} {
-			ptr, pl, err := p.AllocPlaced(0, 0, c.size)
+			ptr, pl, err := p.Alloc(0, 0, c.size)
 			require.NoError(t, err)
 			require.GreaterOrEqual(t, pl.Size, c.size)
 			require.Equal(t, c.whole && !expandable, pl.Whole, "%d bytes, expandable %v", c.size, expandable)
@@ -581,17 +581,17 @@ func TestAllocPlacedWhole(t *testing.T) {
 			require.NoError(t, p.EmptyCache()) // each request on an empty pool
 		}
 		// A block cut from a larger free segment is not one of its own.
-		big, _, err := p.AllocPlaced(0, 0, 40<<20)
+		big, _, err := p.Alloc(0, 0, 40<<20)
 		require.NoError(t, err)
 		require.NoError(t, p.Free(0, 0, big, 40<<20))
-		ptr, pl, err := p.AllocPlaced(0, 0, 12<<20)
+		ptr, pl, err := p.Alloc(0, 0, 12<<20)
 		require.NoError(t, err)
 		require.False(t, pl.Whole, "12 MiB cut from the idle 40 MiB segment")
 		require.NoError(t, p.Free(0, 0, ptr, 12<<20))
-		_, pl, err = p.AllocPlaced(0, 0, 0)
+		_, pl, err = p.Alloc(0, 0, 0)
 		require.NoError(t, err)
 		require.False(t, pl.Whole)
-		_, _, err = p.AllocPlaced(3, 0, 1)
+		_, _, err = p.Alloc(3, 0, 1)
 		require.Error(t, err)
 		require.NoError(t, p.CheckInvariants())
 	}

@@ -238,7 +238,7 @@ func TestHistoryRecordsOOM(t *testing.T) {
 	p, f := newPool(t, Config{})
 	require.NoError(t, p.RecordHistory(true, 10, true))
 	f.capacity = 8 << 20
-	_, err := p.Alloc(0, sA, 9<<20)
+	_, _, err := p.Alloc(0, sA, 9<<20)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	h, _ := p.History(0)
 	require.Equal(t, ActOOM, h[len(h)-1].Action)
@@ -268,7 +268,7 @@ func TestNothingReleasedWhileRouting(t *testing.T) {
 			require.NoError(t, p.EmptyCache())
 			// Another stream's request the cache cannot serve: out of memory,
 			// with the cached segment kept.
-			_, err = p.Alloc(0, sB, 60<<20)
+			_, _, err = p.Alloc(0, sB, 60<<20)
 			require.ErrorIs(t, err, ErrOutOfMemory)
 			require.Equal(t, frees, f.frees, "a segment was freed while a capture may be under way")
 			require.Equal(t, mapped, len(f.mapped), "chunks were unmapped while a capture may be under way")

@@ -91,7 +91,7 @@ func soakConcurrentPool(t *testing.T, cfg allocator.Config) {
 					st = shared[r.IntN(len(shared))]
 				}
 				b := &liveBlock{dev: r.IntN(devices), stream: st, size: soakSize(r), mark: byte(r.Uint32())}
-				ptr, err := p.Alloc(b.dev, b.stream, b.size)
+				ptr, _, err := p.Alloc(b.dev, b.stream, b.size)
 				if err != nil {
 					return fmt.Errorf("alloc of %d bytes on device %d: %w", b.size, b.dev, err)
 				}

@@ -13,7 +13,7 @@ func TestFrontServedCounts(t *testing.T) {
 	var served FrontCounts
 	p, err := New(NewVirtual(1, 0), Config{FrontServed: func(int) FrontCounts { return served }})
 	require.NoError(t, err)
-	ptr, err := p.Alloc(0, 0, 1<<20)
+	ptr, _, err := p.Alloc(0, 0, 1<<20)
 	require.NoError(t, err)
 	served[1].N, served[1].Bytes, served[1].Req = 9, 9<<20, 9<<20 // nine reuses in front
 	m, err := p.StatsMap(0)

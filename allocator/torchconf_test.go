@@ -426,9 +426,9 @@ func TestPoolRoundupPower2Divisions(t *testing.T) {
 	for _, tc := range []struct{ n, want uint64 }{
 		{700, 1024}, {3000, 3072}, {5*mib + 1, 6 * mib}, {12*mib + 1, 14 * mib}, {48*mib + 1, 56 * mib},
 	} {
-		ptr, size, err := p.AllocBlock(0, sA, tc.n)
+		ptr, pl, err := p.Alloc(0, sA, tc.n)
 		require.NoError(t, err)
-		require.Equal(t, tc.want, size, "request of %d bytes", tc.n)
+		require.Equal(t, tc.want, pl.Size, "request of %d bytes", tc.n)
 		require.NoError(t, p.Free(0, sA, ptr, tc.n))
 	}
 	check(t, p)

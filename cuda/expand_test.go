@@ -36,7 +36,7 @@ func TestGPUExpandablePool(t *testing.T) {
 	}
 	var ptrs []uintptr
 	for i := 0; i < 5; i++ {
-		ptr, err := p.Alloc(0, 0, 3*mib)
+		ptr, _, err := p.Alloc(0, 0, 3*mib)
 		require.NoError(t, err)
 		if i > 0 {
 			require.Equal(t, ptrs[i-1]+3*mib, ptr)
@@ -54,7 +54,7 @@ func TestGPUExpandablePool(t *testing.T) {
 	require.NoError(t, p.EmptyCache())
 	m, _ = p.StatsMap(0)
 	require.EqualValues(t, 10*mib, m["reserved_bytes.all.current"], "9 MiB live keep 5 chunks")
-	big, err := p.Alloc(0, 0, 40*mib)
+	big, _, err := p.Alloc(0, 0, 40*mib)
 	require.NoError(t, err)
 	require.Equal(t, ptrs[3], big, "the free end grew into new chunks")
 	fill(big, 40*mib, 0xab)
@@ -64,7 +64,7 @@ func TestGPUExpandablePool(t *testing.T) {
 	check(big, 40*mib, 0xab)
 
 	// More than the device has: an ordinary out-of-memory error.
-	_, err = p.Alloc(0, 0, total+mib)
+	_, _, err = p.Alloc(0, 0, total+mib)
 	require.ErrorIs(t, err, allocator.ErrOutOfMemory)
 
 	for i := 0; i < 3; i++ {
@@ -109,7 +109,7 @@ func TestGPUReleaseIgnoresABlockedStream(t *testing.T) {
 	go func() {
 		var ptrs []uintptr
 		for i := 0; i < 4; i++ {
-			ptr, err := p.Alloc(0, mine, 8*mib)
+			ptr, _, err := p.Alloc(0, mine, 8*mib)
 			if err != nil {
 				result <- err
 				return
@@ -169,7 +169,7 @@ func TestGPUFreePagesSpareChunks(t *testing.T) {
 		return m[name]
 	}
 	alloc := func(n uint64, v byte) uintptr {
-		ptr, err := p.Alloc(0, 0, n)
+		ptr, _, err := p.Alloc(0, 0, n)
 		require.NoError(t, err)
 		fill(ptr, n, v)
 		require.NoError(t, p.CheckInvariants())

@@ -116,7 +116,7 @@ func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uin
 	if err == nil {
 		switch src {
 		case fromPool:
-			ptr, pl, err = p.AllocPlaced(device, stream, size)
+			ptr, pl, err = p.Alloc(device, stream, size)
 		case fromPrivate:
 			if ptr, pl.Size, err = p.AllocIn(device, stream, size, id); err != nil {
 				err = fmt.Errorf("in private pool %v: %w", id, err)

@@ -51,7 +51,7 @@ func TestPoolOnHost(t *testing.T) {
 	require.NoError(t, err)
 	p, err := allocator.New(h, allocator.Config{})
 	require.NoError(t, err)
-	ptr, err := p.Alloc(0, 0, 1000)
+	ptr, _, err := p.Alloc(0, 0, 1000)
 	require.NoError(t, err)
 	copy(bytesAt(ptr, 5), "hello")
 	require.Equal(t, "hello", string(bytesAt(ptr, 5)))

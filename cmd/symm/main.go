@@ -291,7 +291,7 @@ func measure(b allocator.Backend, dev, iters int) ([]benchRow, error) {
 		name string
 		n    uint64
 	}{{"512 B", 512}, {"1 MiB", 1 << 20}, {"64 MiB", 64 << 20}} {
-		ptr, err := p.Alloc(dev, 0, s.n) // warm: the segment stays cached
+		ptr, _, err := p.Alloc(dev, 0, s.n) // warm: the segment stays cached
 		if err == nil {
 			err = p.Free(dev, 0, ptr, s.n)
 		}
@@ -300,7 +300,7 @@ func measure(b allocator.Backend, dev, iters int) ([]benchRow, error) {
 		}
 		start := time.Now()
 		for i := 0; i < iters; i++ {
-			ptr, err := p.Alloc(dev, 0, s.n)
+			ptr, _, err := p.Alloc(dev, 0, s.n)
 			if err != nil {
 				return nil, err
 			}

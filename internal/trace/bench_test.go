@@ -26,7 +26,7 @@ func BenchmarkPoolOnTrace(b *testing.B) {
 				pass := func() {
 					for _, o := range ops.ops {
 						if o.alloc {
-							ptr, err := p.Alloc(0, 0, o.size)
+							ptr, _, err := p.Alloc(0, 0, o.size)
 							if err != nil {
 								b.Fatal(err)
 							}

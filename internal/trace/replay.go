@@ -231,7 +231,7 @@ func (r *replayer) alloc(e Event, pre bool) error {
 		}
 		var err error
 		var pl allocator.Placement
-		ptr, pl, err = r.pool.AllocPlaced(0, uintptr(e.Stream), e.Size)
+		ptr, pl, err = r.pool.Alloc(0, uintptr(e.Stream), e.Size)
 		if err == nil && r.frontMax != 0 {
 			r.placed[ptr] = pl
 		}
