@@ -40,9 +40,9 @@ type block struct {
 	// waiting counts the record_stream events a pending block waits for.
 	waiting int
 	// freedAt is the shard's count of frees (shard.frees) when this free
-	// block's memory was last freed, in an expandable segment with
-	// UnmapFreePages; 0: not used since it was mapped. Its pages may be
-	// unmapped once the stream has passed that free (pages.go).
+	// block's memory was last freed; 0: not used since it was mapped. With
+	// UnmapFreePages, its pages may be unmapped once the stream has passed
+	// that free (pages.go).
 	freedAt uint64
 	// born is the shard's count of blocks handed out from expandable
 	// segments when this one last was (blocks reused by the front cache keep

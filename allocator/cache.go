@@ -8,16 +8,7 @@ package allocator
 // front cache which freed blocks it may hand out again; export/front.cpp).
 func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 	p := s.dev.pool
-	r := roundSize(n)
-	if p.roundup && !s.direct {
-		r = roundDivisions(n, &p.cfg.RoundupPower2Divisions)
-	}
-	var k poolKind
-	if s.expandable {
-		k = expandableKind(r)
-	} else {
-		k = kindFor(r, p.cfg.MaxSplit)
-	}
+	r, k := s.src.class(n)
 	if p.gcOn && k != smallPool && s.pool == nil {
 		s.dev.gcClock.Add(1) // the collector's clock: large-pool requests (gc.go)
 	}
@@ -27,7 +18,7 @@ func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 		s.dev.capture.leave()
 	}
 	var b *block
-	if !s.direct {
+	if s.src.caches() {
 		b = s.findFree(r, k)
 	}
 	if b == nil {
@@ -47,7 +38,7 @@ func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 		}
 	}
 	s.take(b, r, n)
-	pl = Placement{Size: b.size, Whole: b.prev == nil && b.next == nil && b.seg.vsize == 0, Type: statType(b.seg.kind)}
+	pl = Placement{Size: b.size, Whole: b.isWholeSegment() && !s.src.grows(), Type: statType(b.seg.kind)}
 	if len(s.pending) == 0 {
 		// A pending free joins the bins when its events complete, at a
 		// later request, without a change the count could show beforehand:
@@ -74,24 +65,15 @@ func (s *shard) take(b *block, r, n uint64) {
 	if seg.idle {
 		s.removeIdle(seg)
 	}
-	if cutsHigh(b, r) {
-		s.splitHigh(b, r)
-	} else if shouldSplit(b.size, r, seg.kind) || (seg.vsize != 0 && b.size > r) {
-		s.splitTail(b, r)
-	}
+	s.src.cut(s, b, r)
 	s.markAllocated(b, n)
 }
 
 // markAllocated makes b, already cut to its size and out of the bins, an
-// allocated block of a request of n bytes: live, counted, and (in an
-// expandable segment) stamped with its birth.
+// allocated block of a request of n bytes: live and counted.
 func (s *shard) markAllocated(b *block, n uint64) {
 	b.state = blockAllocated
 	b.req = n
-	if b.seg.vsize != 0 { // only nearNewer reads born, and only in expandable segments
-		s.births++
-		b.born = s.births
-	}
 	s.live.put(b)
 	sz := int64(b.size)
 	s.stats.alloc(b.seg.kind, sz, int64(n))
@@ -150,10 +132,11 @@ func (s *shard) release(b *block) {
 		}
 		s.recycle(nx)
 	}
-	if b.seg.vsize != 0 && s.dev.pool.cfg.UnmapFreePages {
-		s.frees++ // the merged block as a whole counts as freed now
-		b.freedAt = s.frees
-	}
+	// The merged block as a whole counts as freed now. Only free pages
+	// read the count (Config.UnmapFreePages, pages.go); counting in every
+	// shard costs less than asking whether this one needs it.
+	s.frees++
+	b.freedAt = s.frees
 	s.insertFree(b)
 	if b.isWholeSegment() {
 		s.addIdle(b.seg)

@@ -10,9 +10,12 @@ package allocator
 // Called with s.mu held.
 func (s *shard) steal(r uint64, k poolKind) *block {
 	d := s.dev
-	if s.pool != nil || !d.capture.hold() {
-		// Private pools take nothing from others; and while a capture may be
-		// under way, no event may be recorded or queried.
+	if s.pool != nil || s.src.grows() || !d.capture.hold() {
+		// Private pools take nothing from others; an expandable segment
+		// stays with its stream (as in PyTorch): it grows in place, and
+		// goes back whole at release, and every default-pool shard of an
+		// expandable Pool has only those. While a capture may be under way,
+		// no event may be recorded or queried.
 		return nil
 	}
 	defer d.capture.leave()
@@ -23,9 +26,7 @@ func (s *shard) steal(r uint64, k poolKind) *block {
 		seen := 0
 		for seg := o.idle; seg != nil && seen < 64; seg = seg.inext {
 			seen++
-			// An expandable segment stays with its stream (as in PyTorch):
-			// it grows in place, and goes back whole at release.
-			if seg.vsize != 0 || seg.kind != k || seg.size < r || (k == oversizePool && seg.size >= r+d.pool.slack) {
+			if seg.kind != k || seg.size < r || (k == oversizePool && seg.size >= r+d.pool.slack) {
 				continue
 			}
 			if !o.segmentQuiet(seg) {

@@ -337,6 +337,10 @@ func (s *shard) checkShape(seg *segment) error {
 	if seg.tail != last {
 		return fmt.Errorf("segment %#x: tail names block %#x, the last block is %#x", seg.ptr, seg.tail.ptr, last.ptr)
 	}
+	if (seg.vsize != 0) != s.src.grows() {
+		return fmt.Errorf("segment %#x (%d bytes of address space reserved) is in a shard whose segments grow: %v",
+			seg.ptr, seg.vsize, s.src.grows())
+	}
 	if seg.vsize == 0 {
 		if s.grow[seg.kind] == seg {
 			return fmt.Errorf("fixed segment %#x is named as the growing one", seg.ptr)
@@ -344,9 +348,9 @@ func (s *shard) checkShape(seg *segment) error {
 		return nil
 	}
 	c := s.dev.chunk
-	if !s.expandable || c == 0 || seg.size%c != 0 || seg.size > seg.vsize {
-		return fmt.Errorf("expandable segment %#x: %d of %d bytes mapped, chunk %d, shard expandable %v",
-			seg.ptr, seg.size, seg.vsize, c, s.expandable)
+	if c == 0 || seg.size%c != 0 || seg.size > seg.vsize {
+		return fmt.Errorf("expandable segment %#x: %d of %d bytes mapped, chunk %d",
+			seg.ptr, seg.size, seg.vsize, c)
 	}
 	return checkHoles(seg, c)
 }

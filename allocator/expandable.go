@@ -22,8 +22,10 @@ import (
 //     are multiples of the device's chunk and seg.size ≤ seg.vsize;
 //   - only [seg.ptr, seg.ptr+seg.size) is mapped: reserved_bytes counts it,
 //     as PyTorch counts mapped bytes;
-//   - an expandable segment never moves to another stream (steal skips it):
-//     its memory reaches another stream only through release and remapping.
+//   - an expandable segment never moves to another stream (steal skips
+//     shards whose source grows): its memory reaches another stream only
+//     through release and remapping; an expandable shard (its source is
+//     expandableSource) holds expandable segments only.
 //
 // Release (EmptyCache, the out-of-memory retry, which also runs when the
 // memory limit refuses growth): a wholly free segment is unmapped and its
@@ -60,6 +62,62 @@ import (
 // three (1.0037, 1.0081, 1.0678 at the high end; 1.0042, 1.0096, 1.0678 at
 // the low end), as did 20 MiB chunks.
 
+// expandableSource serves the default pool's expandable segments: the
+// segment source of every default-pool shard of an expandable Pool. The
+// segments it hands a shard grow (s.grow), so they never move to another
+// stream; every other segment source's segments are fixed.
+type expandableSource struct{ p *Pool }
+
+func (e expandableSource) class(n uint64) (uint64, poolKind) {
+	r := e.p.rounded(n)
+	return r, expandableKind(r)
+}
+
+func (expandableSource) caches() bool { return true }
+func (expandableSource) grows() bool  { return true }
+
+// cut splits off whatever b holds beyond r (every block of an expandable
+// segment may be split), from the end cutsHigh picks, and stamps the block
+// with its birth (nearNewer's order).
+func (expandableSource) cut(s *shard, b *block, r uint64) {
+	if cutsHigh(b, r) {
+		s.splitHigh(b, r)
+	} else if b.size > r {
+		s.splitTail(b, r)
+	}
+	s.births++
+	b.born = s.births
+}
+
+// newMemory maps chunks into the growing segment of kind k, or into a new
+// one (growExpandable).
+func (expandableSource) newMemory(s *shard, r uint64, k poolKind) (*block, error) {
+	return s.growExpandable(r, k)
+}
+
+// giveBack unmaps what is mapped of seg (uncounting it run by run) and
+// gives back its range. The memory is gone with the unmap; a range that
+// cannot be given back leaks address space only, so the segment goes all
+// the same and the failure is reported late.
+func (expandableSource) giveBack(s *shard, seg *segment) (late, err error) {
+	d := s.dev
+	if err := s.dropMapped(seg, 0, seg.size); err != nil {
+		return nil, fmt.Errorf("releasing a %d-byte expandable segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
+	}
+	if err := d.pool.exp.FreeRange(d.idx, seg.ptr, seg.vsize); err != nil {
+		d.numReleaseFailures.Add(1)
+		late = fmt.Errorf("giving back the address range of an expandable segment at %#x on device %d: %w", seg.ptr, d.idx, err)
+	}
+	for k := range s.grow {
+		if s.grow[k] == seg {
+			s.grow[k] = nil
+		}
+	}
+	return late, nil
+}
+
+func (expandableSource) release(s *shard) error { return s.releaseExpandable() }
+
 // expandableSmall keeps requests of at most 1 MiB in a segment of their own,
 // as PyTorch does; false puts every request in one segment per stream,
 // where small blocks fill the holes large ones leave.
@@ -73,11 +131,11 @@ var expandableSmall = false
 // rest of the hole stays joined to the older side.
 func nearNewer(b *block) bool { return b.prev == nil || b.next.born > b.prev.born }
 
-// cutsHigh reports whether take hands out the r bytes of free block b from
-// its high end (splitHigh) rather than its low end: in an expandable
-// segment, from a hole next to a newer neighbour.
+// cutsHigh reports whether the r bytes of free block b of an expandable
+// segment are handed out from its high end (splitHigh) rather than its low
+// end: from a hole next to a newer neighbour.
 func cutsHigh(b *block, r uint64) bool {
-	return b.seg.vsize != 0 && b.size > r && b.next != nil && nearNewer(b)
+	return b.size > r && b.next != nil && nearNewer(b)
 }
 
 // splitHigh cuts free block b (out of its bin) in two: a free block of the
@@ -135,16 +193,6 @@ func (d *device) initExpandable() error {
 
 // roundUp rounds n up to a multiple of m (m > 0).
 func roundUp(n, m uint64) uint64 { return (n + m - 1) / m * m }
-
-// newMemory returns a free block that holds r bytes from memory the shard
-// does not have yet: a new fixed segment, or chunks mapped into an
-// expandable one. Called with s.mu held.
-func (s *shard) newMemory(r uint64, k poolKind) (*block, error) {
-	if !s.expandable {
-		return s.newSegment(r, k)
-	}
-	return s.growExpandable(r, k)
-}
 
 // growExpandable extends the growing segment of kind k so that its last
 // block is free and holds r bytes, or starts a new expandable segment when
@@ -340,9 +388,6 @@ type cut struct {
 func (s *shard) expandableCuts() []cut {
 	var cuts []cut
 	for seg := s.segs; seg != nil; seg = seg.snext {
-		if seg.vsize == 0 {
-			continue
-		}
 		if seg.idle {
 			cuts = append(cuts, cut{seg: seg})
 			continue

@@ -32,7 +32,7 @@ import "errors"
 // (released meanwhile: the collector takes other shards' locks).
 func (s *shard) collectGarbage(r uint64, k poolKind) (*block, error) {
 	d := s.dev
-	if !d.pool.gcOn || s.direct || d.capture.routing() || d.gcLine() == 0 {
+	if !d.pool.gcOn || !s.src.caches() || d.capture.routing() || d.gcLine() == 0 {
 		return nil, nil
 	}
 	s.mu.Unlock()
@@ -61,7 +61,7 @@ func (d *device) gcLine() uint64 {
 
 // gcCandidate reports whether seg, idle in shard s, may be collected.
 func gcCandidate(s *shard, seg *segment) bool {
-	return s.pool == nil && seg.vsize == 0 && seg.kind != smallPool
+	return s.pool == nil && !s.src.grows() && seg.kind != smallPool
 }
 
 // collectGarbage frees idle segments as described above. Called with no

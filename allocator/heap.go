@@ -6,8 +6,10 @@ import (
 	"slices"
 )
 
-// Segments (Go's mheap): the slow path of an allocation, segments from the
-// backend and back, the device's reserve and limit, out of memory, release.
+// Segments (Go's mheap): the slow path of an allocation, the device's
+// reserve, limit and reserved statistics, out of memory, release. Where a
+// shard's segments come from and how they go back is its source's
+// (source.go).
 
 // allocSlow finds memory when no cached block of this stream fits: an idle
 // segment of another stream whose work has completed, else a new segment,
@@ -23,7 +25,7 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	if b, err := s.collectGarbage(r, k); b != nil || err != nil {
 		return b, err
 	}
-	b, err := s.newMemory(r, k)
+	b, err := s.src.newMemory(s, r, k)
 	if err == nil || !IsOutOfMemory(err) {
 		return b, err
 	}
@@ -35,7 +37,7 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	}
 	relErr := d.releaseCached()
 	s.mu.Lock()
-	if !s.direct {
+	if s.src.caches() {
 		if b := s.findFree(r, k); b != nil {
 			return b, nil
 		}
@@ -43,7 +45,7 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	if b := s.steal(r, k); b != nil {
 		return b, nil
 	}
-	if b, err = s.newMemory(r, k); err == nil {
+	if b, err = s.src.newMemory(s, r, k); err == nil {
 		// A release that failed on the way is counted
 		// (num_release_failures) and left the books right; the request
 		// was served all the same.
@@ -111,34 +113,6 @@ func (e *limitErr) Error() string {
 	return fmt.Sprintf("pool limit: %d reserved + %d requested > limit %d bytes", e.reserved, e.want, e.limit)
 }
 func (e *limitErr) OutOfMemory() bool { return true }
-
-// newSegment asks the backend for a segment that fits r and returns its
-// (free, whole) block. Called with s.mu held.
-func (s *shard) newSegment(r uint64, k poolKind) (*block, error) {
-	d := s.dev
-	size := segmentSize(r, k)
-	if s.direct {
-		size = r // PyTorch's caching allocator above already chose the segment's size
-	}
-	if err := d.reserve(size); err != nil {
-		return nil, err
-	}
-	ptr, err := d.pool.backend.Alloc(d.idx, size)
-	if err != nil {
-		d.unreserve(size)
-		return nil, err
-	}
-	d.countSegment(k, int64(size), 1)
-	seg := &segment{ptr: ptr, size: size, kind: k}
-	d.hist.record(ActSegmentAlloc, ptr, size, s.stream)
-	s.addSeg(seg)
-	b := s.newBlock()
-	*b = block{ptr: ptr, size: size, seg: seg}
-	seg.head, seg.tail = b, b
-	s.insertFree(b)
-	s.addIdle(seg)
-	return b, nil
-}
 
 // allocatedBytes is allocated_bytes.all.current. held is a shard whose lock
 // the caller already holds (or nil).
@@ -228,38 +202,20 @@ func (d *device) uncountSegment(k poolKind, bytes int64, segments int64) {
 	}
 }
 
-// releaseSegment returns idle segment seg of s to the backend. An
+// releaseSegment returns idle segment seg of s to the backend (its
+// source's giveBack) and drops it from s and from the statistics. An
 // expandable one must be quiet: no work of its stream may still use it
-// (releaseExpandable waits for that). When an unmap fails, what was
-// unmapped before it is booked as holes (dropRun) and the segment stays,
-// idle: its books are what the backend has mapped, and a later release
-// tries again. Called with s.mu held and the capture gate held.
+// (releaseExpandable waits for that). When the backend refuses, the segment
+// stays, idle, its books what the backend holds, and a later release tries
+// again. Called with s.mu held and the capture gate held.
 func (s *shard) releaseSegment(seg *segment) error {
 	d := s.dev
-	var rangeErr error
-	if seg.vsize != 0 {
-		if err := s.dropMapped(seg, 0, seg.size); err != nil {
-			return fmt.Errorf("releasing a %d-byte expandable segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
-		}
-		// The memory is gone with the unmap; a range that cannot be given
-		// back leaks address space only, so the segment goes all the same.
-		if rangeErr = d.pool.exp.FreeRange(d.idx, seg.ptr, seg.vsize); rangeErr != nil {
-			d.numReleaseFailures.Add(1)
-		}
-		for k := range s.grow {
-			if s.grow[k] == seg {
-				s.grow[k] = nil
-			}
-		}
-	} else {
-		if err := d.pool.backend.Free(d.idx, seg.ptr, seg.size); err != nil {
-			d.numReleaseFailures.Add(1)
-			return fmt.Errorf("releasing a %d-byte segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
-		}
-		d.hist.record(ActSegmentFree, seg.ptr, seg.size, s.stream)
+	late, err := s.src.giveBack(s, seg)
+	if err != nil {
+		return err
 	}
 	// What is still counted: a fixed segment's size; nothing of an
-	// expandable one, whose chunks dropMapped uncounted as it unmapped them.
+	// expandable one, whose chunks giveBack uncounted as it unmapped them.
 	mapped := seg.mappedBytes(d.chunk)
 	s.removeIdle(seg)
 	s.removeFree(seg.head)
@@ -268,10 +224,7 @@ func (s *shard) releaseSegment(seg *segment) error {
 	seg.head, seg.tail = nil, nil
 	d.unreserve(mapped)
 	d.uncountSegment(seg.kind, int64(mapped), 1)
-	if rangeErr != nil {
-		return fmt.Errorf("giving back the address range of an expandable segment at %#x on device %d: %w", seg.ptr, d.idx, rangeErr)
-	}
-	return nil
+	return late
 }
 
 // releaseCached waits for every pending block of the device and returns
@@ -282,7 +235,7 @@ func (s *shard) releaseSegment(seg *segment) error {
 // waits for it in BeginAllocateToPool, as PyTorch's capture waits for its
 // allocator's mutex), but no lock while it waits for a stream: privMu only
 // to list the shards, each shard's lock only between its waits
-// (waitPending, releaseExpandable). So another thread's allocation never
+// (waitPending, the source's release). So another thread's allocation never
 // waits for this one's streams; that is the out-of-memory retry's rule too.
 func (d *device) releaseCached() error {
 	if !d.capture.hold() {
@@ -301,7 +254,8 @@ func (d *device) releaseCached() error {
 	d.privMu.Lock()
 	var shards []*shard
 	for _, s := range d.shardList() {
-		if s.pool == nil || s.direct || s.pool.released() {
+		// A source that caches nothing keeps nothing back.
+		if s.pool == nil || !s.src.caches() || s.pool.released() {
 			shards = append(shards, s)
 		}
 	}
@@ -309,18 +263,7 @@ func (d *device) releaseCached() error {
 	var errs []error
 	for _, s := range shards {
 		errs = append(errs, s.waitPending())
-		s.mu.Lock()
-		for seg := s.idle; seg != nil; {
-			next := seg.inext
-			if seg.vsize == 0 { // expandable ones go below, after their stream
-				errs = append(errs, s.releaseSegment(seg))
-			}
-			seg = next
-		}
-		s.mu.Unlock()
-		if s.expandable {
-			errs = append(errs, s.releaseExpandable())
-		}
+		errs = append(errs, s.src.release(s))
 	}
 	d.privMu.Lock()
 	d.forgetReleased()

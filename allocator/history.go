@@ -222,7 +222,7 @@ func (s *shard) snapshotSegments(seg *segment, out []SnapshotSegment) []Snapshot
 			if seg.kind == smallPool {
 				cur.SegmentType = "small"
 			}
-			if s.pool != nil && !s.direct {
+			if s.pool != nil && !s.pool.direct {
 				cur.PoolID = [2]uint64{s.pool.id.First, s.pool.id.Second}
 			}
 		}

@@ -317,9 +317,6 @@ type page struct {
 func (s *shard) freePages(limit uint64, but span, safe uint64) (pages []page, total uint64) {
 	c := s.dev.chunk
 	for seg := s.segs; seg != nil && total < limit; seg = seg.snext {
-		if seg.vsize == 0 {
-			continue
-		}
 		for b := seg.head; b != nil && total < limit; b = b.next {
 			if b.state != blockFree || b.freedAt > safe { // the stream may still use it
 				continue
@@ -375,7 +372,7 @@ type span struct {
 // s.mu held.
 func (s *shard) makeRoom(but span, limit uint64) {
 	d := s.dev
-	if !d.pool.cfg.UnmapFreePages || s.pool != nil || s.holding || !d.capture.hold() {
+	if !d.pool.cfg.UnmapFreePages || s.holding || !d.capture.hold() {
 		return
 	}
 	s.holding = true
@@ -394,7 +391,7 @@ func (s *shard) makeRoom(but span, limit uint64) {
 // waiting for the stream without s.mu (releaseExpandable). Called with
 // s.mu held and the capture gate held.
 func (s *shard) unmapFreePages(safe uint64) error {
-	if !s.dev.pool.cfg.UnmapFreePages || s.pool != nil {
+	if !s.dev.pool.cfg.UnmapFreePages {
 		return nil
 	}
 	pages, _ := s.freePages(^uint64(0), span{}, safe)

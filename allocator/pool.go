@@ -178,19 +178,21 @@ type shard struct {
 	pending []pendingFree
 	stats   shardStats
 
-	pool   *privatePool // nil: the default pool
-	direct bool         // pool.direct: a segment per block, returned when freed
+	pool *privatePool // nil: the default pool
+	// src is where the shard's segments come from and go back (source.go),
+	// chosen when the shard is made.
+	src segmentSource
 
-	// expandable: this shard's segments are expandable (default pool of an
-	// expandable Pool); grow[k] is the segment of pool k that grows next.
-	expandable bool
-	grow       [numPools]*segment
-	births     uint64 // blocks handed out from expandable segments so far (block.born)
+	// Expandable segments (expandableSource): grow[k] is the segment of
+	// pool k that grows next; births counts the blocks handed out so far
+	// (block.born).
+	grow   [numPools]*segment
+	births uint64
 
-	// frees counts frees into expandable segments with UnmapFreePages;
+	// frees counts the frees into this shard's free blocks (block.freedAt);
 	// safe is the count the stream had passed at the last completed quiet
 	// event, which is outstanding (recorded, not yet seen complete) when
-	// quietSet (pages.go).
+	// quietSet (pages.go: only free pages read them).
 	frees, safe, quietTag uint64
 	quiet                 Event
 	quietSet              bool
@@ -376,8 +378,9 @@ func (p *Pool) freeSlow(d *device, ptr uintptr, size uint64) error {
 	}
 	seg := b.seg
 	s.free(b)
-	if s.direct && seg.idle {
-		// MemPool mode: PyTorch released this segment; it goes back now.
+	if !s.src.caches() && seg.idle {
+		// MemPool mode (directSource): PyTorch released this segment; it
+		// goes back now.
 		return s.releaseSegment(seg)
 	}
 	return nil

@@ -58,9 +58,9 @@ func (d *device) newShard(stream uintptr) *shard {
 	if s := d.lookup(stream); s != nil {
 		return s
 	}
-	s := &shard{dev: d, stream: stream, expandable: d.pool.exp != nil, epoch: newEpochCell()}
+	s := &shard{dev: d, stream: stream, src: d.sourceFor(nil), epoch: newEpochCell()}
 	for k := range s.bins {
-		s.bins[k].highTies = s.expandable
+		s.bins[k].highTies = s.src.grows()
 	}
 	// On the list first: at the second shard the device switches to
 	// device-wide counters, before anyone can find s in the table.
