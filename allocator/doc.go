@@ -5,11 +5,31 @@
 // # Levels
 //
 // A Pool has one device per GPU. A device has one shard per stream that has
-// allocated on it; a shard owns its segments (memory from the backend) and
-// the blocks they are cut into, in three pools (small, large, oversize; see
-// sizeclass.go for the size rules and their worst-case waste). The cached
-// path — a free block of the right stream fits — takes only that shard's
-// mutex, finds the shard without any lock, and makes no heap allocation.
+// allocated on it from the default pool (found through a lock-free table,
+// shards.go), and one per stream of each private pool (private.go). A shard
+// owns its segments (memory from the backend) and the blocks they are cut
+// into, in three pools (small, large, oversize; see sizeclass.go for the
+// size rules and their worst-case waste), and serves requests from them
+// (cache.go). The cached path — a free block of the right stream fits —
+// takes only that shard's mutex, finds the shard without any lock, and
+// makes no heap allocation.
+//
+// Each shard's segments come from one segment source, chosen when the
+// shard is made (source.go): fixed segments, one backend allocation each
+// (source_fixed.go: the default pool, and every private pool); expandable
+// segments, an address range that grows by mapped chunks (expandable.go,
+// with Config.Expandable: the default pool); or a segment per request,
+// given back once freed (source_direct.go: AllocSegment). The source
+// decides how requests are rounded and split, where new memory comes from
+// and how it goes back; the shard's code is the same for all three.
+//
+// When a shard has no fitting free block (heap.go), it takes an idle fixed
+// segment of another stream whose work has completed (steal.go), then
+// (past the garbage collection line, gc.go) collects idle segments, then
+// takes new memory from its source, then, out of memory, releases the
+// device's cached segments and tries once more. The device counts every segment against
+// its limit and in the reserved statistics in one place (countSegment,
+// uncountSegment).
 //
 // # Stream contract
 //

@@ -1,7 +1,9 @@
 package allocator
 
-// Idle segments across streams (Go's mcentral): a shard takes another
-// stream's idle segment once the work queued on it has completed.
+// Stealing idle segments across streams, the part of Go's mcentral this
+// pool has: a default-pool shard takes another stream's idle fixed segment
+// once the work queued on it has completed. There is no central list; the
+// shards' own idle lists are walked.
 
 // steal moves an idle segment of another stream of the same device to s, if
 // one fits r and the work its stream had queued when it became a candidate
