@@ -110,6 +110,9 @@ func goStoreClose(s C.int64_t) (code C.int) {
 	if err != nil {
 		return failSymm("symm_store_close", err)
 	}
+	if m := madeManager(); m != nil {
+		m.CloseStore(e.s) // the mailboxes of the groups joined through it
+	}
 	err = e.s.Close()
 	if e.server != nil {
 		err = errors.Join(err, e.server.Close())

@@ -44,6 +44,14 @@ func symmEnv() func(string) string {
 	return getenv
 }
 
+// madeManager is the symmetric manager if one was made, else nil (no
+// backend is opened for the asking).
+func madeManager() *symmetric.Manager {
+	symmLib.mu.Lock()
+	defer symmLib.mu.Unlock()
+	return symmLib.mgr
+}
+
 func getManager() (*symmetric.Manager, error) {
 	symmLib.mu.Lock()
 	defer symmLib.mu.Unlock()

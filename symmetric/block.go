@@ -47,7 +47,8 @@ type Block struct {
 	mu       sync.Mutex
 	handles  map[string]*Handle // by group name
 	freed    bool
-	exportFD int // the block's exported descriptor, made at its first rendezvous; -1 before
+	exportFD int           // the block's exported descriptor, once a rendezvous took it; -1 before
+	export   chan exported // the export started at Alloc, until a rendezvous or Free takes it
 	// syncOwner is the group whose handle meets through the block's sync
 	// area ("" while none does): the first group whose every rank found its
 	// own block's area free at the rendezvous.
@@ -83,6 +84,7 @@ type Manager struct {
 	mu     sync.RWMutex
 	blocks []*Block // sorted by address, disjoint: interval lookup by binary search
 	seq    map[string]int
+	links  map[string]*link // by group name (link.go)
 
 	dog  watchdog    // background watch of queued signals (watchdog.go)
 	kern kernelState // kernels compiled at run time (kernelsig.go)
@@ -136,6 +138,9 @@ func (m *Manager) Alloc(dev int, size uint64) (*Block, error) {
 	if err := m.zeroPad(b); err != nil {
 		m.prov.Release(mem)
 		return nil, err
+	}
+	if _, early := m.prov.(EarlyExporter); early {
+		m.startExport(b) // every symmetric block is made to be joined
 	}
 	m.mu.Lock()
 	i := sort.Search(len(m.blocks), func(i int) bool { return m.blocks[i].mem.Ptr > mem.Ptr })
@@ -200,6 +205,12 @@ func (m *Manager) Free(ptr uintptr) error {
 	}
 	m.count(-1, gone)
 	b.handles = nil
+	if b.export != nil {
+		if e := <-b.export; e.err == nil {
+			errs = append(errs, unix.Close(e.fd))
+		}
+		b.export = nil
+	}
 	if b.exportFD >= 0 {
 		errs = append(errs, unix.Close(b.exportFD))
 		b.exportFD = -1

@@ -51,6 +51,9 @@ func (p *cudaProvider) Create(dev int, size uint64) (*Mem, error) {
 	return mapHandle(dev, h, size, err)
 }
 
+// ExportEarly: cuMemExportToShareableHandle is slow (EarlyExporter).
+func (p *cudaProvider) ExportEarly() {}
+
 func (p *cudaProvider) Export(m *Mem) (int, error) { return cuda.ExportFD(m.Dev, m.handle) }
 
 func (p *cudaProvider) Import(dev int, fd int, size uint64) (*Mem, error) {

@@ -18,23 +18,30 @@
 //
 // # Rendezvous protocol (all ranks call it, in the same order per group)
 //
-//  1. each rank opens a mailbox (an abstract Unix datagram socket named in
-//     its metadata), then publishes its metadata (pid, uid, device, hostname,
-//     sizes, mailbox) under symm/<group>/<seq>/meta/<rank> and reads every
-//     peer's: one all-gather through the store (one round trip on a Client);
-//  2. each rank checks what it gathered: same host, uid, backend and sizes,
-//     distinct devices (CUDA);
-//  3. each rank sends its block's descriptor (exported once per block) to
-//     every peer's mailbox (SCM_RIGHTS) and takes one from each peer, only
-//     from the pid that published that rank's metadata and only from our uid
-//     (the kernel attaches the sender's credentials: package ipc);
-//  4. each rank imports and maps every peer's descriptor as it comes and
-//     closes it, then all-gathers its status (done, or its error) under
-//     symm/<group>/<seq>/done/<rank>: every rank succeeds, or every rank
-//     fails and names the rank that failed first.
+//  1. at the group's first rendezvous in this process only, each rank opens
+//     its mailbox for the group (an abstract Unix datagram socket), then
+//     publishes its pid, uid, hostname, backend and mailbox name under
+//     symm/<group>/link<n>/<rank> and reads every peer's: one all-gather
+//     through the store (one round trip on a Client), checked (one host,
+//     one uid, one backend). The mailbox and what was gathered are the
+//     group's link (link.go), kept for later rendezvous;
+//  2. each rank sends one note to every peer's mailbox: its block's
+//     metadata (device, sizes, sync-area state) with the block's descriptor
+//     (SCM_RIGHTS; exported once per block, at Alloc on CUDA), and takes
+//     one from each peer, only from the pid that published that rank at
+//     step 1 and only from our uid (the kernel attaches the sender's
+//     credentials: package ipc);
+//  3. each rank imports and maps every peer's descriptor as it comes, in
+//     parallel, and closes it, then checks every rank's metadata (same
+//     sizes, distinct devices): every rank reads the same notes, so all
+//     judge alike;
+//  4. each rank sends its outcome (done, or its error) to every peer and
+//     waits for theirs: every rank succeeds, or every rank fails and names
+//     the rank that failed first.
 //
-// A datagram stays queued with its descriptor after its sender moves on, so
-// no rank has to keep a socket open for a slow peer.
+// So a rendezvous after the group's first touches no store: two datagrams
+// per peer each way. A datagram stays queued with its descriptor after its
+// sender moves on, so no rank has to keep a socket open for a slow peer.
 //
 // A peer that dies or stalls makes the others fail with an error naming its
 // rank and pid within the timeout; nothing stays mapped or open after a

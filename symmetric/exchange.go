@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,83 +59,62 @@ func openMailbox(me *meta, g Group, seq int) (mb *ipc.Mailbox, err error) {
 	return mb, nil
 }
 
-// exchange sends our block's descriptor fd to every peer's mailbox while
-// taking and mapping theirs from our mailbox into r.h.
-func (r *handshake) exchange(fd int) error {
-	g, metas := r.g, r.metas
-	// Send while receiving: a peer's queue may be full until it reads.
-	sent := make(chan error, 1)
-	gone := make(chan error, g.World) // peers found dead while sending
-	go func() {
-		var errs []error
-		payload := []byte(fmt.Sprint(g.Rank))
-		if err := r.m.failAt("send"); err != nil {
-			sent <- err
-			return
-		}
-		for j := 0; j < g.World; j++ {
-			if j != g.Rank {
-				if err := r.mb.SendTo(metas[j].Socket, payload, []int{fd}, time.Until(r.deadline)); err != nil {
-					if errors.Is(err, ipc.ErrNoMailbox) { // its process has exited
-						err = fmt.Errorf("%w: rank %d (pid %d) is gone: %w", ErrPeerFailed, j, metas[j].PID, err)
-						gone <- err
-					} else {
-						err = fmt.Errorf("sending our block to rank %d (pid %d): %w", j, metas[j].PID, err)
-					}
-					errs = append(errs, err)
-				}
-			}
-		}
-		sent <- errors.Join(errs...)
-		r.m.crashAt("sent")
-	}()
-	rerr := r.receive(gone)
-	serr := <-sent
-	if serr != nil && errors.Is(serr, ipc.ErrNoMailbox) {
-		if rerr != nil {
-			return rerr // the same failure, said once
-		}
-		// A peer whose mailbox is gone either died or failed after telling
-		// us why (its message was sent before its mailbox closed): prefer
-		// the cause to "gone".
-		if cause := r.pendingFailure(100 * time.Millisecond); cause != nil {
-			return cause
-		}
+// exchange sends our metadata and descriptor fd (none when mapped) to
+// every peer and maps each peer's block into r.h as its note comes, in
+// parallel, then checks every rank's metadata (validate): every rank reads
+// the same notes, so all judge alike. Every mapping has ended when it
+// returns.
+func (r *handshake) exchange(pm PeerMapper, mapped bool, me meta, fd int) error {
+	h := r.h
+	if err := r.m.failAt("send"); err != nil {
+		return err
 	}
-	return errors.Join(rerr, serr)
-}
-
-// failureIn returns the failure a peer reported in msg (tellFailure), or nil
-// if msg is not one, or not from the process that published that rank.
-func (r *handshake) failureIn(msg ipc.Message) error {
-	if !strings.HasPrefix(string(msg.Payload), failurePrefix) {
-		return nil
+	var fds []int
+	if !mapped {
+		fds = []int{fd}
 	}
-	rank, text, _ := strings.Cut(strings.TrimPrefix(string(msg.Payload), failurePrefix), ":")
-	if j, err := strconv.Atoi(rank); err == nil && j >= 0 && j < r.g.World && msg.PID == r.metas[j].PID && msg.UID == os.Getuid() {
-		return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, msg.PID, text)
+	var wg sync.WaitGroup
+	errs := make([]error, r.g.World)
+	notes, err := r.gather("block", note{Meta: &me}, fds, func(j int, n note) {
+		switch {
+		case n.Meta == nil:
+			errs[j] = fmt.Errorf("%s sent no metadata", r.who(j))
+		case mapped:
+			errs[j] = nil
+		case n.Meta.Block != me.Block:
+			errs[j] = nil // validate names the difference
+		default:
+			fds := n.fds
+			n.fds = nil
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[j] = h.mapPeer(j, fds, *n.Meta)
+			}()
+		}
+		n.closeFDs()
+	})
+	wg.Wait()
+	r.m.crashAt("sent")
+	if err != nil {
+		return err
 	}
-	return nil
-}
-
-// pendingFailure reads what is left in our mailbox for up to wait and
-// returns the first failure a peer reported there, or nil. Descriptors in
-// other messages are closed: the rendezvous is failing anyway.
-func (r *handshake) pendingFailure(wait time.Duration) error {
-	until := time.Now().Add(wait)
-	for time.Now().Before(until) {
-		msg, err := r.mb.Recv(1, time.Until(until))
-		if err != nil && !errors.Is(err, ipc.ErrBadMessage) {
-			return nil
+	r.metas = make([]meta, r.g.World)
+	for j, n := range notes {
+		if n.Meta == nil {
+			return errors.Join(errs...)
 		}
-		for _, fd := range msg.FDs {
-			unix.Close(fd)
-		}
-		if err == nil {
-			if cause := r.failureIn(msg); cause != nil {
-				return cause
-			}
-		}
+		r.metas[j] = *n.Meta
+	}
+	h.metas = r.metas
+	if err := r.m.validate(r.g, r.metas); err != nil {
+		return err
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if mapped {
+		return r.mapViews(pm)
 	}
 	return nil
 }
@@ -157,136 +135,6 @@ func (r *handshake) mapViews(pm PeerMapper) error {
 		h.peers[j] = &Mem{Ptr: ptr, Size: h.b.mem.Size, Dev: h.b.Dev(), fd: -1, view: true}
 	}
 	return nil
-}
-
-// failurePrefix starts a mailbox message that reports a rank's failure
-// instead of carrying its descriptor.
-const failurePrefix = "!"
-
-// tellFailure sends err to every peer's mailbox (best effort).
-func (r *handshake) tellFailure(err error) {
-	msg := []byte(fmt.Sprintf("%s%d:%v", failurePrefix, r.g.Rank, err))
-	if len(msg) > 60<<10 {
-		msg = msg[:60<<10]
-	}
-	for j := 0; j < r.g.World; j++ {
-		if j != r.g.Rank {
-			r.mb.SendTo(r.metas[j].Socket, msg, nil, min(time.Until(r.deadline), time.Second))
-		}
-	}
-}
-
-// receive takes one descriptor from each peer in our mailbox and maps it
-// into r.h, until the deadline. A message is taken only from the process
-// that published rank j's metadata and runs as our uid; anything else is
-// closed and ignored. Peers are mapped as their messages come, in parallel;
-// every mapping has ended when receive returns.
-func (r *handshake) receive(gone <-chan error) error {
-	h, metas, deadline := r.h, r.metas, r.deadline
-	var wg sync.WaitGroup
-	errs := make([]error, h.world)
-	got := make([]bool, h.world)
-	missing, ignored := h.world-1, 0
-	var lastErr error
-	for missing > 0 {
-		// Wait in short slices, so that a peer found dead by the sender
-		// (its mailbox is gone) ends the wait at once.
-		msg, err := r.mb.Recv(1, min(time.Until(deadline), 50*time.Millisecond))
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			var stop error // nil: wait on
-			if time.Now().Before(deadline) {
-				stop = r.peerGone(got, gone)
-			} else {
-				stop = r.noBlockCame(got, ignored, lastErr, err)
-			}
-			if stop == nil {
-				continue
-			}
-			wg.Wait()
-			return errors.Join(append(errs, stop)...)
-		}
-		if err != nil && !errors.Is(err, ipc.ErrBadMessage) {
-			wg.Wait()
-			return err
-		}
-		if err == nil {
-			if cause := r.failureIn(msg); cause != nil {
-				wg.Wait()
-				return cause
-			}
-		}
-		j, refused := r.senderOf(msg, err, got)
-		if refused == nil {
-			got[j] = true
-			missing--
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				errs[j] = h.mapPeer(j, msg.FDs, metas[j])
-			}()
-			continue
-		}
-		lastErr = refused
-		ignored++
-		strayMessages.Add(1)
-		for _, fd := range msg.FDs {
-			unix.Close(fd)
-		}
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// peerGone returns why a peer that has not sent its block never will: the
-// sender found its mailbox gone, or its process has exited; nil if none is
-// known gone.
-func (r *handshake) peerGone(got []bool, gone <-chan error) error {
-	select {
-	case e := <-gone:
-		return e
-	default:
-	}
-	for j := range got {
-		if !got[j] && j != r.g.Rank && !processAlive(r.metas[j].PID) {
-			return fmt.Errorf("%w: rank %d (pid %d) exited before sending its block", ErrPeerFailed, j, r.metas[j].PID)
-		}
-	}
-	return nil
-}
-
-// noBlockCame is the failure of a receive that reached its deadline (err):
-// it names the peers whose block did not come, and the last of the ignored
-// stray messages.
-func (r *handshake) noBlockCame(got []bool, ignored int, lastErr, err error) error {
-	var who []string
-	for j := range got {
-		if !got[j] && j != r.g.Rank {
-			who = append(who, fmt.Sprintf("rank %d (pid %d)", j, r.metas[j].PID))
-		}
-	}
-	more := ""
-	if ignored > 0 {
-		more = fmt.Sprintf("; %d stray messages ignored, the last: %v", ignored, lastErr)
-	}
-	return fmt.Errorf("no block came from %s by the deadline (did it die?)%s: %w",
-		strings.Join(who, ", "), more, err)
-}
-
-// senderOf returns the rank whose first descriptor msg carries, or why msg
-// is refused: recvErr (a malformed message, whose descriptors the caller
-// closes), a payload that names no peer still expected, or a sender other
-// than the process that published that rank's metadata as our uid.
-func (r *handshake) senderOf(msg ipc.Message, recvErr error, got []bool) (int, error) {
-	j, perr := strconv.Atoi(string(msg.Payload))
-	switch {
-	case recvErr != nil:
-		return j, recvErr
-	case perr != nil || j < 0 || j >= r.g.World || j == r.g.Rank || got[j]:
-		return j, fmt.Errorf("message %q from pid %d is not a peer's first", msg.Payload, msg.PID)
-	case msg.PID != r.metas[j].PID || msg.UID != os.Getuid():
-		return j, fmt.Errorf("pid %d uid %d claimed to be rank %d (pid %d)", msg.PID, msg.UID, j, r.metas[j].PID)
-	}
-	return j, nil
 }
 
 // mapPeer imports the one descriptor rank j sent and closes it.

@@ -22,11 +22,12 @@ func (m *Manager) failAt(phase string) error {
 
 // crashAt kills this process with SIGKILL when Config.CrashAt names phase:
 // fault injection for the tests of a peer dying in the middle of a
-// rendezvous (SYMM_FAULT_CRASH_AT). The phases, in order: "publish" (mailbox
-// open, metadata not yet published), "gathered" (every rank's metadata
-// read, nothing sent), "sent" (our descriptor sent to every peer, before
-// the completion step), "mapped" (every peer mapped, completion not
-// published).
+// rendezvous (SYMM_FAULT_CRASH_AT). The phases, in order: "publish"
+// (nothing published: at a group's first rendezvous, its link not made),
+// "gathered" (the group's link made, nothing of the block sent), "sent"
+// (our block sent to every peer and theirs taken, before the checks and
+// the completion step), "mapped" (every peer mapped, our outcome not
+// sent).
 func (m *Manager) crashAt(phase string) {
 	if m.cfg.CrashAt == phase {
 		unix.Kill(os.Getpid(), unix.SIGKILL)

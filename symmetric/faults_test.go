@@ -1,9 +1,11 @@
 package symmetric
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,8 +41,11 @@ func stranger(to string) int {
 		return 2
 	}
 	unix.Ftruncate(fd, 1<<20)
-	// Claims to be rank 1 and offers its own memory.
-	if err := mb.SendTo(to, []byte("1"), []int{fd}, time.Second); err != nil {
+	// Claims to be rank 1 of the group's first rendezvous and offers its
+	// own memory, in a well-formed note.
+	raw, _ := json.Marshal(note{Kind: "r", Seq: 1, Step: "block", Rank: 1,
+		Meta: &meta{PID: os.Getpid(), UID: os.Getuid(), Provider: "host", Size: 4096, Block: 1 << 20}})
+	if err := mb.SendTo(to, raw, []int{fd}, time.Second); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
@@ -49,6 +54,12 @@ func stranger(to string) int {
 
 func openFDs(t *testing.T) int {
 	t.Helper()
+	// Mailboxes of managers that earlier tests dropped without Close are
+	// closed by finalizers: let them run first, not in the middle of a count.
+	for range 3 {
+		runtime.GC()
+		time.Sleep(2 * time.Millisecond)
+	}
 	ents, err := os.ReadDir("/proc/self/fd")
 	require.NoError(t, err)
 	return len(ents)
@@ -106,6 +117,7 @@ func TestStrangerIsRefused(t *testing.T) {
 	require.GreaterOrEqual(t, strayMessages.Load()-before, int64(1), "the stranger's message was refused")
 	for r := range ms {
 		require.NoError(t, ms[r].Free(blocks[r].Ptr()))
+		ms[r].Close()
 	}
 	requireFDs(t, base)
 }

@@ -26,7 +26,8 @@ type Handle struct {
 
 	// store and metas are the group's store and every rank's metadata from
 	// the rendezvous: the later steps the group takes together
-	// (ResetSignalPad) agree through them.
+	// (ResetSignalPad) meet through the group's link (link.go), found by
+	// them.
 	store store.Store
 	metas []meta
 

@@ -109,6 +109,7 @@ func TestRendezvousOverFaultyHostProvider(t *testing.T) {
 	}
 	for r, m := range ms {
 		require.Zero(t, m.Live(), "rank %d: live blocks", r)
+		m.Close()
 	}
 	requireFDs(t, fds)
 	require.Equal(t, maps, blockMaps(t), "memfd mappings")

@@ -54,8 +54,12 @@ func (h *Handle) ResetSignalPad(timeout time.Duration) error {
 		}
 	}
 	g := Group{Name: h.group, Rank: h.rank, World: h.world, Store: h.store}
-	r := &handshake{m: h.m, b: h.b, g: g, deadline: time.Now().Add(timeout), tr: newTracer(false, g),
-		metas: h.metas, h: h, prefix: fmt.Sprintf("symm/%s/reset%d/", h.group, h.m.nextSeq(h.group+"/reset"))}
+	r := &handshake{m: h.m, b: h.b, g: g, kind: "p", seq: h.m.nextSeq(h.group + "/reset"),
+		deadline: time.Now().Add(timeout), tr: newTracer(false, g), metas: h.metas, h: h}
+	if r.ln, _, err = h.m.linkFor(g, r.deadline); err != nil {
+		return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
+	}
+	defer r.ln.mu.Unlock()
 	if err = r.agree("quiet", h.quiesce()); err == nil {
 		err = r.agree("zeroed", h.zeroSignals())
 	}

@@ -112,6 +112,15 @@ type Zeroer interface {
 	Zero(dev int, ptr uintptr, n uint64) error
 }
 
+// EarlyExporter is implemented by providers whose Export goes through a
+// driver and takes up to a millisecond (CUDA's
+// cuMemExportToShareableHandle): the manager starts the export at Alloc,
+// in the background, so that the block's first rendezvous finds its
+// descriptor ready. Other providers export when a rendezvous asks.
+type EarlyExporter interface {
+	ExportEarly()
+}
+
 // Quiescer is implemented by providers whose devices run queued work:
 // Quiesce returns once every stream of dev has completed what was queued
 // on it. Work of the other providers is done when its call returns.

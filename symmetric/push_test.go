@@ -102,6 +102,14 @@ func pushCall(h *Handle, d kernels.Dtype, k, count, inOff, outOff int, inPlace b
 	} else {
 		outOff = inOff
 	}
+	// The call reaches the buffers through uintptrs, which neither keep
+	// them alive nor follow them: pinned, they stay on the heap where they
+	// are (a small slice that does not escape may live on the stack, which
+	// moves when it grows) until the call has returned.
+	var pin runtime.Pinner
+	pin.Pin(&inBuf[0])
+	pin.Pin(&outBuf[0])
+	defer pin.Unpin()
 	in, out := uintptrOfBytes(inBuf)+uintptr(inOff*es), uintptrOfBytes(outBuf)+uintptr(outOff*es)
 	if err := h.PushAllReduce(PushAllReduce{In: in, Out: out, Count: uint64(count), Dtype: d, Op: "sum", Timeout: 5 * time.Second}); err != nil {
 		return fmt.Errorf("call %d (%d %s): %w", k, count, d, err)

@@ -1,8 +1,6 @@
 package symmetric
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -10,7 +8,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/libsymm/libsymm/ipc"
 	"github.com/libsymm/libsymm/store"
 )
 
@@ -87,69 +84,79 @@ func (m *Manager) nextSeq(group string) int {
 }
 
 // handshake is one rendezvous in progress: what its steps share. The steps,
-// in order (doc.go: the protocol): export our block in the background
-// (startExport), open our mailbox (openMailbox), publish our metadata and
-// gather every rank's (gatherMetas), check them (validate), map the peers
-// into the handle (mapPeers: exchange.go), agree on the outcome (complete),
-// register with the provider (register). A handle's later group steps (its
-// signal pad's reset) run as a handshake of their own over the same group
-// and metadata, without a mailbox.
-// From the check on, a rank that fails tells its peers through their
-// mailboxes, so that none waits for its descriptor until the timeout
-// (ranks that see different devices may judge a group differently); from
-// the agreement on, every rank succeeds or every rank fails, naming the
-// rank that failed first.
+// in order (doc.go: the protocol): find the group's link, made at its
+// first rendezvous (linkFor: link.go), take our block's descriptor
+// (exported at Alloc), send our metadata and descriptor to every peer and
+// map theirs as they come (exchange: exchange.go), check every rank's
+// metadata (validate), build the pointer arrays, agree on the outcome
+// (agree "done"), register with the provider (register). A handle's later
+// group steps (its signal pad's reset) run as a handshake of their own over
+// the same link.
+// A rank that fails tells its peers through their mailboxes, so that none
+// waits for it until the timeout; from the agreement on, every rank
+// succeeds or every rank fails, naming the rank that failed first.
 type handshake struct {
 	m        *Manager
 	b        *Block
 	g        Group
-	prefix   string // symm/<group>/<seq>/: the rendezvous's keys in the store
+	kind     string // the counter that numbers the handshake: "r" rendezvous, "p" pad reset
+	seq      int    // its number, the same on every rank
 	deadline time.Time
 	tr       *tracer
-	mb       *ipc.Mailbox
-	metas    []meta  // every rank's, once gathered
-	h        *Handle // the handle being made, once the metadata is in
+	ln       *link   // the group's link, locked for the handshake
+	metas    []meta  // every rank's, once exchanged
+	h        *Handle // the handle being made
 }
 
-// rendezvous joins b with g. Nothing stays mapped or open after a failure.
+// rendezvous joins b with g. Nothing stays mapped or open after a failure
+// but the group's link.
 func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
-	r := &handshake{m: m, b: b, g: g, deadline: time.Now().Add(m.cfg.Timeout), tr: newTracer(m.cfg.Trace, g)}
+	r := &handshake{m: m, b: b, g: g, kind: "r", deadline: time.Now().Add(m.cfg.Timeout), tr: newTracer(m.cfg.Trace, g)}
 	defer r.tr.done()
 	pm, mapped := m.prov.(PeerMapper) // peers are mapped already: nothing to export
-	exp := m.startExport(b, mapped)
-	defer handOver(b, exp)
-	seq := m.nextSeq(g.Name)
-	r.prefix = fmt.Sprintf("symm/%s/%d/", g.Name, seq)
 	me, err := m.ownMeta(b, pm, mapped)
 	if err != nil {
 		return nil, err
 	}
 	me.SyncFree = b.syncOwner == "" // b.mu is held (Rendezvous)
 	me.Blocks = m.cfg.CollectiveBlocks
-	if r.mb, err = openMailbox(&me, g, seq); err != nil {
-		return nil, err
-	}
-	defer r.mb.Close()
+	r.seq = m.nextSeq(g.Name)
 	m.crashAt("publish")
-	if err = r.gatherMetas(me); err != nil {
+	var made bool
+	if r.ln, made, err = m.linkFor(g, r.deadline); err != nil {
 		return nil, err
 	}
-	fd, err := r.exported(exp)
-	if err != nil {
-		return nil, err
+	defer r.ln.mu.Unlock()
+	defer func() {
+		// A group's first rendezvous that fails leaves no link: it fails on
+		// every rank, so every rank makes the link again at the next one.
+		if err != nil && made {
+			r.ln.closeLocked()
+		}
+	}()
+	me.Socket = r.ln.peers[g.Rank].Socket
+	r.tr.mark("link")
+	m.crashAt("gathered")
+	fd := -1
+	if !mapped {
+		if fd, err = m.exportedFD(b); err != nil {
+			err = fmt.Errorf("exporting the block: %w", err)
+			r.tellFailure(err)
+			return nil, err
+		}
+		r.tr.mark("export")
 	}
-
-	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World),
-		store: g.Store, metas: r.metas}
+	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World), store: g.Store}
 	r.h = h
 	defer func() {
 		if err != nil { // nothing stays mapped after a failed rendezvous
 			h.release()
 		}
 	}()
-	if err = r.complete(r.mapPeers(pm, mapped, fd)); err != nil {
+	if err = r.agree("done", r.mapPeers(pm, mapped, me, fd)); err != nil {
 		return nil, err
 	}
+	r.tr.mark("completion")
 	if err = r.register(); err != nil {
 		return nil, err
 	}
@@ -172,31 +179,40 @@ type exported struct {
 	err error
 }
 
-// startExport exports b's descriptor in the background, once per block:
-// the driver takes about a millisecond, which the metadata's round trip
-// hides. The channel holds the outcome until handOver takes it.
-func (m *Manager) startExport(b *Block, mapped bool) chan exported {
-	exp := make(chan exported, 1)
-	if b.exportFD >= 0 || mapped {
-		exp <- exported{fd: b.exportFD}
-	} else {
-		go func() {
-			fd, err := m.prov.Export(b.mem)
-			exp <- exported{fd, err}
-		}()
-	}
-	return exp
+// startExport exports b's descriptor in the background: the driver takes
+// up to a millisecond, which the caller's work between Alloc and the
+// rendezvous hides. b.export holds the outcome until exportedFD or Free
+// takes it.
+func (m *Manager) startExport(b *Block) {
+	b.export = make(chan exported, 1)
+	go func() {
+		fd, err := m.prov.Export(b.mem)
+		b.export <- exported{fd, err}
+	}()
 }
 
-// handOver gives the block the descriptor exported for it, whatever became
-// of the rendezvous: the block keeps it until it is freed.
-func handOver(b *Block, exp chan exported) {
-	if e := <-exp; e.err == nil && b.exportFD < 0 {
-		b.exportFD = e.fd
+// exportedFD returns b's exported descriptor (b.mu held), waiting for the
+// background export, or exporting again if that one failed. The block
+// keeps it until it is freed.
+func (m *Manager) exportedFD(b *Block) (int, error) {
+	if b.export != nil {
+		e := <-b.export
+		b.export = nil
+		if e.err == nil {
+			b.exportFD = e.fd
+		}
 	}
+	if b.exportFD < 0 {
+		fd, err := m.prov.Export(b.mem)
+		if err != nil {
+			return -1, err
+		}
+		b.exportFD = fd
+	}
+	return b.exportFD, nil
 }
 
-// ownMeta is what this rank publishes, less its mailbox's name.
+// ownMeta is what this rank sends of its block.
 func (m *Manager) ownMeta(b *Block, pm PeerMapper, mapped bool) (me meta, err error) {
 	host, _ := os.Hostname()
 	me = meta{PID: os.Getpid(), UID: os.Getuid(), Host: host, Provider: m.prov.Name(), Dev: b.Dev(),
@@ -214,110 +230,24 @@ func (m *Manager) ownMeta(b *Block, pm PeerMapper, mapped bool) (me meta, err er
 	return me, nil
 }
 
-// gatherMetas publishes me, reads every rank's metadata into r.metas and
-// checks it.
-func (r *handshake) gatherMetas(me meta) error {
-	g := r.g
-	raw, _ := json.Marshal(me)
-	vals, err := store.AllGather(g.Store, r.prefix+"meta/", g.Rank, g.World, raw, time.Until(r.deadline))
-	if err != nil {
-		var ge *store.GatherError
-		switch {
-		case errors.Is(err, store.ErrClosed):
-			return fmt.Errorf("the store went away while gathering the ranks' metadata: %w", err)
-		case errors.As(err, &ge):
-			return fmt.Errorf("rank %d did not publish its metadata within %v (did it die, or not call rendezvous?): %w",
-				ge.Rank, r.m.cfg.Timeout, ge.Err)
-		}
-		return fmt.Errorf("publishing metadata: %w", err)
-	}
-	metas := make([]meta, g.World)
-	for j, v := range vals {
-		if err := json.Unmarshal(v, &metas[j]); err != nil {
-			return fmt.Errorf("rank %d published unreadable metadata: %w", j, err)
-		}
-	}
-	r.metas = metas
-	if err := r.m.validate(g, metas); err != nil {
-		r.tellFailure(err)
-		return err
-	}
-	r.tr.mark("listen+gather metadata")
-	r.m.crashAt("gathered")
-	return nil
-}
-
-// exported waits for our block's descriptor (startExport) and returns it,
-// leaving the outcome in exp for handOver.
-func (r *handshake) exported(exp chan exported) (int, error) {
-	e := <-exp
-	exp <- e // for the deferred hand-over to the block
-	if e.err != nil {
-		err := fmt.Errorf("exporting the block: %w", e.err)
-		r.tellFailure(err)
-		return 0, err
-	}
-	r.tr.mark("export")
-	return e.fd, nil
-}
-
 // mapPeers maps every peer's block into the handle, through the provider
-// (mapped) or by exchanging descriptors (fd: ours), then builds the
-// handle's pointer arrays.
-func (r *handshake) mapPeers(pm PeerMapper, mapped bool, fd int) (err error) {
+// (mapped) or by exchanging descriptors (fd: ours), checks every rank's
+// metadata, then builds the handle's pointer arrays.
+func (r *handshake) mapPeers(pm PeerMapper, mapped bool, me meta, fd int) error {
 	h := r.h
-	if mapped {
-		err = r.mapViews(pm)
-	} else {
-		err = r.exchange(fd)
-	}
+	err := r.exchange(pm, mapped, me, fd)
 	r.tr.mark(fmt.Sprintf("exchange descriptors + map (of which import+map %.3fms)", float64(h.importTime.Load())/1e6))
 	r.m.crashAt("mapped")
-	if err == nil {
-		// Before the agreement: a rank that cannot build its arrays fails
-		// together with every other.
-		if err = r.m.failAt("arrays"); err == nil {
-			err = h.buildArrays()
-		}
-		r.tr.mark("pointer arrays")
-	}
-	return err
-}
-
-// complete publishes our outcome of mapping (mine) and gathers every
-// rank's: done only when every rank has mapped every peer, so that all
-// ranks succeed or all fail, and a failure is told to every rank at once:
-// through the store (peers in the completion gather) and through the
-// mailboxes (peers still waiting for our descriptor).
-func (r *handshake) complete(mine error) error {
-	g := r.g
-	status := []byte{}
-	if mine != nil {
-		status = []byte(mine.Error())
-		g.Store.Set(fmt.Sprintf("%sdone/%d", r.prefix, g.Rank), status) // best effort: the peers time out otherwise
-		r.tellFailure(mine)
-		return mine
-	}
-	vals, err := r.gatherWatching(r.prefix+"done/", status)
 	if err != nil {
-		var ge *store.GatherError
-		switch {
-		case errors.As(err, &ge):
-			return fmt.Errorf("rank %d (pid %d) did not finish mapping within %v: %w", ge.Rank, r.metas[ge.Rank].PID, r.m.cfg.Timeout, ge.Err)
-		case errors.Is(err, ErrPeerFailed):
-			return err
-		case errors.Is(err, store.ErrClosed):
-			return fmt.Errorf("the store went away while gathering the ranks' completion: %w", err)
-		}
-		return fmt.Errorf("publishing completion: %w", err)
+		return err
 	}
-	for j, v := range vals {
-		if len(v) > 0 {
-			return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, r.metas[j].PID, v)
-		}
+	// Before the agreement: a rank that cannot build its arrays fails
+	// together with every other.
+	if err = r.m.failAt("arrays"); err == nil {
+		err = h.buildArrays()
 	}
-	r.tr.mark("completion")
-	return nil
+	r.tr.mark("pointer arrays")
+	return err
 }
 
 // register registers b with providers that need it (Registrar: an NCCL
@@ -342,30 +272,6 @@ func (r *handshake) register() error {
 		return err
 	}
 	r.tr.mark("registration")
-	return nil
-}
-
-// agree all-gathers each rank's outcome of step (nil: success), under the
-// handshake's prefix, and returns mine, or the first other rank's failure,
-// so that every rank succeeds or every rank fails with the same named
-// cause.
-func (r *handshake) agree(step string, mine error) error {
-	status := []byte{}
-	if mine != nil {
-		status = []byte(mine.Error())
-	}
-	vals, err := r.gatherWatching(r.prefix+step+"/", status)
-	if mine != nil {
-		return mine
-	}
-	if err != nil {
-		return fmt.Errorf("agreeing on %s: %w", step, err)
-	}
-	for j, v := range vals {
-		if len(v) > 0 {
-			return fmt.Errorf("%w: rank %d (pid %d) failed: %s", ErrPeerFailed, j, r.metas[j].PID, v)
-		}
-	}
 	return nil
 }
 
@@ -403,17 +309,14 @@ func (t *tracer) done() {
 // differs from rank 0 or from us.
 func (m *Manager) validate(g Group, metas []meta) error {
 	me := metas[g.Rank]
+	if err := sameKind(g.Rank, metas); err != nil {
+		return err
+	}
 	devs := map[string]int{}
 	// Labels of one memory (host "devices") may repeat: only real devices must differ.
 	_, labels := m.prov.(LabelDevices)
 	for j, p := range metas {
 		switch {
-		case p.Host != me.Host:
-			return fmt.Errorf("rank %d is on host %q, rank %d on %q: symmetric memory joins processes of one host", j, p.Host, g.Rank, me.Host)
-		case p.UID != me.UID:
-			return fmt.Errorf("rank %d runs as uid %d, rank %d as uid %d", j, p.UID, g.Rank, me.UID)
-		case p.Provider != me.Provider:
-			return fmt.Errorf("rank %d uses the %s backend, rank %d the %s backend", j, p.Provider, g.Rank, me.Provider)
 		case p.Size != me.Size:
 			return fmt.Errorf("rank %d's buffer is %d bytes, rank %d's is %d: every rank must allocate the same size", j, p.Size, g.Rank, me.Size)
 		case p.Block != me.Block:
@@ -500,41 +403,6 @@ func (m *Manager) WorldWithinDirectAccess(dev int, g Group) (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// gatherWatching is store.AllGather of value under prefix while watching
-// the peers' processes (one host: their pids came with the metadata): a
-// peer that has exited ends the wait at once instead of at the deadline.
-// The gather left behind ends at the deadline on its own.
-func (r *handshake) gatherWatching(prefix string, value []byte) ([][]byte, error) {
-	g, metas := r.g, r.metas
-	type result struct {
-		vals [][]byte
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		v, err := store.AllGather(g.Store, prefix, g.Rank, g.World, value, time.Until(r.deadline))
-		done <- result{v, err}
-	}()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case r := <-done:
-			return r.vals, r.err
-		case <-tick.C:
-			var dead []string
-			for j, p := range metas {
-				if j != g.Rank && !processAlive(p.PID) {
-					dead = append(dead, fmt.Sprintf("rank %d (pid %d)", j, p.PID))
-				}
-			}
-			if len(dead) > 0 {
-				return nil, fmt.Errorf("%w: %s exited before finishing", ErrPeerFailed, strings.Join(dead, ", "))
-			}
-		}
-	}
 }
 
 // processAlive reports whether pid is a live process (a zombie, exited but

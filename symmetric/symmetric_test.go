@@ -25,7 +25,9 @@ func runRanks(world int, prov func(rank int) Provider, cfg Config, fn func(rank 
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()
-			errs[r] = fn(r, NewManager(prov(r), cfg), st)
+			m := NewManager(prov(r), cfg)
+			defer m.Close() // the groups' mailboxes: tests count descriptors
+			errs[r] = fn(r, m, st)
 		}(r)
 	}
 	wg.Wait()

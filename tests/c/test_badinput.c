@@ -1442,21 +1442,31 @@ int main(int argc, char **argv) {
   test_backend_before_use();
 
   test_errors();
-  /* The store every symmetric area uses, then the baseline. */
-  if (symm_store_server("", "", &st_main, st_addr, sizeof st_addr) != SYMM_OK) {
+  /* A warm-up rendezvous through a store of its own, closed before the
+   * baseline with the group's mailbox. On a machine with a driver, the
+   * first symm_topology opens the driver and NVML for good (their
+   * descriptors stay open, as they do in any CUDA program): open them
+   * before the baseline too. */
+  symm_store_t st_warm;
+  char warm_addr[64];
+  if (symm_store_server("", "", &st_warm, warm_addr, sizeof warm_addr) != SYMM_OK) {
     fprintf(stderr, "store server: %s\n", symm_last_error());
     return 2;
   }
   void *warm = symm_alloc(4096, 0, NULL);
   symm_handle_t wh;
-  CHECK(warm && symm_rendezvous(warm, st_main, "warm", 0, 1, &wh) == SYMM_OK, "warm-up rendezvous");
+  CHECK(warm && symm_rendezvous(warm, st_warm, "warm", 0, 1, &wh) == SYMM_OK, "warm-up rendezvous");
   symm_free(warm, 0, 0, NULL);
-  /* On a machine with a driver, the first symm_topology opens the driver and
-   * NVML for good (their descriptors stay open, as they do in any CUDA
-   * program): open them before the baseline. */
+  CHECK(symm_store_close(st_warm) == SYMM_OK, "close the warm-up store");
   size_t warm_len = 0;
   symm_topology(NULL, NULL, 0, &warm_len);
   int fds0 = count_fds(), maps0 = count_maps();
+  /* The store every symmetric area uses: closed at the end, before the
+   * count, with the mailboxes of the groups joined through it. */
+  if (symm_store_server("", "", &st_main, st_addr, sizeof st_addr) != SYMM_OK) {
+    fprintf(stderr, "store server: %s\n", symm_last_error());
+    return 2;
+  }
 
   pa = symm_pool_alloc(4096, 0, SA);
   pb = symm_pool_alloc(3 * MiB, 1, SB);
@@ -1493,10 +1503,10 @@ int main(int argc, char **argv) {
     CHECK(stat_now(d, "allocated_bytes.all.current") == 0, "device %d: nothing allocated", d);
     CHECK(stat_now(d, "reserved_bytes.all.current") == 0, "device %d: nothing reserved", d);
   }
+  CHECK(symm_store_close(st_main) == SYMM_OK, "close the store");
   CHECK(count_fds() == fds0, "descriptors: %d at the start, %d at the end", fds0, count_fds());
   CHECK(count_maps() == maps0, "mappings: %d at the start, %d at the end", maps0, count_maps());
   check_coverage();
-  CHECK(symm_store_close(st_main) == SYMM_OK, "close the store");
   area("leaks and coverage", c0);
 
   printf("test_badinput: %d passed, %d failed\n", passes, failures);

@@ -217,14 +217,23 @@ def bench(rank, world, dev, group):
         return
     # Like with like: each side allocates a fresh block (not timed), times
     # the rendezvous alone (every rank after a dist.barrier, until the
-    # slowest returns), then frees it (not timed); the median of REPS.
+    # slowest returns), then frees it (not timed); the median of REPS. Both
+    # sides join the blocks with one group, as a program does with its
+    # process group; the first rendezvous of a group is timed on its own.
     reps = int(os.environ.get("SYMM_RENDEZVOUS_REPS", "5"))
+    firsts = []
+    for k in range(reps):
+        p = symm.symm_alloc(MiB, rank)
+        firsts.append(timed_max(lambda p=p, k=k: symm.rendezvous_ptr(p, st, f"bench-first-{k}", rank, world, dev)))
+        symm.symm_free(p)
+    bench_rows.append((f"first rendezvous of a new group, 1 MiB, {world} GPUs (ms, median of {reps}; "
+                       "opens the group's mailboxes through the store)", statistics.median(firsts) * 1e3, nan))
     for size in (MiB, 256 * MiB, 1024 * MiB):
         n = size // 4
         ours_t, theirs_t = [], []
         for k in range(reps + 1):  # the first of each is a warm-up
             p = symm.symm_alloc(size, rank)
-            t = timed_max(lambda p=p, k=k: symm.rendezvous_ptr(p, st, f"bench{size}-{k}", rank, world, dev))
+            t = timed_max(lambda p=p: symm.rendezvous_ptr(p, st, "bench", rank, world, dev))
             symm.symm_free(p)  # peers keep their own reference to the memory
             x = tsm.empty(n, dtype=torch.float32, device=dev)
             u = timed_max(lambda x=x: tsm.rendezvous(x, group.group_name))
