@@ -22,7 +22,10 @@ type Mailbox struct {
 	name string
 	f    *os.File
 	rc   syscall.RawConn
-	rmu  sync.Mutex // one Recv at a time: they share the read deadline
+	rmu  sync.Mutex // one Recv at a time: they share the read deadline and the buffers below
+	// rbuf and roob receive every message (made at the first Recv): a
+	// message is copied out of them, so a Recv allocates only its payload.
+	rbuf, roob []byte
 
 	closedMu sync.Mutex
 	closed   bool
@@ -152,10 +155,14 @@ func (m *Mailbox) Recv(maxFDs int, timeout time.Duration) (Message, error) {
 	if maxFDs < 0 || maxFDs > maxFDsPerMsg {
 		return Message{}, fmt.Errorf("ipc: recv on %s: maxFDs %d outside [0, %d]", m.name, maxFDs, maxFDsPerMsg)
 	}
-	buf := make([]byte, 1+maxPayload+1)
-	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(4*max(maxFDs, 1)))
 	m.rmu.Lock()
 	defer m.rmu.Unlock()
+	if m.rbuf == nil {
+		m.rbuf = make([]byte, 1+maxPayload+1)
+		m.roob = make([]byte, unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(4*maxFDsPerMsg))
+	}
+	// Room for maxFDs descriptors only: more is MSG_CTRUNC, refused below.
+	buf, oob := m.rbuf, m.roob[:unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(4*max(maxFDs, 1))]
 	n, oobn, flags, err := recvmsg(m.f, m.rc, timeout, buf, oob)
 	if err != nil {
 		if m.isClosed() {

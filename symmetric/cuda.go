@@ -1,6 +1,7 @@
 package symmetric
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"time"
@@ -111,25 +112,24 @@ func (p *cudaProvider) WaitSignal(dev int, stream, addr uintptr, _ time.Duration
 	return p.drv.StreamWriteValue32(dev, stream, addr, 0)
 }
 
-// DeviceArray copies vals into new device memory, for kernels.
-func (p *cudaProvider) DeviceArray(dev int, vals []uint64) (uintptr, func() error, error) {
-	size := uint64(len(vals) * 8)
-	alloc := (size + 511) &^ 511
+// NewDeviceArray makes device memory for words values, for kernels
+// (DeviceArrays).
+func (p *cudaProvider) NewDeviceArray(dev, words int) (uintptr, func() error, error) {
+	alloc := (uint64(words*8) + 511) &^ 511
 	ptr, err := p.arrays.Alloc(dev, alloc)
 	if err != nil {
 		return 0, nil, err
 	}
-	buf := make([]byte, size)
-	for i, v := range vals {
-		for k := 0; k < 8; k++ {
-			buf[8*i+k] = byte(v >> (8 * k))
-		}
-	}
-	if err := cuda.MemcpyHtoD(dev, ptr, buf); err != nil {
-		p.arrays.Free(dev, ptr, alloc)
-		return 0, nil, err
-	}
 	return ptr, func() error { return p.arrays.Free(dev, ptr, alloc) }, nil
+}
+
+// FillDeviceArray copies vals into the array at ptr (DeviceArrays).
+func (p *cudaProvider) FillDeviceArray(dev int, ptr uintptr, vals []uint64) error {
+	buf := make([]byte, len(vals)*8)
+	for i, v := range vals {
+		binary.LittleEndian.PutUint64(buf[8*i:], v)
+	}
+	return cuda.MemcpyHtoD(dev, ptr, buf)
 }
 
 // Mark records an event after the work queued on stream (streamMarker).

@@ -39,6 +39,7 @@ type Handle struct {
 	hostArr, devArr uintptr
 	hostSize        uint64
 	freeDev         func() error
+	newDev          chan deviceArray // startArrays' allocation, until taken
 
 	importTime atomic.Int64 // ns spent importing and mapping peers (trace)
 	unregister func() error // undoes Registrar.Register (NCCL window)
@@ -123,13 +124,56 @@ func (h *Handle) BufferPtrsDev() uintptr { return h.devArr }
 func (h *Handle) PadPtrsDev() uintptr    { return h.devArr + uintptr(8*h.world) }
 
 // DeviceArrays is implemented by providers whose devices cannot read host
-// memory: it copies vals to new device memory.
+// memory: NewDeviceArray makes device memory for words uint64 values,
+// FillDeviceArray copies vals into it.
 type DeviceArrays interface {
-	DeviceArray(dev int, vals []uint64) (ptr uintptr, free func() error, err error)
+	NewDeviceArray(dev, words int) (ptr uintptr, free func() error, err error)
+	FillDeviceArray(dev int, ptr uintptr, vals []uint64) error
+}
+
+// deviceArray is the outcome of NewDeviceArray.
+type deviceArray struct {
+	ptr  uintptr
+	free func() error
+	err  error
+}
+
+// arrayWords is the length of a handle's pointer arrays and state.
+func (h *Handle) arrayWords() int { return 2*h.world + pushStateWords + epochWords }
+
+// startArrays makes the handle's device arrays in the background, while
+// the rendezvous exchanges its notes (the driver's allocation takes tens of
+// microseconds); buildArrays or release takes the outcome.
+func (h *Handle) startArrays() {
+	da, ok := h.m.prov.(DeviceArrays)
+	if !ok {
+		return
+	}
+	h.newDev = make(chan deviceArray, 1)
+	go func() {
+		var a deviceArray
+		a.ptr, a.free, a.err = da.NewDeviceArray(h.b.Dev(), h.arrayWords())
+		h.newDev <- a
+	}()
+}
+
+// takeDeviceArray waits for startArrays' outcome and makes the handle own
+// the memory (freeDev), or returns why there is none.
+func (h *Handle) takeDeviceArray() (uintptr, error) {
+	if h.newDev == nil {
+		return 0, fmt.Errorf("device pointer arrays: none started")
+	}
+	a := <-h.newDev
+	h.newDev = nil
+	if a.err != nil {
+		return 0, fmt.Errorf("device pointer arrays: %w", a.err)
+	}
+	h.freeDev = a.free
+	return a.ptr, nil
 }
 
 func (h *Handle) buildArrays() error {
-	vals := make([]uint64, 2*h.world+pushStateWords+epochWords)
+	vals := make([]uint64, h.arrayWords())
 	for r := 0; r < h.world; r++ {
 		vals[r] = uint64(h.BufferPtr(r))
 		vals[h.world+r] = uint64(h.PadPtr(r))
@@ -144,11 +188,14 @@ func (h *Handle) buildArrays() error {
 	copy(unsafe.Slice((*uint64)(*(*unsafe.Pointer)(unsafe.Pointer(&p))), len(vals)), vals)
 	h.devArr = h.hostArr
 	if da, ok := h.m.prov.(DeviceArrays); ok {
-		ptr, free, err := da.DeviceArray(h.b.Dev(), vals)
+		ptr, err := h.takeDeviceArray()
 		if err != nil {
+			return err
+		}
+		if err := da.FillDeviceArray(h.b.Dev(), ptr, vals); err != nil {
 			return fmt.Errorf("device pointer arrays: %w", err)
 		}
-		h.devArr, h.freeDev = ptr, free
+		h.devArr = ptr
 	}
 	return nil
 }
@@ -167,6 +214,12 @@ func (h *Handle) release() error {
 		}
 	}
 	errs = append(errs, h.freeStatus())
+	if h.newDev != nil { // a failed rendezvous: the arrays were never built
+		if _, err := h.takeDeviceArray(); err == nil {
+			errs = append(errs, h.freeDev())
+		}
+		h.freeDev = nil
+	}
 	if h.freeDev != nil {
 		errs = append(errs, h.freeDev())
 		h.freeDev = nil

@@ -3,6 +3,7 @@ package symmetric
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -206,5 +207,61 @@ func TestCloseStoreClosesItsGroups(t *testing.T) {
 		})
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+// BenchmarkRendezvous is one rendezvous of a fresh 4 KiB host block by 2
+// ranks (goroutines with managers of their own) of a group already linked,
+// with the block's allocation and free outside the timing: the protocol's
+// own cost, without a driver's import.
+func BenchmarkRendezvous(b *testing.B) {
+	const world = 2
+	st := store.NewMemory()
+	defer st.Close()
+	ms := make([]*Manager, world)
+	for r := range ms {
+		ms[r] = NewManager(NewHostProvider(), Config{Timeout: 5 * time.Second, Trace: os.Getenv("SYMM_TRACE_RENDEZVOUS") == "1"})
+		defer ms[r].Close()
+	}
+	start, done := make([]chan *Block, world), make(chan error, world)
+	for r := range start {
+		start[r] = make(chan *Block)
+		go func() {
+			for blk := range start[r] {
+				_, err := ms[r].Rendezvous(blk.Ptr(), Group{Name: "bench", Rank: r, World: world, Store: st})
+				done <- err
+			}
+		}()
+	}
+	var took time.Duration
+	round := func() {
+		blocks := make([]*Block, world)
+		for r := range blocks {
+			var err error
+			blocks[r], err = ms[r].Alloc(0, 4096)
+			require.NoError(b, err)
+		}
+		t0 := time.Now()
+		for r := range blocks {
+			start[r] <- blocks[r]
+		}
+		for range world {
+			require.NoError(b, <-done)
+		}
+		took += time.Since(t0)
+		for r := range blocks {
+			require.NoError(b, ms[r].Free(blocks[r].Ptr()))
+		}
+	}
+	round() // the group's link
+	took = 0
+	b.ResetTimer()
+	for range b.N {
+		round()
+	}
+	// Timed by hand: StartTimer/StopTimer stop the world at every call.
+	b.ReportMetric(float64(took.Nanoseconds())/float64(b.N), "ns/rendezvous")
+	for r := range start {
+		close(start[r])
 	}
 }

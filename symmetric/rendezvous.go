@@ -148,6 +148,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	}
 	h := &Handle{m: m, b: b, group: g.Name, rank: g.Rank, world: g.World, peers: make([]*Mem, g.World), store: g.Store}
 	r.h = h
+	h.startArrays()
 	defer func() {
 		if err != nil { // nothing stays mapped after a failed rendezvous
 			h.release()
