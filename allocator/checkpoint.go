@@ -53,7 +53,7 @@ func (bi BlockInfo) end() uintptr { return bi.Addr + uintptr(bi.Size) }
 
 // CacheInfo returns the size of the largest free block of device dev's
 // default pool, across its streams; 0 when none is cached. Blocks a cache in
-// front of the pool holds count as allocated: drain it first. Unlike
+// front of the pool go back first (Front). Unlike
 // PyTorch's cacheInfo, private pools' free blocks are left out (no
 // allocation outside a pool can get them), and the device's free memory is
 // not a floor (PyTorch starts from cudaMemGetInfo when asked with 0: a
@@ -63,6 +63,7 @@ func (p *Pool) CacheInfo(dev int) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	p.observe(dev)
 	var largest uint64
 	for _, s := range d.shardList() {
 		if s.pool != nil {
@@ -100,12 +101,15 @@ func (bs *bins) largest() uint64 {
 // PoolBlocks lists every block of every segment of pool id on device dev,
 // free ones too, sorted by address; id (0, 0) is the device's default pool
 // (every stream's; expandable segments show their mapped part). Blocks a
-// cache in front of the pool holds count as allocated: drain it first.
+// cache in front of the pool holds go back first (Front).
 // ErrInvalid for a bad device or an unknown pool.
 func (p *Pool) PoolBlocks(dev int, id PoolID) ([]BlockInfo, error) {
 	d, err := p.device(dev)
 	if err != nil {
 		return nil, err
+	}
+	if id == (PoolID{}) {
+		p.observe(dev) // only the default pool's blocks are ever parked
 	}
 	// privMu keeps the pool and its shard set put (lock order: privMu, then
 	// each shard in turn).

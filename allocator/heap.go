@@ -32,9 +32,7 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 	d := s.dev
 	d.numAllocRetries.Add(1)
 	s.mu.Unlock()
-	if rc := d.pool.cfg.Reclaim; rc != nil {
-		rc(d.idx)
-	}
+	d.pool.observe(d.idx) // the front cache's blocks too, whatever Holds says
 	relErr := d.releaseCached()
 	s.mu.Lock()
 	if s.src.caches() {
@@ -66,12 +64,12 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 // grows only when even they would not do. Default-pool shards only (private
 // pools never see those blocks). Called and returns with s.mu held.
 func (s *shard) reclaimParked(r uint64, k poolKind) *block {
-	cfg := &s.dev.pool.cfg
-	if s.pool != nil || cfg.Reclaim == nil || cfg.Parked == nil || !cfg.Parked(s.dev.idx) {
+	f := s.dev.pool.cfg.Front
+	if s.pool != nil || f == nil || !f.Holds(s.dev.idx) {
 		return nil
 	}
 	s.mu.Unlock()
-	cfg.Reclaim(s.dev.idx)
+	f.Return(s.dev.idx)
 	s.mu.Lock()
 	if b := s.findFree(r, k); b != nil {
 		return b

@@ -162,8 +162,9 @@ type Snapshot struct {
 
 // Snapshot describes every segment of every device with its blocks, sorted
 // by address, and each device's history. Blocks a cache in front of the
-// pool holds count as allocated: drain it first for exact states.
+// pool holds go back first (Front), so that they show as free.
 func (p *Pool) Snapshot() *Snapshot {
+	p.observe(-1)
 	snap := &Snapshot{
 		Segments:          []SnapshotSegment{},
 		DeviceTraces:      make([][]SnapshotTrace, len(p.devs)),

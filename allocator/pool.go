@@ -57,27 +57,11 @@ type Config struct {
 	// AllocConf is the text of PyTorch's allocator settings this Config was
 	// read from (ConfigFromEnv), reported by Snapshot as PyTorch does.
 	AllocConf string
-	// Reclaim, if set, is called with no lock held before the out-of-memory
-	// retry releases the device's cached segments: a cache in front of the
-	// pool (the C front cache of export/) returns its blocks through Free.
-	Reclaim func(dev int)
-	// Parked, if set with Reclaim, reports whether that cache holds blocks
-	// of dev. Before the pool takes a new segment it reclaims them (and
-	// looks again), so that blocks parked in front never make the pool grow.
-	// (The C front cache also hands its blocks back before every pool
-	// allocation; this covers frees parked by other threads meanwhile.)
-	Parked func(dev int) bool
-	// FrontServed, if set, reports what that cache served itself on dev:
-	// requests it answered with a block it held, each also a free the pool
-	// never saw. Stats counts them in the cumulative allocated and freed
-	// figures, as PyTorch counts every malloc and free.
-	FrontServed func(dev int) FrontCounts
+	// Front is the cache in front of the pool, if any (front.go): the pool
+	// has it return its blocks before it reads or releases what they would
+	// change, and before it grows.
+	Front Front
 }
-
-// FrontCounts is, per statistics type (1 small_pool, 2 large_pool; 0
-// unused), how many requests a cache in front of the pool served, their
-// blocks' bytes and their requested bytes.
-type FrontCounts [numStatTypes]struct{ N, Bytes, Req int64 }
 
 // Pool is a caching allocator over a Backend, one set of pools per
 // (device, stream). It is safe for concurrent use.
@@ -136,7 +120,7 @@ type device struct {
 	// unmaps and releases of cached memory that failed and that the pool
 	// carried on past, its books following what the backend has mapped.
 	numChunkMaps, numChunkUnmaps, chunkMapNs, chunkUnmapNs, numSpareReused, numReleaseFailures atomic.Int64
-	// frontBase is Config.FrontServed at the last ResetAccumulated, under
+	// frontBase is Config.Front's Served at the last ResetAccumulated, under
 	// frontMu.
 	frontMu   sync.Mutex
 	frontBase FrontCounts
@@ -434,7 +418,14 @@ func (p *Pool) RecordStream(ptr uintptr, stream uintptr) error {
 }
 
 // RecordStreamBlock is RecordStream that also returns the block's start.
+//
+// A block parked in a cache in front of the pool was freed by its caller:
+// it goes back first (only when some block is parked: record_stream is rare
+// next to alloc and free, and a drain costs the cached blocks), so that the
+// answer is ErrUnknownPointer, as without that cache, rather than a stream
+// recorded on a freed block.
 func (p *Pool) RecordStreamBlock(ptr uintptr, stream uintptr) (uintptr, error) {
+	p.reclaim(-1)
 	s, b := p.findContaining(ptr)
 	if b == nil {
 		return 0, fmt.Errorf("%w: record_stream of %#x: not a block allocated by this pool", ErrUnknownPointer, ptr)
@@ -450,6 +441,7 @@ func (p *Pool) RecordStreamBlock(ptr uintptr, stream uintptr) (uintptr, error) {
 // EmptyCache returns every unused segment of every device to the backend.
 // Blocks waiting on record_stream events are waited for first.
 func (p *Pool) EmptyCache() error {
+	p.observe(-1)
 	var errs []error
 	for _, d := range p.devs {
 		errs = append(errs, d.releaseCached())

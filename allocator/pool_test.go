@@ -516,13 +516,13 @@ func TestReclaimRunsBeforeTheRetry(t *testing.T) {
 	var p *Pool
 	var held []uintptr
 	calls := 0
-	p, _ = newPool(t, Config{Limit: 40 << 20, Reclaim: func(dev int) {
+	p, _ = newPool(t, Config{Limit: 40 << 20, Front: &testFront{ret: func(dev int) {
 		calls++
 		for _, ptr := range held { // a front cache giving its blocks back
 			require.NoError(t, p.Free(dev, sA, ptr, 0))
 		}
 		held = nil
-	}})
+	}}})
 	held = append(held, mustAlloc(t, p, 0, sA, 30<<20))
 	b := mustAlloc(t, p, 0, sA, 30<<20) // fits only once the held block is back
 	require.Equal(t, 1, calls)
@@ -536,16 +536,16 @@ func TestParkedBlocksAreReclaimedBeforeGrowing(t *testing.T) {
 	var p *Pool
 	var parked []uintptr
 	reclaims := 0
-	p, f := newPool(t, Config{
-		Parked: func(dev int) bool { return len(parked) > 0 },
-		Reclaim: func(dev int) {
+	p, f := newPool(t, Config{Front: &testFront{
+		holds: func(dev int) bool { return len(parked) > 0 },
+		ret: func(dev int) {
 			reclaims++
 			for _, ptr := range parked {
 				require.NoError(t, p.Free(dev, sA, ptr, 0))
 			}
 			parked = nil
 		},
-	})
+	}})
 	a := mustAlloc(t, p, 0, sA, 12<<20) // one 12 MiB segment
 	parked = append(parked, a)          // "freed" into the front cache: still allocated to the pool
 	segs := f.allocs

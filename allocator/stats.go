@@ -51,7 +51,7 @@ var scalarNames = []string{
 	"num_alloc_retries", "num_ooms", "num_sync_all_streams",
 	"num_device_alloc", "num_device_free", "max_split_size",
 	// libsymm's own: requests the front cache served with a block it held
-	// (Config.FrontServed), counted in the figures above too.
+	// (Front.Served), counted in the figures above too.
 	"num_front_cache_hits",
 	// libsymm's own: what mapping and unmapping chunks of expandable
 	// segments costs (growth, Config.UnmapFreePages, release): driver
@@ -294,6 +294,7 @@ func (p *Pool) Stats(dev int) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.observe(dev)
 	var sum [numFamilies][numStatTypes]localStat
 	var over localStat
 	addTo := func(a *localStat, cur, peak, alloc, freed int64) {
@@ -371,6 +372,7 @@ func (p *Pool) ResetPeak(dev int) error {
 	if err != nil {
 		return err
 	}
+	p.observe(dev)
 	for _, s := range d.shardList() {
 		s.mu.Lock()
 		for t := range s.stats.c {
@@ -401,6 +403,7 @@ func (p *Pool) ResetAccumulated(dev int) error {
 	if err != nil {
 		return err
 	}
+	p.observe(dev) // frees parked before the reset count before it
 	for _, s := range d.shardList() {
 		s.mu.Lock()
 		ss := &s.stats
@@ -417,9 +420,9 @@ func (p *Pool) ResetAccumulated(dev int) error {
 		d.segments[t].resetAccumulated()
 		d.reserved[t].resetAccumulated()
 	}
-	if fs := p.cfg.FrontServed; fs != nil {
+	if f := p.cfg.Front; f != nil {
 		d.frontMu.Lock()
-		d.frontBase = fs(d.idx)
+		d.frontBase = f.Served(d.idx)
 		d.frontMu.Unlock()
 	}
 	d.oversizeSegs.resetAccumulated()
@@ -439,15 +442,15 @@ func (s *atomicStat) resetAccumulated() {
 
 // addFrontServed adds to sum's cumulative allocated and freed figures what a
 // cache in front of the pool served itself since the last reset
-// (Config.FrontServed): each such request is an allocation and a free the
+// (Front.Served): each such request is an allocation and a free the
 // pool never saw, of the same block. Current values and peaks do not move:
 // to the pool the block stayed allocated all along.
 func (d *device) addFrontServed(sum *[numFamilies][numStatTypes]localStat) (hits int64) {
-	fs := d.pool.cfg.FrontServed
-	if fs == nil {
+	f := d.pool.cfg.Front
+	if f == nil {
 		return 0
 	}
-	now := fs(d.idx)
+	now := f.Served(d.idx)
 	d.frontMu.Lock()
 	base := d.frontBase
 	d.frontMu.Unlock()
@@ -488,6 +491,7 @@ func (p *Pool) StreamUsage(dev int) ([]StreamUsage, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.observe(dev)
 	var out []StreamUsage
 	for _, s := range d.shardList() {
 		s.mu.Lock()

@@ -11,7 +11,7 @@ import (
 // never in current values or peaks, and ResetAccumulated starts it again.
 func TestFrontServedCounts(t *testing.T) {
 	var served FrontCounts
-	p, err := New(NewVirtual(1, 0), Config{FrontServed: func(int) FrontCounts { return served }})
+	p, err := New(NewVirtual(1, 0), Config{Front: &testFront{served: func(int) FrontCounts { return served }}})
 	require.NoError(t, err)
 	ptr, _, err := p.Alloc(0, 0, 1<<20)
 	require.NoError(t, err)

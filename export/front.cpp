@@ -331,7 +331,11 @@ void defer(const Entry &mine) {
   }
 }
 
-bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
+// free_parked parks a free of a block LIVE in the live set on the calling
+// CPU (its slots, or the deferred list) and returns true; false: the pool's
+// to handle, with twice set if the block is parked already. The caller
+// holds no lock.
+bool free_parked(uintptr_t ptr, size_t size, int dev, bool &twice) {
   Stripe &s = stripe_of(ptr);
   Entry mine;
   bool deferred = false;
@@ -339,15 +343,8 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
     Guard g(s.lk);
     Rec *r = find(s, ptr);
     if (r == nullptr) return false;  // the pool reports unknown pointers
-    if (r->state == kCached) {
-      char msg[160];
-      int n = snprintf(msg, sizeof msg,
-                       "symm_pool_free: %#lx was already freed (double free); nothing freed",
-                       (unsigned long)ptr);
-      symmshim_set_error(SYMM_ERR_UNKNOWN_POINTER, msg, (size_t)n);
-      return true;
-    }
-    if ((size != 0 && size != r->req) || dev != r->dev) return false;  // the pool explains the mismatch
+    twice = r->state == kCached;
+    if (twice || (size != 0 && size != r->req) || dev != r->dev) return false;  // the pool explains the mismatch
     if (r->rs) {  // its free waits for events: the pool's business, at once
       erase(s, r);
       return false;
@@ -365,7 +362,6 @@ bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
     defer(mine);
     return true;
   }
-  (void)stream;  // the block's own stream is its cache key
   Entry evicted;
   bool evict = false;
   {
@@ -395,20 +391,21 @@ void mark_record_stream(uintptr_t base) {
   if (Rec *r = find(s, base)) r->rs = 1;
 }
 
-// take moves up to max parked blocks of dev, from every CPU, into out and
-// returns how many; they are no longer in the live set.
-int take(int dev, Entry *out, int max) {
+// take_if moves up to max parked blocks for which match holds, from every
+// CPU, into out and returns how many; they are no longer in the live set.
+template <class Match>
+int take_if(Match match, Entry *out, int max) {
   int k = 0;
   for_each_nonempty([&](int cpu) {
     if (k == max) return;
     Cpu &c = g_cpus[cpu];
     {
       Guard g(c.lk);
-      // Moves dev's entries of list (n long) to out, keeping the others.
+      // Moves the matching entries of list (n long) to out, keeping the others.
       auto move_out = [&](Entry *list, int &n) {
         int keep = 0;
         for (int i = 0; i < n; i++) {
-          if (k < max && (dev < 0 || list[i].dev == dev))
+          if (k < max && match(list[i]))
             out[k++] = list[i];
           else
             list[keep++] = list[i];
@@ -422,6 +419,28 @@ int take(int dev, Entry *out, int max) {
   });
   for (int i = 0; i < k; i++) forget(out[i].ptr);
   return k;
+}
+
+// take is take_if for the blocks of dev (-1: every device).
+int take(int dev, Entry *out, int max) {
+  return take_if([dev](const Entry &e) { return dev < 0 || e.dev == dev; }, out, max);
+}
+
+// give_back returns ptr to the pool if some CPU holds it parked.
+void give_back(uintptr_t ptr) {
+  Entry e;
+  if (take_if([ptr](const Entry &x) { return x.ptr == ptr; }, &e, 1) == 1) goPoolReturnParked(&e, 1);
+}
+
+bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
+  (void)stream;  // the block's own stream is its cache key
+  bool twice = false;
+  if (free_parked(ptr, size, dev, twice)) return true;
+  // A free of a parked block is a double free. The pool alone judges it:
+  // the block goes back first, and the free follows it to the pool, which
+  // answers as it does without the front cache (unknown pointer).
+  if (twice) give_back(ptr);
+  return false;
 }
 
 bool parked(int dev) {
@@ -509,6 +528,6 @@ void symmshim_front_served(int dev, int64_t out[9]) {
       for (int i = 0; i < 3; i++) out[3 * t + i] += (int64_t)__atomic_load_n(&c.served[dev][t][i], __ATOMIC_RELAXED);
 }
 
-int symmshim_front_parked(int dev) { return front::enabled() && front::parked(dev); }
+int symmshim_front_parked(int dev) { return front::enabled() && (dev < 0 ? front::any_cached() : front::parked(dev)); }
 
 }

@@ -1,7 +1,10 @@
 // The front cache: a few recently freed blocks per CPU, kept in C so that a
 // cached alloc+free never crosses into Go (a C->Go call costs ~100 ns and
-// does not scale across threads; measured in bench/RESULTS.md). Go still owns
-// every block: to the pool, a block in the front cache is allocated.
+// does not scale across threads; measured in bench/RESULTS.md). It is a
+// level of its own in front of the pool (allocator/front.go states the
+// contract between the two; export/main.go's cFront is this cache as the
+// pool sees it). Go still owns every block: to the pool, a block in the
+// front cache is allocated, and the pool alone judges bad frees.
 //
 // Invariants:
 //  - The live set holds every block handed out while the front cache is on,
@@ -9,6 +12,8 @@
 //  - A free is cached only if the block is LIVE, has no record_stream stream,
 //    and size/device match the allocation; anything else goes to Go, which
 //    validates it (unknown pointer, wrong size) and changes nothing on error.
+//    A free of a CACHED block (a double free) goes to Go too, after the
+//    block: the pool answers it as it would without the front cache.
 //    A cached block that no request may reuse (a large block cut from a
 //    shared segment, see below) waits in its CPU's deferred list: up to 32
 //    such frees reach the pool in one C->Go call, usually the next miss's.
@@ -38,8 +43,8 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream);
 uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream);
 // on_go_alloc records a block the pool handed out (pl: where it placed it).
 void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const symmshim_placed &pl);
-// free returns true if it took care of the free (cached it or reported an
-// error); false means: hand it to Go (the record, if any, is already gone).
+// free returns true if it cached the free; false means: hand it to Go (a
+// block it held parked is already back in the pool).
 bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream);
 // any_cached reports whether some CPU's slots hold a block (a hint, read
 // without the CPUs' locks: the caller's own frees are always seen).

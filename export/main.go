@@ -35,7 +35,6 @@ func main() {}
 var lib struct {
 	pool    atomic.Pointer[allocator.Pool]
 	backend atomic.Int32 // 1 cuda, 2 host
-	front   atomic.Bool  // the C front cache is on
 	mu      sync.Mutex   // serializes initialization
 	// expandable is symm_pool_set_expandable's choice before init:
 	// 0 none (SYMM_POOL_EXPANDABLE decides), 1 off, 2 on. Under mu.
@@ -86,10 +85,7 @@ func initPool() (*allocator.Pool, error) {
 		return nil, err
 	}
 	if front {
-		// Before an out-of-memory retry, the front cache's blocks go back.
-		cfg.Reclaim = func(dev int) { C.symmshim_front_drain(C.int(dev)) }
-		cfg.Parked = func(dev int) bool { return C.symmshim_front_parked(C.int(dev)) != 0 }
-		cfg.FrontServed = frontServed
+		cfg.Front = cFront{}
 	}
 	p, err := allocator.New(b, cfg)
 	if err != nil {
@@ -99,7 +95,6 @@ func initPool() (*allocator.Pool, error) {
 	lib.pool.Store(p)
 	startPublishing(p, map[int32]string{1: "cuda", 2: "host"}[kind])
 	if front {
-		lib.front.Store(true)
 		C.symmshim_front_enable(1, C.uint64_t(frontMax))
 	}
 	return p, nil
@@ -284,9 +279,15 @@ var versionC = C.CString(version.Version)
 //export goVersion
 func goVersion() *C.char { return versionC }
 
-// frontServed reports what the front cache served itself on dev
-// (allocator.Config.FrontServed).
-func frontServed(dev int) (fc allocator.FrontCounts) {
+// cFront is the C front cache (front.cpp) as the pool sees it: the level
+// in front of it (allocator.Front).
+type cFront struct{}
+
+func (cFront) Holds(dev int) bool { return C.symmshim_front_parked(C.int(dev)) != 0 }
+func (cFront) Return(dev int)     { C.symmshim_front_drain(C.int(dev)) }
+
+// Served reports what the front cache served itself on dev.
+func (cFront) Served(dev int) (fc allocator.FrontCounts) {
 	var out [9]C.int64_t
 	C.symmshim_front_served(C.int(dev), &out[0])
 	for t := 1; t < len(fc); t++ {

@@ -1,38 +1,25 @@
 // What PyTorch's allocator interface asks besides alloc and free (the section
 // "what PyTorch's allocator interface asks" of include/symm.h): thin wrappers,
-// as in wrappers.cpp, that check the fork flag and the pointers, give the front
-// cache's blocks back where the pool must see them as free, and call the Go
-// exports of pools.go. None of this is on the cached path.
+// as in wrappers.cpp, that check the fork flag and the pointers and call the
+// Go exports of pools.go (the pool has the front cache give its blocks back
+// where it must see them as free: allocator/front.go). None of this is on
+// the cached path.
 #include "../include/symm.h"
 #include "_cgo_export.h"
-#include "front.h"
 #include "shim_internal.h"
 
 using namespace symmshim;
-
-namespace {
-// drain gives the front cache's blocks of device back to the pool: their
-// callers freed them, but to the pool they are allocated until then. A bad
-// device drains nothing (-1 would mean every device); the pool reports it.
-void drain(int device) {
-  if (device >= 0 && front::enabled()) front::drain(device);
-}
-}  // namespace
 
 extern "C" {
 
 int symm_pool_cache_info(int device, size_t *largest_block) {
   if (forked("symm_pool_cache_info")) return SYMM_ERR_FORKED;
   if (largest_block == nullptr) return fail(SYMM_ERR_INVALID, "symm_pool_cache_info: largest_block is NULL");
-  drain(device);
   return goPoolCacheInfo(device, largest_block);
 }
 
 int symm_pool_reset_accumulated(int device) {
   if (forked("symm_pool_reset_accumulated")) return SYMM_ERR_FORKED;
-  // Frees parked in the front cache happened before the reset: count them
-  // before it, not after.
-  drain(device);
   return goPoolResetAccumulated(device);
 }
 
@@ -42,8 +29,6 @@ int symm_pool_blocks(int device, symm_pool_id_t id, symm_block_info_t *out, int 
     fail(SYMM_ERR_INVALID, "symm_pool_blocks: out is NULL or cap is negative");
     return -1;
   }
-  // Only default-pool blocks are ever parked in the front cache.
-  if (id.first == 0 && id.second == 0) drain(device);
   return goPoolBlocks(device, id.first, id.second, out, cap);
 }
 

@@ -17,7 +17,7 @@ import (
 // What PyTorch's allocator interface asks besides alloc and free: cacheInfo,
 // resetAccumulatedStats, the blocks of a pool, checkpoint restore, segments
 // for torch.cuda.MemPool, and the segment behind a block for CUDA IPC. Called only by pools.cpp, which owns the
-// public names, the fork check, the NULL checks and the front-cache drains.
+// public names, the fork check and the NULL checks.
 
 //export goPoolCacheInfo
 func goPoolCacheInfo(device C.int, largest *C.size_t) (code C.int) {

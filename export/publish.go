@@ -24,9 +24,9 @@ const publishInterval = 250 * time.Millisecond
 // publishOnce makes the process's statistics page (package publish) with
 // the pool unless SYMM_PUBLISH=0. Its refresh runs on its own goroutine and
 // reads each device's statistics the way symm_pool_stats does: the front
-// cache's blocks of the device go back to the pool first (the pool counts
-// a parked block as allocated), so the page equals the process's own
-// memory_stats(). The cost is the parked blocks at each refresh (every
+// cache's blocks of the device go back to the pool first (Pool.Stats; the
+// pool counts a parked block as allocated), so the page equals the
+// process's own memory_stats(). The cost is the parked blocks at each refresh (every
 // publishInterval): the next request of their sizes goes to the pool once.
 var publishOnce sync.Once
 
@@ -43,12 +43,7 @@ func startPublishing(p *allocator.Pool, backend string) {
 		}
 		w, err := publish.Create(publish.Dir(getenv), publish.Source{
 			Devices: p.DeviceCount(), Names: allocator.StatNames(), Backend: backend,
-			Stats: func(dev int) ([]int64, error) {
-				if lib.front.Load() {
-					C.symmshim_front_drain(C.int(dev))
-				}
-				return p.Stats(dev)
-			},
+			Stats: p.Stats,
 			Streams: func(dev int) ([]publish.Stream, error) {
 				us, err := p.StreamUsage(dev)
 				out := make([]publish.Stream, len(us))

@@ -1,7 +1,7 @@
-// The public functions that only check and call Go: the fork check, the
-// pointer arguments Go cannot check, and for the pool's statistics and
-// listings the front cache's blocks given back first (the pool counts them as
-// allocated). The Go exports (go* in _cgo_export.h) set the last error
+// The public functions that only check and call Go: the fork check and the
+// pointer arguments Go cannot check. (The pool itself has the front cache
+// give its blocks back before it reports statistics or listings:
+// allocator/front.go.) The Go exports (go* in _cgo_export.h) set the last error
 // themselves; nothing here throws.
 #include "../include/symm.h"
 #include "_cgo_export.h"
@@ -44,19 +44,13 @@ SYMM_CALL(int, symm_pool_device_count, (void), -1, goPoolDeviceCount())
 
 void symm_pool_empty_cache(void) {
   if (forked("symm_pool_empty_cache")) return;
-  if (front::enabled()) front::drain(-1);
   goPoolEmptyCache();
 }
 
 void symm_pool_record_stream(void *ptr, void *stream) {
   if (forked("symm_pool_record_stream")) return;
-  // A block in the front cache was freed by the caller but is still
-  // allocated to the pool: give the cached blocks back first, so that the
-  // pool answers SYMM_ERR_UNKNOWN_POINTER for them as it does without the
-  // front cache, instead of recording a stream on a freed block. Only when
-  // something is cached: record_stream is rare next to alloc and free
-  // (PyTorch avoids it for NCCL), and a drain costs the cached blocks.
-  if (front::enabled() && front::any_cached()) front::drain(-1);
+  // The pool has the front cache give its blocks back first
+  // (allocator.Pool.RecordStreamBlock).
   uintptr_t base = goPoolRecordStream((uintptr_t)ptr, (uintptr_t)stream);
   // Its next free must reach the pool, which waits for the stream's events.
   if (base != 0 && front::enabled()) front::mark_record_stream(base);
@@ -68,23 +62,17 @@ int symm_pool_stats(int device, symm_stat_t *out, int cap) {
     fail(SYMM_ERR_INVALID, "symm_pool_stats: out is NULL or cap is negative");
     return -1;
   }
-  // The pool counts front-cached blocks as allocated: give them back first,
-  // so that current values are exact.
-  if (front::enabled()) front::drain(device);
   return goPoolStats(device, out, cap);
 }
 
 int symm_pool_reset_peak(int device) {
   if (forked("symm_pool_reset_peak")) return SYMM_ERR_FORKED;
-  if (front::enabled()) front::drain(device);
   return goPoolResetPeak(device);
 }
 
 int symm_pool_snapshot(char *buf, size_t cap, size_t *len) {
   if (forked("symm_pool_snapshot")) return SYMM_ERR_FORKED;
   if (len == nullptr) return fail(SYMM_ERR_INVALID, "symm_pool_snapshot: len is NULL");
-  // Front-cached blocks were freed by the caller: show them as free.
-  if (front::enabled()) front::drain(-1);
   return goPoolSnapshot(buf, cap, len);
 }
 
