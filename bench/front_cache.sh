@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The front cache on vs off on the recorded traces, side by side in one run:
+# build/bench/bench_trace replays each trace through symm_pool_alloc and
+# symm_pool_free with SYMM_POOL_FRONT_CACHE=1 and =0 alternately, ROUNDS
+# times each, and the best pass of each setting is compared (the machine's
+# noise only ever adds time). Prints ns per call and the ratio on/off.
+#   bash bench/front_cache.sh [ROUNDS=5] [REPS=8]
+# Runs on the host backend unless SYMM_DEVICE is set. Needs make
+# build/bench/bench_trace.
+set -euo pipefail
+rounds=${1:-5}
+reps=${2:-8}
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=$root/build/bench/bench_trace
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export SYMM_DEVICE=${SYMM_DEVICE:-host} SYMM_PUBLISH=0
+printf '| trace | rows | front cache off, ns per call | on | on / off |\n| --- | ---: | ---: | ---: | ---: |\n'
+for t in cnn_train gpt2_train llm_infer; do
+  zcat "$root/bench/testdata/${t}_trace.csv.gz" >"$tmp/$t.csv"
+  declare -A best=([0]=1e30 [1]=1e30)
+  rows=0
+  for ((r = 0; r < rounds; r++)); do
+    for e in 1 0; do
+      out=$(SYMM_POOL_FRONT_CACHE=$e "$bin" "$tmp/$t.csv" "$reps")
+      rows=$(sed -E 's/.*: ([0-9]+) rows.*/\1/' <<<"$out")
+      ns=$(sed -E 's/.*best pass ([0-9]+) ns.*/\1/' <<<"$out")
+      best[$e]=$(awk -v a="${best[$e]}" -v b="$ns" 'BEGIN { print (b < a) ? b : a }')
+    done
+  done
+  awk -v t="$t" -v n="$rows" -v off="${best[0]}" -v on="${best[1]}" \
+    'BEGIN { printf "| %s | %d | %d | %d | %.2f× |\n", t, n, off, on, on / off }'
+  rm -f "$tmp/$t.csv"
+done
