@@ -43,6 +43,16 @@ SOAK_RANK = textwrap.dedent(
             return sum(1 for line in f if "memfd" in line)
 
     st = symm.Store.connect(addr, timeout_ms=60000)
+
+    def barrier(name):
+        # A rank that runs ahead sends its next rendezvous's note (with its
+        # block's descriptor) early; a rank still finishing the previous one
+        # keeps it for later. Counting after every rank has stopped counts no
+        # such descriptor.
+        st.set(f"{name}/{rank}", b"1")
+        for r in range(world):
+            st.get(f"{name}/{r}", timeout_ms=60000)
+
     base = None
     start = time.monotonic()
     for c in range(cycles):
@@ -62,8 +72,10 @@ SOAK_RANK = textwrap.dedent(
             mapped = memfd_maps()  # our block and every peer's: the count sees them
         symm.symm_free(p)
         if c == 0:
+            barrier("first")
             base = {"fds": open_fds(), "memfd_maps": memfd_maps()}
     elapsed = time.monotonic() - start
+    barrier("last")
     end = {"fds": open_fds(), "memfd_maps": memfd_maps()}
     st.close()
     print(json.dumps({"rank": rank, "cycles": cycles, "base": base, "end": end, "mapped": mapped,
