@@ -509,6 +509,18 @@ func (s *shard) carve(b *block, addr uintptr, size, req uint64) *block {
 
 // ---- CUDA IPC ---------------------------------------------------------------
 
+// BlockOf returns the allocated block at or containing ptr: its address and
+// the size it was asked for (what PyTorch's CUDA IPC shares of it).
+func (p *Pool) BlockOf(ptr uintptr) (addr uintptr, requested uint64, err error) {
+	s, b := p.findContaining(ptr)
+	if b == nil {
+		return 0, 0, fmt.Errorf("%w: %#x is not in a block this pool has allocated", ErrUnknownPointer, ptr)
+	}
+	addr, requested = b.ptr, b.req
+	s.mu.Unlock()
+	return addr, requested, nil
+}
+
 // SegmentOf returns the segment that holds the allocated block at, or
 // containing, ptr: its base address, its mapped size and whether it is an
 // expandable segment. PyTorch's CUDA IPC (torch.multiprocessing) shares a

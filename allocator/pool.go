@@ -312,13 +312,22 @@ func (p *Pool) badRequest(dev int, size uint64) error {
 	return nil
 }
 
-// Free returns ptr, allocated on device dev with size bytes for stream. size
-// 0 skips the size check. The stream is where the pool looks first; a block
-// of another stream of the same device is found too. A pointer the pool does
-// not hold, a size or device that does not match: an error, and nothing changes.
+// AnyDevice, as Free's device, has the pool find the block on whichever
+// device holds it: for callers that keep only the pointer (PyTorch's
+// raw_delete), at the cost of a look in every shard.
+const AnyDevice = -1
+
+// Free returns ptr, allocated on device dev (or AnyDevice) with size bytes
+// for stream. size 0 skips the size check. The stream is where the pool
+// looks first; a block of another stream of the same device is found too. A
+// pointer the pool does not hold, a size or device that does not match: an
+// error, and nothing changes.
 func (p *Pool) Free(dev int, stream uintptr, ptr uintptr, size uint64) error {
 	if ptr == 0 {
 		return nil
+	}
+	if dev == AnyDevice {
+		return p.freeSlow(nil, ptr, size)
 	}
 	d, err := p.device(dev)
 	if err != nil {
@@ -345,7 +354,8 @@ func sizeMismatch(ptr uintptr, size, req uint64) error {
 		ErrInvalid, ptr, size, req)
 }
 
-// freeSlow finds ptr in any shard when the stream given was not its own.
+// freeSlow finds ptr in any shard when the stream given was not its own
+// (d: the device given; nil for AnyDevice).
 func (p *Pool) freeSlow(d *device, ptr uintptr, size uint64) error {
 	s, b := p.findLive(ptr)
 	if b == nil {
@@ -353,7 +363,7 @@ func (p *Pool) freeSlow(d *device, ptr uintptr, size uint64) error {
 			ErrUnknownPointer, ptr)
 	}
 	defer s.mu.Unlock()
-	if s.dev != d {
+	if d != nil && s.dev != d {
 		return fmt.Errorf("%w: %#x belongs to device %d, not device %d; not freed",
 			ErrInvalid, ptr, s.dev.idx, d.idx)
 	}

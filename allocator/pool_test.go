@@ -596,3 +596,22 @@ func TestAllocPlacementWhole(t *testing.T) {
 		require.NoError(t, p.CheckInvariants())
 	}
 }
+
+// A caller that keeps only the pointer frees with AnyDevice and finds the
+// block's address and requested size with BlockOf; a pointer inside a block
+// names the block; an unknown pointer changes nothing.
+func TestFreeAnyDeviceAndBlockOf(t *testing.T) {
+	p, _ := newPool(t, Config{})
+	a := mustAlloc(t, p, 1, sA, 3000)
+	addr, req, err := p.BlockOf(a + 100)
+	require.NoError(t, err)
+	require.Equal(t, a, addr)
+	require.EqualValues(t, 3000, req)
+	require.ErrorIs(t, p.Free(AnyDevice, 0, a, 4000), ErrInvalid, "a size that does not match")
+	require.NoError(t, p.Free(AnyDevice, 0, a, 0))
+	_, _, err = p.BlockOf(a)
+	require.ErrorIs(t, err, ErrUnknownPointer)
+	require.ErrorIs(t, p.Free(AnyDevice, 0, a, 0), ErrUnknownPointer, "freed twice")
+	require.ErrorIs(t, p.Free(-2, 0, a, 0), ErrInvalid, "a device below -1")
+	check(t, p)
+}

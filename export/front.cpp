@@ -344,7 +344,8 @@ bool free_parked(uintptr_t ptr, size_t size, int dev, bool &twice) {
     Rec *r = find(s, ptr);
     if (r == nullptr) return false;  // the pool reports unknown pointers
     twice = r->state == kCached;
-    if (twice || (size != 0 && size != r->req) || dev != r->dev) return false;  // the pool explains the mismatch
+    // dev -1: the caller knows only the pointer (symm_pool_free).
+    if (twice || (size != 0 && size != r->req) || (dev != -1 && dev != r->dev)) return false;  // the pool explains the mismatch
     if (r->rs) {  // its free waits for events: the pool's business, at once
       erase(s, r);
       return false;

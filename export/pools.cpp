@@ -55,6 +55,13 @@ int symm_pool_restore_blocks(int device, symm_pool_id_t id, const symm_block_inf
                              allocated, nallocated);
 }
 
+int symm_pool_block_of(const void *ptr, uint64_t *address, uint64_t *requested) {
+  if (forked("symm_pool_block_of")) return SYMM_ERR_FORKED;
+  if (address == nullptr || requested == nullptr)
+    return fail(SYMM_ERR_INVALID, "symm_pool_block_of: address or requested is NULL");
+  return goPoolBlockOf((uintptr_t)ptr, address, requested);
+}
+
 int symm_pool_segment_of(const void *ptr, uint64_t *base, uint64_t *size, int *expandable) {
   if (forked("symm_pool_segment_of")) return SYMM_ERR_FORKED;
   if (base == nullptr || size == nullptr || expandable == nullptr)

@@ -163,6 +163,23 @@ func goPoolNewSegment(size C.size_t, device C.int, stream C.uintptr_t) (ptr C.ui
 	return C.uintptr_t(v)
 }
 
+//export goPoolBlockOf
+func goPoolBlockOf(ptr C.uintptr_t, addr, requested *C.uint64_t) (code C.int) {
+	const fn = "symm_pool_block_of"
+	defer guard(fn, &code)
+	p, err := getPool()
+	var a uintptr
+	var n uint64
+	if err == nil {
+		a, n, err = p.BlockOf(uintptr(ptr))
+	}
+	if err != nil {
+		return fail(fn, err)
+	}
+	*addr, *requested = C.uint64_t(a), C.uint64_t(n)
+	return C.SYMM_OK
+}
+
 //export goPoolSegmentOf
 func goPoolSegmentOf(ptr C.uintptr_t, base, size *C.uint64_t, expandable *C.int) (code C.int) {
 	const fn = "symm_pool_segment_of"

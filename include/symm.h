@@ -92,10 +92,12 @@ void *symm_pool_alloc(size_t size, int device, void *stream);
 void *symm_pool_try_alloc(size_t size, int device, void *stream);
 
 /* Returns ptr to the pool. size, device and stream are those given at
- * allocation (PyTorch passes them). The block is reused on the same stream at
- * once and on other streams only after the work queued on its streams has
- * completed. NULL is ignored. An unknown or already freed pointer sets
- * SYMM_ERR_UNKNOWN_POINTER and changes nothing.
+ * allocation (PyTorch passes them); size 0 skips the size check, device -1
+ * finds the block on whichever device holds it, and a stream other than the
+ * block's finds it too (both slower: the pool looks in more places). The
+ * block is reused on the same stream at once and on other streams only after
+ * the work queued on its streams has completed. NULL is ignored. An unknown
+ * or already freed pointer sets SYMM_ERR_UNKNOWN_POINTER and changes nothing.
  * Signature of PyTorch's CUDAPluggableAllocator free functor. */
 void symm_pool_free(void *ptr, size_t size, int device, void *stream);
 
@@ -352,6 +354,13 @@ int symm_pool_restore_blocks(int device, symm_pool_id_t id, const symm_block_inf
  * for a bad device. size 0 returns NULL and records no error. Never throws,
  * whatever PyTorch's mode. */
 void *symm_pool_alloc_segment(size_t size, int device, void *stream);
+
+/* The allocated block at or containing ptr: its address and the size it was
+ * asked for. For callers that keep only a pointer (PyTorch's CUDA IPC shares
+ * the chunks under a block). SYMM_ERR_UNKNOWN_POINTER: ptr is in no block
+ * this pool has allocated; SYMM_ERR_INVALID: an output pointer is NULL.
+ * Outputs are untouched then. */
+int symm_pool_block_of(const void *ptr, uint64_t *address, uint64_t *requested);
 
 /* The segment that holds the allocated block at or containing ptr: its base
  * address, its mapped size, and whether it is an expandable segment (1) or a

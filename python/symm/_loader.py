@@ -103,6 +103,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_pool_record_history": ([_c_int, _c_size_t], _c_int),
     "symm_pool_snapshot": ([ctypes.c_char_p, _c_size_t, ctypes.POINTER(_c_size_t)], _c_int),
     "symm_torch_mode": ([], _c_int),
+    "symm_pool_block_of": ([_c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)], _c_int),
     "symm_pool_segment_of": (
         [_c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_c_int)],
         _c_int,

@@ -16,11 +16,12 @@
 //    milliseconds: a driver allocation, an empty_cache).
 //  - A C++ exception is thrown only from code PyTorch calls (its allocator
 //    interface); nothing here is called by ctypes.
-//  - meta_ holds every pointer this class has handed out and not yet taken
-//    back (size, device, stream: what libsymm's free takes), as the
-//    pluggable base's own table would; the base's table is not used, because
-//    its entry type is not exported from libtorch_cuda. A pointer handed out
-//    by a checkpoint restore is entered in it, one freed by it is erased.
+//  - No table of pointers here: libsymm's pool knows every block it handed
+//    out (and its front cache the stream and size of each). A tensor's
+//    DataPtr carries its device in its context (tag: blocks are 512-byte
+//    aligned), so its free is one call into libsymm with the pointer, size 0
+//    (unchecked) and that device; raw_delete, which PyTorch gives only the
+//    pointer, frees with device -1 (libsymm finds it).
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
 
@@ -73,6 +74,7 @@ struct Api {
   int (*reset_accumulated)(int) = nullptr;
   int (*cache_info)(int, size_t *) = nullptr;
   int (*segment_of)(const void *, uint64_t *, uint64_t *, int *) = nullptr;
+  int (*block_of)(const void *, uint64_t *, uint64_t *) = nullptr;
   int (*record_history)(int, size_t) = nullptr;
   int (*snapshot)(char *, size_t, size_t *) = nullptr;
   int (*blocks)(int, symm_pool_id_t, symm_block_info_t *, int) = nullptr;
@@ -127,6 +129,7 @@ void load_api(const std::string &path) {
   resolve(h, "symm_pool_reset_accumulated", g_api.reset_accumulated, false);
   resolve(h, "symm_pool_cache_info", g_api.cache_info, false);
   resolve(h, "symm_pool_segment_of", g_api.segment_of, false);
+  resolve(h, "symm_pool_block_of", g_api.block_of, false);
   resolve(h, "symm_pool_blocks", g_api.blocks, false);
   resolve(h, "symm_pool_restore_blocks", g_api.restore_blocks, false);
   // The handle stays open: the library never unloads (RTLD_NODELETE).
@@ -299,6 +302,9 @@ struct PoolState : CCA::AllocatorState {
 
 std::string fmt(uint64_t n) { return c10::CachingAllocator::format_size(n); }
 
+class SymmAllocator;
+SymmAllocator *g_self = nullptr;  // the process's allocator (make_allocator), for the tensors' deleter; never reset
+
 class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator {
   using Base = torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
@@ -314,42 +320,42 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     c10::DeviceIndex device = -1;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
-    void *r = tracked_alloc(size, device, stream);
-    return {r, r, raw_deleter(), c10::Device(c10::DeviceType::CUDA, device)};
+    return tensor_ptr(alloc(size, device, stream), device);
   }
 
   void *raw_alloc(size_t nbytes) override {
     c10::DeviceIndex device = -1;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-    return tracked_alloc(nbytes, device, c10::cuda::getCurrentCUDAStream(device));
+    return alloc(nbytes, device, c10::cuda::getCurrentCUDAStream(device));
   }
 
   void *raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
     c10::DeviceIndex device = -1;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-    return tracked_alloc(nbytes, device, stream);
+    return alloc(nbytes, device, stream);
   }
 
+  // PyTorch gives only the pointer: libsymm finds the block (device -1). A
+  // pointer libsymm did not hand out is refused, as PyTorch's allocator
+  // refuses it.
   void raw_delete(void *ptr) override {
     if (ptr == nullptr) return;
-    Meta m;
-    {
-      std::lock_guard<std::mutex> g(meta_mu_);
-      auto it = meta_.find(ptr);
-      TORCH_CHECK(it != meta_.end(), "Trying to free a pointer not allocated here");
-      m = it->second;
-      meta_.erase(it);
-    }
-    release(ptr, m.size, m.device, m.stream);
+    g_api.clear_error();
+    release(ptr, 0, -1, nullptr);
+    TORCH_CHECK(g_api.last_error_code() == SYMM_OK, "libsymm: raw_delete of ", ptr, ": ", last_error());
   }
 
-  void *tracked_alloc(size_t size, int dev, cudaStream_t stream) {
-    void *r = alloc(size, dev, stream);
-    if (r != nullptr) {
-      std::lock_guard<std::mutex> g(meta_mu_);
-      meta_[r] = Meta{size, dev, stream};
-    }
-    return r;
+  // A tensor's DataPtr: the context is the pointer tagged with its device
+  // (kTagBits low bits, zero in every block's 512-byte aligned address), so
+  // the deleter needs no table.
+  static constexpr uintptr_t kTagBits = 511;
+  static c10::DataPtr tensor_ptr(void *p, c10::DeviceIndex device) {
+    void *ctx = p == nullptr ? nullptr : reinterpret_cast<void *>(reinterpret_cast<uintptr_t>(p) | uintptr_t(device));
+    return {p, ctx, &delete_tensor, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  static void delete_tensor(void *ctx) {
+    auto v = reinterpret_cast<uintptr_t>(ctx);
+    g_self->release(reinterpret_cast<void *>(v & ~kTagBits), 0, static_cast<int>(v & kTagBits), nullptr);
   }
 
   // ---- the functors ----------------------------------------------------------
@@ -372,7 +378,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
 
   void release(void *p, size_t size, int dev, cudaStream_t stream) {
     if (p == nullptr) return;
-    if (recording_.load(std::memory_order_relaxed)) remember_free(p, dev);
+    if (recording_.load(std::memory_order_relaxed)) remember_free(p, dev >= 0 ? dev : device_of(p));
     if (__builtin_expect(any_shared_.load(std::memory_order_acquire), 0)) unshare(p);
     g_api.free(p, size, dev, stream);
   }
@@ -599,21 +605,15 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
           "setCheckpointPoolState");
     CCA::CheckpointDelta delta;
     std::vector<void *> gone;
-    {
-      std::lock_guard<std::mutex> g(meta_mu_);
-      for (auto &b : before) {
-        if (b.state != SYMM_BLOCK_ALLOCATED) continue;
-        void *p = reinterpret_cast<void *>(b.address);
-        meta_.erase(p);
-        delta.ptrs_freed.push_back(p);
-        gone.push_back(p);
-      }
-      for (auto &b : st->blocks) {
-        if (b.state != SYMM_BLOCK_ALLOCATED) continue;
-        void *p = reinterpret_cast<void *>(b.address);
-        meta_[p] = Meta{b.requested_size, device, reinterpret_cast<cudaStream_t>(b.stream)};
-        delta.dataptrs_allocd.emplace_back(p, p, raw_deleter(), c10::Device(c10::DeviceType::CUDA, device));
-      }
+    for (auto &b : before) {
+      if (b.state != SYMM_BLOCK_ALLOCATED) continue;
+      void *p = reinterpret_cast<void *>(b.address);
+      delta.ptrs_freed.push_back(p);
+      gone.push_back(p);
+    }
+    for (auto &b : st->blocks) {
+      if (b.state != SYMM_BLOCK_ALLOCATED) continue;
+      delta.dataptrs_allocd.push_back(tensor_ptr(reinterpret_cast<void *>(b.address), device));
     }
     std::lock_guard<std::mutex> g(mu_);
     for (void *p : gone) live_ctx_.erase(p);
@@ -786,12 +786,10 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     int dev = 0;
     C10_CUDA_CHECK(cudaGetDevice(&dev));
     uint64_t g = vmm_granularity(d, dev);
-    uint64_t p = reinterpret_cast<uint64_t>(ptr), len = 1;
-    {
-      std::lock_guard<std::mutex> lk(meta_mu_);
-      auto it = meta_.find(ptr);
-      if (it != meta_.end() && it->second.size > 0) len = it->second.size;
-    }
+    uint64_t p = reinterpret_cast<uint64_t>(ptr), len = 1, addr = 0, requested = 0;
+    // The chunks under the whole block, from ptr on (ptr may be inside it).
+    if (g_api.block_of != nullptr && g_api.block_of(ptr, &addr, &requested) == SYMM_OK && addr + requested > p)
+      len = addr + requested - p;
     uint64_t begin = base + (p - base) / g * g;
     uint64_t end = std::min(base + (p + len - base + g - 1) / g * g, base + mapped);
     TORCH_CHECK(end > begin, "libsymm: shareIpcHandle: ", ptr, " is outside its segment's mapped part");
@@ -1011,13 +1009,6 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
  private:
   static constexpr size_t kMaxContexts = 1 << 20;
 
-  struct Meta {
-    size_t size = 0;
-    int device = -1;
-    cudaStream_t stream = nullptr;
-  };
-  std::mutex meta_mu_;  // guards meta_ only
-  std::unordered_map<void *, Meta> meta_;
 
   struct CtxRecord {
     int device;
@@ -1049,6 +1040,17 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     std::lock_guard<std::mutex> g(mu_);
     live_ctx_[p] = ctx;
     if (when == CCA::RecordContext::ALLOC || when == CCA::RecordContext::ALL) push_ctx({dev, 0, (uint64_t)p, ctx});
+  }
+
+  // device_of is the device of p's memory (history records of a
+  // raw_delete, which has no device); -1 if CUDA cannot say.
+  static int device_of(void *p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+    return a.device;
   }
 
   void remember_free(void *p, int dev) {
@@ -1099,6 +1101,7 @@ std::shared_ptr<CCA::CUDAAllocator> make_allocator(const std::string &libsymm_pa
   if (!g_allocator) {
     load_api(libsymm_path);
     g_allocator = std::make_shared<SymmAllocator>();
+    g_self = g_allocator.get();
   }
   return g_allocator;
 }

@@ -322,6 +322,7 @@ static void test_pool_free(void) {
   BADV(SYMM_ERR_INVALID, "not device 1", symm_pool_free(pa, 4096, 1, SA));
   BADV(SYMM_ERR_INVALID, "not device 0", symm_pool_free(pb, 3 * MiB, 0, SB));
   for (int i = 0; i < NBAD_DEVS; i++) {
+    if (bad_devs[i] == -1) continue; /* a free's "any device": test_pool_block_of */
     char word[32];
     snprintf(word, sizeof word, "device %d", bad_devs[i]);
     BADV(SYMM_ERR_INVALID, word, symm_pool_free(pa, 4096, bad_devs[i], SA));
@@ -392,6 +393,32 @@ static void test_pool_segment_of(void) {
   NOOP(0, symm_pool_segment_of(pa + 100, &base2, &size2, &exp));
   CHECK(base2 == base && size2 == size, "a pointer inside the block names the same segment");
   area("symm_pool_segment_of", c0);
+}
+
+static void test_pool_block_of(void) {
+  int c0 = passes + failures;
+  uint64_t addr = 7, req = 7;
+  BAD(SYMM_ERR_INVALID, "NULL", symm_pool_block_of(pa, NULL, &req));
+  BAD(SYMM_ERR_INVALID, "NULL", symm_pool_block_of(pa, &addr, NULL));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0x0", symm_pool_block_of(NULL, &addr, &req));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0xdead000", symm_pool_block_of((void *)0xdead000, &addr, &req));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, hex(pa + MiB), symm_pool_block_of(pa + MiB, &addr, &req));
+  CHECK(addr == 7 && req == 7, "outputs untouched by failures");
+  /* A live block of 4096 bytes, at its start and inside it. */
+  NOOP(0, symm_pool_block_of(pa, &addr, &req));
+  CHECK(addr == (uint64_t)(uintptr_t)pa && req == 4096, "block %#llx of %llu bytes", (unsigned long long)addr,
+        (unsigned long long)req);
+  NOOP(0, symm_pool_block_of(pa + 100, &addr, &req));
+  CHECK(addr == (uint64_t)(uintptr_t)pa && req == 4096, "a pointer inside names the block");
+  /* A block freed with device -1 (the pool finds it), then unknown. */
+  unsigned char *q = symm_pool_alloc(3000, 1, SB);
+  CHECK(q != NULL, "alloc on device 1");
+  symm_clear_error();
+  symm_pool_free(q, 0, -1, NULL);
+  CHECK(symm_last_error_code() == SYMM_OK, "free with size 0, device -1 and no stream: %s", symm_last_error());
+  BAD(SYMM_ERR_UNKNOWN_POINTER, hex(q), symm_pool_block_of(q, &addr, &req));
+  BADV(SYMM_ERR_UNKNOWN_POINTER, hex(q), symm_pool_free(q, 0, -1, NULL));
+  area("symm_pool_block_of", c0);
 }
 
 static void test_pool_stats(void) {
@@ -1390,7 +1417,7 @@ static void check_coverage(void) {
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
       "symm_wait_signal", "symm_barrier", "symm_reset_signal_pad", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
       "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm", "symm_all_reduce_setting",
-      "symm_push_all_reduce", "symm_pool_segment_of",
+      "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_block_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment"};
   int missing = 0;
@@ -1475,6 +1502,7 @@ int main(int argc, char **argv) {
   test_pool_free();
   test_pool_record_stream();
   test_pool_segment_of();
+  test_pool_block_of();
   test_pool_stats();
   test_pool_limits();
   test_pool_misc();

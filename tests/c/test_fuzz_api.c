@@ -324,7 +324,8 @@ static void op_pool_free(void) {
   if (ptr == 0) {
     EXPECT(op, code, SYMM_OK);
   } else if (i >= 0) {
-    if (dev == pool[i].dev && (size == 0 || size == pool[i].size)) {
+    /* device -1: whichever device holds the block */
+    if ((dev == pool[i].dev || dev == -1) && (size == 0 || size == pool[i].size)) {
       EXPECT(op, code, SYMM_OK);
       if (code == SYMM_OK) {
         remember_freed(pool[i].p);
