@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"reflect"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -362,21 +361,11 @@ func (r *handshake) collect(step string, notes []note, gone <-chan error, took f
 	}
 	var lastStray error
 	strays := 0
-	start := time.Now()
 	for missing > 0 {
-		// Poll during the first pollSpin, yielding between polls: a peer's
-		// note is usually a few microseconds away, and waking a goroutine
-		// parked in the poller costs tens. Then wait in short slices, so
-		// that a peer found gone ends the wait at once.
-		wait := min(time.Until(r.deadline), 50*time.Millisecond)
-		if time.Since(start) < noteSpin {
-			wait = 0
-		}
-		msg, err := l.mb.Recv(maxNoteFDs, wait)
-		if wait == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
-			runtime.Gosched()
-			continue
-		}
+		// Wait in short slices, so that a peer found gone ends the wait at
+		// once. (Polling first, yielding between polls, was no faster on a
+		// 32-core GPU host and slower on 2 cores: BenchmarkRendezvous.)
+		msg, err := l.mb.Recv(maxNoteFDs, min(time.Until(r.deadline), 50*time.Millisecond))
 		switch {
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			if time.Now().Before(r.deadline) {
@@ -405,10 +394,6 @@ func (r *handshake) collect(step string, notes []note, gone <-chan error, took f
 	}
 	return nil
 }
-
-// noteSpin is how long a wait for notes polls before it parks (a variable:
-// the benchmark compares).
-var noteSpin = pollSpin
 
 // maxNoteFDs is the most descriptors a note carries (a block's).
 const maxNoteFDs = 1

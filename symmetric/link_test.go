@@ -265,12 +265,3 @@ func BenchmarkRendezvous(b *testing.B) {
 		close(start[r])
 	}
 }
-
-// BenchmarkRendezvousParked is BenchmarkRendezvous with waits for notes
-// parked in the poller from the start (no polling first), to compare.
-func BenchmarkRendezvousParked(b *testing.B) {
-	old := noteSpin
-	noteSpin = 0
-	defer func() { noteSpin = old }()
-	BenchmarkRendezvous(b)
-}

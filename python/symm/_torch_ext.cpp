@@ -17,11 +17,9 @@
 //  - A C++ exception is thrown only from code PyTorch calls (its allocator
 //    interface); nothing here is called by ctypes.
 //  - No table of pointers here: libsymm's pool knows every block it handed
-//    out (and its front cache the stream and size of each). A tensor's
-//    DataPtr carries its device in its context (tag: blocks are 512-byte
-//    aligned), so its free is one call into libsymm with the pointer, size 0
-//    (unchecked) and that device; raw_delete, which PyTorch gives only the
-//    pointer, frees with device -1 (libsymm finds it).
+//    out (and its front cache the device, stream and size of each). A
+//    tensor's free, and raw_delete, are one call into libsymm with the
+//    pointer alone (size 0: unchecked; device -1: libsymm finds it).
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 #include <torch/extension.h>
 
@@ -345,18 +343,16 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     TORCH_CHECK(g_api.last_error_code() == SYMM_OK, "libsymm: raw_delete of ", ptr, ": ", last_error());
   }
 
-  // A tensor's DataPtr: the context is the pointer tagged with its device
-  // (kTagBits low bits, zero in every block's 512-byte aligned address), so
-  // the deleter needs no table.
-  static constexpr uintptr_t kTagBits = 511;
+  // A tensor's DataPtr: its context is the pointer (PyTorch requires it:
+  // c10::Allocator::raw_allocate), its deleter raw_deleter's, which PyTorch
+  // compares (CUDA-graph trees' _has_Standard_Deleter). The deleter frees by
+  // pointer alone: libsymm's front cache keeps each block's device and
+  // stream, and the pool finds it otherwise.
   static c10::DataPtr tensor_ptr(void *p, c10::DeviceIndex device) {
-    void *ctx = p == nullptr ? nullptr : reinterpret_cast<void *>(reinterpret_cast<uintptr_t>(p) | uintptr_t(device));
-    return {p, ctx, &delete_tensor, c10::Device(c10::DeviceType::CUDA, device)};
+    return {p, p, &delete_tensor, c10::Device(c10::DeviceType::CUDA, device)};
   }
-  static void delete_tensor(void *ctx) {
-    auto v = reinterpret_cast<uintptr_t>(ctx);
-    g_self->release(reinterpret_cast<void *>(v & ~kTagBits), 0, static_cast<int>(v & kTagBits), nullptr);
-  }
+  static void delete_tensor(void *p) { g_self->release(p, 0, -1, nullptr); }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_tensor; }
 
   // ---- the functors ----------------------------------------------------------
   void *alloc(size_t size, int dev, cudaStream_t stream) {
