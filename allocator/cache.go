@@ -30,7 +30,7 @@ func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 	if h := b.seg.holes; h != nil && h.n > 0 {
 		if err = s.mapFor(b, r); err != nil { // its pages were unmapped (pages.go)
 			if IsOutOfMemory(err) {
-				s.dev.numOOMs.Add(1)
+				s.dev.counts.numOOMs.Add(1)
 				err = s.dev.oomError(s, n, r, k, err, nil)
 			}
 			s.mu.Unlock()

@@ -29,7 +29,7 @@ func (p *Pool) CheckInvariants() error {
 			pendN += c.nFree - c.nDone
 			pendBytes += c.bFree - c.bDone
 			for seg := s.segs; seg != nil; seg = seg.snext {
-				m := int64(seg.mappedBytes(d.chunk))
+				m := int64(seg.mappedBytes(d.expand.chunk))
 				reserved += m
 				segs++
 				if seg.vsize != 0 {
@@ -49,9 +49,9 @@ func (p *Pool) CheckInvariants() error {
 			{"reserved_bytes", d.reserved[stAll].cur.Load(), reserved},
 			{"segment", d.segments[stAll].cur.Load(), segs},
 		}
-		d.reserveMu.Lock()
-		committed := int64(d.committed)
-		d.reserveMu.Unlock()
+		d.budget.reserveMu.Lock()
+		committed := int64(d.budget.committed)
+		d.budget.reserveMu.Unlock()
 		// Between operations nothing is being asked of the backend, so the
 		// limit counts the segments and the chunks kept spare only.
 		checks = append(checks, struct {
@@ -130,13 +130,13 @@ func (p *Pool) auditChunks(d *device) error {
 			g := seg.size / uint64(len(have)) // the backend's granularity divides the pool's chunk
 			for i, m := range have {
 				off := uint64(i) * g
-				if want := seg.holes == nil || !seg.holes.has(off/d.chunk); m != want {
+				if want := seg.holes == nil || !seg.holes.has(off/d.expand.chunk); m != want {
 					err = fmt.Errorf("device %d: expandable segment %#x (%d of %d bytes): the chunk at offset %d is mapped %v in the backend, %v in the pool's books",
 						d.idx, seg.ptr, seg.size, seg.vsize, off, m, want)
 					break
 				}
 			}
-			if mb := seg.mappedBytes(d.chunk); err == nil && total != mb {
+			if mb := seg.mappedBytes(d.expand.chunk); err == nil && total != mb {
 				err = fmt.Errorf("device %d: expandable segment %#x: the backend has %d bytes of its range mapped, the pool's books %d",
 					d.idx, seg.ptr, total, mb)
 			}
@@ -347,7 +347,7 @@ func (s *shard) checkShape(seg *segment) error {
 		}
 		return nil
 	}
-	c := s.dev.chunk
+	c := s.dev.expand.chunk
 	if c == 0 || seg.size%c != 0 || seg.size > seg.vsize {
 		return fmt.Errorf("expandable segment %#x: %d of %d bytes mapped, chunk %d",
 			seg.ptr, seg.size, seg.vsize, c)

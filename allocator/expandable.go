@@ -105,7 +105,7 @@ func (expandableSource) giveBack(s *shard, seg *segment) (late, err error) {
 		return nil, fmt.Errorf("releasing a %d-byte expandable segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
 	}
 	if err := d.pool.exp.FreeRange(d.idx, seg.ptr, seg.vsize); err != nil {
-		d.numReleaseFailures.Add(1)
+		d.counts.numReleaseFailures.Add(1)
 		late = fmt.Errorf("giving back the address range of an expandable segment at %#x on device %d: %w", seg.ptr, d.idx, err)
 	}
 	for k := range s.grow {
@@ -186,8 +186,8 @@ func (d *device) initExpandable() error {
 	if err != nil {
 		return fmt.Errorf("expandable segments on device %d: memory size: %w", d.idx, err)
 	}
-	d.chunk = c
-	d.vaSize = max(roundUp(min(total, maxRequest), c), c)
+	d.expand.chunk = c
+	d.expand.vaSize = max(roundUp(min(total, maxRequest), c), c)
 	return nil
 }
 
@@ -210,7 +210,7 @@ func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
 			return tail, nil
 		}
 	}
-	need := roundUp(r-have, s.dev.chunk)
+	need := roundUp(r-have, s.dev.expand.chunk)
 	if seg.size+need > seg.vsize {
 		return s.newExpandable(r, k)
 	}
@@ -218,7 +218,7 @@ func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
 	// those of the free last block it extends).
 	but := span{}
 	if tail.state == blockFree {
-		but = span{seg, uint64(tail.ptr-seg.ptr) / s.dev.chunk * s.dev.chunk, seg.size}
+		but = span{seg, uint64(tail.ptr-seg.ptr) / s.dev.expand.chunk * s.dev.expand.chunk, seg.size}
 	}
 	// What was mapped before a failure is booked all the same: the segment
 	// holds it, free, as the backend does.
@@ -258,8 +258,8 @@ func (s *shard) extend(seg *segment, m uint64) *block {
 func (s *shard) newExpandable(r uint64, k poolKind) (*block, error) {
 	d := s.dev
 	exp := d.pool.exp
-	size := roundUp(r, d.chunk)
-	vsize := d.vaSize
+	size := roundUp(r, d.expand.chunk)
+	vsize := d.expand.vaSize
 	if size > vsize {
 		return nil, &tooLargeErr{want: size, total: vsize}
 	}
@@ -369,7 +369,7 @@ func (s *shard) waitForStream() error {
 		s.mu.Lock()
 	}
 	if err != nil {
-		s.dev.numReleaseFailures.Add(1)
+		s.dev.counts.numReleaseFailures.Add(1)
 		return fmt.Errorf("waiting for stream %#x before unmapping on device %d: %w", s.stream, s.dev.idx, err)
 	}
 	return nil
@@ -396,7 +396,7 @@ func (s *shard) expandableCuts() []cut {
 		if tail.state != blockFree {
 			continue
 		}
-		if keep := roundUp(uint64(tail.ptr-seg.ptr), s.dev.chunk); keep < seg.size {
+		if keep := roundUp(uint64(tail.ptr-seg.ptr), s.dev.expand.chunk); keep < seg.size {
 			cuts = append(cuts, cut{seg: seg, from: keep})
 		}
 	}
@@ -440,8 +440,8 @@ func (s *shard) trim(seg *segment, keep uint64) error {
 	// Every chunk of [keep, seg.size) is a hole now, uncounted: the
 	// segment ends at keep instead.
 	if seg.holes != nil {
-		for off := keep; off < seg.size; off += d.chunk {
-			seg.holes.set(off/d.chunk, false)
+		for off := keep; off < seg.size; off += d.expand.chunk {
+			seg.holes.set(off/d.expand.chunk, false)
 		}
 	}
 	tail := seg.tail

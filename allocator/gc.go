@@ -48,7 +48,7 @@ func (s *shard) collectGarbage(r uint64, k poolKind) (*block, error) {
 // the device's cap. 0 when the collector is off or the device has no cap, or
 // when the device is not over the line.
 func (d *device) gcLine() uint64 {
-	lim := d.limit.Load()
+	lim := d.budget.limit.Load()
 	if !d.pool.gcOn || lim == 0 {
 		return 0
 	}

@@ -30,7 +30,7 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 		return b, err
 	}
 	d := s.dev
-	d.numAllocRetries.Add(1)
+	d.counts.numAllocRetries.Add(1)
 	s.mu.Unlock()
 	d.pool.observe(d.idx) // the front cache's blocks too, whatever Holds says
 	relErr := d.releaseCached()
@@ -55,7 +55,7 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 		}
 		return nil, err
 	}
-	d.numOOMs.Add(1)
+	d.counts.numOOMs.Add(1)
 	return nil, d.oomError(s, n, r, k, err, relErr)
 }
 
@@ -86,7 +86,7 @@ func (d *device) oomError(held *shard, n, r uint64, k poolKind, cause, relErr er
 	}
 	d.hist.record(ActOOM, uintptr(free), n, held.stream)
 	lim := "none"
-	if l := d.limit.Load(); l > 0 {
+	if l := d.budget.limit.Load(); l > 0 {
 		lim = fmt.Sprintf("%d bytes", l)
 	}
 	msg := fmt.Sprintf("%s: out of memory: requested %d bytes (a %d-byte segment of the %s) on device %d: "+
@@ -141,12 +141,12 @@ func (d *device) allocatedBytes(held *shard) int64 {
 // reserve counts size against the device's reserved bytes, refusing it if
 // the limit would be passed.
 func (d *device) reserve(size uint64) error {
-	d.reserveMu.Lock()
-	defer d.reserveMu.Unlock()
-	if l := d.limit.Load(); l > 0 && d.committed+size > l {
-		return &limitErr{want: size, reserved: d.committed, limit: l}
+	d.budget.reserveMu.Lock()
+	defer d.budget.reserveMu.Unlock()
+	if l := d.budget.limit.Load(); l > 0 && d.budget.committed+size > l {
+		return &limitErr{want: size, reserved: d.budget.committed, limit: l}
 	}
-	d.committed += size
+	d.budget.committed += size
 	return nil
 }
 
@@ -154,9 +154,9 @@ func (d *device) reserve(size uint64) error {
 // a segment the backend refused, of memory released, or of spare chunks
 // released. The reserved statistics are uncountSegment's.
 func (d *device) unreserve(size uint64) {
-	d.reserveMu.Lock()
-	d.committed -= size
-	d.reserveMu.Unlock()
+	d.budget.reserveMu.Lock()
+	d.budget.committed -= size
+	d.budget.reserveMu.Unlock()
 }
 
 // countSegment adds bytes of kind k that one backend call gave (a segment,
@@ -168,7 +168,7 @@ func (d *device) countSegment(k poolKind, bytes int64, segments int64) {
 	t := statType(k)
 	d.reserved[stAll].add(bytes)
 	d.reserved[t].add(bytes)
-	d.numDeviceAlloc.Add(1)
+	d.counts.numDeviceAlloc.Add(1)
 	if segments != 0 {
 		d.segments[stAll].add(segments)
 		d.segments[t].add(segments)
@@ -189,7 +189,7 @@ func (d *device) uncountSegment(k poolKind, bytes int64, segments int64) {
 	if bytes != 0 {
 		d.reserved[stAll].add(-bytes)
 		d.reserved[t].add(-bytes)
-		d.numDeviceFree.Add(1)
+		d.counts.numDeviceFree.Add(1)
 	}
 	if segments != 0 {
 		d.segments[stAll].add(-segments)
@@ -214,7 +214,7 @@ func (s *shard) releaseSegment(seg *segment) error {
 	}
 	// What is still counted: a fixed segment's size; nothing of an
 	// expandable one, whose chunks giveBack uncounted as it unmapped them.
-	mapped := seg.mappedBytes(d.chunk)
+	mapped := seg.mappedBytes(d.expand.chunk)
 	s.removeIdle(seg)
 	s.removeFree(seg.head)
 	s.removeSeg(seg)
@@ -266,7 +266,7 @@ func (d *device) releaseCached() error {
 	d.privMu.Lock()
 	d.forgetReleased()
 	d.privMu.Unlock()
-	d.numSyncAll.Add(1)
+	d.counts.numSyncAll.Add(1)
 	return errors.Join(errs...)
 }
 
@@ -299,7 +299,7 @@ func (s *shard) waitPending() error {
 				}
 			}
 			if err != nil {
-				d.numReleaseFailures.Add(1)
+				d.counts.numReleaseFailures.Add(1)
 				errs = append(errs, fmt.Errorf("waiting for stream %#x's pending frees on device %d: %w", st, d.idx, err))
 			}
 		}

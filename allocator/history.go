@@ -241,7 +241,7 @@ func (s *shard) snapshotSegments(seg *segment, out []SnapshotSegment) []Snapshot
 		cur.TotalSize += size
 		cur.Blocks = append(cur.Blocks, sb)
 	}
-	holes, c := seg.holes, s.dev.chunk
+	holes, c := seg.holes, s.dev.expand.chunk
 	for b := seg.head; b != nil; b = b.next {
 		if holes == nil || holes.n == 0 || b.state != blockFree {
 			piece(b, b.ptr, b.size) // only free blocks hold unmapped chunks

@@ -123,7 +123,7 @@ func (s *shard) mapFor(b *block, r uint64) error {
 	if seg.holes == nil || seg.holes.n == 0 {
 		return nil
 	}
-	c := s.dev.chunk
+	c := s.dev.expand.chunk
 	lo := uint64(b.ptr - seg.ptr)
 	if cutsHigh(b, r) {
 		lo += b.size - r
@@ -155,7 +155,7 @@ func (s *shard) bookMapped(seg *segment, lo, hi uint64) {
 	if hi <= lo {
 		return
 	}
-	c := s.dev.chunk
+	c := s.dev.expand.chunk
 	for off := lo; off < hi; off += c {
 		seg.holes.set(off/c, false)
 	}
@@ -182,9 +182,9 @@ func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) 
 		n, err = d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
 	}
 	d.unmapped(t0)
-	n = min(n, hi-lo) / d.chunk * d.chunk // a backend's word is checked, not trusted
+	n = min(n, hi-lo) / d.expand.chunk * d.expand.chunk // a backend's word is checked, not trusted
 	if err != nil {
-		d.numReleaseFailures.Add(1)
+		d.counts.numReleaseFailures.Add(1)
 		err = fmt.Errorf("unmapping %d free bytes of the expandable segment at %#x on device %d (%d of them unmapped): %w",
 			hi-lo, seg.ptr+uintptr(lo), d.idx, n, err)
 	}
@@ -194,8 +194,8 @@ func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) 
 	if seg.holes == nil {
 		seg.holes = &chunkSet{}
 	}
-	for off := lo; off < lo+n; off += d.chunk {
-		seg.holes.set(off/d.chunk, true)
+	for off := lo; off < lo+n; off += d.expand.chunk {
+		seg.holes.set(off/d.expand.chunk, true)
 	}
 	if keep {
 		s.kept += n // still counted against the limit, as spare
@@ -210,7 +210,7 @@ func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) 
 // dropMapped unmaps (dropRun) every mapped chunk of seg in [from, to),
 // stopping at the first failure. Called with s.mu held and the gate held.
 func (s *shard) dropMapped(seg *segment, from, to uint64) error {
-	return seg.runs(from, to, s.dev.chunk, true, func(lo, hi uint64) error {
+	return seg.runs(from, to, s.dev.expand.chunk, true, func(lo, hi uint64) error {
 		_, err := s.dropRun(seg, lo, hi, false)
 		return err
 	})
@@ -219,8 +219,8 @@ func (s *shard) dropMapped(seg *segment, from, to uint64) error {
 // unmapped counts one call that unmapped chunks, begun at t0
 // (num_chunk_unmaps, chunk_unmap_us).
 func (d *device) unmapped(t0 time.Time) {
-	d.chunkUnmapNs.Add(int64(time.Since(t0)))
-	d.numChunkUnmaps.Add(1)
+	d.counts.chunkUnmapNs.Add(int64(time.Since(t0)))
+	d.counts.numChunkUnmaps.Add(1)
 }
 
 // mapAfterFreeing maps n bytes at ptr (unmapped chunks of one of s's
@@ -250,15 +250,15 @@ func (s *shard) mapRun(ptr uintptr, n uint64) (uint64, error) {
 		}
 	}
 	t0 := time.Now()
-	defer func() { d.chunkMapNs.Add(int64(time.Since(t0))) }()
-	d.numChunkMaps.Add(1)
+	defer func() { d.counts.chunkMapNs.Add(int64(time.Since(t0))) }()
+	d.counts.numChunkMaps.Add(1)
 	if take > 0 {
 		if err := d.pool.keeper.MapKept(d.idx, ptr, take); err != nil {
 			d.unreserve(n - take)
 			return 0, fmt.Errorf("expandable segment: mapping %d bytes of spare chunks at %#x on device %d: %w", take, ptr, d.idx, err)
 		}
 		s.kept -= take
-		d.numSpareReused.Add(int64(take / d.chunk))
+		d.counts.numSpareReused.Add(int64(take / d.expand.chunk))
 		d.hist.record(ActSegmentMap, ptr, take, s.stream)
 	}
 	if n > take {
@@ -283,7 +283,7 @@ func (s *shard) dropSpare() error {
 	}
 	d := s.dev
 	if err := d.pool.keeper.ReleaseKept(d.idx, n); err != nil {
-		d.numReleaseFailures.Add(1)
+		d.counts.numReleaseFailures.Add(1)
 		return fmt.Errorf("releasing %d bytes of spare chunks on device %d: %w", n, d.idx, err)
 	}
 	s.kept = 0
@@ -315,7 +315,7 @@ type page struct {
 // other than a segment's last block (release trims that one), freed at or
 // before count safe of s.frees. Called with s.mu held.
 func (s *shard) freePages(limit uint64, but span, safe uint64) (pages []page, total uint64) {
-	c := s.dev.chunk
+	c := s.dev.expand.chunk
 	for seg := s.segs; seg != nil && total < limit; seg = seg.snext {
 		for b := seg.head; b != nil && total < limit; b = b.next {
 			if b.state != blockFree || b.freedAt > safe { // the stream may still use it

@@ -182,7 +182,7 @@ func TestFreePagesFailedMappingKeepsWhatItMapped(t *testing.T) {
 	_, _, err = p.Alloc(0, 0, 6<<20) // chunk 1 maps, chunk 3 is over the limit
 	require.True(t, IsOutOfMemory(err), "%v", err)
 	require.Equal(t, res+2<<20, reservedNow(t, p), "chunk 1 stays mapped")
-	require.Equal(t, uint64(res+2<<20), p.devs[0].committed)
+	require.Equal(t, uint64(res+2<<20), p.devs[0].budget.committed)
 	require.NoError(t, p.CheckInvariants())
 	x, _, err := p.Alloc(0, 0, 2<<20) // one chunk fits under the limit
 	require.NoError(t, err)

@@ -98,28 +98,13 @@ type device struct {
 	evMu   sync.Mutex
 	events []Event // idle events, reused; under evMu
 
-	limit     atomic.Uint64 // 0: none
-	total     atomic.Uint64 // device memory, read once when a fraction is set
-	reserveMu sync.Mutex    // serializes limit checks with reservations
-	// committed is reserved bytes plus those of segments being asked of the
-	// backend (under reserveMu): what the limit is checked against. The
-	// reserved statistics count a segment only once the backend gave it, so
-	// a refused one leaves no trace in their peak or totals.
-	committed uint64
+	budget deviceBudget // the memory cap and what counts against it
 
 	hot          hotStats
 	segments     [numStatTypes]atomicStat
 	reserved     [numStatTypes]atomicStat
 	oversizeSegs atomicStat
-
-	numAllocRetries, numOOMs, numSyncAll atomic.Int64
-	numDeviceAlloc, numDeviceFree        atomic.Int64
-	// What expandable segments' chunk mappings cost (libsymm's own
-	// statistics): calls mapping and unmapping chunks inside segments,
-	// the nanoseconds spent in them, chunks mapped from spare ones, and
-	// unmaps and releases of cached memory that failed and that the pool
-	// carried on past, its books following what the backend has mapped.
-	numChunkMaps, numChunkUnmaps, chunkMapNs, chunkUnmapNs, numSpareReused, numReleaseFailures atomic.Int64
+	counts       deviceCounts
 	// frontBase is Config.Front's Served at the last ResetAccumulated, under
 	// frontMu.
 	frontMu   sync.Mutex
@@ -141,8 +126,39 @@ type device struct {
 	// gcMu serializes collectors (gc.go); taken with no shard lock held.
 	gcMu sync.Mutex
 
-	// Expandable segments (expandable.go), set once in New: the chunk they
-	// grow and shrink by, and the address space each one reserves.
+	expand expandGeometry // set once in New
+}
+
+// deviceBudget is a device's memory cap (a limit or a fraction of the
+// device) and what is checked against it.
+type deviceBudget struct {
+	limit     atomic.Uint64 // 0: none
+	total     atomic.Uint64 // device memory, read once when a fraction is set
+	reserveMu sync.Mutex    // serializes limit checks with reservations
+	// committed is reserved bytes plus those of segments being asked of the
+	// backend (under reserveMu): what the limit is checked against. The
+	// reserved statistics count a segment only once the backend gave it, so
+	// a refused one leaves no trace in their peak or totals.
+	committed uint64
+}
+
+// deviceCounts are a device's event counters (PyTorch's num_alloc_retries,
+// num_ooms, num_sync_all_streams, num_device_alloc/free), and what
+// expandable segments' chunk mappings cost (libsymm's own statistics):
+// calls mapping and unmapping chunks inside segments, the nanoseconds spent
+// in them, chunks mapped from spare ones, and unmaps and releases of cached
+// memory that failed and that the pool carried on past, its books following
+// what the backend has mapped.
+type deviceCounts struct {
+	numAllocRetries, numOOMs, numSyncAll                                                       atomic.Int64
+	numDeviceAlloc, numDeviceFree                                                              atomic.Int64
+	numChunkMaps, numChunkUnmaps, chunkMapNs, chunkUnmapNs, numSpareReused, numReleaseFailures atomic.Int64
+}
+
+// expandGeometry is how a device's expandable segments (expandable.go)
+// are cut: the chunk they grow and shrink by, and the address space each
+// one reserves.
+type expandGeometry struct {
 	chunk, vaSize uint64
 }
 
@@ -250,7 +266,7 @@ func New(b Backend, cfg Config) (*Pool, error) {
 		p.devs[i] = d
 		switch {
 		case cfg.Limit > 0:
-			d.limit.Store(cfg.Limit)
+			d.budget.limit.Store(cfg.Limit)
 		case cfg.LimitFraction > 0:
 			if err := p.SetMemoryFraction(i, cfg.LimitFraction); err != nil {
 				return nil, err
@@ -468,16 +484,16 @@ func (p *Pool) SetMemoryFraction(dev int, fraction float64) error {
 	if !(fraction > 0 && fraction <= 1) {
 		return fmt.Errorf("%w: memory fraction %g for device %d is outside (0, 1]", ErrInvalid, fraction, dev)
 	}
-	total := d.total.Load()
+	total := d.budget.total.Load()
 	if total == 0 {
 		_, t, err := p.backend.MemInfo(dev)
 		if err != nil {
 			return fmt.Errorf("memory fraction for device %d: %w", dev, err)
 		}
 		total = t
-		d.total.Store(t)
+		d.budget.total.Store(t)
 	}
-	d.limit.Store(uint64(fraction * float64(total)))
+	d.budget.limit.Store(uint64(fraction * float64(total)))
 	return nil
 }
 
@@ -487,14 +503,14 @@ func (p *Pool) SetLimit(dev int, bytes uint64) error {
 	if err != nil {
 		return err
 	}
-	d.limit.Store(bytes)
+	d.budget.limit.Store(bytes)
 	return nil
 }
 
 // Limit returns device dev's cap, 0 if none.
 func (p *Pool) Limit(dev int) uint64 {
 	if d, err := p.device(dev); err == nil {
-		return d.limit.Load()
+		return d.budget.limit.Load()
 	}
 	return 0
 }

@@ -35,7 +35,7 @@ func (fixedSource) newMemory(s *shard, r uint64, k poolKind) (*block, error) {
 func (fixedSource) giveBack(s *shard, seg *segment) (late, err error) {
 	d := s.dev
 	if err := d.pool.backend.Free(d.idx, seg.ptr, seg.size); err != nil {
-		d.numReleaseFailures.Add(1)
+		d.counts.numReleaseFailures.Add(1)
 		return nil, fmt.Errorf("releasing a %d-byte segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
 	}
 	d.hist.record(ActSegmentFree, seg.ptr, seg.size, s.stream)

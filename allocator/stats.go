@@ -346,10 +346,10 @@ func (p *Pool) Stats(dev int) ([]int64, error) {
 	out = append(out, over.cur, over.peak, over.alloc, over.freed)
 	os := &d.oversizeSegs
 	out = append(out, os.cur.Load(), os.peak.Load(), os.alloc.Load(), os.freed.Load())
-	out = append(out, d.numAllocRetries.Load(), d.numOOMs.Load(), d.numSyncAll.Load(),
-		d.numDeviceAlloc.Load(), d.numDeviceFree.Load(), int64(p.cfg.MaxSplit), hits,
-		d.numChunkMaps.Load(), d.numChunkUnmaps.Load(), d.chunkMapNs.Load()/1000, d.chunkUnmapNs.Load()/1000,
-		d.numSpareReused.Load(), d.numReleaseFailures.Load())
+	out = append(out, d.counts.numAllocRetries.Load(), d.counts.numOOMs.Load(), d.counts.numSyncAll.Load(),
+		d.counts.numDeviceAlloc.Load(), d.counts.numDeviceFree.Load(), int64(p.cfg.MaxSplit), hits,
+		d.counts.numChunkMaps.Load(), d.counts.numChunkUnmaps.Load(), d.counts.chunkMapNs.Load()/1000, d.counts.chunkUnmapNs.Load()/1000,
+		d.counts.numSpareReused.Load(), d.counts.numReleaseFailures.Load())
 	return out, nil
 }
 
@@ -426,8 +426,8 @@ func (p *Pool) ResetAccumulated(dev int) error {
 		d.frontMu.Unlock()
 	}
 	d.oversizeSegs.resetAccumulated()
-	for _, n := range []*atomic.Int64{&d.numAllocRetries, &d.numOOMs, &d.numSyncAll, &d.numDeviceAlloc, &d.numDeviceFree,
-		&d.numChunkMaps, &d.numChunkUnmaps, &d.chunkMapNs, &d.chunkUnmapNs, &d.numSpareReused, &d.numReleaseFailures} {
+	for _, n := range []*atomic.Int64{&d.counts.numAllocRetries, &d.counts.numOOMs, &d.counts.numSyncAll, &d.counts.numDeviceAlloc, &d.counts.numDeviceFree,
+		&d.counts.numChunkMaps, &d.counts.numChunkUnmaps, &d.counts.chunkMapNs, &d.counts.chunkUnmapNs, &d.counts.numSpareReused, &d.counts.numReleaseFailures} {
 		n.Store(0)
 	}
 	return nil
@@ -498,7 +498,7 @@ func (p *Pool) StreamUsage(dev int) ([]StreamUsage, error) {
 		c := &s.stats.c[stAll]
 		u := StreamUsage{Stream: s.stream, Private: s.pool != nil, Allocated: c.bAlloc - c.bFree}
 		for seg := s.segs; seg != nil; seg = seg.snext {
-			u.Reserved += int64(seg.mappedBytes(d.chunk))
+			u.Reserved += int64(seg.mappedBytes(d.expand.chunk))
 			u.Segments++
 		}
 		s.mu.Unlock()
