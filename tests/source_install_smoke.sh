@@ -34,6 +34,10 @@ assert "site-packages" in path and path.endswith("symm/libsymm.so"), f"not the b
 assert symm.version() == sys.argv[1], symm.version()
 p = symm.alloc(1 << 20)
 symm.free(p, 1 << 20)
+from symm import _torch_ext as ext  # its source and headers travel, to be compiled where it runs
+missing = [f.name for f in (ext.SOURCE, *ext.HEADERS) if not f.is_file()]
+assert "site-packages" in str(ext.SOURCE) and not missing, f"the PyTorch extension's files are not installed: {missing}"
+assert (ext.symm_header_dir() / "symm.h").is_file()
 print(f"source install OK: symm {symm.version()} from {path}")
 PYEOF
 out=$("$TMP/venv/bin/symm" version)

@@ -25,6 +25,10 @@ p = symm.alloc(1 << 20)
 symm.free(p, 1 << 20)
 st = symm.memory_stats()
 assert st["allocation.all.allocated"] == 1, st
+from symm import _torch_ext as ext  # its source and headers travel, to be compiled where it runs
+missing = [f.name for f in (ext.SOURCE, *ext.HEADERS) if not f.is_file()]
+assert "site-packages" in str(ext.SOURCE) and not missing, f"the PyTorch extension's files are not installed: {missing}"
+assert (ext.symm_header_dir() / "symm.h").is_file()
 print(f"wheel OK: symm {symm.__version__} from {path}, backend {symm.backend()}")
 PYEOF
 out=$("$VENV/bin/symm" version)

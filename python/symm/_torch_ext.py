@@ -20,7 +20,7 @@ built here, at first use, and cached:
   in site-packages (``nvidia/cu13/include`` for CUDA 13, ``nvidia/cuda_runtime/include``
   for CUDA 12, which PyTorch's CUDA wheels install);
 - the library lands in ``$SYMM_TORCH_EXT_CACHE`` (default
-  ``$XDG_CACHE_HOME/libsymm/torch_ext``, else ``~/.cache/libsymm/torch_ext``) under a name keyed by the source, ``symm.h``,
+  ``$XDG_CACHE_HOME/libsymm/torch_ext``, else ``~/.cache/libsymm/torch_ext``) under a name keyed by the source and the headers beside it, ``symm.h``,
   torch's version and git revision, Python's version, the CPU architecture
   and the compiler, so a new torch or a new libsymm builds a new one and
   processes that start together (torchrun) build it once, under a file lock;
@@ -62,8 +62,12 @@ ENV_CACHE = "SYMM_TORCH_EXT_CACHE"
 ENV_TIMEOUT = "SYMM_TORCH_EXT_TIMEOUT"
 DEFAULT_TIMEOUT = 600.0  # seconds; a build takes about 33 s (H100 host, 16 cores, torch 2.11)
 SOURCE = Path(__file__).resolve().parent / "_torch_ext.cpp"
-# Headers the source includes from its own folder (part of the cache key).
-HEADERS = (SOURCE.parent / "_torch_ext_ipc.h",)
+# Headers the source includes from its own folder, directly or through
+# another of them (one translation unit, split by concern): part of the cache
+# key, so that an upgrade that changes only a header rebuilds.
+HEADERS = tuple(SOURCE.parent / h for h in (
+    "_torch_ext_api.h", "_torch_ext_stats.h", "_torch_ext_graphs.h", "_torch_ext_cuda_ipc.h", "_torch_ext_ipc.h",
+    "_torch_ext_snapshot.h"))
 
 # A compiler that failed with one of these did not find an error in the
 # source: the machine was short of something. Such a failure is not remembered.

@@ -367,11 +367,34 @@ def test_key_has_the_cpu_architecture(env, monkeypatch):
     assert a != b and ncalls(calls) == 2
 
 
+def test_key_has_every_header(tmp_path, monkeypatch):
+    """An upgrade that changes only one of the source's headers builds the
+    extension anew."""
+    torch = fake_torch(tmp_path)
+    copies = []
+    for h in ext.HEADERS:
+        c = tmp_path / h.name
+        c.write_bytes(h.read_bytes())
+        copies.append(c)
+    monkeypatch.setattr(ext, "HEADERS", tuple(copies))
+    symm_inc = ext.symm_header_dir()
+    keys = {ext._key(torch, ["c++"], [], symm_inc)}
+    for c in copies:
+        c.write_bytes(c.read_bytes() + b"\n// changed\n")
+        keys.add(ext._key(torch, ["c++"], [], symm_inc))
+    assert len(keys) == len(copies) + 1
+
 def test_extension_headers_are_shipped():
-    """Every header the source includes from its folder is part of the cache
-    key and travels in the wheel and the source install."""
+    """Every header the source includes from its folder, directly or through
+    another header, is part of the cache key and travels in the wheel and the
+    source install."""
     root = ext.SOURCE.parents[2]
-    included = set(re.findall(r'#include "(_torch_ext[^"]*)"', ext.SOURCE.read_text()))
+    included, todo = set(), [ext.SOURCE]
+    while todo:
+        for name in re.findall(r'#include "(_torch_ext[^"]*)"', todo.pop().read_text()):
+            if name not in included:
+                included.add(name)
+                todo.append(ext.SOURCE.parent / name)
     assert included == {h.name for h in ext.HEADERS}
     pyproject = (root / "python" / "pyproject.toml").read_text()
     wheel = (root / "tools" / "build_wheel.py").read_text()
