@@ -61,13 +61,19 @@ def one_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     code, n, local = _all_reduce_args("one_shot_all_reduce", tensor, op, local_input)
     if out is None:
         out = torch.empty_like(local_input if local_input is not None else tensor)
-    elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
-        raise ValueError(f"one_shot_all_reduce: out must be a contiguous {tensor.dtype} tensor of {n} elements "
+    return _run_all_reduce("one_shot_all_reduce", tensor, group, out, n, code, local, timeout_ms)
+
+
+def _run_all_reduce(fn: str, tensor, group, out, n: int, code: int, local: int, timeout_ms: int):
+    """Checks out, then runs symm_<fn> (the one-shot or two-shot kernel) on
+    tensor's handle in group, in stream order on the current stream."""
+    if out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
+        raise ValueError(f"{fn}: out must be a contiguous {tensor.dtype} tensor of {n} elements "
                          f"(got {out.dtype}, {out.numel()})")
     hit = _allreduce_handle(tensor, group)
     dev = tensor.device
     stream = _current_raw_stream(dev) if dev.type == "cuda" else 0
-    _fast_rc(load().symm_one_shot_all_reduce, hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
+    _fast_rc(getattr(load(), "symm_" + fn), hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
     return out
 
 
@@ -100,16 +106,8 @@ def two_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     NO_DEVICE when the kernels cannot run, TIMEOUT naming a rank that did
     not come)."""
     code, n, local = _all_reduce_args("two_shot_all_reduce", tensor, op, local_input)
-    if out is None:
-        out = tensor
-    elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
-        raise ValueError(f"two_shot_all_reduce: out must be a contiguous {tensor.dtype} tensor of {n} elements "
-                         f"(got {out.dtype}, {out.numel()})")
-    hit = _allreduce_handle(tensor, group)
-    dev = tensor.device
-    stream = _current_raw_stream(dev) if dev.type == "cuda" else 0
-    _fast_rc(load().symm_two_shot_all_reduce, hit[1], hit[2], n, code, 0, out.data_ptr(), local, stream, int(timeout_ms))
-    return out
+    return _run_all_reduce("two_shot_all_reduce", tensor, group, tensor if out is None else out, n, code, local,
+                           timeout_ms)
 
 
 def _collective_args(fn: str, tensor, dtypes: dict, local_input, local_numel: int):

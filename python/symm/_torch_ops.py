@@ -66,21 +66,30 @@ def _aligned(tensor):
     return t if t.data_ptr() % 4 == 0 else t.clone()
 
 
+def _scratch_args(fn: str, tensor, group_name: str):
+    """The checks torch.ops.symm.reduce_scatter and all_gather share: a CUDA
+    tensor of a dtype the kernels take. Returns the group's ProcessGroup and
+    the dtype's name as the handle's calls take it ("bfloat16")."""
+    from ._collectives import _resolve_group, _torch_dtypes
+
+    if tensor.device.type != "cuda":
+        raise ValueError(f"{fn}: the tensor is on {tensor.device}: want a CUDA tensor")
+    if tensor.dtype not in _torch_dtypes():
+        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
+    pg, _ = _resolve_group(group_name)
+    return pg, str(tensor.dtype).removeprefix("torch.")
+
+
 def _reduce_scatter_tensor(tensor, group_name: str):
     """torch.ops.symm.reduce_scatter on any CUDA tensor: through the group's
     symmetric scratch buffer (the one symm.all_reduce uses)."""
     import torch
 
-    from ._collectives import _all_reduce_scratch, _resolve_group
+    from ._collectives import _all_reduce_scratch
     from ._symmetric import _current_raw_stream, _tensor_at
 
     fn = "torch.ops.symm.reduce_scatter"
-    if tensor.device.type != "cuda":
-        raise ValueError(f"{fn}: the tensor is on {tensor.device}: want a CUDA tensor")
-    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    if tensor.dtype not in names:
-        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
-    pg, _ = _resolve_group(group_name)
+    pg, dtype = _scratch_args(fn, tensor, group_name)
     world = pg.size()
     out = torch.empty(reduce_scatter_shape(fn, tuple(tensor.shape), world), dtype=tensor.dtype, device=tensor.device)
     n = out.numel()
@@ -92,11 +101,11 @@ def _reduce_scatter_tensor(tensor, group_name: str):
     h = _all_reduce_scratch(pg, dev, world * count * es)
     stream = _current_raw_stream(dev)
     if count == n:
-        h.reduce_scatter_ptr(0, n, names[t.dtype], out=out.data_ptr(), local_input=t.data_ptr(), stream=stream)
+        h.reduce_scatter_ptr(0, n, dtype, out=out.data_ptr(), local_input=t.data_ptr(), stream=stream)
         return out
     _tensor_at(h.buffer_ptrs[h.rank], (world, count), t.dtype, dev)[:, :n].copy_(t.view(world, n))
     tmp = torch.empty(count, dtype=t.dtype, device=dev)
-    h.reduce_scatter_ptr(0, count, names[t.dtype], out=tmp.data_ptr(), stream=stream)
+    h.reduce_scatter_ptr(0, count, dtype, out=tmp.data_ptr(), stream=stream)
     out.view(-1).copy_(tmp[:n])
     return out
 
@@ -106,16 +115,11 @@ def _all_gather_tensor(tensor, group_name: str):
     symmetric scratch buffer (the one symm.all_reduce uses)."""
     import torch
 
-    from ._collectives import _all_reduce_scratch, _resolve_group
+    from ._collectives import _all_reduce_scratch
     from ._symmetric import _current_raw_stream, _tensor_at
 
     fn = "torch.ops.symm.all_gather"
-    if tensor.device.type != "cuda":
-        raise ValueError(f"{fn}: the tensor is on {tensor.device}: want a CUDA tensor")
-    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-    if tensor.dtype not in names:
-        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
-    pg, _ = _resolve_group(group_name)
+    pg, dtype = _scratch_args(fn, tensor, group_name)
     world, rank = pg.size(), pg.rank()
     out = torch.empty(all_gather_shape(fn, tuple(tensor.shape), world), dtype=tensor.dtype, device=tensor.device)
     n = tensor.numel()
@@ -127,11 +131,11 @@ def _all_gather_tensor(tensor, group_name: str):
     h = _all_reduce_scratch(pg, dev, world * count * es)
     stream = _current_raw_stream(dev)
     if count == n:
-        h.all_gather_ptr(0, n, names[t.dtype], out=out.data_ptr(), local_input=t.data_ptr(), stream=stream)
+        h.all_gather_ptr(0, n, dtype, out=out.data_ptr(), local_input=t.data_ptr(), stream=stream)
         return out
     _tensor_at(h.buffer_ptrs[h.rank] + rank * count * es, (n,), t.dtype, dev).copy_(t.view(-1))
     tmp = torch.empty(world * count, dtype=t.dtype, device=dev)
-    h.all_gather_ptr(0, count, names[t.dtype], out=tmp.data_ptr(), stream=stream)
+    h.all_gather_ptr(0, count, dtype, out=tmp.data_ptr(), stream=stream)
     out.view(world, n).copy_(tmp.view(world, count)[:, :n])
     return out
 
