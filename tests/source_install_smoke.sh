@@ -42,6 +42,8 @@ print(f"source install OK: symm {symm.version()} from {path}")
 PYEOF
 out=$("$TMP/venv/bin/symm" version)
 [[ $out == "symm $want" ]] || { echo "symm version printed: $out"; exit 1; }
+# The SYMM_TORCH_ALLOCATOR start-up line is installed at site-packages' top.
+(cd "$TMP" && SYMM_TORCH_ALLOCATOR=1 "$TMP/venv/bin/python" -c 'import sys; assert "symm._autoload" in sys.modules, "symm_autoload.pth was not installed"')
 # Without a build/ beside python/: refused, saying what to run.
 mkdir -p "$TMP/copy" && cp -rL "$ROOT/python" "$TMP/copy/python"
 rm -rf "$TMP/copy/python/build" "$TMP/copy/python/symm/libsymm.so" "$TMP/copy/python/symm/bin"

@@ -31,6 +31,11 @@ assert "site-packages" in str(ext.SOURCE) and not missing, f"the PyTorch extensi
 assert (ext.symm_header_dir() / "symm.h").is_file()
 print(f"wheel OK: symm {symm.__version__} from {path}, backend {symm.backend()}")
 PYEOF
+# SYMM_TORCH_ALLOCATOR=1: the wheel's .pth line arms libsymm at Python's
+# start-up (it becomes torch's allocator when torch is imported); unset, the
+# line imports nothing.
+SYMM_TORCH_ALLOCATOR=1 "$VENV/bin/python" -c 'import sys; assert "symm._autoload" in sys.modules, "symm_autoload.pth did not run"'
+"$VENV/bin/python" -c 'import sys; assert "symm" not in sys.modules, "symm imported at start-up without SYMM_TORCH_ALLOCATOR"'
 out=$("$VENV/bin/symm" version)
 [[ $out == "symm $want" ]] || { echo "symm version printed: $out"; exit 1; }
 out=$("$VENV/bin/python" -m symm version)

@@ -93,6 +93,10 @@ def build(lib: Path, tool: Path, out: Path) -> Path:
         # its source and libsymm's header travel (python/symm/_torch_ext.py).
         for src in ("_torch_ext.cpp", "_torch_ext_api.h", "_torch_ext_stats.h", "_torch_ext_graphs.h", "_torch_ext_cuda_ipc.h", "_torch_ext_ipc.h", "_torch_ext_snapshot.h"):
             files.append((f"symm/{src}", (PKG / src).read_bytes(), False))
+        # SYMM_TORCH_ALLOCATOR=1: the .pth line at site-packages' top runs at
+        # Python's start-up (symm/_autoload.py); _boot is what `symm run` uses.
+        files.append(("symm/_boot/sitecustomize.py", (PKG / "_boot" / "sitecustomize.py").read_bytes(), False))
+        files.append(("symm_autoload.pth", (PKG / "_boot" / "symm_autoload.pth").read_bytes(), False))
         files.append(("symm/include/symm.h", (ROOT / "include" / "symm.h").read_bytes(), False))
         files.append(("symm/VERSION", (version + "\n").encode(), False))
         files.append(("symm/libsymm.so", (tmpd / "libsymm.so").read_bytes(), True))

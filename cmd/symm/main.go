@@ -7,6 +7,7 @@
 //	symm bench [--backend cuda|host] [--device N] [--iters N]   (backend: SYMM_DEVICE's by default)
 //	symm replay TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--json]
 //	symm top [--json] [--once] [-n N] [--interval D] [--sort COLUMN] [--pid PID] [--record FILE] [--dir DIR]
+//	symm run [--] COMMAND [ARG]...   COMMAND with libsymm as PyTorch's allocator, unedited
 //	symm version
 //
 // Exit codes: 0 success; 1 a failure while running; 2 bad usage; 3 no
@@ -53,6 +54,8 @@ commands:
              (https://github.com/libsymm/libsymm/blob/main/docs/REPLAY.md)
   top        every libsymm process of this user on the machine, live: allocated,
              reserved, cached, per device, pool and stream (--json: one snapshot)
+  run        run a command with libsymm as PyTorch's CUDA allocator in every Python
+             process it starts, with no edit to the script (symm run -- torchrun ...)
   version    libsymm's version
 
 "symm <command> --help" describes a command's flags.
@@ -73,6 +76,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return replay(args[1:], stdout, stderr)
 	case "top":
 		return top(args[1:], stdout, stderr)
+	case "run":
+		return runCommand(args[1:], stdout, stderr)
 	case "version":
 		fs := newFlags("version", "", stderr)
 		if code, done := parse(fs, args[1:]); done {

@@ -7,6 +7,7 @@
 #   bash tests/device/run.sh                 # everything
 #   bash tests/device/run.sh go torch        # only some steps: env go c torch replace graphs kernels recipes sanitizer bench
 #   bash tests/device/run.sh sweep replay    # the longer benchmarks, not run by default
+#   bash tests/device/run.sh unchanged       # 2 GPUs: an unedited torchrun script under symm run
 #
 # Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
 # Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
@@ -181,6 +182,12 @@ fi
 
 if want bench; then
   run_step bench-torch "${SYMM_BENCH_TIMEOUT:-300}" python3 bench/bench_torch.py
+fi
+
+# Multi-GPU training under libsymm with no edit to the script (symm run,
+# SYMM_TORCH_ALLOCATOR=1), against PyTorch's allocator; needs 2 GPUs.
+if want unchanged; then
+  run_step unchanged "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_unchanged_script.py
 fi
 
 # The size sweep in both modes, interleaved rounds (about 4 minutes), and

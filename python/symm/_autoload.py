@@ -1,0 +1,128 @@
+"""libsymm as PyTorch's allocator with no edit to the script.
+
+With ``SYMM_TORCH_ALLOCATOR=1`` in the environment, the moment a process
+finishes importing torch, symm.use_as_default() runs: every CUDA tensor of
+the process then comes from libsymm, as if the script's first line had been
+that call. It gets here two ways:
+
+- an installed wheel puts ``symm_autoload.pth`` into site-packages; Python
+  runs its one line at start-up, which imports this module only when the
+  variable is set (so a process without it pays one environment lookup);
+- ``symm run -- CMD ...`` sets the variable and puts ``symm/_boot`` (a
+  ``sitecustomize`` that imports this module, then the one it hides) first on
+  PYTHONPATH, which reaches a checkout's package too, where no .pth runs.
+
+Why at torch's import, not at Python's start: importing torch then (and
+building libsymm's extension) would slow every Python process of a job,
+torchrun's launcher and each DataLoader worker included, whether it touches
+CUDA or not. Torch's import initializes no CUDA, so its end is the earliest
+moment that is still early enough: a script's ``torch.cuda.set_device(rank)``
+comes after it, and PyTorch refuses to swap its allocator only once CUDA is
+initialized.
+
+Invariants:
+- The finder is on sys.meta_path until torch's import ends, then removes
+  itself; it never imports anything but the spec's own loader in between.
+- A failure to install libsymm is raised from ``import torch`` with its
+  cause, never swallowed: the user asked for libsymm, and a job that silently
+  ran on another allocator would mislead them.
+- A forked child (DataLoader workers, torch.multiprocessing's fork) inherits
+  the installed allocator; a spawned one imports torch again and installs
+  it again, as its parent did.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+ENV = "SYMM_TORCH_ALLOCATOR"
+_ON = ("1", "true", "yes", "on")
+_OFF = ("", "0", "false", "no", "off")
+
+
+def wanted() -> bool:
+    """Whether SYMM_TORCH_ALLOCATOR asks for libsymm. A value that is
+    neither on nor off raises ValueError naming the variable and the value."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(f"{ENV}={os.environ[ENV]!r}: expected 1 (libsymm is PyTorch's allocator) or 0")
+
+
+def _install_now() -> None:
+    """Makes libsymm PyTorch's current allocator; torch is imported."""
+    from .torch_allocator import use_as_default
+
+    try:
+        use_as_default()
+    except Exception as e:
+        raise RuntimeError(f"{ENV}=1: libsymm could not become PyTorch's allocator: {e}") from e
+
+
+class _Loader(importlib.abc.Loader):
+    """torch's own loader, and libsymm installed once its module has run."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        if wanted():  # raises on a bad value, which start-up could only print
+            _install_now()
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, ... of the real loader
+        return getattr(self._inner, name)
+
+
+class _TorchFinder(importlib.abc.MetaPathFinder):
+    """Finds torch through the other finders and wraps its loader."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        _remove()
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if find is not None and (spec := find(fullname, path, target)) is not None:
+                    break
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _Loader(spec.loader)
+        return spec
+
+
+def _remove() -> None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchFinder)]
+
+
+def install() -> bool:
+    """Arranges for libsymm to become PyTorch's allocator when torch is
+    imported (at once when torch already is). Returns whether it will;
+    nothing happens when SYMM_TORCH_ALLOCATOR is off."""
+    if not wanted():
+        return False
+    if "torch" in sys.modules:
+        _install_now()
+        return True
+    if not any(isinstance(f, _TorchFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchFinder())
+    return True
+
+
+# The .pth line and symm/_boot/sitecustomize.py import this module for its
+# effect: a bad value stops nothing at start-up (Python only prints a .pth
+# line's error), so it is checked again, and raised, when torch is imported.
+try:
+    install()
+except ValueError:
+    sys.meta_path.insert(0, _TorchFinder())

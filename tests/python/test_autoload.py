@@ -1,0 +1,141 @@
+"""SYMM_TORCH_ALLOCATOR=1 and `symm run`: libsymm becomes PyTorch's allocator
+when a process finishes importing torch, with no edit to the script
+(python/symm/_autoload.py, python/symm/_boot/sitecustomize.py).
+
+torch is a stand-in package here (no GPU, no torch on CI machines): it has
+what use_as_default() touches on the fallback path (SYMM_TORCH_EXT=0) and
+records change_current_allocator, which refuses once "CUDA is initialized",
+as PyTorch's does. The real thing, under torchrun with set_device as the
+script's first line and DataLoader workers, is tests/device/test_unchanged_script.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON_DIR, ROOT, child_env
+
+BOOT = PYTHON_DIR / "symm" / "_boot"
+TOOL = ROOT / "build" / "symm"
+
+STAND_IN = {
+    "torch/__init__.py": """
+        import os
+        from . import _C, cuda
+        __version__ = "0+stand-in"
+        if os.environ.get("STAND_IN_CUDA_INIT") == "1":
+            cuda._initialized = True  # as if torch's import had initialized CUDA
+    """,
+    "torch/_C.py": """
+        def _cuda_customAllocator(alloc, free):
+            return None
+    """,
+    "torch/cuda/__init__.py": """
+        _initialized = False
+        from . import memory
+    """,
+    "torch/cuda/memory.py": """
+        current = None
+
+        class _CUDAAllocator:
+            def __init__(self, raw):
+                self._raw = raw
+
+        class _Raw:
+            def __getattr__(self, name):
+                if name.startswith("set_"):
+                    return lambda *a: None
+                raise AttributeError(name)
+
+        class CUDAPluggableAllocator(_CUDAAllocator):
+            def __init__(self, path, alloc, free):
+                super().__init__(_Raw())
+
+            def allocator(self):
+                return self._raw
+
+        def change_current_allocator(a):
+            global current
+            from . import _initialized
+            if _initialized:
+                raise RuntimeError("Can't swap an already initialized allocator")
+            current = a
+    """,
+}
+
+CHECK = """
+import sys
+import torch
+import symm
+assert torch.cuda.memory.current is symm.pool_allocator(), torch.cuda.memory.current
+assert symm.is_default()
+print("installed at torch's import")
+"""
+
+
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Path:
+    for name, text in STAND_IN.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def run(code: str, stand_in: Path, env_vars: dict, boot: bool = True, argv: list | None = None):
+    env = child_env({"SYMM_TORCH_EXT": "0", **env_vars})
+    env["PYTHONPATH"] = ":".join(filter(None, [str(BOOT) if boot else "", str(stand_in), env["PYTHONPATH"]]))
+    cmd = argv or [sys.executable, "-c", code]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=str(stand_in))
+
+
+def test_libsymm_is_the_allocator_once_torch_is_imported(stand_in):
+    p = run(CHECK, stand_in, {"SYMM_TORCH_ALLOCATOR": "1"})
+    assert p.returncode == 0, p.stderr
+    assert "installed at torch's import" in p.stdout
+
+
+def test_nothing_happens_without_the_variable(stand_in):
+    code = "import sys, torch; assert torch.cuda.memory.current is None; assert 'symm' not in sys.modules; print('ok')"
+    for value in ("", "0", "off"):
+        p = run(code, stand_in, {"SYMM_TORCH_ALLOCATOR": value})
+        assert p.returncode == 0 and "ok" in p.stdout, (value, p.stderr)
+
+
+def test_a_bad_value_fails_the_import_of_torch_naming_it(stand_in):
+    p = run("import torch", stand_in, {"SYMM_TORCH_ALLOCATOR": "maybe"})
+    assert p.returncode != 0
+    assert "SYMM_TORCH_ALLOCATOR='maybe': expected 1" in p.stderr
+
+
+def test_too_late_is_raised_from_the_import_of_torch(stand_in):
+    p = run("import torch", stand_in, {"SYMM_TORCH_ALLOCATOR": "1", "STAND_IN_CUDA_INIT": "1"})
+    assert p.returncode != 0
+    assert "SYMM_TORCH_ALLOCATOR=1: libsymm could not become PyTorch's allocator" in p.stderr
+    assert "came too late" in p.stderr
+
+
+def test_the_hidden_sitecustomize_still_runs(stand_in, tmp_path_factory):
+    theirs = tmp_path_factory.mktemp("theirs")
+    (theirs / "sitecustomize.py").write_text("import builtins; builtins.THEIRS_RAN = True\n")
+    code = "import builtins; assert builtins.THEIRS_RAN;" + CHECK
+    # PYTHONPATH: _boot first, then theirs: both run, ours first.
+    full = child_env({"SYMM_TORCH_EXT": "0", "SYMM_TORCH_ALLOCATOR": "1"})
+    full["PYTHONPATH"] = ":".join([str(BOOT), str(theirs), str(stand_in), full["PYTHONPATH"]])
+    p = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.skipif(not TOOL.is_file(), reason="needs build/symm (make cli)")
+def test_symm_run_reaches_a_child_python_unchanged(stand_in):
+    script = stand_in / "train.py"
+    script.write_text(CHECK)
+    # Not through _boot on PYTHONPATH here: symm run puts it there.
+    p = run("", stand_in, {}, boot=False, argv=[str(TOOL), "run", "--", sys.executable, str(script)])
+    assert p.returncode == 0, p.stderr
+    assert "installed at torch's import" in p.stdout
