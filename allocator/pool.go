@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 )
@@ -33,6 +34,10 @@ type Config struct {
 	// LimitFraction caps every device's reserved bytes at this share of its
 	// total memory (0 < f ≤ 1). 0: no cap. Limit wins when both are set.
 	LimitFraction float64
+	// LargeSegment is the size of the segments that requests from 1 to 10
+	// MiB are packed into (PyTorch's large_segment_size_mb): a whole number
+	// of MiB above 10 MiB. 0: 20 MiB, PyTorch's default.
+	LargeSegment uint64
 	// MaxNonSplitRounding: an oversize block (MaxSplit) serves a request
 	// only if it is less than this many bytes larger (PyTorch's
 	// max_non_split_rounding_mb). 0: 20 MiB, PyTorch's default.
@@ -83,6 +88,9 @@ type Pool struct {
 	gcOn bool
 	// slack is the oversize reuse tolerance (cfg.MaxNonSplitRounding or 20 MiB).
 	slack uint64
+	// largeSeg is the segment size of requests from 1 to 10 MiB
+	// (cfg.LargeSegment or 20 MiB).
+	largeSeg uint64
 }
 
 // device is the per-GPU state. Its mutexes guard shard creation and the
@@ -132,9 +140,14 @@ type device struct {
 // deviceBudget is a device's memory cap (a limit or a fraction of the
 // device) and what is checked against it.
 type deviceBudget struct {
-	limit     atomic.Uint64 // 0: none
-	total     atomic.Uint64 // device memory, read once when a fraction is set
-	reserveMu sync.Mutex    // serializes limit checks with reservations
+	limit atomic.Uint64 // 0: none
+	total atomic.Uint64 // device memory, read once when a fraction is set
+	// fraction is the float64 bits of the share of total that limit was set
+	// from (SetMemoryFraction); 0 when the cap is none or a byte count
+	// (SetLimit). The one record of the memory fraction in the process: the
+	// PyTorch extension reads it (symm_pool_memory_fraction).
+	fraction  atomic.Uint64
+	reserveMu sync.Mutex // serializes limit checks with reservations
 	// committed is reserved bytes plus those of segments being asked of the
 	// backend (under reserveMu): what the limit is checked against. The
 	// reserved statistics count a segment only once the backend gave it, so
@@ -226,6 +239,9 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	if !(cfg.GCThreshold >= 0 && cfg.GCThreshold < 1) {
 		return nil, fmt.Errorf("%w: garbage collection threshold %g is outside [0, 1)", ErrInvalid, cfg.GCThreshold)
 	}
+	if ls := cfg.LargeSegment; ls != 0 && (ls <= minLargeSeg || ls%(1<<20) != 0 || ls > maxRequest) {
+		return nil, fmt.Errorf("%w: large segment size %d is not a whole number of MiB above 10 MiB", ErrInvalid, ls)
+	}
 	roundup := false
 	for i, d := range cfg.RoundupPower2Divisions {
 		if d != 0 && !isPow2(d) {
@@ -241,9 +257,12 @@ func New(b Backend, cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("%s backend has no devices", b.Name())
 	}
 	p := &Pool{backend: b, cfg: cfg, devs: make([]*device, n), roundup: roundup,
-		gcOn: cfg.GCThreshold > 0 && !cfg.Expandable, slack: cfg.MaxNonSplitRounding}
+		gcOn: cfg.GCThreshold > 0 && !cfg.Expandable, slack: cfg.MaxNonSplitRounding, largeSeg: cfg.LargeSegment}
 	if p.slack == 0 {
 		p.slack = largeBuffer
+	}
+	if p.largeSeg == 0 {
+		p.largeSeg = largeSeg
 	}
 	if cfg.Expandable {
 		e, ok := b.(Expander)
@@ -494,7 +513,22 @@ func (p *Pool) SetMemoryFraction(dev int, fraction float64) error {
 		d.budget.total.Store(t)
 	}
 	d.budget.limit.Store(uint64(fraction * float64(total)))
+	d.budget.fraction.Store(math.Float64bits(fraction))
 	return nil
+}
+
+// MemoryFraction is the share of device dev's memory its cap was set to
+// (SetMemoryFraction, Config.LimitFraction), 1 when it has no cap or a cap
+// in bytes (SetLimit, Config.Limit), as PyTorch's getMemoryFraction answers.
+func (p *Pool) MemoryFraction(dev int) (float64, error) {
+	d, err := p.device(dev)
+	if err != nil {
+		return 0, err
+	}
+	if f := d.budget.fraction.Load(); f != 0 {
+		return math.Float64frombits(f), nil
+	}
+	return 1, nil
 }
 
 // SetLimit caps device dev's reserved bytes; 0 removes the cap.
@@ -504,6 +538,7 @@ func (p *Pool) SetLimit(dev int, bytes uint64) error {
 		return err
 	}
 	d.budget.limit.Store(bytes)
+	d.budget.fraction.Store(0)
 	return nil
 }
 

@@ -68,7 +68,7 @@ func TestSizeRules(t *testing.T) {
 			r := roundSize(c.n)
 			require.Equal(t, c.round, r)
 			require.Equal(t, c.kind, kindFor(r, 0))
-			require.Equal(t, c.seg, segmentSize(r, c.kind))
+			require.Equal(t, c.seg, segmentSize(r, c.kind, largeSeg))
 			require.Zero(t, r%512)
 		})
 	}

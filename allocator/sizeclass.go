@@ -132,13 +132,14 @@ func kindFor(r, maxSplit uint64) poolKind {
 }
 
 // segmentSize is the size of the segment the pool asks the backend for when
-// no cached block fits a rounded request r of pool k.
-func segmentSize(r uint64, k poolKind) uint64 {
+// no cached block fits a rounded request r of pool k; large is the segment
+// of requests from 1 to 10 MiB (largeSeg, or Config.LargeSegment).
+func segmentSize(r uint64, k poolKind, large uint64) uint64 {
 	switch {
 	case k == smallPool:
 		return smallSeg
 	case k == largePool && r < minLargeSeg:
-		return largeSeg
+		return large
 	default:
 		return (r + segRound - 1) &^ (segRound - 1)
 	}

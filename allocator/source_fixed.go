@@ -29,7 +29,7 @@ func (fixedSource) cut(s *shard, b *block, r uint64) {
 }
 
 func (fixedSource) newMemory(s *shard, r uint64, k poolKind) (*block, error) {
-	return s.newSegment(segmentSize(r, k), k)
+	return s.newSegment(segmentSize(r, k, s.dev.pool.largeSeg), k)
 }
 
 func (fixedSource) giveBack(s *shard, seg *segment) (late, err error) {

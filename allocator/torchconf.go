@@ -41,7 +41,7 @@ import (
 //	garbage_collection_threshold   honoured (Config.GCThreshold)
 //	per_process_memory_fraction    honoured (Config.LimitFraction; 1 is no cap)
 //	backend                        native: accepted; cudaMallocAsync: refused
-//	large_segment_size_mb          validated; warned when not 20 (kept at 20)
+//	large_segment_size_mb          honoured (Config.LargeSegment)
 //	release_lock_on_cudamalloc     validated; warned when True
 //	graph_capture_record_stream_reuse  validated; warned when True
 //	pinned_use_cuda_host_register, pinned_num_register_threads,
@@ -119,10 +119,21 @@ type TorchConf struct {
 // and an error wrapping ErrInvalid for a text PyTorch would refuse or a
 // setting libsymm refuses.
 func ParseTorchAllocConf(s string) (TorchConf, []string, error) {
+	c, _, w, err := parseTorchAllocConf(s)
+	return c, w, err
+}
+
+// parseTorchAllocConf is ParseTorchAllocConf that also returns the keys the
+// text gives (the ROCm spellings under the CUDA names).
+func parseTorchAllocConf(s string) (TorchConf, map[string]bool, []string, error) {
 	var c TorchConf
 	pairs, err := torchPairs(s)
 	if err != nil {
-		return TorchConf{}, nil, err
+		return TorchConf{}, nil, nil, err
+	}
+	keys := make(map[string]bool, len(pairs))
+	for _, p := range pairs {
+		keys[torchKeyAliases.Replace(p.key)] = true
 	}
 	// large_segment_size_mb first, whatever its place: the lower bound of
 	// max_split_size_mb and max_non_split_rounding_mb is its value (torch
@@ -134,21 +145,26 @@ func ParseTorchAllocConf(s string) (TorchConf, []string, error) {
 		}
 		v, err := p.uint()
 		if err != nil {
-			return TorchConf{}, nil, err
+			return TorchConf{}, nil, nil, err
 		}
 		if v <= torchMinLargeSegmentMB {
-			return TorchConf{}, nil, p.errorf("must be more than %d (MiB)", torchMinLargeSegmentMB)
+			return TorchConf{}, nil, nil, p.errorf("must be more than %d (MiB)", torchMinLargeSegmentMB)
 		}
-		largeMB = min(v, torchMaxMB)
+		largeMB = min(v, maxRequest>>20) // clamped, as PyTorch clamps it (to its own bound)
 		c.LargeSegmentSizeMB = largeMB
 	}
 	for _, p := range pairs {
 		if err := c.set(p, largeMB); err != nil {
-			return TorchConf{}, nil, err
+			return TorchConf{}, nil, nil, err
 		}
 	}
-	return c, c.warnings(), nil
+	return c, keys, c.warnings(), nil
 }
+
+// torchKeyAliases maps the ROCm spellings PyTorch accepts to the CUDA ones.
+var torchKeyAliases = strings.NewReplacer(
+	"release_lock_on_hipmalloc", "release_lock_on_cudamalloc",
+	"pinned_use_hip_host_register", "pinned_use_cuda_host_register")
 
 // set applies one key:value pair; largeMB is large_segment_size_mb's value.
 func (c *TorchConf) set(p torchPair, largeMB uint64) error {
@@ -237,10 +253,6 @@ func (c *TorchConf) set(p torchPair, largeMB uint64) error {
 // variable and honours (libsymm serves device memory only).
 func (c *TorchConf) warnings() []string {
 	var w []string
-	if c.LargeSegmentSizeMB != 0 && c.LargeSegmentSizeMB != torchDefaultLargeSegmentMB {
-		w = append(w, fmt.Sprintf("large_segment_size_mb:%d is ignored: libsymm's pool gives requests from 1 to 10 MiB segments of 20 MiB (its lower bound on max_split_size_mb and max_non_split_rounding_mb applies)",
-			c.LargeSegmentSizeMB))
-	}
 	if c.ReleaseLockOnCudaMalloc {
 		w = append(w, "release_lock_on_cudamalloc:True is ignored: libsymm's pool holds only the requesting stream's lock, never a device-wide one, while the driver allocates")
 	}
@@ -322,6 +334,7 @@ func (c TorchConf) Config() Config {
 		MaxNonSplitRounding:    c.MaxNonSplitRoundingMB << 20,
 		RoundupPower2Divisions: c.RoundupPower2Divisions,
 		GCThreshold:            c.GarbageCollectionThreshold,
+		LargeSegment:           c.LargeSegmentSizeMB << 20,
 	}
 	if c.MaxSplitSizeMB != 0 {
 		cfg.MaxSplit = roundSize(min(c.MaxSplitSizeMB<<20, maxRequest))

@@ -58,11 +58,9 @@ func TestParseTorchAllocConfGood(t *testing.T) {
 		{in: "max_split_size_mb:18446744073709551615", want: TorchConf{MaxSplitSizeMB: math.MaxUint64 >> 20}},
 		{in: "max_non_split_rounding_mb:64", want: TorchConf{MaxNonSplitRoundingMB: 64}},
 		{in: "large_segment_size_mb:20", want: TorchConf{LargeSegmentSizeMB: 20}},
-		{in: "large_segment_size_mb:11,max_split_size_mb:11", want: TorchConf{LargeSegmentSizeMB: 11, MaxSplitSizeMB: 11},
-			warns: []string{"large_segment_size_mb:11 is ignored"}},
+		{in: "large_segment_size_mb:11,max_split_size_mb:11", want: TorchConf{LargeSegmentSizeMB: 11, MaxSplitSizeMB: 11}},
 		// large_segment_size_mb is read first, wherever it stands.
-		{in: "max_split_size_mb:40,large_segment_size_mb:40", want: TorchConf{LargeSegmentSizeMB: 40, MaxSplitSizeMB: 40},
-			warns: []string{"large_segment_size_mb:40"}},
+		{in: "max_split_size_mb:40,large_segment_size_mb:40", want: TorchConf{LargeSegmentSizeMB: 40, MaxSplitSizeMB: 40}},
 		{in: "garbage_collection_threshold:0.6", want: TorchConf{GarbageCollectionThreshold: 0.6}},
 		{in: "garbage_collection_threshold:1e-3", want: TorchConf{GarbageCollectionThreshold: 0.001}},
 		{in: "per_process_memory_fraction:0.5", want: TorchConf{PerProcessMemoryFraction: 0.5}},

@@ -428,6 +428,30 @@ func (d *driver) procAddress(gpa unsafe.Pointer, name string) (unsafe.Pointer, e
 	return o.p, nil
 }
 
+// Proc returns the address of the driver function name as this process's
+// driver resolves its own functions (cuGetProcAddress at the ABI version the
+// table was filled at), loading the driver first if no Load has run. It is
+// the one loader of libcuda in libsymm: the C++ parts of libsymm and its
+// PyTorch extension take driver functions from here (symm_driver_proc)
+// instead of opening the library again. nil without an error: the driver
+// has no such function.
+func Proc(name string) (unsafe.Pointer, error) {
+	d, err := loaded()
+	if err != nil {
+		return nil, err
+	}
+	for id := range numFns {
+		if symbols[id].name == name {
+			return d.fn[id], nil
+		}
+	}
+	gpa, err := d.lib.Lookup(map[bool]string{true: "cuGetProcAddress_v2", false: "cuGetProcAddress"}[d.getProc])
+	if err != nil {
+		return nil, fmt.Errorf("cuda: %w", err)
+	}
+	return d.procAddress(gpa, name)
+}
+
 // close releases the primary contexts this driver retained and drops its
 // library handle. Only tests call it, on fake drivers: the process-wide
 // driver is never closed (see global).

@@ -69,7 +69,9 @@ func initPool() (*allocator.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, warns, err := allocator.ConfigFromEnv(getenv)
+	// The environment's settings, or what symm_pool_set_allocator_settings
+	// calls made of them before the pool existed (settings.go).
+	cfg, warns, err := allocator.ConfigFromEnv(settingsGetenv())
 	if err != nil {
 		return nil, err
 	}
@@ -113,11 +115,15 @@ type onceWarner struct {
 }
 
 func (o *onceWarner) warn(warns []string) {
-	o.once.Do(func() {
-		for _, w := range warns {
-			fmt.Fprintln(o.w, "symm: "+w)
-		}
-	})
+	o.once.Do(func() { o.warnAlways(warns) })
+}
+
+// warnAlways prints warns now: a settings call's, each call saying what it
+// ignores.
+func (o *onceWarner) warnAlways(warns []string) {
+	for _, w := range warns {
+		fmt.Fprintln(o.w, "symm: "+w)
+	}
 }
 
 // Bounds of SYMM_POOL_FRONT_CACHE_MAX, the largest block the front cache

@@ -1,6 +1,6 @@
 // How PyTorch uses libsymm, and the public functions whose answer depends on
 // it: symm_pool_alloc (which throws in replace mode), symm_pool_try_alloc,
-// symm_torch_init and symm_torch_mode.
+// symm_torch_init, symm_torch_own_allocator and symm_torch_mode.
 //
 // PyTorch calls symm_pool_alloc in two ways that need opposite answers:
 // replace mode (change_current_allocator: libsymm is the caching allocator,
@@ -13,7 +13,10 @@
 // recipe sets none), so the library looks: c10's current-allocator pointer
 // (c10::cuda::CUDACachingAllocator::allocator) names PyTorch's allocator
 // object; a CUDAPluggableAllocator over us holds symm_pool_alloc's address in
-// its alloc_fn_ std::function (the first member after the vtable pointer). A
+// its alloc_fn_ std::function (the first member after the vtable pointer);
+// libsymm's PyTorch extension names its own object (symm_torch_own_allocator),
+// so that this file is the one place that decides the mode and the extension
+// asks it (symm_torch_mode). A
 // call whose return address lies in a PyTorch library while another allocator
 // is current is a MemPool asking for a segment; every other caller (C, ctypes,
 // a C++ extension) gets the caching pool with NULL on failure.
@@ -41,6 +44,7 @@ namespace {
 std::atomic<int> g_torch_hooks{0};
 std::atomic<void *> g_torch_current_var{nullptr};  // &c10::cuda::CUDACachingAllocator::allocator
 std::atomic<int> g_torch_replace{0};               // sticky: the allocator is swapped once per process
+std::atomic<void *> g_torch_own{nullptr};          // the extension's CUDAAllocator (symm_torch_own_allocator)
 
 // torch_current_is_ours reports whether PyTorch's current CUDA allocator is a
 // CUDAPluggableAllocator whose alloc function is symm_pool_alloc.
@@ -49,6 +53,7 @@ bool torch_current_is_ours() {
   if (var == nullptr) return false;
   void *cur = static_cast<std::atomic<void *> *>(var)->load(std::memory_order_acquire);
   if (cur == nullptr) return false;
+  if (cur == g_torch_own.load(std::memory_order_acquire)) return true;
   // Every CUDAAllocator object is far larger than these 8 words.
   void *const *words = static_cast<void *const *>(cur);
   void *mine = reinterpret_cast<void *>(&symm_pool_alloc);
@@ -105,21 +110,18 @@ __attribute__((constructor)) void resolve_at_load() { torch_resolve(); }
 // stream is capturing, so in that mode (and only there: with hooks or the
 // extension, captures arrive as routes to private pools) every allocation
 // asks it, and one on a capturing stream is refused with an error that says
-// how to install libsymm instead. cuStreamIsCapturing is taken from the
-// libcuda.so.1 already in the process (PyTorch has loaded it); without one
-// (the host backend) nothing can be capturing.
+// how to install libsymm instead. cuStreamIsCapturing comes from the driver
+// the pool runs on (the cuda package, libsymm's one loader of libcuda); on
+// the host backend there is none, and nothing can be capturing.
 typedef int (*StreamIsCapturingFn)(void *stream, int *status);
 std::atomic<StreamIsCapturingFn> g_is_capturing{nullptr};
 std::atomic<int> g_is_capturing_resolved{0};
 
 StreamIsCapturingFn is_capturing_fn() {
   if (g_is_capturing_resolved.load(std::memory_order_acquire)) return g_is_capturing.load(std::memory_order_relaxed);
-  void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-  StreamIsCapturingFn fn = nullptr;
-  if (h != nullptr) {
-    fn = reinterpret_cast<StreamIsCapturingFn>(dlsym(h, "cuStreamIsCapturing"));
-    dlclose(h);  // still loaded: its other users hold it
-  }
+  // Makes the pool if needed (the allocation after this would); a pool that
+  // cannot be made fails that allocation with its own error.
+  StreamIsCapturingFn fn = reinterpret_cast<StreamIsCapturingFn>(goDriverProc((char *)"cuStreamIsCapturing"));
   g_is_capturing.store(fn, std::memory_order_relaxed);
   g_is_capturing_resolved.store(1, std::memory_order_release);
   return fn;
@@ -189,6 +191,11 @@ void symm_torch_init(int device_count) {
   g_torch_replace.store(1, std::memory_order_relaxed);
   torch_resolve();
   goPoolInit(device_count, 1);
+}
+
+void symm_torch_own_allocator(const void *allocator) {
+  if (forked("symm_torch_own_allocator")) return;
+  g_torch_own.store(const_cast<void *>(allocator), std::memory_order_release);
 }
 
 int symm_torch_mode(void) {

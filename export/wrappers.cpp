@@ -41,6 +41,11 @@ SYMM_CALL_VOID(symm_pool_set_memory_fraction, (double fraction, int device), goP
 SYMM_CALL(int, symm_pool_set_expandable, (int enable), SYMM_ERR_FORKED, goPoolSetExpandable(enable))
 SYMM_CALL(int, symm_pool_set_limit, (int device, uint64_t bytes), SYMM_ERR_FORKED, goPoolSetLimit(device, bytes))
 SYMM_CALL(int, symm_pool_device_count, (void), -1, goPoolDeviceCount())
+SYMM_CHECKED(symm_pool_set_allocator_settings, (const char *settings), settings == nullptr, "settings is NULL",
+             goPoolSetAllocatorSettings((char *)settings))
+SYMM_CHECKED(symm_pool_memory_fraction, (int device, double *fraction), fraction == nullptr, "fraction is NULL",
+             goPoolMemoryFraction(device, fraction))
+SYMM_CALL(void *, symm_driver_proc, (const char *name), nullptr, name == nullptr ? nullptr : goDriverProc((char *)name))
 
 void symm_pool_empty_cache(void) {
   if (forked("symm_pool_empty_cache")) return;

@@ -127,6 +127,41 @@ void symm_pool_empty_cache(void);
  * memory. A bad fraction or device sets SYMM_ERR_INVALID and changes nothing. */
 void symm_pool_set_memory_fraction(double fraction, int device);
 
+/* Stores in *fraction the share of device's memory its cap was set to
+ * (symm_pool_set_memory_fraction, per_process_memory_fraction in PyTorch's
+ * settings), or 1.0 when it has no cap or a cap in bytes (symm_pool_set_limit,
+ * SYMM_POOL_LIMIT in bytes): the one record of the fraction, which libsymm's
+ * PyTorch extension reports as torch.cuda.get_per_process_memory_fraction.
+ * Returns SYMM_OK; SYMM_ERR_INVALID for a bad device or a NULL fraction; the
+ * pool's creation error if it cannot be made. */
+int symm_pool_memory_fraction(int device, double *fraction);
+
+/* Applies PyTorch's allocator settings text (the syntax of
+ * PYTORCH_CUDA_ALLOC_CONF) at run time, as torch 2.11's
+ * torch._C._accelerator_setAllocatorSettings (and the deprecated
+ * torch.cuda.memory._set_allocator_settings) does: libsymm's PyTorch
+ * extension passes every such call on. As in PyTorch, max_split_size_mb,
+ * roundup_power2_divisions and garbage_collection_threshold go back to their
+ * defaults when the text does not give them; other keys keep their values.
+ * Before the pool exists, the text is merged over the environment's settings
+ * and the pool is made from the result. Once it exists,
+ * per_process_memory_fraction applies to every device at once, and the
+ * pool's geometry (expandable_segments, max_split_size_mb,
+ * max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
+ * garbage_collection_threshold) cannot change: a call that would change one
+ * returns SYMM_ERR_BUSY, the message naming the key, and changes nothing.
+ * Returns SYMM_OK; SYMM_ERR_INVALID for a NULL or bad text (the message names
+ * the key and value). Settings libsymm ignores are written to stderr. */
+int symm_pool_set_allocator_settings(const char *settings);
+
+/* The CUDA driver function name (e.g. "cuStreamIsCapturing") of the driver
+ * libsymm's pool runs on, resolved as libsymm resolves its own (libsymm is
+ * the process's one loader of libcuda for itself and its PyTorch extension).
+ * Creates the pool if needed. NULL on the host backend, when the driver has
+ * no such function (no error set), or when the pool or driver cannot be
+ * loaded (the last error says why). */
+void *symm_driver_proc(const char *name);
+
 /* Chooses expandable segments (enable=1) or fixed ones (0) for the pool, as
  * SYMM_POOL_EXPANDABLE does, and wins over it. Call it before the pool
  * exists (before the first allocation or symm_pool_init). Returns SYMM_OK;
@@ -240,6 +275,13 @@ int symm_pool_snapshot(char *buf, size_t cap, size_t *len);
  * device when PyTorch frees them (PyTorch caches above). Calls from any other
  * code keep the caching pool and NULL on failure. */
 int symm_torch_mode(void);
+
+/* Tells libsymm that the PyTorch CUDAAllocator object at allocator is
+ * libsymm's own (the CUDAPluggableAllocator subclass of its PyTorch
+ * extension), so that symm_torch_mode() reports replace mode whenever it is
+ * PyTorch's current allocator: libsymm alone decides the mode, and the
+ * extension asks it. NULL forgets it. */
+void symm_torch_own_allocator(const void *allocator);
 
 /* ---- what PyTorch's allocator interface asks (cacheInfo, pool blocks, checkpoints) ----
  *

@@ -90,6 +90,9 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_torch_init": ([_c_int], None),
     "symm_pool_empty_cache": ([], None),
     "symm_pool_set_memory_fraction": ([ctypes.c_double, _c_int], None),
+    "symm_pool_memory_fraction": ([_c_int, ctypes.POINTER(ctypes.c_double)], _c_int),
+    "symm_pool_set_allocator_settings": ([ctypes.c_char_p], _c_int),
+    "symm_driver_proc": ([ctypes.c_char_p], _c_void_p),
     "symm_pool_set_limit": ([_c_int, ctypes.c_uint64], _c_int),
     "symm_pool_set_expandable": ([_c_int], _c_int),
     "symm_pool_record_stream": ([_c_void_p, _c_void_p], None),
@@ -103,6 +106,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_pool_record_history": ([_c_int, _c_size_t], _c_int),
     "symm_pool_snapshot": ([ctypes.c_char_p, _c_size_t, ctypes.POINTER(_c_size_t)], _c_int),
     "symm_torch_mode": ([], _c_int),
+    "symm_torch_own_allocator": ([_c_void_p], None),
     "symm_pool_block_of": ([_c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)], _c_int),
     "symm_pool_segment_of": (
         [_c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(_c_int)],

@@ -27,7 +27,7 @@
 // headers beside it, each SymmAllocator's members for one concern, defined
 // after the class:
 //   _torch_ext_api.h       headers, names, libsymm's function table, check()
-//   _torch_ext_stats.h     memory_stats, cacheInfo, the memory fraction
+//   _torch_ext_stats.h     memory_stats, cacheInfo, the memory fraction, settings
 //   _torch_ext_graphs.h    private pools (MemPool, graph capture), checkpoints
 //   _torch_ext_cuda_ipc.h  CUDA IPC, with the driver's VMM calls
 //   _torch_ext_ipc.h       a received IPC handle's parsing (pure, tested alone)
@@ -96,8 +96,9 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     if (size == 0) return nullptr;  // PyTorch's empty tensors: no pointer
     // Replace mode when this object is PyTorch's current allocator; otherwise
     // a torch.cuda.MemPool asks for segments, which go back to the device
-    // when PyTorch frees them (PyTorch caches above).
-    bool replace = CCA::allocator.load() == this;
+    // when PyTorch frees them (PyTorch caches above). libsymm decides
+    // (export/torchmode.cpp; make_allocator named this object to it).
+    bool replace = g_api.torch_mode() == kTorchReplace;
     void *p = replace ? g_api.try_alloc(size, dev, stream)
                       : need(g_api.alloc_segment, "symm_pool_alloc_segment")(size, dev, stream);
     if (p != nullptr) {
@@ -162,10 +163,6 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     if (g_api.last_error_code() != SYMM_OK) {
       TORCH_CHECK(false, "libsymm could not start its pool for PyTorch: ", last_error());
     }
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      fractions_.assign(static_cast<size_t>(std::max(device_count, 1)), 1.0);
-    }
     Base::init(device_count);  // no init_fn_ is set: only marks initialized
   }
 
@@ -229,7 +226,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     std::shared_ptr<c10::GatheredContext> ctx;
   };
 
-  double fraction_of(int dev);  // stats
+  double fraction_of(int dev);  // stats: libsymm's, 1.0 if it cannot say
   std::vector<symm_block_info_t> pool_blocks(c10::DeviceIndex device, MempoolId_t id);  // graphs
   // CUDA IPC
   std::shared_ptr<void> open_cuda_malloc(const std::string &handle, const char *raw, int device);
@@ -252,7 +249,6 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   std::unordered_map<void *, std::vector<uint64_t>> shared_;
   std::unordered_map<uint64_t, ChunkFd> chunk_fds_;
   std::mutex mu_;  // guards everything below; never held across a libsymm call
-  std::vector<double> fractions_;
   std::vector<CCA::OutOfMemoryObserver> oom_observers_;
   std::vector<CCA::AllocatorTraceTracker> trace_trackers_;
   std::atomic<bool> history_{false};
@@ -290,6 +286,10 @@ std::shared_ptr<CCA::CUDAAllocator> make_allocator(const std::string &libsymm_pa
     load_api(libsymm_path);
     g_allocator = std::make_shared<SymmAllocator>();
     g_self = g_allocator.get();
+    // libsymm decides replace vs MemPool mode: it must know this object
+    // when PyTorch's current-allocator pointer names it.
+    g_api.own_allocator(static_cast<CCA::CUDAAllocator *>(g_allocator.get()));
+    forward_settings();
   }
   return g_allocator;
 }
@@ -300,7 +300,7 @@ void change_current(const std::shared_ptr<CCA::CUDAAllocator> &a) {
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
 }
 
-bool is_current() { return g_allocator && CCA::allocator.load() == g_allocator.get(); }
+bool is_current() { return g_allocator && g_api.torch_mode() == kTorchReplace; }
 
 }  // namespace
 

@@ -68,9 +68,15 @@ struct Api {
   void (*begin_pool)(int, PoolId, std::function<bool(CUstream_st *)>) = nullptr;
   void (*end_pool)(int, PoolId) = nullptr;
   void (*release_pool)(int, PoolId) = nullptr;
+  int (*torch_mode)(void) = nullptr;
+  void (*own_allocator)(const void *) = nullptr;
+  int (*memory_fraction)(int, double *) = nullptr;
+  int (*set_settings)(const char *) = nullptr;
+  void *(*driver_proc)(const char *) = nullptr;
 };
 
 Api g_api;
+constexpr int kTorchReplace = 1;  // symm_torch_mode(): libsymm is PyTorch's current allocator
 std::string g_missing;  // optional functions this libsymm lacks, for messages
 
 template <typename F>
@@ -106,6 +112,11 @@ void load_api(const std::string &path) {
   resolve(h, "symm_torch_begin_allocate_to_pool", g_api.begin_pool, true);
   resolve(h, "symm_torch_end_allocate_to_pool", g_api.end_pool, true);
   resolve(h, "symm_torch_release_pool", g_api.release_pool, true);
+  resolve(h, "symm_torch_mode", g_api.torch_mode, true);
+  resolve(h, "symm_torch_own_allocator", g_api.own_allocator, true);
+  resolve(h, "symm_pool_memory_fraction", g_api.memory_fraction, true);
+  resolve(h, "symm_pool_set_allocator_settings", g_api.set_settings, true);
+  resolve(h, "symm_driver_proc", g_api.driver_proc, true);
   resolve(h, "symm_pool_alloc_segment", g_api.alloc_segment, false);
   resolve(h, "symm_pool_reset_accumulated", g_api.reset_accumulated, false);
   resolve(h, "symm_pool_cache_info", g_api.cache_info, false);

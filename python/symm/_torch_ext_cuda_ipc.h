@@ -18,8 +18,9 @@
 namespace {
 
 // ---- the CUDA driver's VMM calls (expandable segments' IPC) -------------------
-// Taken from the libcuda.so.1 PyTorch has loaded; missing ones make only the
-// expandable-segment sharing fail, with a message.
+// Taken from the driver libsymm's pool runs on (symm_driver_proc: libsymm is
+// the one loader of libcuda); missing ones make only the expandable-segment
+// sharing fail, with a message.
 struct Driver {
   CUresult (*retain)(CUmemGenericAllocationHandle *, void *) = nullptr;
   CUresult (*export_fd)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
@@ -37,13 +38,8 @@ struct Driver {
 const Driver &driver() {
   static const Driver d = [] {
     Driver x;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (h == nullptr) {
-      x.missing = "libcuda.so.1 is not loaded";
-      return x;
-    }
     auto get = [&](const char *name, auto &fn) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(g_api.driver_proc(name));
       if (fn == nullptr) x.missing += std::string(x.missing.empty() ? "" : ", ") + name;
     };
     get("cuMemRetainAllocationHandle", x.retain);

@@ -1,6 +1,7 @@
 // libsymm's PyTorch extension: what torch.cuda.memory_stats(), cacheInfo
 // (cudnn.benchmark) and the per-process memory fraction read, answered from
-// libsymm's pool. Part of _torch_ext.cpp's one translation unit, included
+// libsymm's pool, and PyTorch's allocator settings made at run time, passed
+// on to it. Part of _torch_ext.cpp's one translation unit, included
 // after SymmAllocator's definition.
 #ifndef SYMM_TORCH_EXT_STATS_H
 #define SYMM_TORCH_EXT_STATS_H
@@ -119,22 +120,47 @@ void SymmAllocator::cacheInfo(c10::DeviceIndex device, size_t *largestBlock) {
 }
 
 // ---- memory fraction -----------------------------------------------------------
-double SymmAllocator::getMemoryFraction(c10::DeviceIndex device) { return fraction_of(device); }
+// libsymm keeps it (symm_pool_memory_fraction): set here, by
+// per_process_memory_fraction in PyTorch's settings, or by C callers.
+double SymmAllocator::getMemoryFraction(c10::DeviceIndex device) {
+  double f = 1.0;
+  check(g_api.memory_fraction(device, &f), "get_per_process_memory_fraction");
+  return f;
+}
 
 void SymmAllocator::setMemoryFraction(double fraction, c10::DeviceIndex device) {
   g_api.clear_error();
   g_api.set_fraction(fraction, device);
   if (g_api.last_error_code() != SYMM_OK) TORCH_CHECK(false, "libsymm: set_per_process_memory_fraction: ", last_error());
-  std::lock_guard<std::mutex> g(mu_);
-  if (device >= 0) {
-    if (fractions_.size() <= static_cast<size_t>(device)) fractions_.resize(static_cast<size_t>(device) + 1, 1.0);
-    fractions_[static_cast<size_t>(device)] = fraction;
-  }
 }
 
 double SymmAllocator::fraction_of(int dev) {
-  std::lock_guard<std::mutex> g(mu_);
-  return dev >= 0 && static_cast<size_t>(dev) < fractions_.size() ? fractions_[static_cast<size_t>(dev)] : 1.0;
+  double f = 1.0;
+  return g_api.memory_fraction(dev, &f) == SYMM_OK ? f : 1.0;
+}
+
+// ---- allocator settings at run time ---------------------------------------------
+// torch 2.11 has no allocator method for them: torch._C._accelerator_setAllocatorSettings
+// (and torch.cuda.memory._set_allocator_settings) parse the text
+// (c10::CachingAllocator::setAllocatorSettings) and call the one device
+// parser hook, CUDA's (CUDAAllocatorConfig::parseArgs). The hook is wrapped
+// once: PyTorch's parse runs first, so a text PyTorch refuses raises as
+// before and never reaches libsymm; then, while libsymm is PyTorch's
+// allocator, libsymm applies the same text, and raises for a setting it
+// cannot change now (symm_pool_set_allocator_settings says which).
+void forward_settings() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto &hook = c10::CachingAllocator::AcceleratorAllocatorConfig::getConfigParserHook();
+    hook = [prev = std::move(hook)](const std::string &env) {
+      if (prev) prev(env);
+      if (g_api.torch_mode() != kTorchReplace) return;  // PyTorch's allocator is current: its settings
+      g_api.clear_error();
+      int rc = g_api.set_settings(env.c_str());
+      if (rc == SYMM_ERR_INVALID) TORCH_CHECK_VALUE(false, "libsymm: allocator settings \"", env, "\": ", last_error());
+      TORCH_CHECK(rc == SYMM_OK, "libsymm: allocator settings \"", env, "\": ", last_error());
+    };
+  });
 }
 
 }  // namespace

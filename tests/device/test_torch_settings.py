@@ -1,0 +1,189 @@
+"""PyTorch's allocator settings at run time, on PyTorch's allocator and on libsymm.
+
+    python3 tests/device/test_torch_settings.py            # every case, a PASS/FAIL table
+    python3 tests/device/test_torch_settings.py --cases fraction_call,large_env
+
+Each case runs the same script twice, each time in a fresh interpreter (the
+allocator is swapped once per process): under PyTorch's own allocator
+(native, the reference) and under symm.use_as_default() (libsymm's extension).
+A case passes when libsymm observes what PyTorch does, or, for the settings
+libsymm fixes when its pool is made (include/symm.h,
+symm_pool_set_allocator_settings), when the call raises saying it cannot
+change at run time. The rows are written to $OUT/torch_settings.json (or
+build/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+MiB = 1 << 20
+
+# case -> (environment's settings, what libsymm must do: "same" as PyTorch, or "fixed": raise)
+CASES = {
+    "fraction_call": ("", "same"),  # per_process_memory_fraction by _accelerator_setAllocatorSettings
+    "fraction_deprecated": ("", "same"),  # the same through torch.cuda.memory._set_allocator_settings
+    "fraction_api": ("", "same"),  # set_per_process_memory_fraction, read back (one owner: libsymm)
+    "split_same": ("max_split_size_mb:64", "same"),  # the pool's value again: accepted
+    "split_reset": ("max_split_size_mb:64", "fixed"),  # a call without it resets it: a change
+    "expandable_call": ("", "fixed"),
+    "large_env": ("large_segment_size_mb:40", "same"),  # honoured from the environment
+    "large_call": ("", "fixed"),
+    "bad_value": ("", "same"),  # PyTorch refuses it before libsymm sees it
+    "unknown_key": ("", "same"),
+    "pinned_key": ("", "same"),  # PyTorch's pinned host allocator's: libsymm accepts it
+}
+
+
+def setter():
+    import torch
+
+    return getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+
+
+def attempt(fn) -> dict:
+    try:
+        fn()
+        return {"raised": None}
+    except Exception as e:  # noqa: BLE001
+        return {"raised": type(e).__name__, "message": str(e)[:400]}
+
+
+def reserved_for(torch, nbytes: int) -> int:
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    t = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    grown = torch.cuda.memory_reserved() - before
+    del t
+    return grown
+
+
+def run_case(case: str, torch) -> dict:
+    total = torch.cuda.get_device_properties(0).total_memory
+    if case in ("fraction_call", "fraction_deprecated"):
+        fn = setter() if case == "fraction_call" else torch.cuda.memory._set_allocator_settings
+        r = attempt(lambda: fn("per_process_memory_fraction:0.5"))
+        r["fraction"] = round(torch.cuda.get_per_process_memory_fraction(0), 6)
+        r["big_alloc"] = attempt(lambda: torch.empty(int(total * 0.6), dtype=torch.uint8, device="cuda"))["raised"]
+        return r
+    if case == "fraction_api":
+        torch.cuda.set_per_process_memory_fraction(0.3, 0)
+        r = {"fraction": round(torch.cuda.get_per_process_memory_fraction(0), 6)}
+        r["big_alloc"] = attempt(lambda: torch.empty(int(total * 0.4), dtype=torch.uint8, device="cuda"))["raised"]
+        return r
+    if case == "split_same":
+        r = attempt(lambda: setter()("max_split_size_mb:64"))
+        r["max_split_size"] = torch.cuda.memory_stats().get("max_split_size")
+        return r
+    if case == "split_reset":
+        return attempt(lambda: setter()("per_process_memory_fraction:0.9"))
+    if case == "expandable_call":
+        return attempt(lambda: setter()("expandable_segments:True"))
+    if case == "large_env":
+        return {"reserved_mib_for_2mib": reserved_for(torch, 2 * MiB) // MiB}
+    if case == "large_call":
+        return attempt(lambda: setter()("large_segment_size_mb:40"))
+    if case == "bad_value":
+        r = attempt(lambda: setter()("max_split_size_mb:1"))
+        r.pop("message", None)
+        return r
+    if case == "unknown_key":
+        r = attempt(lambda: setter()("no_such_key:1"))
+        r.pop("message", None)
+        return r
+    if case == "pinned_key":
+        return attempt(lambda: setter()("pinned_num_register_threads:8"))
+    raise ValueError(case)
+
+
+def child(case: str, alloc: str) -> int:
+    t0 = time.monotonic()
+    try:
+        import torch
+
+        if alloc == "symm":
+            import symm
+
+            symm.use_as_default()
+            st = symm.extension_status()
+            assert st["extension"], f"libsymm's PyTorch extension is not in use: {st['reason']}"
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # the allocator is up
+        res = {"ok": True, "facts": run_case(case, torch)}
+    except Exception as e:  # noqa: BLE001
+        res = {"ok": False, "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
+    res["seconds"] = round(time.monotonic() - t0, 2)
+    print("RESULT " + json.dumps(res), flush=True)
+    return 0
+
+
+def run_child(case: str, alloc: str, env: dict, timeout: float) -> dict:
+    env = dict(env)
+    if CASES[case][0]:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = CASES[case][0]
+    try:
+        r = subprocess.run([sys.executable, __file__, "--child", case, alloc], env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        res = json.loads(lines[-1][7:]) if lines else {"ok": False, "error": f"exit {r.returncode}"}
+        res["log"] = (r.stdout + r.stderr)[-4000:]
+    except subprocess.TimeoutExpired:
+        res = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    return res
+
+
+def judge(case: str, native: dict, mine: dict) -> tuple[bool, str]:
+    if not native.get("ok"):
+        return False, "reference failed: " + native.get("error", "")[:200]
+    if not mine.get("ok"):
+        return False, "libsymm's run failed: " + mine.get("error", "")[:200]
+    n, m = native["facts"], mine["facts"]
+    if CASES[case][1] == "fixed":
+        msg = m.get("message", "")
+        ok = m.get("raised") is not None and "cannot change at run time" in msg
+        return ok, f"libsymm raised {m.get('raised')}: {msg[:160]} (PyTorch: raised={n.get('raised')})"
+    strip = lambda f: {k: v for k, v in f.items() if k != "message"}  # noqa: E731
+    return strip(n) == strip(m), f"native {json.dumps(strip(n))} | symm {json.dumps(strip(m))}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--timeout", type=float, default=180)
+    ap.add_argument("--child", nargs=2, metavar=("CASE", "ALLOC"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(*a.child)
+    out = Path(os.environ.get("OUT") or ROOT / "build")
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, **SAFE_ENV, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(ROOT / "python") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    rows, failed = [], 0
+    for case in a.cases.split(","):
+        native = run_child(case, "native", env, a.timeout)
+        mine = run_child(case, "symm", env, a.timeout)
+        ok, why = judge(case, native, mine)
+        rows.append({"case": case, "ok": ok, "why": why, "native": native, "symm": mine})
+        failed += not ok
+        print(f"{case:<20} {'PASS' if ok else 'FAIL'}  {why[:240]}", flush=True)
+    (out / "torch_settings.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n{'case':<20} {'expect':<7} result")
+    for r in rows:
+        print(f"{r['case']:<20} {CASES[r['case']][1]:<7} {'PASS' if r['ok'] else 'FAIL'}")
+    print(f"{len(rows) - failed}/{len(rows)} passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
