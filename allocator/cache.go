@@ -6,7 +6,9 @@ package allocator
 // alloc serves a request of n bytes from s and says where it placed it
 // (Placement: a fixed segment of its own, or the shard's epoch, tell a
 // front cache which freed blocks it may hand out again; export/front.cpp).
-func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
+// parked: the blocks a front cache still holds parked (AllocAround), all
+// freed before the pool maps or takes memory for this request.
+func (s *shard) alloc(n uint64, parked []Parked) (ptr uintptr, pl Placement, err error) {
 	p := s.dev.pool
 	r, k := s.src.class(n)
 	if p.gcOn && k != smallPool && s.pool == nil {
@@ -21,8 +23,16 @@ func (s *shard) alloc(n uint64) (ptr uintptr, pl Placement, err error) {
 	if s.src.caches() {
 		b = s.findFree(r, k)
 	}
+	if b != nil && b.seg.holes != nil && b.seg.holes.n > 0 && s.pool == nil && s.dev.holdsParked(parked) {
+		// Its pages must be mapped again: memory is taken, so nothing may
+		// stay parked (AllocAround), and the fit is looked for again.
+		s.mu.Unlock()
+		s.dev.reclaimAll(parked)
+		s.mu.Lock()
+		b = s.findFree(r, k)
+	}
 	if b == nil {
-		if b, err = s.allocSlow(n, r, k); err != nil {
+		if b, err = s.allocSlow(n, r, k, parked); err != nil {
 			s.mu.Unlock()
 			return 0, Placement{}, err
 		}

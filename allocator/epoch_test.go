@@ -87,7 +87,7 @@ func TestPlacementOfPrivatePools(t *testing.T) {
 	s := p.devs[0].privs[id].shards[0]
 	require.NotNil(t, s)
 	require.Nil(t, s.epoch)
-	small, pl, err := s.alloc(1 << 20)
+	small, pl, err := s.alloc(1<<20, nil)
 	require.NoError(t, err)
 	require.Nil(t, pl.Epoch)
 	require.False(t, pl.Unchanged())

@@ -18,10 +18,13 @@ package allocator
 //     snapshots, record_stream) or releases its cache calls Pool.observe
 //     first, which has the front cache return its blocks: the pool then
 //     counts them free.
-//   - Before the pool takes new memory, it takes back the parked blocks of
-//     the device, if any, and looks for a fit again (heap.go): a parked
-//     block never makes the pool grow. Before the out-of-memory retry it
-//     takes them back whatever Holds says.
+//   - A miss (AllocAround) gives back first the parked blocks of the bins
+//     the request reads (its device, stream and pool); the others stay
+//     parked. Before the pool steals, collects or takes new memory, and
+//     when the request could raise a peak, it takes back every parked block
+//     of the device and looks for a fit again (heap.go): a parked block
+//     never makes the pool grow, and every peak is the pool's own. Before
+//     the out-of-memory retry it takes them back whatever Holds says.
 //
 // Methods are called with no pool lock held, from any goroutine; Return
 // calls Pool.Free for each block.
@@ -65,4 +68,147 @@ func (p *Pool) reclaim(dev int) bool {
 	}
 	f.Return(dev)
 	return true
+}
+
+// Parked is a block a front cache holds parked, as it shows it to
+// AllocAround: allocated as far as the pool can see, freed by its caller.
+type Parked struct {
+	Ptr    uintptr
+	Req    uint64  // the size it was allocated with
+	Stream uintptr // the stream it was allocated for
+	Type   int     // its statistics type (Placement.Type)
+	// Back is set by AllocAround when it freed the block into the pool: the
+	// cache no longer holds it. Blocks left false stay parked.
+	Back bool
+}
+
+// AllocAround is Alloc for a request that a front cache in front of the
+// pool could not serve while it holds the blocks of parked (every block it
+// holds of device dev, allocated as far as the pool can see). The rule
+// that keeps what the pool places, and every peak it reaches, those of the
+// pool alone with every parked block freed, while the cache keeps blocks
+// that a later request of their size reuses:
+//
+//   - Before the pool places the request, the parked blocks of the
+//     request's stream and pool (RequestType: small or large) go back (are
+//     freed, Back set): those are the bins the best fit reads. A block of
+//     another stream or pool lies in bins this request never reads, so it
+//     cannot change where the request goes.
+//   - All of them go back, and the cache's other blocks of the device too
+//     (Front.Return), before the pool steals a segment of another stream,
+//     collects idle segments or takes memory (a new segment, chunks mapped,
+//     free pages mapped again), and whenever the request, counted with the
+//     blocks still parked as allocated, could raise a peak of the shard's
+//     or the device's block statistics (allocation, allocated, requested,
+//     active): so every peak is reached with nothing parked, and is the
+//     pool's own.
+//
+// export/front.cpp applies the first rule itself when it takes blocks out
+// of its slots for a miss (and passes none here); internal/trace's model
+// passes all of its own. Called with no pool lock held.
+func (p *Pool) AllocAround(dev int, stream uintptr, size uint64, parked []Parked) (uintptr, Placement, error) {
+	if size == 0 {
+		return 0, Placement{}, nil
+	}
+	if dev < 0 || dev >= len(p.devs) || size > maxRequest {
+		return 0, Placement{}, p.badRequest(dev, size)
+	}
+	s := p.devs[dev].shardFor(stream)
+	r, k := s.src.class(size)
+	t := statType(k)
+	for i := range parked {
+		if pk := &parked[i]; !pk.Back && pk.Stream == stream && pk.Type == t {
+			pk.Back = true
+			_ = p.Free(dev, pk.Stream, pk.Ptr, pk.Req) // the cache's own block: no error
+		}
+	}
+	s.mu.Lock()
+	all := !s.belowPeaks(r, size, k)
+	s.mu.Unlock()
+	if all {
+		s.dev.reclaimAll(parked)
+	}
+	return s.alloc(size, parked)
+}
+
+// RequestType is the statistics type (1 small_pool, 2 large_pool) of the
+// blocks that serve a request of size bytes from the default pool: the
+// pool whose bins it reads.
+func (p *Pool) RequestType(size uint64) int {
+	if len(p.devs) == 0 {
+		return statType(smallPool)
+	}
+	_, k := p.devs[0].sourceFor(nil).class(size)
+	return statType(k)
+}
+
+// reclaimAll frees every block of parked not yet Back, setting its Back,
+// and has the front cache return what else it holds of d (AllocAround's
+// second rule); it reports whether anything went back. Called with no
+// shard lock held.
+func (d *device) reclaimAll(parked []Parked) bool {
+	any := false
+	if parked == nil && d.pool.cfg.Front == nil {
+		return false // the pool alone: nothing to ask for
+	}
+	for i := range parked {
+		pk := &parked[i]
+		if pk.Back {
+			continue
+		}
+		pk.Back, any = true, true
+		// The cache's own blocks: an error would be a bug in the cache,
+		// and the pool's books are unchanged by it.
+		_ = d.pool.Free(d.idx, pk.Stream, pk.Ptr, pk.Req)
+	}
+	return d.pool.reclaim(d.idx) || any
+}
+
+// holdsParked reports whether some block of parked is still parked, or
+// the front cache holds blocks of d (Front.Holds: a hint).
+func (d *device) holdsParked(parked []Parked) bool {
+	for i := range parked {
+		if !parked[i].Back {
+			return true
+		}
+	}
+	f := d.pool.cfg.Front
+	return f != nil && f.Holds(d.idx)
+}
+
+// belowPeaks reports whether a request of n bytes, rounded to r, of kind k,
+// served now with whatever is parked still counted allocated, raises no
+// peak of s's or its device's block statistics (AllocAround). The block
+// may be larger than r where the rest is too small to split off (at most
+// smallMax in the large pool, the oversize slack in the oversize pool).
+// Called with s.mu held.
+func (s *shard) belowPeaks(r, n uint64, k poolKind) bool {
+	sz := r
+	if !s.src.grows() {
+		switch k {
+		case largePool:
+			sz += smallMax
+		case oversizePool:
+			sz += s.dev.pool.slack
+		}
+	}
+	b, q := int64(sz), int64(n)
+	if !s.stats.c[stAll].below(b, q) || !s.stats.c[statType(k)].below(b, q) {
+		return false
+	}
+	return !s.dev.hot.multi.Load() || s.dev.hot.below(b, q)
+}
+
+// below reports whether one more block of sz bytes for a request of req
+// bytes leaves every peak of c where it is.
+func (c *blockCounters) below(sz, req int64) bool {
+	return c.nAlloc-c.nFree+1 <= c.peakN && c.bAlloc-c.bFree+sz <= c.peakB && c.rAlloc-c.rFree+req <= c.peakR &&
+		c.nAlloc-c.nDone+1 <= c.peakActN && c.bAlloc-c.bDone+sz <= c.peakActB
+}
+
+// below is blockCounters.below for the device-wide counters.
+func (h *hotStats) below(sz, req int64) bool {
+	n, b := h.allocCount.Load(), h.allocBytes.Load()
+	return n+1 <= h.allocCountPeak.Load() && b+sz <= h.allocBytesPeak.Load() && h.reqBytes.Load()+req <= h.reqBytesPeak.Load() &&
+		n+h.pendingCount.Load()+1 <= h.activeCountPeak.Load() && b+h.pendingBytes.Load()+sz <= h.activeBytesPeak.Load()
 }

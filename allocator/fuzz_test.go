@@ -67,6 +67,7 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 			pool   PoolID // the private pool it came from; zero: the default pool
 			pl     Placement
 			rs     bool // record_stream was called on it
+			parked bool // freed by its caller, held by a front cache (AllocAround)
 		}
 		var live []liveBlock
 		// Private pools: uses and open routes per (device, id), as the
@@ -126,6 +127,23 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 				if k := (pkey{dev, poolIDs[sel/32%2]}); routes[k] > 0 && sel%64 < 32 {
 					id = k.id
 					ptr, _, err = p.AllocIn(dev, st, n, id)
+				} else if sel%64 >= 48 {
+					// A front cache's miss: the blocks parked on dev are
+					// shown; those given back are the pool's again.
+					var ps []Parked
+					for _, l := range live {
+						if l.parked && l.dev == dev {
+							ps = append(ps, Parked{Ptr: l.ptr, Req: l.n, Stream: l.stream, Type: l.pl.Type})
+						}
+					}
+					ptr, pl, err = p.AllocAround(dev, st, n, ps)
+					kept := live[:0]
+					for _, l := range live {
+						if !(l.parked && l.dev == dev && backOf(ps, l.ptr)) {
+							kept = append(kept, l)
+						}
+					}
+					live = kept
 				} else {
 					ptr, pl, err = p.Alloc(dev, st, n)
 				}
@@ -144,7 +162,7 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 				if ptr%512 != 0 {
 					t.Fatalf("alloc %d: misaligned %#x", n, ptr)
 				}
-				l := liveBlock{ptr, n, dev, st, tag, id, pl, false}
+				l := liveBlock{ptr, n, dev, st, tag, id, pl, false, false}
 				tag++
 				if privateSpan(dev, ptr, n, id) {
 					t.Fatalf("block [%#x,+%d) for pool %v lies in another pool's memory", ptr, n, id)
@@ -171,7 +189,11 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 						t.Fatalf("block %#x lost its data before free", l.ptr)
 					}
 				}
-				unchanged := !l.rs && l.pl.Unchanged()
+				if l.pool == (PoolID{}) && !l.rs && !l.parked && next(1)%4 == 0 {
+					live[i].parked = true // a front cache holds it: allocated to the pool
+					continue
+				}
+				unchanged := !l.rs && !l.parked && l.pl.Unchanged()
 				if err := p.Free(l.dev, l.stream, l.ptr, l.n); err != nil {
 					t.Fatal(err)
 				}
@@ -306,4 +328,15 @@ func FuzzParseSize(f *testing.F) {
 			t.Fatalf("%dK = %d", v, k)
 		}
 	})
+}
+
+// backOf reports whether the block at ptr is among those of ps that
+// AllocAround gave back to the pool.
+func backOf(ps []Parked, ptr uintptr) bool {
+	for _, pk := range ps {
+		if pk.Ptr == ptr {
+			return pk.Back
+		}
+	}
+	return false
 }

@@ -14,12 +14,14 @@ import (
 // allocSlow finds memory when no cached block of this stream fits: an idle
 // segment of another stream whose work has completed, else a new segment,
 // else (out of memory or over the limit) release every cached segment of
-// the device and try once more. Called and returns with s.mu held.
-func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
-	if b := s.steal(r, k); b != nil {
+// the device and try once more; the blocks of parked that a front cache
+// still holds go back before any of these (AllocAround). Called and
+// returns with s.mu held.
+func (s *shard) allocSlow(n, r uint64, k poolKind, parked []Parked) (*block, error) {
+	if b := s.reclaimParked(r, k, parked); b != nil {
 		return b, nil
 	}
-	if b := s.reclaimParked(r, k); b != nil {
+	if b := s.steal(r, k); b != nil {
 		return b, nil
 	}
 	if b, err := s.collectGarbage(r, k); b != nil || err != nil {
@@ -60,21 +62,22 @@ func (s *shard) allocSlow(n, r uint64, k poolKind) (*block, error) {
 }
 
 // reclaimParked takes back the blocks a cache in front of the pool holds
-// for this device, when it holds any, and looks for a fit again: the pool
-// grows only when even they would not do. Default-pool shards only (private
-// pools never see those blocks). Called and returns with s.mu held.
-func (s *shard) reclaimParked(r uint64, k poolKind) *block {
-	f := s.dev.pool.cfg.Front
-	if s.pool != nil || f == nil || !f.Holds(s.dev.idx) {
+// for this device, when it holds any (parked: those AllocAround was given,
+// and the cache's others, Front), and looks for a fit again: the pool
+// steals, collects and grows only when even they would not do.
+// Default-pool shards only (private pools never see those blocks). Called
+// and returns with s.mu held.
+func (s *shard) reclaimParked(r uint64, k poolKind, parked []Parked) *block {
+	if s.pool != nil || !s.dev.holdsParked(parked) {
 		return nil
 	}
 	s.mu.Unlock()
-	f.Return(s.dev.idx)
+	back := s.dev.reclaimAll(parked)
 	s.mu.Lock()
-	if b := s.findFree(r, k); b != nil {
-		return b
+	if !back {
+		return nil
 	}
-	return s.steal(r, k)
+	return s.findFree(r, k)
 }
 
 // oomError describes a refused request; called with held's lock held.

@@ -331,7 +331,7 @@ func (p *Pool) Alloc(dev int, stream uintptr, size uint64) (uintptr, Placement, 
 	if dev < 0 || dev >= len(p.devs) || size > maxRequest {
 		return 0, Placement{}, p.badRequest(dev, size)
 	}
-	return p.devs[dev].shardFor(stream).alloc(size)
+	return p.devs[dev].shardFor(stream).alloc(size, nil)
 }
 
 // badRequest says why a request of size bytes on device dev cannot be

@@ -189,7 +189,7 @@ func (p *Pool) AllocIn(dev int, stream uintptr, size uint64, id PoolID) (uintptr
 	}
 	s := d.poolShard(pp, stream)
 	d.privMu.Unlock()
-	ptr, pl, err := s.alloc(size)
+	ptr, pl, err := s.alloc(size, nil)
 	return ptr, pl.Size, err
 }
 
@@ -211,7 +211,7 @@ func (p *Pool) AllocSegment(dev int, stream uintptr, size uint64) (uintptr, uint
 	}
 	s := d.poolShard(d.direct, stream)
 	d.privMu.Unlock()
-	ptr, pl, err := s.alloc(size)
+	ptr, pl, err := s.alloc(size, nil)
 	return ptr, pl.Size, err
 }
 

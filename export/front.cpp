@@ -21,13 +21,15 @@ namespace {
 // pool's best fit, and a large block cut from a larger segment would break
 // up the hole it was to join; with such blocks cached (64 MiB) the GPT-2
 // trace reserved 1.164x its peak allocation instead of 1.051
-// (bench/RESULTS.md). What is parked costs no peak: every miss hands back
-// its device's parked blocks before the pool places anything (alloc_miss),
-// and statistics reads drain first.
+// (bench/RESULTS.md). What is parked costs no peak: a miss hands back the
+// parked blocks of its device, stream and pool (small or large) before the
+// pool places anything, the pool takes back the rest before it steals,
+// collects or grows, or could pass a peak (alloc_miss,
+// allocator.AllocAround), and statistics reads drain first.
 constexpr uint64_t kDefaultMaxCachedBlock = 1ull << 20;
-constexpr int kEntries = 4;                         // blocks per CPU that a request may reuse
+constexpr int kEntries = 64;                        // blocks per CPU and pool that a request may reuse
 constexpr int kDeferred = 32;                       // frees per CPU waiting to reach the pool together
-constexpr int kBatch = 64;                          // blocks returned with one pool call (more than a CPU holds)
+constexpr int kBatch = 2 * kEntries + kDeferred;    // blocks returned with one pool call (what a CPU holds)
 constexpr int kCpus = 256;
 constexpr int kCountedDevs = 16;                     // devices whose front-served requests are counted per CPU
 constexpr int kStripes = 256;
@@ -147,20 +149,29 @@ void erase(Stripe &s, Rec *r) {
 // slots hand their blocks to Go as they are.
 using Entry = symmshim_parked;
 
-// e holds blocks a request of the same size and stream may reuse; d holds
-// frees of blocks none may (cacheable says which), deferred so that up to
-// kDeferred of them reach the pool in one C->Go call, usually the next
-// miss's. Both are allocated as far as the pool can see, until taken.
-// served counts the requests a CPU answered from e, per device and
-// statistics type: requests, block bytes, requested bytes (written under
-// lk, read without it by symmshim_front_served).
+// e[t] holds blocks of pool t (0 small, 1 large: statistics type t+1) that
+// a request of the same size and stream may reuse, oldest first; sizes[t]
+// has bit size_bit(req) set for each of them (and maybe more: bits are
+// cleared only when e[t] empties), so that a request of a size not parked
+// looks no further. d holds frees of blocks none may (cacheable says
+// which), deferred so that up to kDeferred of them reach the pool in one
+// C->Go call, usually the next miss's. All are allocated as far as the
+// pool can see, until taken. served counts the requests a CPU answered
+// from e, per device and statistics type: requests, block bytes, requested
+// bytes (written under lk, read without it by symmshim_front_served).
 struct alignas(64) Cpu {
   SpinLock lk;
-  int n = 0, nd = 0;
-  Entry e[kEntries];
+  int n[2] = {0, 0}, nd = 0;
+  uint64_t sizes[2] = {0, 0};
+  Entry e[2][kEntries];
   Entry d[kDeferred];
   uint64_t served[kCountedDevs][3][3] = {};
 };
+
+inline uint64_t size_bit(uint64_t req) { return 1ull << ((req >> 9) & 63); }
+
+// list_of is the index in Cpu.e of a block of statistics type type.
+inline int list_of(int type) { return type == 1 ? 0 : 1; }
 
 // count adds one to what c served; with c.lk held. Relaxed load and store,
 // not an atomic add: there is one writer (the lock holder), and a reader
@@ -176,8 +187,8 @@ Cpu g_cpus[kCpus];
 // g_nonempty has bit k set whenever CPU k's slots hold a block, so that the
 // scans (take, parked, drain) visit only those CPUs: a host may configure
 // hundreds of CPUs, and reading every slot's line on each pool allocation
-// cost more than the pool itself (bench/RESULTS.md). Invariant: c.n > 0 =>
-// its bit is set, at every release of c.lk. The bit is set and cleared only
+// cost more than the pool itself (bench/RESULTS.md). Invariant: a list of
+// c not empty => its bit is set, at every release of c.lk. The bit is set and cleared only
 // under c.lk (a park sets it; a scan that leaves the slots empty clears it);
 // a hit that empties the slots leaves it set, so that the cached path does
 // not write this shared line.
@@ -196,9 +207,14 @@ inline void mark_nonempty(int k) {
   if ((w.load(std::memory_order_relaxed) & bit) == 0) w.fetch_or(bit, std::memory_order_release);
 }
 
+inline bool holds_any(const Cpu &c) {
+  return __atomic_load_n(&c.n[0], __ATOMIC_RELAXED) > 0 || __atomic_load_n(&c.n[1], __ATOMIC_RELAXED) > 0 ||
+         __atomic_load_n(&c.nd, __ATOMIC_RELAXED) > 0;
+}
+
 // unmark_if_empty clears k's bit if its slots are empty; with g_cpus[k].lk held.
 inline void unmark_if_empty(int k) {
-  if (g_cpus[k].n == 0 && g_cpus[k].nd == 0) g_nonempty[k / 64].fetch_and(~(1ull << (k % 64)), std::memory_order_relaxed);
+  if (!holds_any(g_cpus[k])) g_nonempty[k / 64].fetch_and(~(1ull << (k % 64)), std::memory_order_relaxed);
 }
 
 // for_each_nonempty calls fn(k) for every CPU k whose bit is set.
@@ -211,6 +227,18 @@ void for_each_nonempty(F fn) {
 
 std::atomic<int> g_enabled{0};
 std::atomic<uint64_t> g_max_block{kDefaultMaxCachedBlock};
+// g_small_type is the statistics type the pool gives requests of at most
+// 1 MiB: 1 (small_pool), or 2 where every request reads the large pool's
+// bins (expandable segments). Learned from each miss's placement; the pool
+// checks the guess a miss passes (goPoolAllocAfter) and takes everything
+// back when it was wrong.
+std::atomic<int> g_small_type{1};
+
+// type_of guesses the statistics type of the pool that serves a request
+// of size bytes: the bins it reads, so the list in Cpu.e it may hit.
+inline int type_of(size_t size) {
+  return size <= (1u << 20) ? g_small_type.load(std::memory_order_relaxed) : 2;
+}
 
 // unchanged says whether the shard that placed a block has not changed since
 // (allocator/epoch.go): the pool would place the next request of the same
@@ -244,23 +272,39 @@ void forget(uintptr_t ptr) {
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed) != 0; }
 
+// sole_large says whether e[1][i] of c, parked for its shard's being
+// unchanged, is the only block of its device, stream and large pool parked
+// on c (with the frees deferred there): the pool would have merged another
+// one's free, and might place elsewhere. With c.lk held.
+bool sole_large(const Cpu &c, int i) {
+  const Entry &e = c.e[1][i];
+  for (int j = 0; j < c.n[1]; j++)
+    if (j != i && c.e[1][j].dev == e.dev && c.e[1][j].stream == e.stream) return false;
+  for (int j = 0; j < c.nd; j++)
+    if (c.d[j].dev == e.dev && c.d[j].stream == e.stream && c.d[j].type == 2) return false;
+  return true;
+}
+
 uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
   Cpu &c = g_cpus[cpu_index()];
+  const int t = list_of(type_of(size));
   uintptr_t ptr = 0;
   {
     Guard g(c.lk);
-    for (int i = c.n - 1; i >= 0; i--) {  // newest first: warm in caches
-      Entry &e = c.e[i];
+    if ((c.sizes[t] & size_bit(size)) == 0) return 0;  // no block of this size parked
+    Entry *list = c.e[t];
+    for (int i = c.n[t] - 1; i >= 0; i--) {  // newest first: warm in caches
+      Entry &e = list[i];
       // An entry with an epoch was parked for its shard's being unchanged:
-      // if the shard has changed since, or other frees wait here (the pool
-      // would have merged them, and might now place elsewhere), the entry
-      // waits for the next miss to go back.
+      // if the shard has changed since, or other frees of its pool wait
+      // here (the pool would have merged them, and might now place
+      // elsewhere), the entry waits for a miss to go back.
       if (e.req == size && e.dev == dev && e.stream == stream &&
-          (e.epoch == nullptr || (c.n == 1 && c.nd == 0 && unchanged(e.epoch, e.mark)))) {
+          (e.epoch == nullptr || (unchanged(e.epoch, e.mark) && sole_large(c, i)))) {
         ptr = e.ptr;
         count(c, e);
-        memmove(&c.e[i], &c.e[i + 1], (c.n - i - 1) * sizeof(Entry));
-        __atomic_store_n(&c.n, c.n - 1, __ATOMIC_RELAXED);  // read without the lock by parked()
+        memmove(&list[i], &list[i + 1], (c.n[t] - i - 1) * sizeof(Entry));
+        __atomic_store_n(&c.n[t], c.n[t] - 1, __ATOMIC_RELAXED);  // read without the lock by parked()
         break;
       }
     }
@@ -368,16 +412,19 @@ bool free_parked(uintptr_t ptr, size_t size, int dev, bool &twice) {
   {
     int k = cpu_index();
     Cpu &c = g_cpus[k];
+    const int t = list_of(mine.type);
+    Entry *list = c.e[t];
     Guard g(c.lk);
     mark_nonempty(k);
-    if (c.n == kEntries) {
-      evicted = c.e[0];
-      memmove(&c.e[0], &c.e[1], (kEntries - 1) * sizeof(Entry));
-      __atomic_store_n(&c.n, c.n - 1, __ATOMIC_RELAXED);
+    if (c.n[t] == kEntries) {  // full: the oldest goes back
+      evicted = list[0];
+      memmove(&list[0], &list[1], (kEntries - 1) * sizeof(Entry));
+      __atomic_store_n(&c.n[t], c.n[t] - 1, __ATOMIC_RELAXED);
       evict = true;
     }
-    c.e[c.n] = mine;
-    __atomic_store_n(&c.n, c.n + 1, __ATOMIC_RELAXED);
+    list[c.n[t]] = mine;
+    c.sizes[t] |= size_bit(mine.req);
+    __atomic_store_n(&c.n[t], c.n[t] + 1, __ATOMIC_RELAXED);
   }
   if (evict) {
     forget(evicted.ptr);
@@ -392,10 +439,12 @@ void mark_record_stream(uintptr_t base) {
   if (Rec *r = find(s, base)) r->rs = 1;
 }
 
-// take_if moves up to max parked blocks for which match holds, from every
-// CPU, into out and returns how many; they are no longer in the live set.
+// take_if moves up to max parked blocks for which match(list, entry) holds
+// (list: 0 or 1, Cpu.e[list]; 2, Cpu.d; only the lists whose bit is set in
+// lists are read), from every CPU, into out and returns how many; they are
+// no longer in the live set.
 template <class Match>
-int take_if(Match match, Entry *out, int max) {
+int take_if(Match match, Entry *out, int max, unsigned lists = 7) {
   int k = 0;
   for_each_nonempty([&](int cpu) {
     if (k == max) return;
@@ -403,18 +452,22 @@ int take_if(Match match, Entry *out, int max) {
     {
       Guard g(c.lk);
       // Moves the matching entries of list (n long) to out, keeping the others.
-      auto move_out = [&](Entry *list, int &n) {
+      auto move_out = [&](int which, Entry *list, int &n) {
         int keep = 0;
         for (int i = 0; i < n; i++) {
-          if (k < max && match(list[i]))
+          if (k < max && match(which, list[i]))
             out[k++] = list[i];
           else
             list[keep++] = list[i];
         }
         __atomic_store_n(&n, keep, __ATOMIC_RELAXED);  // read without the lock by parked()
       };
-      move_out(c.e, c.n);
-      move_out(c.d, c.nd);
+      for (int t = 0; t < 2; t++) {
+        if ((lists >> t & 1) == 0) continue;
+        move_out(t, c.e[t], c.n[t]);
+        if (c.n[t] == 0) c.sizes[t] = 0;
+      }
+      if (lists & 4) move_out(2, c.d, c.nd);
       unmark_if_empty(cpu);
     }
   });
@@ -424,13 +477,21 @@ int take_if(Match match, Entry *out, int max) {
 
 // take is take_if for the blocks of dev (-1: every device).
 int take(int dev, Entry *out, int max) {
-  return take_if([dev](const Entry &e) { return dev < 0 || e.dev == dev; }, out, max);
+  return take_if([dev](int, const Entry &e) { return dev < 0 || e.dev == dev; }, out, max);
+}
+
+// take_for_miss is take_if for what a miss on (dev, stream) of pool list t
+// hands back first: the blocks of Cpu.e[t] of that device and stream, and
+// every deferred free of the device.
+int take_for_miss(int dev, uintptr_t stream, int t, Entry *out, int max) {
+  return take_if([=](int which, const Entry &e) { return e.dev == dev && (which == 2 || e.stream == stream); }, out, max,
+                 1u << t | 4u);
 }
 
 // give_back returns ptr to the pool if some CPU holds it parked.
 void give_back(uintptr_t ptr) {
   Entry e;
-  if (take_if([ptr](const Entry &x) { return x.ptr == ptr; }, &e, 1) == 1) goPoolReturnParked(&e, 1);
+  if (take_if([ptr](int, const Entry &x) { return x.ptr == ptr; }, &e, 1) == 1) goPoolReturnParked(&e, 1);
 }
 
 bool free(uintptr_t ptr, size_t size, int dev, uintptr_t stream) {
@@ -448,10 +509,11 @@ bool parked(int dev) {
   bool found = false;
   for_each_nonempty([&](int cpu) {
     Cpu &c = g_cpus[cpu];
-    if (found || (__atomic_load_n(&c.n, __ATOMIC_RELAXED) == 0 && __atomic_load_n(&c.nd, __ATOMIC_RELAXED) == 0)) return;
+    if (found || !holds_any(c)) return;
     Guard g(c.lk);
-    for (int i = 0; i < c.n; i++)
-      if (c.e[i].dev == dev) found = true;
+    for (int t = 0; t < 2; t++)
+      for (int i = 0; i < c.n[t]; i++)
+        if (c.e[t][i].dev == dev) found = true;
     for (int i = 0; i < c.nd; i++)
       if (c.d[i].dev == dev) found = true;
   });
@@ -460,9 +522,7 @@ bool parked(int dev) {
 
 bool any_cached() {
   bool found = false;
-  for_each_nonempty([&](int cpu) {
-    found = found || __atomic_load_n(&g_cpus[cpu].n, __ATOMIC_RELAXED) > 0 || __atomic_load_n(&g_cpus[cpu].nd, __ATOMIC_RELAXED) > 0;
-  });
+  for_each_nonempty([&](int cpu) { found = found || holds_any(g_cpus[cpu]); });
   return found;
 }
 
@@ -473,7 +533,7 @@ void drain(int dev) {
   // 250 ms beside such threads). A batch that is not full means take visited
   // every CPU; full ones go on, at most as many as every CPU's slots fill.
   Entry out[kBatch];
-  constexpr int kMaxBatches = kCpus * (kEntries + kDeferred) / kBatch + 1;
+  constexpr int kMaxBatches = kCpus * (2 * kEntries + kDeferred) / kBatch + 1;
   for (int i = 0; i < kMaxBatches; i++) {
     int k = take(dev, out, kBatch);
     if (k > 0) goPoolReturnParked(out, k);
@@ -491,22 +551,29 @@ void forget_all() {
 }
 
 uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
-  // The pool is about to place a block: first it gets back what this
-  // device's CPUs parked, in the same call into Go. So the pool never
-  // places (or grows, or splits) around a parked block, every rise of its
-  // allocated count happens with nothing parked for this device (its peak
-  // is the true one, up to frees racing on other threads), and a miss costs
-  // one C->Go call unless more than kBatch blocks are parked (more than 8
-  // CPUs holding this device's blocks), when each full batch costs one more.
+  // The pool is about to place a block: first it gets back, in the same
+  // call into Go, what the CPUs parked in the bins this request reads (of
+  // its device, stream and pool) and the deferred frees of its device.
+  // Blocks of other streams and pools stay parked: the best fit never reads
+  // their bins. The pool takes them back itself before it steals, collects
+  // or grows, or when the request could pass a peak
+  // (allocator.AllocAround), so every peak is the pool's own. A miss costs
+  // one C->Go call unless more than kBatch blocks go back (several CPUs
+  // holding them), when each full batch costs one more.
+  const int type = type_of(size), t = list_of(type);
   Entry back[kBatch];
-  int k = take(dev, back, kBatch);
-  while (k == kBatch) {  // more than a batch parked (many CPUs): the full ones go back first
+  int k = take_for_miss(dev, stream, t, back, kBatch);
+  while (k == kBatch) {  // more than a batch (many CPUs): the full ones go back first
     goPoolReturnParked(back, k);
-    k = take(dev, back, kBatch);
+    k = take_for_miss(dev, stream, t, back, kBatch);
   }
   symmshim_placed pl{};
+  pl.type = type;  // the guess; the pool checks it
   uintptr_t p = goPoolAllocAfter(api, back, k, size, dev, stream, &pl);
-  if (p != 0) on_go_alloc(p, size, dev, stream, pl);
+  if (p != 0) {
+    if (size <= (1u << 20)) g_small_type.store(pl.type, std::memory_order_relaxed);
+    on_go_alloc(p, size, dev, stream, pl);
+  }
   return p;
 }
 

@@ -93,7 +93,7 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 	fs.Var(&o.maxSplit, "max-split", "blocks of at least this `SIZE` are never split, as SYMM_POOL_MAX_SPLIT (more than 1MiB; default off)")
 	fs.Var(&o.chunk, "chunk", "expandable segments grow and shrink by chunks of this `SIZE` (default: the device's granularity, 2MiB)")
 	fs.Var(&o.capacity, "capacity", "the virtual device's memory, a `SIZE` (default 1PiB: no out-of-memory)")
-	fs.Var(&o.frontCache, "front-cache", "model the library's front cache on one CPU: the last 4 freed blocks of at most this `SIZE`, any fixed segment of its own, and any freed while its shard was unchanged since it was placed, stay parked (the library's default is 1MiB, SYMM_POOL_FRONT_CACHE_MAX; default here: off, the pool alone)")
+	fs.Var(&o.frontCache, "front-cache", "model the library's front cache on one CPU: the last 64 freed blocks of each pool (small, large) of at most this `SIZE`, any fixed segment of its own, and any freed while its shard was unchanged since it was placed, stay parked (the library's default is 1MiB, SYMM_POOL_FRONT_CACHE_MAX; default here: off, the pool alone)")
 	fs.StringVar(&o.allocConf, "alloc-conf", "", "PyTorch allocator `SETTINGS` applied as the library applies PYTORCH_CUDA_ALLOC_CONF (roundup_power2_divisions, garbage_collection_threshold, max_split_size_mb, ...); --limit and --max-split win for their fields, and each row sets its own expandable_segments")
 	fs.StringVar(&o.plot, "plot", "", "also write a chart of allocated and reserved bytes over the trace's rows, recorded and per configuration, to `FILE`: an SVG image (FILE ending in .svg) or an HTML page showing it (.html)")
 	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object instead of the table")

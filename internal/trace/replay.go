@@ -71,14 +71,17 @@ type Options struct {
 	// Capacity of the virtual device in bytes (0: 1 PiB).
 	Capacity uint64
 	// FrontMax, if not 0, puts in front of the pool a model of libsymm's
-	// front cache (export/front.cpp) on one CPU: the last 4 freed blocks of
-	// at most FrontMax bytes, or of any size when they are a fixed segment
-	// of their own or their shard has not changed since they were placed
-	// (allocator.Placement), stay parked, allocated as far as the pool can
-	// see, and serve a request of the same size and stream (a larger one
-	// only while its shard is still unchanged); any other
-	// request gives them all back to the pool before the pool serves it,
-	// and so does the end of the trace, before stats are read.
+	// front cache (export/front.cpp) on one CPU: the last 64 freed blocks of
+	// each pool (small, large) of at most FrontMax bytes, or of any size when they are a fixed
+	// segment of their own or their shard has not changed since they were
+	// placed (allocator.Placement), stay parked, allocated as far as the
+	// pool can see, and serve a request of the same size and stream (a
+	// larger one only while its shard is still unchanged and no other
+	// large block of its stream is parked). Any other request is served by
+	// allocator.Pool.AllocAround, which takes back the parked blocks of the
+	// bins it reads (its stream and pool, small or large) and all of them
+	// before it steals, collects, grows or could raise a peak; the end of
+	// the trace gives back the rest before stats are read.
 	FrontMax uint64
 	// Samples, if positive, is the most points of Result.Series (0: none).
 	Samples int
@@ -143,16 +146,18 @@ type replayer struct {
 	placed map[uintptr]allocator.Placement
 	res    Result
 
-	frontMax uint64       // 0: no front cache
-	front    []frontEntry // parked blocks, oldest first; at most frontEntries
-	err      error        // a failure giving a parked block back
+	frontMax uint64             // 0: no front cache
+	front    []frontEntry       // parked blocks, oldest first; at most frontEntries
+	parked   []allocator.Parked // frontMiss's, reused
+	err      error              // a failure giving a parked block back
 
 	row    int      // the row being played (series.go)
 	series *sampler // nil: no Result.Series
 }
 
-// frontEntries is export/front.cpp's kEntries: blocks parked per CPU.
-const frontEntries = 4
+// frontEntries is export/front.cpp's kEntries: blocks parked per CPU and
+// pool (small, large).
+const frontEntries = 64
 
 type frontEntry struct {
 	ptr    uintptr
@@ -179,10 +184,7 @@ func (r *replayer) drain() {
 // frontAlloc takes the newest parked block of this size and stream, if any.
 func (r *replayer) frontAlloc(size uint64, stream uintptr) uintptr {
 	for i := len(r.front) - 1; i >= 0; i-- {
-		// A large entry only while nothing else is parked (export/front.cpp:
-		// the pool would have merged the others' frees, and might place
-		// elsewhere) and its shard is unchanged.
-		if e := r.front[i]; e.size == size && e.stream == stream && (!e.large || (len(r.front) == 1 && e.pl.Unchanged())) {
+		if e := r.front[i]; e.size == size && e.stream == stream && (!e.large || r.soleLarge(i)) {
 			r.front = append(r.front[:i], r.front[i+1:]...)
 			r.res.FrontHits++
 			switch {
@@ -195,6 +197,63 @@ func (r *replayer) frontAlloc(size uint64, stream uintptr) uintptr {
 		}
 	}
 	return 0
+}
+
+// soleLarge says whether large entry i may be handed out: its shard is
+// unchanged and no other large-pool block of its stream is parked
+// (export/front.cpp: the pool would have merged that one's free, and might
+// now place elsewhere).
+func (r *replayer) soleLarge(i int) bool {
+	e := r.front[i]
+	if !e.pl.Unchanged() {
+		return false
+	}
+	for j, o := range r.front {
+		if j != i && o.stream == e.stream && o.pl.Type == 2 {
+			return false
+		}
+	}
+	return true
+}
+
+// frontMiss serves a request the parked blocks could not: the pool takes
+// back those that could change where it places it (allocator.AllocAround's
+// rule), and the others stay parked.
+func (r *replayer) frontMiss(size uint64, stream uintptr) (uintptr, allocator.Placement, error) {
+	parked := r.parked[:0]
+	for _, e := range r.front {
+		parked = append(parked, allocator.Parked{Ptr: e.ptr, Req: e.size, Stream: e.stream, Type: e.pl.Type})
+	}
+	ptr, pl, err := r.pool.AllocAround(0, stream, size, parked)
+	keep := r.front[:0]
+	for i, e := range r.front {
+		if parked[i].Back {
+			delete(r.placed, e.ptr)
+		} else {
+			keep = append(keep, e)
+		}
+	}
+	r.front, r.parked = keep, parked
+	return ptr, pl, err
+}
+
+// oldestIfFull returns the index of the oldest parked block of the small
+// pool (small) or of the large one when frontEntries of them are parked,
+// else -1.
+func (r *replayer) oldestIfFull(small bool) int {
+	n, oldest := 0, -1
+	for i, e := range r.front {
+		if (e.pl.Type == 1) == small {
+			if oldest < 0 {
+				oldest = i
+			}
+			n++
+		}
+	}
+	if n < frontEntries {
+		return -1
+	}
+	return oldest
 }
 
 // frontFree parks a block of at most frontMax bytes (its size rounded to
@@ -210,9 +269,9 @@ func (r *replayer) frontFree(ptr uintptr, size uint64, stream uintptr) (bool, er
 	if large && !pl.Unchanged() {
 		return false, nil
 	}
-	if len(r.front) == frontEntries {
-		old := r.front[0]
-		r.front = r.front[1:]
+	if i := r.oldestIfFull(pl.Type == 1); i >= 0 {
+		old := r.front[i]
+		r.front = append(r.front[:i], r.front[i+1:]...)
 		delete(r.placed, old.ptr)
 		if err := r.pool.Free(0, old.stream, old.ptr, old.size); err != nil {
 			return false, err
@@ -225,13 +284,9 @@ func (r *replayer) frontFree(ptr uintptr, size uint64, stream uintptr) (bool, er
 func (r *replayer) alloc(e Event, pre bool) error {
 	ptr := r.frontAlloc(e.Size, uintptr(e.Stream))
 	if ptr == 0 {
-		r.drain() // a miss: the parked blocks go back first (export/front.cpp's alloc_miss)
-		if r.err != nil {
-			return rowError(e, pre, r.err)
-		}
 		var err error
 		var pl allocator.Placement
-		ptr, pl, err = r.pool.Alloc(0, uintptr(e.Stream), e.Size)
+		ptr, pl, err = r.frontMiss(e.Size, uintptr(e.Stream))
 		if err == nil && r.frontMax != 0 {
 			r.placed[ptr] = pl
 		}

@@ -213,3 +213,34 @@ func TestReplayUnmapFreePages(t *testing.T) {
 		require.Equal(t, calls[name], [3]int64{off.ChunkMaps, on.ChunkMaps, on.ChunkUnmaps}, name)
 	}
 }
+
+// A parked small block survives a miss of the large pool (whose bins it is
+// not in, and which passes no peak: rows 1-4 set them) and serves the next
+// request of its size; the peaks are those of the pool alone.
+func TestReplayFrontCacheKeepsOtherPools(t *testing.T) {
+	tr := mustParse(t, `action,addr,size,stream
+alloc,1,4194304,0
+alloc,9,8192,0
+free_completed,9,8192,0
+free_completed,1,4194304,0
+alloc,2,4096,0
+free_completed,2,4096,0
+alloc,3,2097152,0
+alloc,4,4096,0
+free_completed,4,4096,0
+free_completed,3,2097152,0
+`)
+	for _, ex := range []bool{false, true} {
+		off, err := ReplayWith(tr, allocator.Config{Expandable: ex}, Options{})
+		require.NoError(t, err)
+		on, err := ReplayWith(tr, allocator.Config{Expandable: ex}, Options{FrontMax: 1 << 20})
+		require.NoError(t, err)
+		if !ex {
+			require.Equal(t, 1, on.FrontHits, "row 8 reuses row 5's block across row 7's miss")
+		} else {
+			require.Zero(t, on.FrontHits, "one pool for all sizes: row 7's miss takes it back")
+		}
+		require.Equal(t, off.PeakAllocated, on.PeakAllocated, "expandable %v", ex)
+		require.Equal(t, off.PeakReserved, on.PeakReserved, "expandable %v", ex)
+	}
+}
