@@ -54,6 +54,41 @@ func top(args []string, stdout, stderr io.Writer) int {
 	if code, done := parse(fs, args); done {
 		return code
 	}
+	if code := o.check(stderr); code != exitOK {
+		return code
+	}
+	var first *snapshot
+	if o.pid != 0 {
+		// The process asked for must publish now; once shown, it may end
+		// (the view then says so).
+		first = takeSnapshot(o.dir)
+		if first.page(o.pid) == nil {
+			fmt.Fprintf(stderr, "symm top: --pid %d: no statistics page of this process in %s (not running, not a libsymm process of this user, or SYMM_PUBLISH=0)\n", o.pid, o.dir)
+			return exitFailure
+		}
+	}
+	if o.json {
+		return printSnapshotJSON(o, first, stdout, stderr)
+	}
+	rec, err := newRecorder(o.record)
+	if err != nil {
+		fmt.Fprintf(stderr, "symm top: %v\n", err)
+		return exitFailure
+	}
+	defer rec.close()
+	if f, ok := stdout.(*os.File); ok && !o.once && term.IsTerminal(int(f.Fd())) {
+		if err := runTUI(o, rec); err != nil {
+			fmt.Fprintf(stderr, "symm top: %v\n", err)
+			return exitFailure
+		}
+		return exitOK
+	}
+	return runText(o, rec, first, stdout, stderr)
+}
+
+// check refuses bad flags (exitUsage) and a directory that is not there
+// (exitFailure); it fills in o.dir when --dir was not given.
+func (o *topOptions) check(stderr io.Writer) int {
 	switch {
 	case o.interval < 10*time.Millisecond:
 		fmt.Fprintf(stderr, "symm top: --interval must be at least 10ms, not %s\n", o.interval)
@@ -91,47 +126,26 @@ func top(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "symm top: %s: %s (where libsymm processes publish their statistics pages)\n", dirFrom, why)
 		return exitFailure
 	}
-	var first *snapshot
-	if o.pid != 0 {
-		// The process asked for must publish now; once shown, it may end
-		// (the view then says so).
-		first = takeSnapshot(o.dir)
-		if first.page(o.pid) == nil {
-			fmt.Fprintf(stderr, "symm top: --pid %d: no statistics page of this process in %s (not running, not a libsymm process of this user, or SYMM_PUBLISH=0)\n", o.pid, o.dir)
-			return exitFailure
-		}
+	return exitOK
+}
+
+// printSnapshotJSON is --json: one snapshot, of process --pid alone when given.
+func printSnapshotJSON(o topOptions, first *snapshot, stdout, stderr io.Writer) int {
+	s := first
+	if s == nil {
+		s = takeSnapshot(o.dir)
+	} else {
+		s.Processes = []*publish.Page{s.page(o.pid)}
 	}
-	if o.json {
-		s := first
-		if s == nil {
-			s = takeSnapshot(o.dir)
-		} else {
-			s.Processes = []*publish.Page{s.page(o.pid)}
-		}
-		b, err := json.MarshalIndent(s, "", "  ")
-		if err == nil {
-			_, err = stdout.Write(append(jsonSafe(b), '\n'))
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "symm top: %v\n", err)
-			return exitFailure
-		}
-		return exitOK
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err == nil {
+		_, err = stdout.Write(append(jsonSafe(b), '\n'))
 	}
-	rec, err := newRecorder(o.record)
 	if err != nil {
 		fmt.Fprintf(stderr, "symm top: %v\n", err)
 		return exitFailure
 	}
-	defer rec.close()
-	if f, ok := stdout.(*os.File); ok && !o.once && term.IsTerminal(int(f.Fd())) {
-		if err := runTUI(o, rec); err != nil {
-			fmt.Fprintf(stderr, "symm top: %v\n", err)
-			return exitFailure
-		}
-		return exitOK
-	}
-	return runText(o, rec, first, stdout, stderr)
+	return exitOK
 }
 
 func sortIndex(col string) int {
