@@ -50,6 +50,8 @@ type history struct {
 	buf []TraceEntry // ring once len(buf) == max
 	pos int          // next slot to overwrite once full
 	max int
+	// watch queues the device's segment events for a watcher (segevents.go).
+	watch segmentWatch
 }
 
 func (h *history) record(a TraceAction, addr uintptr, size uint64, stream uintptr) {
@@ -163,7 +165,16 @@ type Snapshot struct {
 // Snapshot describes every segment of every device with its blocks, sorted
 // by address, and each device's history. Blocks a cache in front of the
 // pool holds go back first (Front), so that they show as free.
-func (p *Pool) Snapshot() *Snapshot {
+func (p *Pool) Snapshot() *Snapshot { return p.snapshot(true) }
+
+// PeekSnapshot is Snapshot without its "snapshot" event: what a snapshot
+// taken now would list, less that event (one per device while HistoryOn).
+func (p *Pool) PeekSnapshot() *Snapshot { return p.snapshot(false) }
+
+// HistoryOn reports whether the devices' histories are recording.
+func (p *Pool) HistoryOn() bool { return len(p.devs) > 0 && p.devs[0].hist.on.Load() }
+
+func (p *Pool) snapshot(record bool) *Snapshot {
 	p.observe(-1)
 	snap := &Snapshot{
 		Segments:          []SnapshotSegment{},
@@ -171,7 +182,9 @@ func (p *Pool) Snapshot() *Snapshot {
 		AllocatorSettings: p.allocatorSettings(),
 	}
 	for _, d := range p.devs {
-		d.hist.record(ActSnapshot, 0, 0, 0)
+		if record {
+			d.hist.record(ActSnapshot, 0, 0, 0)
+		}
 		for _, s := range d.shardList() {
 			s.mu.Lock()
 			for seg := s.segs; seg != nil; seg = seg.snext {
@@ -264,6 +277,20 @@ func (s *shard) snapshotSegments(seg *segment, out []SnapshotSegment) []Snapshot
 		}
 	}
 	return out
+}
+
+// Settings are the pool's settings that a snapshot's allocator_settings
+// reports.
+type Settings struct {
+	Expandable  bool
+	MaxSplit    uint64 // 0: off
+	GCThreshold float64
+	AllocConf   string // the PyTorch settings text read, whichever variable it came from
+}
+
+// Settings returns the pool's settings.
+func (p *Pool) Settings() Settings {
+	return Settings{Expandable: p.cfg.Expandable, MaxSplit: p.cfg.MaxSplit, GCThreshold: p.cfg.GCThreshold, AllocConf: p.cfg.AllocConf}
 }
 
 // allocatorSettings is the snapshot's allocator_settings, with PyTorch's keys

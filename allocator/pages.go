@@ -203,7 +203,7 @@ func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) 
 		d.unreserve(n)
 	}
 	d.uncountSegment(seg.kind, int64(n), 0)
-	d.hist.record(ActSegmentUnmap, seg.ptr+uintptr(lo), n, s.stream)
+	s.segmentEvent(ActSegmentUnmap, seg.ptr+uintptr(lo), n)
 	return n, err
 }
 
@@ -259,14 +259,14 @@ func (s *shard) mapRun(ptr uintptr, n uint64) (uint64, error) {
 		}
 		s.kept -= take
 		d.counts.numSpareReused.Add(int64(take / d.expand.chunk))
-		d.hist.record(ActSegmentMap, ptr, take, s.stream)
+		s.segmentEvent(ActSegmentMap, ptr, take)
 	}
 	if n > take {
 		if err := d.pool.exp.MapChunks(d.idx, ptr+uintptr(take), n-take); err != nil {
 			d.unreserve(n - take)
 			return take, fmt.Errorf("expandable segment: mapping %d more bytes at %#x on device %d: %w", n-take, ptr+uintptr(take), d.idx, err)
 		}
-		d.hist.record(ActSegmentMap, ptr+uintptr(take), n-take, s.stream)
+		s.segmentEvent(ActSegmentMap, ptr+uintptr(take), n-take)
 	}
 	return n, nil
 }

@@ -1,8 +1,10 @@
 package allocator
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // fixedSource serves fixed segments: each one a single backend allocation
@@ -38,20 +40,34 @@ func (fixedSource) giveBack(s *shard, seg *segment) (late, err error) {
 		d.counts.numReleaseFailures.Add(1)
 		return nil, fmt.Errorf("releasing a %d-byte segment at %#x on device %d: %w", seg.size, seg.ptr, d.idx, err)
 	}
-	d.hist.record(ActSegmentFree, seg.ptr, seg.size, s.stream)
+	s.segmentEvent(ActSegmentFree, seg.ptr, seg.size)
 	return nil, nil
 }
 
 // release gives back every idle segment of s: the backend's free orders
 // itself after the work queued on the device (Backend.Free), so nothing
-// is waited for here.
+// is waited for here. The order is PyTorch's release_cached_blocks', so
+// that the segment_free events (and its trace trackers) come in the same
+// sequence: large segments before small ones, each by size then address
+// (BlockComparatorSize within one stream).
 func (fixedSource) release(s *shard) error {
 	var errs []error
 	s.mu.Lock()
-	for seg := s.idle; seg != nil; {
-		next := seg.inext
+	var idle []*segment
+	for seg := s.idle; seg != nil; seg = seg.inext {
+		idle = append(idle, seg)
+	}
+	slices.SortFunc(idle, func(a, b *segment) int {
+		if (a.kind == smallPool) != (b.kind == smallPool) {
+			if a.kind == smallPool {
+				return 1
+			}
+			return -1
+		}
+		return cmp.Or(cmp.Compare(a.size, b.size), cmp.Compare(a.ptr, b.ptr))
+	})
+	for _, seg := range idle {
 		errs = append(errs, s.releaseSegment(seg))
-		seg = next
 	}
 	s.mu.Unlock()
 	return errors.Join(errs...)
@@ -71,7 +87,7 @@ func (s *shard) newSegment(size uint64, k poolKind) (*block, error) {
 	}
 	d.countSegment(k, int64(size), 1)
 	seg := &segment{ptr: ptr, size: size, kind: k}
-	d.hist.record(ActSegmentAlloc, ptr, size, s.stream)
+	s.segmentEvent(ActSegmentAlloc, ptr, size)
 	s.addSeg(seg)
 	b := s.newBlock()
 	*b = block{ptr: ptr, size: size, seg: seg}

@@ -100,6 +100,7 @@ func goPoolRestoreBlocks(device C.int, first, second C.uint64_t, want *C.symm_bl
 	const fn = "symm_pool_restore_blocks"
 	capFreed, capAllocated := int(*nfreed), int(*nallocated)
 	*nfreed, *nallocated = 0, 0
+	defer deliverSegmentEvents()
 	defer guard(fn, &code)
 	p, err := getPool()
 	if err != nil {
@@ -150,6 +151,7 @@ func goPoolNewSegment(size C.size_t, device C.int, stream C.uintptr_t) (ptr C.ui
 		if recovered(fn, recover()) {
 			ptr = 0
 		}
+		deliverSegmentEvents()
 	}()
 	p, err := getPool()
 	var v uintptr

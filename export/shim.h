@@ -4,6 +4,8 @@
 #define SYMM_SHIM_H
 #include <stddef.h>
 #include <stdint.h>
+
+#include "../include/symm.h"
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -51,6 +53,10 @@ typedef struct {
  * began: out[3*t + 0/1/2] = requests, their blocks' bytes, their requested
  * bytes, for statistics type t (1 small_pool, 2 large_pool; t = 0 unused). */
 void symmshim_front_served(int dev, int64_t out[9]);
+/* The segment hook (snapshot.cpp, seghook.go): call it with n events;
+ * 1 while this thread is inside it. */
+void symmshim_call_segment_hook(const symm_trace_entry_t *events, int n);
+int symmshim_in_segment_hook(void);
 #ifdef __cplusplus
 }
 #endif

@@ -412,6 +412,100 @@ int symm_pool_block_of(const void *ptr, uint64_t *address, uint64_t *requested);
  * SYMM_ERR_INVALID: an output pointer is NULL. Outputs are untouched then. */
 int symm_pool_segment_of(const void *ptr, uint64_t *base, uint64_t *size, int *expandable);
 
+/* ---- snapshots as C listings, segment events -------------------------------
+ *
+ * symm_pool_snapshot's data as arrays of plain structs, for a C or C++ caller
+ * (libsymm's PyTorch extension answers torch.cuda.memory._snapshot() with
+ * them, and ProcessGroupNCCL reads that snapshot when it makes a
+ * communicator), and the segment events a caller can watch as they happen
+ * (PyTorch's allocator trace trackers: ProcessGroupNCCL registers each new
+ * segment with NCCL through them). */
+
+/* One segment of a listing: c10::CachingDeviceAllocator::SegmentInfo's
+ * fields. An expandable segment is listed as one segment per contiguous
+ * mapped range, as PyTorch lists it. */
+typedef struct {
+  uint64_t address, total_size;                     /* a multiple of 512 each */
+  uint64_t allocated_size, active_size, requested_size;
+  uintptr_t stream;                                 /* the stream the segment serves */
+  symm_pool_id_t pool_id;                           /* its private pool; (0, 0): the default pool */
+  int32_t device;
+  int32_t is_large;                                 /* 1: segment_type "large"; 0: "small" */
+  int32_t is_expandable;                            /* 1: part of an expandable segment */
+  int32_t nblocks;                                  /* its blocks: the next nblocks entries of the block array */
+} symm_segment_info_t;
+
+/* symm_trace_entry_t.action: PyTorch's trace actions ("alloc", ...). */
+enum {
+  SYMM_TRACE_ALLOC = 0,          /* a block handed out */
+  SYMM_TRACE_FREE_REQUESTED = 1, /* the caller freed it */
+  SYMM_TRACE_FREE_COMPLETED = 2, /* it is reusable (after its record_stream events) */
+  SYMM_TRACE_SEGMENT_ALLOC = 3,  /* a segment taken from the driver */
+  SYMM_TRACE_SEGMENT_FREE = 4,   /* a segment given back */
+  SYMM_TRACE_OOM = 5,            /* a request refused: address holds the device's free bytes */
+  SYMM_TRACE_SNAPSHOT = 6,       /* a snapshot was taken */
+  SYMM_TRACE_SEGMENT_MAP = 7,    /* chunks mapped into an expandable segment: address, size the run */
+  SYMM_TRACE_SEGMENT_UNMAP = 8   /* chunks of an expandable segment unmapped: address, size the run */
+};
+
+/* One event of a device's history, or one segment event. */
+typedef struct {
+  int32_t device, action;  /* action: SYMM_TRACE_* */
+  uint64_t address, size;
+  uintptr_t stream;
+  int64_t time_us;         /* microseconds since the Unix epoch */
+  symm_pool_id_t pool_id;  /* a segment event's private pool; (0, 0) otherwise, and in listings */
+} symm_trace_entry_t;
+
+/* The snapshot (see symm_pool_snapshot) as listings: segments of every
+ * device sorted by device then address, each followed in blocks by its
+ * blocks (symm_block_info_t, segment_address the listed segment's address,
+ * state SYMM_BLOCK_*), and, when ntraces is not NULL, every device's history
+ * in traces, device by device, oldest first. *nsegs, *nblocks and *ntraces
+ * hold the capacities of the arrays on entry (an array may be NULL with
+ * capacity 0) and receive the counts. Every capacity 0: a size query; it
+ * records nothing, and its counts are those a listing made now would need.
+ * Otherwise, when history is on, each device's history records a "snapshot"
+ * event first (it is listed), as symm_pool_snapshot does.
+ * Returns SYMM_OK with everything written; SYMM_ERR_INVALID with nothing
+ * written: nsegs or nblocks NULL, a negative capacity, a NULL array with a
+ * capacity above 0 (counts 0), or a capacity too small (the counts needed
+ * written: the pool may change between two calls; call again with room to
+ * spare). */
+int symm_pool_snapshot_list(symm_segment_info_t *segs, int *nsegs, symm_block_info_t *blocks, int *nblocks,
+                            symm_trace_entry_t *traces, int *ntraces);
+
+/* The pool's settings, as a snapshot's "allocator_settings" has them. */
+typedef struct {
+  int32_t expandable_segments;         /* 1: on */
+  int32_t reserved;                    /* 0 */
+  uint64_t max_split_size;             /* bytes; 0: off */
+  double garbage_collection_threshold; /* 0: off */
+  const char *alloc_conf;              /* the settings text (PYTORCH_CUDA_ALLOC_CONF's), "" if none;
+                                          libsymm's, valid for the life of the process */
+} symm_pool_settings_t;
+
+/* Writes the pool's settings into *out. SYMM_ERR_INVALID: out is NULL. */
+int symm_pool_settings(symm_pool_settings_t *out);
+
+/* Called with n segment events (SYMM_TRACE_SEGMENT_ALLOC, _FREE, _MAP,
+ * _UNMAP), oldest first per device; the array is valid during the call only. */
+typedef void (*symm_segment_hook_fn)(const symm_trace_entry_t *events, int n, void *ctx);
+
+/* Registers fn (with ctx) to be told of every segment event from now on;
+ * NULL unregisters (events not yet delivered are dropped). One hook per
+ * process: a second call replaces the first. The hook is called outside every
+ * lock of the pool, by the thread of the libsymm call that caused the event
+ * (an allocation, a free, symm_pool_empty_cache, ...), before that call
+ * returns, or by a concurrent call that took the event first: either way
+ * every event is delivered before the call that caused it returns. A free or
+ * an unmap is told after the memory went back to the driver (PyTorch tells
+ * its trackers just before). Calls into libsymm from the hook are allowed;
+ * the events they cause are delivered after the hook returns. The hook must
+ * not throw. Costs nothing when no hook is registered. Returns SYMM_OK, or
+ * the pool's start-up error. */
+int symm_pool_set_segment_hook(symm_segment_hook_fn fn, void *ctx);
+
 /* ---- symmetric memory ----------------------------------------------------
  *
  * Each rank of a group allocates a block with symm_alloc (same size on every

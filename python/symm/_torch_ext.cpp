@@ -239,6 +239,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   static int device_of(void *p);
   void remember_free(void *p, int dev);
   void push_ctx(CtxRecord r);  // with mu_ held
+  static void on_segment_events(const symm_trace_entry_t *ev, int n, void *ctx) noexcept;  // trace trackers
 
   struct ChunkFd {
     int fd;

@@ -57,7 +57,10 @@ struct Api {
   int (*segment_of)(const void *, uint64_t *, uint64_t *, int *) = nullptr;
   int (*block_of)(const void *, uint64_t *, uint64_t *) = nullptr;
   int (*record_history)(int, size_t) = nullptr;
-  int (*snapshot)(char *, size_t, size_t *) = nullptr;
+  int (*snapshot_list)(symm_segment_info_t *, int *, symm_block_info_t *, int *, symm_trace_entry_t *, int *) = nullptr;
+  int (*settings)(symm_pool_settings_t *) = nullptr;
+  int (*device_count)(void) = nullptr;
+  int (*set_segment_hook)(symm_segment_hook_fn, void *) = nullptr;
   int (*blocks)(int, symm_pool_id_t, symm_block_info_t *, int) = nullptr;
   int (*restore_blocks)(int, symm_pool_id_t, const symm_block_info_t *, int, uint64_t *, int *, uint64_t *,
                         int *) = nullptr;
@@ -105,7 +108,6 @@ void load_api(const std::string &path) {
   resolve(h, "symm_pool_stats", g_api.stats, true);
   resolve(h, "symm_pool_reset_peak", g_api.reset_peak, true);
   resolve(h, "symm_pool_record_history", g_api.record_history, true);
-  resolve(h, "symm_pool_snapshot", g_api.snapshot, true);
   resolve(h, "symm_last_error", g_api.last_error, true);
   resolve(h, "symm_last_error_code", g_api.last_error_code, true);
   resolve(h, "symm_clear_error", g_api.clear_error, true);
@@ -124,6 +126,10 @@ void load_api(const std::string &path) {
   resolve(h, "symm_pool_block_of", g_api.block_of, false);
   resolve(h, "symm_pool_blocks", g_api.blocks, false);
   resolve(h, "symm_pool_restore_blocks", g_api.restore_blocks, false);
+  resolve(h, "symm_pool_snapshot_list", g_api.snapshot_list, false);
+  resolve(h, "symm_pool_settings", g_api.settings, false);
+  resolve(h, "symm_pool_device_count", g_api.device_count, false);
+  resolve(h, "symm_pool_set_segment_hook", g_api.set_segment_hook, false);
   // The handle stays open: the library never unloads (RTLD_NODELETE).
 }
 

@@ -8,6 +8,7 @@
 #define SYMM_TORCH_EXT_SNAPSHOT_H
 
 #include <chrono>
+#include <cstdio>
 #include <tuple>
 
 #include "_torch_ext_api.h"
@@ -24,54 +25,75 @@ int64_t now_us() {
       .count();
 }
 
-// libsymm's snapshot (symm_pool_snapshot) as JSON, in a buffer grown until
-// it fits.
-std::string snapshot_json() {
-  std::string json;
-  for (size_t cap = 1 << 16;;) {
-    json.resize(cap);
-    size_t len = 0;
-    int rc = g_api.snapshot(&json[0], cap, &len);
-    if (rc == SYMM_OK) {
-      json.resize(len);
-      break;
-    }
-    TORCH_CHECK(rc == SYMM_ERR_INVALID && len + 1 > cap, "libsymm: snapshot: ", last_error());
-    cap = len + 4096;
+// libsymm's snapshot as listings (symm_pool_snapshot_list): segments, each
+// followed in blocks by its blocks, and (with traces) every device's
+// history, device by device.
+struct Listing {
+  std::vector<symm_segment_info_t> segs;
+  std::vector<symm_block_info_t> blocks;
+  std::vector<symm_trace_entry_t> traces;
+  int devices = 0;
+};
+
+// snapshot_list takes the listing in arrays sized by a size query, with
+// room to spare, and grown again if the pool grew in between.
+Listing snapshot_list(bool with_traces) {
+  auto list = need(g_api.snapshot_list, "symm_pool_snapshot_list");
+  Listing l;
+  l.devices = need(g_api.device_count, "symm_pool_device_count")();
+  check(l.devices < 0 ? g_api.last_error_code() : SYMM_OK, "snapshot: device count");
+  int ns = 0, nb = 0, nt = 0;
+  check(list(nullptr, &ns, nullptr, &nb, nullptr, with_traces ? &nt : nullptr), "snapshot");
+  for (int tries = 0;; tries++) {
+    l.segs.resize(static_cast<size_t>(ns) + 16);
+    l.blocks.resize(static_cast<size_t>(nb) + 64);
+    l.traces.resize(static_cast<size_t>(nt) + 64);
+    ns = static_cast<int>(l.segs.size());
+    nb = static_cast<int>(l.blocks.size());
+    nt = static_cast<int>(l.traces.size());
+    int rc = list(l.segs.data(), &ns, l.blocks.data(), &nb, l.traces.data(), with_traces ? &nt : nullptr);
+    if (rc == SYMM_OK) break;
+    bool grew = rc == SYMM_ERR_INVALID && (ns > static_cast<int>(l.segs.size()) || nb > static_cast<int>(l.blocks.size()) ||
+                                           nt > static_cast<int>(l.traces.size()));
+    if (!grew || tries == 8) check(rc, "snapshot");
   }
-  return json;
+  l.segs.resize(static_cast<size_t>(ns));
+  l.blocks.resize(static_cast<size_t>(nb));
+  l.traces.resize(with_traces ? static_cast<size_t>(nt) : 0);
+  return l;
 }
 
-// The segments of libsymm's snapshot d, in PyTorch's form (only mempool_id's
+// The segments of libsymm's listing l, in PyTorch's form (only mempool_id's
 // unless it is {0, 0}); an allocated block has the stack recorded when it
 // was allocated, if live has it.
-void add_segments(const py::dict &d, MempoolId_t mempool_id, const LiveStacks &live, CCA::SnapshotInfo &out) {
+void add_segments(const Listing &l, MempoolId_t mempool_id, const LiveStacks &live, CCA::SnapshotInfo &out) {
   bool filter = mempool_id != MempoolId_t{0, 0};
-  for (auto seg : d["segments"].cast<py::list>()) {
-    py::dict sd = seg.cast<py::dict>();
+  size_t next = 0;  // the first block of the segment
+  for (const auto &sg : l.segs) {
+    size_t first = next;
+    next += static_cast<size_t>(sg.nblocks);
+    MempoolId_t owner{sg.pool_id.first, sg.pool_id.second};
+    if (filter && owner != mempool_id) continue;
     c10::CachingDeviceAllocator::SegmentInfo si;
-    py::list pid = sd["segment_pool_id"].cast<py::list>();
-    si.owner_private_pool_id = {pid[0].cast<unsigned long long>(), pid[1].cast<unsigned long long>()};
-    if (filter && si.owner_private_pool_id != mempool_id) continue;
-    si.device = static_cast<c10::DeviceIndex>(sd["device"].cast<int>());
-    si.address = sd["address"].cast<size_t>();
-    si.total_size = sd["total_size"].cast<size_t>();
-    si.requested_size = sd["requested_size"].cast<size_t>();
-    si.allocated_size = sd["allocated_size"].cast<size_t>();
-    si.active_size = sd["active_size"].cast<size_t>();
-    si.stream = reinterpret_cast<void *>(sd["stream"].cast<uint64_t>());
-    si.is_large = sd["segment_type"].cast<std::string>() == "large";
-    si.is_expandable = sd["is_expandable"].cast<bool>();
-    for (auto blk : sd["blocks"].cast<py::list>()) {
-      py::dict bd = blk.cast<py::dict>();
+    si.owner_private_pool_id = owner;
+    si.device = static_cast<c10::DeviceIndex>(sg.device);
+    si.address = sg.address;
+    si.total_size = sg.total_size;
+    si.requested_size = sg.requested_size;
+    si.allocated_size = sg.allocated_size;
+    si.active_size = sg.active_size;
+    si.stream = reinterpret_cast<void *>(sg.stream);
+    si.is_large = sg.is_large != 0;
+    si.is_expandable = sg.is_expandable != 0;
+    for (size_t i = first; i < next && i < l.blocks.size(); i++) {
+      const symm_block_info_t &bk = l.blocks[i];
       c10::CachingDeviceAllocator::BlockInfo bi;
-      bi.size = bd["size"].cast<size_t>();
-      bi.requested_size = bd["requested_size"].cast<size_t>();
-      std::string state = bd["state"].cast<std::string>();
-      bi.allocated = state == "active_allocated";
-      bi.active = state != "inactive";
+      bi.size = bk.size;
+      bi.requested_size = bk.requested_size;
+      bi.allocated = bk.state == SYMM_BLOCK_ALLOCATED;
+      bi.active = bk.state != SYMM_BLOCK_FREE;
       if (bi.allocated) {
-        auto it = live.find(reinterpret_cast<void *>(bd["address"].cast<uint64_t>()));
+        auto it = live.find(reinterpret_cast<void *>(bk.address));
         if (it != live.end()) bi.context_when_allocated = it->second;
       }
       si.blocks.push_back(std::move(bi));
@@ -80,31 +102,39 @@ void add_segments(const py::dict &d, MempoolId_t mempool_id, const LiveStacks &l
   }
 }
 
-// The trace of each device in libsymm's snapshot d, in PyTorch's form, less
+// PyTorch's name of a SYMM_TRACE_* action ("" for none).
+const char *trace_action_name(int32_t a) {
+  static const char *const names[] = {"alloc",        "free_requested", "free_completed", "segment_alloc", "segment_free",
+                                      "oom",          "snapshot",       "segment_map",    "segment_unmap"};
+  return a >= 0 && a < static_cast<int32_t>(sizeof names / sizeof names[0]) ? names[a] : "";
+}
+
+// e as PyTorch's TraceEntry, of device dev, without a stack.
+TraceEntry trace_entry(const symm_trace_entry_t &e, TraceEntry::Action a, MempoolId_t pool) {
+  TraceEntry t(a, static_cast<c10::DeviceIndex>(e.device), e.address, e.size, reinterpret_cast<void *>(e.stream), pool, 0);
+  t.time_.t_ = static_cast<time_t>(e.time_us);
+  t.compile_context_ = "N/A";  // as libsymm's snapshot JSON has it: no compile context is known
+  return t;
+}
+
+// The trace of each device in libsymm's listing l, in PyTorch's form, less
 // the actions in skip and the entries before cleared_at (µs). Stacks of the
 // trace: libsymm's ring and SymmAllocator's records list the same
 // allocations and frees of each address in the same order, so the newest k
 // events of an address in the ring take the newest k stacks recorded for it
 // (older ones may have left either ring); they are moved out of stacks.
-void add_device_traces(const py::dict &d, const std::unordered_set<std::string> &skip, int64_t cleared_at,
+void add_device_traces(const Listing &l, const std::unordered_set<std::string> &skip, int64_t cleared_at,
                        Stacks &stacks, CCA::SnapshotInfo &out) {
-  int dev = 0;
-  for (auto devtrace : d["device_traces"].cast<py::list>()) {
-    std::vector<TraceEntry> entries;
-    for (auto e : devtrace.cast<py::list>()) {
-      py::dict ed = e.cast<py::dict>();
-      std::string action = ed["action"].cast<std::string>();
-      if (skip.count(action)) continue;
-      int64_t t = ed["time_us"].cast<int64_t>();
-      if (t < cleared_at) continue;
-      TraceEntry::Action a = c10::CachingDeviceAllocator::parseTraceEntryAction(action);
-      size_t addr = ed[a == TraceEntry::OOM ? "device_free" : "addr"].cast<size_t>();
-      entries.emplace_back(a, static_cast<c10::DeviceIndex>(dev), addr, ed["size"].cast<size_t>(),
-                           reinterpret_cast<void *>(ed["stream"].cast<uint64_t>()), MempoolId_t{0, 0}, 0);
-      entries.back().time_.t_ = static_cast<time_t>(t);
-      if (ed.contains("compile_context")) entries.back().compile_context_ = ed["compile_context"].cast<std::string>();
-      if (ed.contains("user_metadata")) entries.back().user_metadata_ = ed["user_metadata"].cast<std::string>();
-    }
+  out.device_traces.resize(static_cast<size_t>(std::max(l.devices, 0)));
+  for (const auto &e : l.traces) {
+    std::string action = trace_action_name(e.action);
+    if (action.empty() || e.device < 0 || e.device >= l.devices || skip.count(action) || e.time_us < cleared_at)
+      continue;
+    out.device_traces[static_cast<size_t>(e.device)].push_back(
+        trace_entry(e, c10::CachingDeviceAllocator::parseTraceEntryAction(action), MempoolId_t{0, 0}));
+  }
+  for (int dev = 0; dev < l.devices; dev++) {
+    auto &entries = out.device_traces[static_cast<size_t>(dev)];
     for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
       int kind = it->action_ == TraceEntry::ALLOC ? 0 : it->action_ == TraceEntry::FREE_REQUESTED ? 1 : -1;
       if (kind < 0) continue;
@@ -113,30 +143,72 @@ void add_device_traces(const py::dict &d, const std::unordered_set<std::string> 
       it->context_ = std::move(s->second.back());
       s->second.pop_back();
     }
-    out.device_traces.push_back(std::move(entries));
-    dev++;
   }
 }
 
-// The allocator settings in libsymm's snapshot d, where PyTorch reports its own.
-void add_settings(const py::dict &d, CCA::SnapshotInfo &out) {
-  if (d.contains("allocator_settings")) {
-    py::dict as = d["allocator_settings"].cast<py::dict>();
-    auto &cm = out.config_metadata;
-    if (as.contains("expandable_segments")) cm.expandable_segments = as["expandable_segments"].cast<bool>();
-    if (as.contains("max_split_size")) cm.max_split_size = as["max_split_size"].cast<size_t>();
-    if (as.contains("garbage_collection_threshold"))
-      cm.garbage_collection_threshold = as["garbage_collection_threshold"].cast<double>();
-    if (as.contains("PYTORCH_CUDA_ALLOC_CONF"))
-      cm.last_allocator_settings = as["PYTORCH_CUDA_ALLOC_CONF"].cast<std::string>();
-  }
+// The allocator settings of libsymm's pool, where PyTorch reports its own.
+void add_settings(CCA::SnapshotInfo &out) {
+  symm_pool_settings_t st{};
+  check(need(g_api.settings, "symm_pool_settings")(&st), "snapshot: settings");
+  auto &cm = out.config_metadata;
+  cm.expandable_segments = st.expandable_segments != 0;
+  cm.max_split_size = st.max_split_size;
+  cm.garbage_collection_threshold = st.garbage_collection_threshold;
+  cm.last_allocator_settings = st.alloc_conf != nullptr ? st.alloc_conf : "";
 }
 
+// ---- allocator trace trackers ------------------------------------------------
+// PyTorch calls its trackers from record_trace with every trace event;
+// ProcessGroupNCCL (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1)
+// attaches two that register each SEGMENT_ALLOC with NCCL and deregister
+// each SEGMENT_FREE. libsymm tells the extension of its segment events
+// (segment_alloc, segment_free, segment_map, segment_unmap: one per
+// segment, or per run of expandable chunks, as PyTorch records them)
+// through symm_pool_set_segment_hook, registered when the first tracker is
+// attached (until then no event is even queued). The trackers see those
+// events, not every alloc and free: the front cache serves those in C and
+// nobody tracks them today. libsymm calls the hook outside its pool locks,
+// before the call that caused the events returns; a free or unmap is seen
+// after the memory went back to the driver (PyTorch: just before), which
+// NCCL's deregistration, dropping its own records, does not mind.
 void SymmAllocator::attachAllocatorTraceTracker(CCA::AllocatorTraceTracker tracker) {
-  // PyTorch's own tools (the FSDP memory tracker) use it; libsymm's trace
-  // is in its snapshots instead. Keep it so that attaching never fails.
-  std::lock_guard<std::mutex> g(mu_);
-  trace_trackers_.push_back(std::move(tracker));
+  bool first;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    first = trace_trackers_.empty();
+    trace_trackers_.push_back(std::move(tracker));
+  }
+  if (!first) return;
+  if (g_api.set_segment_hook == nullptr) {
+    TORCH_WARN_ONCE("libsymm: this libsymm.so has no symm_pool_set_segment_hook: allocator trace trackers see nothing");
+    return;
+  }
+  check(g_api.set_segment_hook(&SymmAllocator::on_segment_events, this), "attachAllocatorTraceTracker");
+}
+
+// on_segment_events is libsymm's segment hook: each event as PyTorch's
+// TraceEntry, to every tracker, outside mu_. Called from libsymm (a Go
+// frame below): nothing may throw out of it.
+void SymmAllocator::on_segment_events(const symm_trace_entry_t *ev, int n, void *ctx) noexcept {
+  auto *self = static_cast<SymmAllocator *>(ctx);
+  try {
+    std::vector<CCA::AllocatorTraceTracker> trackers;
+    {
+      std::lock_guard<std::mutex> g(self->mu_);
+      trackers = self->trace_trackers_;
+    }
+    for (int i = 0; i < n; i++) {
+      const char *name = trace_action_name(ev[i].action);
+      if (*name == '\0') continue;
+      TraceEntry te = trace_entry(ev[i], c10::CachingDeviceAllocator::parseTraceEntryAction(name),
+                                  MempoolId_t{ev[i].pool_id.first, ev[i].pool_id.second});
+      for (auto &t : trackers) t(te);
+    }
+  } catch (const std::exception &e) {
+    fprintf(stderr, "libsymm: an allocator trace tracker failed: %s\n", e.what());
+  } catch (...) {
+    fprintf(stderr, "libsymm: an allocator trace tracker failed\n");
+  }
 }
 
 // ---- memory history and snapshots ---------------------------------------------
@@ -166,10 +238,9 @@ void SymmAllocator::recordHistory(bool enabled, CCA::CreateContextFn recorder, s
 }
 
 CCA::SnapshotInfo SymmAllocator::snapshot(MempoolId_t mempool_id, bool include_traces) {
-  std::string json = snapshot_json();
+  // No GIL, no Python: plain structs from libsymm, joined with the stacks.
+  Listing l = snapshot_list(include_traces);
   CCA::SnapshotInfo out;
-  py::gil_scoped_acquire gil;
-  py::dict d = py::module_::import("json").attr("loads")(json);
   LiveStacks live;
   std::vector<CtxRecord> traced;
   int64_t cleared_at = 0;
@@ -181,11 +252,11 @@ CCA::SnapshotInfo SymmAllocator::snapshot(MempoolId_t mempool_id, bool include_t
     cleared_at = cleared_at_us_;
     skip = skip_;
   }
-  add_segments(d, mempool_id, live, out);
+  add_segments(l, mempool_id, live, out);
   Stacks stacks;
   for (auto &r : traced) stacks[{r.device, r.action, r.addr}].push_back(r.ctx);
-  if (include_traces) add_device_traces(d, skip, cleared_at, stacks, out);
-  add_settings(d, out);
+  if (include_traces) add_device_traces(l, skip, cleared_at, stacks, out);
+  add_settings(out);
   return out;
 }
 

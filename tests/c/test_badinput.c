@@ -554,6 +554,84 @@ static void test_pool_graphs(void) {
   area("private pools, snapshots", c0);
 }
 
+/* ---- snapshots as C listings, the segment hook ----------------------------- */
+
+static int hook_calls;
+static void count_hook(const symm_trace_entry_t *ev, int n, void *ctx) {
+  (void)ev;
+  hook_calls += n;
+  *(int *)ctx += 1;
+}
+
+static void test_pool_listing(void) {
+  int c0 = passes + failures;
+  symm_segment_info_t segs[64];
+  symm_block_info_t blocks[256];
+  symm_trace_entry_t traces[64];
+  int ns = 0, nb = 0, nt = 0;
+  BAD(SYMM_ERR_INVALID, "nsegs or nblocks is NULL", symm_pool_snapshot_list(segs, NULL, blocks, &nb, NULL, NULL));
+  ns = -1, nb = 0;
+  BAD(SYMM_ERR_INVALID, "negative", symm_pool_snapshot_list(segs, &ns, blocks, &nb, NULL, NULL));
+  CHECK(ns == 0 && nb == 0, "counts 0 after a bad call: %d %d", ns, nb);
+  ns = 1, nb = 0;
+  BAD(SYMM_ERR_INVALID, "NULL with a capacity", symm_pool_snapshot_list(NULL, &ns, blocks, &nb, NULL, NULL));
+  ns = 0, nb = 0, nt = 2;
+  BAD(SYMM_ERR_INVALID, "NULL with a capacity", symm_pool_snapshot_list(segs, &ns, blocks, &nb, NULL, &nt));
+  /* A live block, so that the pool has a segment to list. */
+  void *p = symm_pool_alloc(4096, 0, NULL);
+  CHECK(p != NULL, "alloc for the listing");
+  ns = 0, nb = 0, nt = 0;
+  NOOP(SYMM_OK, symm_pool_snapshot_list(NULL, &ns, NULL, &nb, NULL, &nt));
+  CHECK(ns >= 1 && nb >= ns, "size query: %d segments, %d blocks", ns, nb);
+  int need_s = ns, need_b = nb;
+  ns = 1, nb = 0;
+  BAD(SYMM_ERR_INVALID, "room to spare", symm_pool_snapshot_list(segs, &ns, blocks, &nb, NULL, NULL));
+  CHECK(ns == need_s && nb == need_b, "too small: the counts needed (%d %d, want %d %d)", ns, nb, need_s, need_b);
+  ns = 64, nb = 256;
+  CHECK(symm_pool_snapshot_list(segs, &ns, blocks, &nb, NULL, NULL) == SYMM_OK, "listing: %s", symm_last_error());
+  int found = 0;
+  for (int i = 0, b = 0; i < ns; b += segs[i].nblocks, i++)
+    for (int j = b; j < b + segs[i].nblocks; j++) {
+      CHECK(blocks[j].segment_address == segs[i].address, "block %d lies in segment %d", j, i);
+      found |= blocks[j].address == (uint64_t)(uintptr_t)p && blocks[j].state == SYMM_BLOCK_ALLOCATED &&
+               blocks[j].requested_size == 4096 && segs[i].device == 0;
+    }
+  CHECK(found, "the live block is listed, allocated, on device 0");
+  symm_pool_free(p, 4096, 0, NULL);
+  /* With history: each device's events, its "snapshot" event last. */
+  CHECK(symm_pool_record_history(1, 8) == SYMM_OK, "history on");
+  symm_pool_free(symm_pool_alloc(512, 1, NULL), 512, 1, NULL);
+  ns = 64, nb = 256, nt = 64;
+  CHECK(symm_pool_snapshot_list(segs, &ns, blocks, &nb, traces, &nt) == SYMM_OK, "listing with traces: %s",
+        symm_last_error());
+  int last1 = -1, allocs1 = 0, frees1 = 0;
+  for (int i = 0; i < nt; i++)
+    if (traces[i].device == 1) {
+      last1 = i;
+      allocs1 += traces[i].action == SYMM_TRACE_ALLOC && traces[i].size == 512;
+      frees1 += traces[i].action == SYMM_TRACE_FREE_REQUESTED && traces[i].size == 512;
+    }
+  CHECK(last1 >= 0 && traces[last1].action == SYMM_TRACE_SNAPSHOT && allocs1 == 1 && frees1 == 1,
+        "device 1's events: its alloc and free, then the snapshot (%d entries)", nt);
+  CHECK(symm_pool_record_history(0, 0) == SYMM_OK, "history off");
+  BAD(SYMM_ERR_INVALID, "out is NULL", symm_pool_settings(NULL));
+  symm_pool_settings_t st;
+  NOOP(SYMM_OK, symm_pool_settings(&st));
+  CHECK(st.alloc_conf != NULL, "settings text never NULL");
+  /* The hook: told of a new segment, then nothing once unregistered. */
+  int batches = 0;
+  symm_pool_empty_cache();
+  NOOP(SYMM_OK, symm_pool_set_segment_hook(count_hook, &batches));
+  void *q = symm_pool_alloc(4096, 0, (void *)0x5e9);
+  CHECK(q != NULL && hook_calls >= 1 && batches >= 1, "a new segment is told: %d events", hook_calls);
+  NOOP(SYMM_OK, symm_pool_set_segment_hook(NULL, NULL));
+  int before = hook_calls;
+  symm_pool_free(q, 4096, 0, (void *)0x5e9);
+  symm_pool_empty_cache();
+  CHECK(hook_calls == before, "no event after unregistering");
+  area("snapshot listings, hook", c0);
+}
+
 /* ---- what PyTorch's allocator interface asks ------------------------------------ */
 
 static void test_pool_pytorch(void) {
@@ -1419,7 +1497,7 @@ static void check_coverage(void) {
       "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm", "symm_all_reduce_setting",
       "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_block_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
-      "symm_pool_alloc_segment"};
+      "symm_pool_alloc_segment", "symm_pool_snapshot_list", "symm_pool_settings", "symm_pool_set_segment_hook"};
   int missing = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     int found = 0;
@@ -1507,6 +1585,7 @@ int main(int argc, char **argv) {
   test_pool_limits();
   test_pool_misc();
   test_pool_graphs();
+  test_pool_listing();
   test_pool_pytorch();
 
   test_symm_alloc_free();
