@@ -28,7 +28,6 @@ const (
 	fromPool    allocSource = iota // the caching pool
 	fromPrivate                    // a private pool (CUDA graph capture)
 	asSegment                      // a segment of its own (torch.cuda.MemPool)
-	afterMiss                      // the caching pool, for a front-cache miss (allocator.AllocAround)
 )
 
 //export goPoolAlloc
@@ -40,19 +39,13 @@ func goPoolAlloc(api C.int, size C.size_t, device C.int, stream C.uintptr_t, bsi
 
 // goPoolAllocAfter is goPoolAlloc for the front cache's misses: the n
 // blocks at back, parked there, go back to the pool first, in this one call
-// from C (export/front.cpp's alloc_miss says why). out->type is, on entry,
-// the statistics type of the bins whose blocks of this device and stream
-// are among them; were the request to read others, the cache gives back
-// all it holds of the device. On return *out says where the block was
-// placed (shim.h symmshim_placed).
+// from C (export/front.cpp's alloc_miss says why). *out says where the
+// block was placed (shim.h symmshim_placed).
 //
 //export goPoolAllocAfter
 func goPoolAllocAfter(api C.int, back *C.symmshim_parked, n C.int, size C.size_t, device C.int, stream C.uintptr_t, out *C.symmshim_placed) C.uintptr_t {
 	goPoolReturnParked(back, n)
-	if p := lib.pool.Load(); p != nil && p.RequestType(uint64(size)) != int(out._type) {
-		cFront{}.Return(int(device))
-	}
-	ptr, pl := poolAllocFrom(afterMiss, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
+	ptr, pl := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
 	*out = C.symmshim_placed{bsize: C.uint64_t(pl.Size), _type: C.int32_t(pl.Type)}
 	if pl.Whole {
 		out.whole = 1
@@ -75,6 +68,7 @@ func goPoolReturnParked(back *C.symmshim_parked, n C.int) {
 	if n <= 0 {
 		return
 	}
+	defer deliverSegmentEvents()
 	for _, b := range unsafe.Slice(back, int(n)) {
 		returnParked(uintptr(b.ptr), uint64(b.req), int(b.dev), uintptr(b.stream))
 	}
@@ -118,14 +112,13 @@ func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uin
 		if recovered(fn, recover()) {
 			ptr, pl = 0, allocator.Placement{}
 		}
+		deliverSegmentEvents()
 	}()
 	p, err := getPool()
 	if err == nil {
 		switch src {
 		case fromPool:
 			ptr, pl, err = p.Alloc(device, stream, size)
-		case afterMiss:
-			ptr, pl, err = p.AllocAround(device, stream, size, nil)
 		case fromPrivate:
 			if ptr, pl.Size, err = p.AllocIn(device, stream, size, id); err != nil {
 				err = fmt.Errorf("in private pool %v: %w", id, err)
@@ -142,7 +135,10 @@ func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uin
 }
 
 func poolFree(ptr uintptr, size uint64, device int, stream uintptr) {
-	defer func() { recovered("symm_pool_free", recover()) }()
+	defer func() {
+		recovered("symm_pool_free", recover())
+		deliverSegmentEvents()
+	}()
 	p, err := getPool()
 	if err != nil {
 		fail("symm_pool_free", err)
@@ -170,7 +166,10 @@ func goPoolInit(deviceCount C.int, torch C.int) {
 
 //export goPoolEmptyCache
 func goPoolEmptyCache() {
-	defer func() { recovered("symm_pool_empty_cache", recover()) }()
+	defer func() {
+		recovered("symm_pool_empty_cache", recover())
+		deliverSegmentEvents()
+	}()
 	p := lib.pool.Load()
 	if p == nil {
 		return // nothing cached yet; do not load a driver just to empty nothing
@@ -182,7 +181,10 @@ func goPoolEmptyCache() {
 
 //export goPoolSetMemoryFraction
 func goPoolSetMemoryFraction(fraction C.double, device C.int) {
-	defer func() { recovered("symm_pool_set_memory_fraction", recover()) }()
+	defer func() {
+		recovered("symm_pool_set_memory_fraction", recover())
+		deliverSegmentEvents()
+	}()
 	p, err := getPool()
 	if err == nil {
 		err = p.SetMemoryFraction(int(device), float64(fraction))
@@ -221,6 +223,7 @@ func goPoolSetLimit(device C.int, bytes C.uint64_t) (code C.int) {
 		if recovered("symm_pool_set_limit", recover()) {
 			code = C.SYMM_ERR_INTERNAL
 		}
+		deliverSegmentEvents()
 	}()
 	p, err := getPool()
 	if err == nil {
