@@ -28,6 +28,7 @@ const (
 	fromPool    allocSource = iota // the caching pool
 	fromPrivate                    // a private pool (CUDA graph capture)
 	asSegment                      // a segment of its own (torch.cuda.MemPool)
+	afterMiss                      // the caching pool, for a front-cache miss (allocator.AllocAround)
 )
 
 //export goPoolAlloc
@@ -39,13 +40,19 @@ func goPoolAlloc(api C.int, size C.size_t, device C.int, stream C.uintptr_t, bsi
 
 // goPoolAllocAfter is goPoolAlloc for the front cache's misses: the n
 // blocks at back, parked there, go back to the pool first, in this one call
-// from C (export/front.cpp's alloc_miss says why). *out says where the
-// block was placed (shim.h symmshim_placed).
+// from C (export/front.cpp's alloc_miss says why). out->type is, on entry,
+// the statistics type of the bins whose blocks of this device and stream
+// are among them; were the request to read others, the cache gives back
+// all it holds of the device. On return *out says where the block was
+// placed (shim.h symmshim_placed).
 //
 //export goPoolAllocAfter
 func goPoolAllocAfter(api C.int, back *C.symmshim_parked, n C.int, size C.size_t, device C.int, stream C.uintptr_t, out *C.symmshim_placed) C.uintptr_t {
 	goPoolReturnParked(back, n)
-	ptr, pl := poolAllocFrom(fromPool, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
+	if p := lib.pool.Load(); p != nil && p.RequestType(uint64(size)) != int(out._type) {
+		cFront{}.Return(int(device))
+	}
+	ptr, pl := poolAllocFrom(afterMiss, int(api), uint64(size), int(device), uintptr(stream), allocator.PoolID{})
 	*out = C.symmshim_placed{bsize: C.uint64_t(pl.Size), _type: C.int32_t(pl.Type)}
 	if pl.Whole {
 		out.whole = 1
@@ -119,6 +126,8 @@ func poolAllocFrom(src allocSource, api int, size uint64, device int, stream uin
 		switch src {
 		case fromPool:
 			ptr, pl, err = p.Alloc(device, stream, size)
+		case afterMiss:
+			ptr, pl, err = p.AllocAround(device, stream, size, nil)
 		case fromPrivate:
 			if ptr, pl.Size, err = p.AllocIn(device, stream, size, id); err != nil {
 				err = fmt.Errorf("in private pool %v: %w", id, err)
