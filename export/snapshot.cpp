@@ -52,6 +52,8 @@ int symm_pool_settings(symm_pool_settings_t *out) {
 
 int symm_pool_set_segment_hook(symm_segment_hook_fn fn, void *ctx) {
   if (forked("symm_pool_set_segment_hook")) return SYMM_ERR_FORKED;
+  // The delivering thread holds seg.mu (seghook.go) while the hook runs.
+  if (t_in_hook) return fail(SYMM_ERR_BUSY, "symm_pool_set_segment_hook: called from the segment hook");
   {
     std::lock_guard<std::mutex> g(g_hook_mu);
     g_hook = fn;

@@ -500,10 +500,12 @@ typedef void (*symm_segment_hook_fn)(const symm_trace_entry_t *events, int n, vo
  * returns, or by a concurrent call that took the event first: either way
  * every event is delivered before the call that caused it returns. A free or
  * an unmap is told after the memory went back to the driver (PyTorch tells
- * its trackers just before). Calls into libsymm from the hook are allowed;
- * the events they cause are delivered after the hook returns. The hook must
- * not throw. Costs nothing when no hook is registered. Returns SYMM_OK, or
- * the pool's start-up error. */
+ * its trackers just before). Calls into libsymm from the hook are allowed
+ * (but this one); the events they cause are delivered after the hook
+ * returns. The hook must not throw. Costs nothing when no hook is
+ * registered. Returns SYMM_OK;
+ * SYMM_ERR_BUSY when called from the hook itself (nothing changes); or the
+ * pool's start-up error. */
 int symm_pool_set_segment_hook(symm_segment_hook_fn fn, void *ctx);
 
 /* ---- symmetric memory ----------------------------------------------------

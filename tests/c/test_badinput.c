@@ -556,11 +556,12 @@ static void test_pool_graphs(void) {
 
 /* ---- snapshots as C listings, the segment hook ----------------------------- */
 
-static int hook_calls;
+static int hook_calls, hook_rereg;
 static void count_hook(const symm_trace_entry_t *ev, int n, void *ctx) {
   (void)ev;
   hook_calls += n;
   *(int *)ctx += 1;
+  hook_rereg = symm_pool_set_segment_hook(NULL, NULL); /* refused from inside */
 }
 
 static void test_pool_listing(void) {
@@ -624,6 +625,7 @@ static void test_pool_listing(void) {
   NOOP(SYMM_OK, symm_pool_set_segment_hook(count_hook, &batches));
   void *q = symm_pool_alloc(4096, 0, (void *)0x5e9);
   CHECK(q != NULL && hook_calls >= 1 && batches >= 1, "a new segment is told: %d events", hook_calls);
+  CHECK(hook_rereg == SYMM_ERR_BUSY, "the hook cannot unregister itself from inside: %d", hook_rereg);
   NOOP(SYMM_OK, symm_pool_set_segment_hook(NULL, NULL));
   int before = hook_calls;
   symm_pool_free(q, 4096, 0, (void *)0x5e9);
