@@ -81,7 +81,7 @@ TARGET_MS = 20.0
 REPS = 7
 CHILD_TIMEOUT_S = 240
 
-CPP_SOURCE = (Path(__file__).resolve().parent / "bench_torch.cpp").read_text()  # its timing loops, in C++
+CPP_SOURCE = (Path(__file__).resolve().parent / "torch_ext" / "bench_torch.cpp").read_text()  # its timing loops, in C++ (not beside it: a .cpp file in a Go package needs cgo)
 
 
 # ---- parent: build, run children, write the table ---------------------------

@@ -60,7 +60,7 @@ COLUMNS = ("op", "slot", "size", "stream")
 MAGIC, HEADER_WORDS = int.from_bytes(b"SYMRPLY1", "little"), 8  # MAGIC, nops, nslots, nstreams, zeros
 MiB = 1 << 20
 
-CPP_SOURCE = (Path(__file__).resolve().parent / "replay_torch.cpp").read_text()  # its timing loops, in C++
+CPP_SOURCE = (Path(__file__).resolve().parent / "torch_ext" / "replay_torch.cpp").read_text()  # its loop, in C++ (not beside it: a .cpp file in a Go package needs cgo)
 
 
 # ---- traces, compiled on the host without torch ------------------------------------------------
