@@ -45,7 +45,14 @@ SYMM_CHECKED(symm_pool_set_allocator_settings, (const char *settings), settings 
              goPoolSetAllocatorSettings((char *)settings))
 SYMM_CHECKED(symm_pool_memory_fraction, (int device, double *fraction), fraction == nullptr, "fraction is NULL",
              goPoolMemoryFraction(device, fraction))
-SYMM_CALL(void *, symm_driver_proc, (const char *name), nullptr, name == nullptr ? nullptr : goDriverProc((char *)name))
+void *symm_driver_proc(const char *name) {
+  if (forked("symm_driver_proc")) return nullptr;
+  if (name == nullptr) {
+    fail(SYMM_ERR_INVALID, "symm_driver_proc: name is NULL");
+    return nullptr;
+  }
+  return goDriverProc((char *)name);
+}
 
 void symm_pool_empty_cache(void) {
   if (forked("symm_pool_empty_cache")) return;

@@ -159,7 +159,7 @@ int symm_pool_set_allocator_settings(const char *settings);
  * the process's one loader of libcuda for itself and its PyTorch extension).
  * Creates the pool if needed. NULL on the host backend, when the driver has
  * no such function (no error set), or when the pool or driver cannot be
- * loaded (the last error says why). */
+ * loaded, or name is NULL (SYMM_ERR_INVALID; the last error says why). */
 void *symm_driver_proc(const char *name);
 
 /* Chooses expandable segments (enable=1) or fixed ones (0) for the pool, as

@@ -725,6 +725,47 @@ static void test_pool_pytorch(void) {
   area("cacheInfo, blocks, restore", c0);
 }
 
+/* The facts libsymm owns for PyTorch: the memory fraction, run-time settings,
+ * the driver's functions, the extension's allocator object. */
+static void test_pool_owners(void) {
+  int c0 = passes + failures;
+  double f = -1;
+  for (int i = 0; i < NBAD_DEVS; i++) {
+    char word[32];
+    snprintf(word, sizeof word, "device %d", bad_devs[i]);
+    BAD(SYMM_ERR_INVALID, word, symm_pool_memory_fraction(bad_devs[i], &f));
+  }
+  BAD(SYMM_ERR_INVALID, "fraction is NULL", symm_pool_memory_fraction(0, NULL));
+  NOOP(SYMM_OK, symm_pool_memory_fraction(0, &f));
+  CHECK(f == 1.0, "no cap: fraction 1, not %g", f);
+  symm_pool_set_memory_fraction(0.5, 1);
+  CHECK(symm_pool_memory_fraction(1, &f) == SYMM_OK && f == 0.5, "the fraction set: %g", f);
+  CHECK(symm_pool_memory_fraction(0, &f) == SYMM_OK && f == 1.0, "device 0 keeps its own: %g", f);
+  symm_pool_set_memory_fraction(1.0, 1);
+  CHECK(symm_pool_memory_fraction(1, &f) == SYMM_OK && f == 1.0, "back to 1: %g", f);
+
+  BAD(SYMM_ERR_INVALID, "settings is NULL", symm_pool_set_allocator_settings(NULL));
+  BAD(SYMM_ERR_INVALID, "bogus_key", symm_pool_set_allocator_settings("bogus_key:1"));
+  BAD(SYMM_ERR_INVALID, "max_split_size_mb", symm_pool_set_allocator_settings("max_split_size_mb:lots"));
+  BAD(SYMM_ERR_INVALID, "per_process_memory_fraction", symm_pool_set_allocator_settings("per_process_memory_fraction:2"));
+  CHECK(symm_pool_memory_fraction(0, &f) == SYMM_OK && f == 1.0, "a refused text changes nothing: %g", f);
+  BAD(SYMM_ERR_BUSY, "cannot change at run time", symm_pool_set_allocator_settings("large_segment_size_mb:64"));
+  NOOP(SYMM_OK, symm_pool_set_allocator_settings("per_process_memory_fraction:0.25"));
+  CHECK(symm_pool_memory_fraction(0, &f) == SYMM_OK && f == 0.25 && symm_pool_memory_fraction(1, &f) == SYMM_OK &&
+            f == 0.25,
+        "the fraction applies to every device: %g", f);
+  NOOP(SYMM_OK, symm_pool_set_allocator_settings("per_process_memory_fraction:1"));
+  CHECK(symm_pool_memory_fraction(0, &f) == SYMM_OK && f == 1.0, "and back: %g", f);
+
+  BADR(0, SYMM_ERR_INVALID, "name is NULL", symm_driver_proc(NULL));
+  /* The host backend has no driver: NULL, and no error. */
+  NOOP(0, symm_driver_proc("cuStreamIsCapturing"));
+  /* Naming an object (or none) is no mode of its own: nothing changes. */
+  BADV(SYMM_OK, NULL, symm_torch_own_allocator(NULL));
+  CHECK(symm_torch_mode() == 0, "no PyTorch here: mode %d", symm_torch_mode());
+  area("fraction, settings, driver", c0);
+}
+
 /* ---- symmetric memory ------------------------------------------------------- */
 
 static symm_store_t st_main; /* the store of every area below */
@@ -1499,7 +1540,8 @@ static void check_coverage(void) {
       "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm", "symm_all_reduce_setting",
       "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_block_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
-      "symm_pool_alloc_segment", "symm_pool_snapshot_list", "symm_pool_settings", "symm_pool_set_segment_hook"};
+      "symm_pool_alloc_segment", "symm_pool_snapshot_list", "symm_pool_settings", "symm_pool_set_segment_hook",
+      "symm_pool_memory_fraction", "symm_pool_set_allocator_settings", "symm_driver_proc", "symm_torch_own_allocator"};
   int missing = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     int found = 0;
@@ -1589,6 +1631,7 @@ int main(int argc, char **argv) {
   test_pool_graphs();
   test_pool_listing();
   test_pool_pytorch();
+  test_pool_owners();
 
   test_symm_alloc_free();
   test_backends();
