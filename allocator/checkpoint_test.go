@@ -30,7 +30,7 @@ func TestCacheInfo(t *testing.T) {
 	require.Equal(t, uint64(20<<20), largest(), "a wholly free segment is one block")
 
 	// A private pool's free blocks serve no allocation outside it: left out.
-	require.NoError(t, p.BeginAllocateToPool(0, graphPool))
+	require.NoError(t, p.BeginAllocateToPool(0, graphPool, nil))
 	g, _, err := p.AllocIn(0, sA, 30<<20, graphPool)
 	require.NoError(t, err)
 	require.NoError(t, p.Free(0, sA, g, 30<<20))
@@ -129,7 +129,7 @@ func newGraphRig(t *testing.T, cfg Config) *graphRig {
 	f.capacity = 64 << 20 // the fake backs an expandable range of this size with Go memory
 	p, err := New(f, cfg)
 	require.NoError(t, err)
-	require.NoError(t, p.BeginAllocateToPool(0, graphPool))
+	require.NoError(t, p.BeginAllocateToPool(0, graphPool, nil))
 	return &graphRig{t: t, p: p, f: f, live: map[uintptr]uint64{}, st: map[uintptr]uintptr{}}
 }
 
@@ -408,7 +408,7 @@ func TestRestoreBlocksPending(t *testing.T) {
 
 	// While a capture may be under way (a route is open), no event may be
 	// waited for: busy, nothing changed.
-	require.NoError(t, r.p.BeginAllocateToPool(0, PoolID{First: 8}))
+	require.NoError(t, r.p.BeginAllocateToPool(0, PoolID{First: 8}, nil))
 	before := r.blocks()
 	_, err := r.p.RestoreBlocks(0, graphPool, ckpt)
 	require.ErrorIs(t, err, ErrBusy)
@@ -426,7 +426,7 @@ func TestRestoreBlocksPending(t *testing.T) {
 	// A pending block where the checkpoint has free space stays pending.
 	require.NoError(t, r.p.Free(0, sA, b, 1000))
 	ckpt2 := r.blocks() // a allocated, the rest free
-	require.NoError(t, r.p.BeginAllocateToPool(0, graphPool))
+	require.NoError(t, r.p.BeginAllocateToPool(0, graphPool, nil))
 	c := r.alloc(sA, 1000)
 	require.Equal(t, b, c)
 	require.NoError(t, r.p.RecordStream(c, sC))
@@ -472,7 +472,7 @@ func TestRestoreBlocksErrors(t *testing.T) {
 		return fn(append([]BlockInfo(nil), ckpt...))
 	}
 	released := PoolID{First: 5}
-	require.NoError(t, r.p.BeginAllocateToPool(0, released))
+	require.NoError(t, r.p.BeginAllocateToPool(0, released, nil))
 	x, _, err := r.p.AllocIn(0, sA, 512, released)
 	require.NoError(t, err)
 	require.NoError(t, r.p.ReleasePool(0, released, false))
@@ -675,7 +675,7 @@ func fuzzRestore(t *testing.T, data []byte) {
 		}
 		return [3]int64{m["allocation.all.current"], m["allocated_bytes.all.current"], m["requested_bytes.all.current"]}
 	}
-	if err := p.BeginAllocateToPool(0, graphPool); err != nil {
+	if err := p.BeginAllocateToPool(0, graphPool, nil); err != nil {
 		t.Fatal(err)
 	}
 	routing, uses := true, 1 // every begin takes a use of the pool
@@ -755,7 +755,7 @@ func fuzzRestore(t *testing.T, data []byte) {
 			if routing {
 				err = p.EndAllocateToPool(0, graphPool)
 			} else {
-				err = p.BeginAllocateToPool(0, graphPool)
+				err = p.BeginAllocateToPool(0, graphPool, nil)
 				uses++
 			}
 			if err != nil {

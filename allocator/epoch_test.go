@@ -81,7 +81,7 @@ func TestPlacementOfPrivatePools(t *testing.T) {
 	p, err := New(NewVirtual(1, 0), Config{})
 	require.NoError(t, err)
 	id := PoolID{First: 7}
-	require.NoError(t, p.BeginAllocateToPool(0, id))
+	require.NoError(t, p.BeginAllocateToPool(0, id, nil))
 	ptr, _, err := p.AllocIn(0, 0, 4<<20, id)
 	require.NoError(t, err)
 	s := p.devs[0].privs[id].shards[0]

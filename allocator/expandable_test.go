@@ -186,7 +186,7 @@ func TestExpandableStreamsAndPrivatePools(t *testing.T) {
 	_, _, err = p.Alloc(0, 2, mib)
 	require.NoError(t, err)
 	id := PoolID{First: 1}
-	require.NoError(t, p.BeginAllocateToPool(0, id))
+	require.NoError(t, p.BeginAllocateToPool(0, id, nil))
 	_, _, err = p.AllocIn(0, 3, 5*mib, id)
 	require.NoError(t, err)
 	require.NoError(t, p.EndAllocateToPool(0, id))

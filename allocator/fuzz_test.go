@@ -238,7 +238,7 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 				k := pkey{int(next(1) % 2), poolIDs[next(1)%2]}
 				switch next(1) % 3 {
 				case 0:
-					if err := p.BeginAllocateToPool(k.dev, k.id); err != nil {
+					if err := p.BeginAllocateToPool(k.dev, k.id, nil); err != nil {
 						t.Fatal(err)
 					}
 					uses[k]++

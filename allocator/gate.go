@@ -40,18 +40,26 @@ import (
 // no lock held, so the only thing that ever waits is the thread that starts
 // a capture, for operations already under way: what PyTorch's mutex does.
 //
-// Invariant: open is the sum of privatePool.active over the device; it
-// changes only with device.privMu held. A holder must not wait for anything
+// Invariant: open is the number of the device's open routings
+// (len(device.routes), routes.go), and total (Pool.routes, shared by the
+// pool's devices) the sum of open over them; both change only here, with
+// device.privMu held. A holder must not wait for anything
 // begin's caller holds while draining: begin drains after privMu is
 // unlocked, so holders may take privMu and any shard lock.
 type gate struct {
 	open   atomic.Int32
 	inside atomic.Int32
+	total  *atomic.Uint64 // Pool.routes; nil in a gate of its own (tests)
 }
 
 // begin opens one routing; called with privMu held. The caller must drain
 // once privMu is unlocked, before the routing's capture may begin.
-func (g *gate) begin() { g.open.Add(1) }
+func (g *gate) begin() {
+	g.open.Add(1)
+	if g.total != nil {
+		g.total.Add(1)
+	}
+}
 
 // drain waits until no operation holds the gate. Called after begin, with
 // no lock held: holders are slow-path operations (an event query, a stream
@@ -68,7 +76,12 @@ func (g *gate) drain() {
 }
 
 // end closes n routings; called with privMu held.
-func (g *gate) end(n int32) { g.open.Add(-n) }
+func (g *gate) end(n int32) {
+	if g.total != nil {
+		g.total.Add(^uint64(n - 1)) // minus n; before open drops, so total never reads below the sum
+	}
+	g.open.Add(-n)
+}
 
 // hold reports whether no capture may be under way, and if so keeps that
 // true until leave: events may be recorded, queried and waited for, and

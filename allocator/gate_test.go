@@ -81,7 +81,7 @@ func TestCaptureBeginWaitsForEventWork(t *testing.T) {
 			id := PoolID{First: 7}
 			begun := make(chan error, 1)
 			go func() {
-				err := p.BeginAllocateToPool(0, id)
+				err := p.BeginAllocateToPool(0, id, nil)
 				capturing.Store(true) // the caller's capture begins now
 				begun <- err
 			}()
@@ -117,7 +117,7 @@ func TestGateRefusesHoldsWhileRouting(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, p.RecordStream(a, 2))
 	id := PoolID{First: 3}
-	require.NoError(t, p.BeginAllocateToPool(0, id))
+	require.NoError(t, p.BeginAllocateToPool(0, id, nil))
 	f.onEvent = func(op string) { t.Errorf("event call %q while a capture may be under way", op) }
 	require.NoError(t, p.Free(0, 1, a, 4*mib)) // pending, its event deferred
 	b, _, err := p.Alloc(0, 2, 4*mib)          // no steal

@@ -363,7 +363,7 @@ func TestReleaseWaitsOnceWithoutLocks(t *testing.T) {
 	require.NoError(t, p.Free(0, stream, tail, 30*mib))
 	require.NoError(t, p.Free(0, stream, mid, 4*mib)) // pending on side's event
 	id := PoolID{First: 5}
-	require.NoError(t, p.BeginAllocateToPool(0, id))
+	require.NoError(t, p.BeginAllocateToPool(0, id, nil))
 	require.NoError(t, p.EndAllocateToPool(0, id))
 
 	d := p.devs[0]

@@ -91,6 +91,9 @@ type Pool struct {
 	// largeSeg is the segment size of requests from 1 to 10 MiB
 	// (cfg.LargeSegment or 20 MiB).
 	largeSeg uint64
+	// routes counts the open routings of every device (routes.go,
+	// OpenRoutes), outside the Go heap.
+	routes *atomic.Uint64
 }
 
 // device is the per-GPU state. Its mutexes guard shard creation and the
@@ -122,6 +125,7 @@ type device struct {
 	privMu sync.Mutex
 	privs  map[PoolID]*privatePool // under privMu
 	direct *privatePool            // segment-serving pool (MemPool mode), under privMu
+	routes []openRouting           // open routings to private pools, newest last, under privMu (routes.go)
 	// capture answers whether a graph capture may be under way (gate.go).
 	capture gate
 
@@ -264,6 +268,9 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	if p.largeSeg == 0 {
 		p.largeSeg = largeSeg
 	}
+	if p.routes = newEpochCell(); p.routes == nil {
+		return nil, errors.New("cannot map a page for the count of open routings")
+	}
 	if cfg.Expandable {
 		e, ok := b.(Expander)
 		if !ok {
@@ -276,6 +283,7 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	}
 	for i := range p.devs {
 		d := &device{pool: p, idx: i}
+		d.capture.total = p.routes
 		if p.exp != nil {
 			if err := d.initExpandable(); err != nil {
 				return nil, err

@@ -26,15 +26,15 @@ var ErrBusy = errors.New("pool busy")
 //     (PyTorch's use_count); a pool with uses == 0 is released: it takes no
 //     new allocations, and EmptyCache returns its idle segments and forgets
 //     it once it has none;
-//   - active counts BeginAllocateToPool calls not yet matched by
-//     EndAllocateToPool; device.capture is open by the sum of active over the device;
+//   - its open routings are the entries of device.routes that name it (one
+//     per BeginAllocateToPool not yet matched by EndAllocateToPool): the
+//     device's one record of them (routes.go);
 //   - its shards are on device.list (so frees, stats and snapshots find
 //     them) and never in device.table (so default-pool allocations never
 //     see them), and no other shard ever steals their segments.
 type privatePool struct {
 	id     PoolID
 	uses   int
-	active int
 	direct bool // segments go back to the backend as soon as they are wholly free
 	shards map[uintptr]*shard
 }
@@ -44,17 +44,20 @@ func (pp *privatePool) released() bool { return !pp.direct && pp.uses == 0 }
 // BeginAllocateToPool starts routing allocations of device dev into private
 // pool id, creating it or taking one more use of it (PyTorch's
 // beginAllocateToPool: each graph capture calls it once, and a second graph
-// sharing the pool calls it again). The caller decides which allocations are
-// routed (AllocIn); while any pool of the device is routing, the pool records
+// sharing the pool calls it again). r picks the allocations the routing
+// takes (RouteOf); nil: none, the caller names the pool itself (AllocIn).
+// The pool owns r from then on, even on error, and closes it when the
+// routing ends. While any pool of the device is routing, the pool records
 // and queries no event, steals no segment across streams and processes no
 // pending free, since any stream of the device may be capturing.
-func (p *Pool) BeginAllocateToPool(dev int, id PoolID) error {
+func (p *Pool) BeginAllocateToPool(dev int, id PoolID, r Route) error {
 	d, err := p.device(dev)
-	if err != nil {
-		return err
+	if err == nil && id == (PoolID{}) {
+		err = fmt.Errorf("%w: pool id (0, 0) is the default pool; a private pool needs a non-zero id", ErrInvalid)
 	}
-	if id == (PoolID{}) {
-		return fmt.Errorf("%w: pool id (0, 0) is the default pool; a private pool needs a non-zero id", ErrInvalid)
+	if err != nil {
+		closeRoutes(r)
+		return err
 	}
 	d.privMu.Lock()
 	pp := d.privs[id]
@@ -66,8 +69,7 @@ func (p *Pool) BeginAllocateToPool(dev int, id PoolID) error {
 		d.privs[id] = pp
 	}
 	pp.uses++
-	pp.active++
-	d.capture.begin()
+	d.openRoute(pp, r)
 	d.privMu.Unlock()
 	// The capture begins after this returns: operations that asked the
 	// gate before it opened finish first (gate.go).
@@ -75,64 +77,75 @@ func (p *Pool) BeginAllocateToPool(dev int, id PoolID) error {
 	return nil
 }
 
-// EndAllocateToPool stops one routing of pool id started by
-// BeginAllocateToPool. The pool keeps its memory: blocks freed later return
-// to it, and only allocations routed to it again may reuse them.
+// EndAllocateToPool stops the newest routing of pool id started by
+// BeginAllocateToPool, and closes its Route. The pool keeps its memory:
+// blocks freed later return to it, and only allocations routed to it again
+// may reuse them.
 func (p *Pool) EndAllocateToPool(dev int, id PoolID) error {
 	d, err := p.device(dev)
 	if err != nil {
 		return err
 	}
 	d.privMu.Lock()
-	defer d.privMu.Unlock()
 	pp, err := d.privatePool(id, "end of allocation to")
-	if err != nil {
-		return err
+	var r Route
+	if err == nil {
+		var ok bool
+		if r, ok = d.closeRoute(pp); !ok {
+			err = fmt.Errorf("%w: end of allocation to pool %v on device %d: no allocation to it was begun", ErrInvalid, id, dev)
+		}
 	}
-	if pp.active == 0 {
-		return fmt.Errorf("%w: end of allocation to pool %v on device %d: no allocation to it was begun", ErrInvalid, id, dev)
-	}
-	pp.active--
-	d.capture.end(1)
-	return nil
+	d.privMu.Unlock()
+	closeRoutes(r)
+	return err
 }
 
 // ReleasePool drops one use of pool id (PyTorch's releasePool, called when a
 // graph is destroyed). When the last use goes, the pool is released: its
 // idle segments go back to the backend at the next EmptyCache or
 // out-of-memory retry, and so do the segments of its blocks still allocated
-// once they are freed. With strict, a pool whose blocks are still allocated
-// is not touched and ErrBusy says how many; without it (PyTorch's semantics:
-// a graph may die before its output tensors) the release goes ahead and the
-// live blocks stay valid.
+// once they are freed; routings still open (a capture that never ended)
+// end with it, or the device would stay in capture-safe mode for good.
+// With strict, a pool whose blocks are still allocated is not touched and
+// ErrBusy says how many; without it (PyTorch's semantics: a graph may die
+// before its output tensors) the release goes ahead and the live blocks
+// stay valid.
 func (p *Pool) ReleasePool(dev int, id PoolID, strict bool) error {
 	d, err := p.device(dev)
 	if err != nil {
 		return err
 	}
 	d.privMu.Lock()
-	defer d.privMu.Unlock()
+	closed, err := d.releasePool(id, strict)
+	d.privMu.Unlock()
+	closeRoutes(closed...)
+	return err
+}
+
+// releasePool is ReleasePool with privMu held; it returns the routes it
+// ended, for the caller to close once privMu is unlocked.
+func (d *device) releasePool(id PoolID, strict bool) ([]Route, error) {
 	pp, err := d.privatePool(id, "release of")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if pp.uses == 0 {
-		return fmt.Errorf("%w: release of pool %v on device %d: already released", ErrInvalid, id, dev)
+		return nil, fmt.Errorf("%w: release of pool %v on device %d: already released", ErrInvalid, id, d.idx)
 	}
 	if strict && pp.uses == 1 {
 		if n, bytes := pp.liveBlocks(); n > 0 {
-			return fmt.Errorf("%w: release of pool %v on device %d: %d blocks (%d bytes) of it are still allocated; free them first; nothing released",
-				ErrBusy, id, dev, n, bytes)
+			return nil, fmt.Errorf("%w: release of pool %v on device %d: %d blocks (%d bytes) of it are still allocated; free them first; nothing released",
+				ErrBusy, id, d.idx, n, bytes)
 		}
 	}
 	pp.uses--
-	if pp.uses == 0 && pp.active > 0 {
-		// Released while still routing (a capture that never ended): stop
-		// routing, or the device would stay in capture-safe mode for good.
-		d.capture.end(int32(pp.active))
-		pp.active = 0
+	var closed []Route
+	if pp.uses == 0 {
+		for r, ok := d.closeRoute(pp); ok; r, ok = d.closeRoute(pp) {
+			closed = append(closed, r)
+		}
 	}
-	return nil
+	return closed, nil
 }
 
 // privatePool returns pool id of the device, or an error naming what was
@@ -154,7 +167,7 @@ func (p *Pool) Routing(dev int, id PoolID) bool {
 	d.privMu.Lock()
 	defer d.privMu.Unlock()
 	pp := d.privs[id]
-	return pp != nil && pp.active > 0
+	return pp != nil && d.routings(pp) > 0
 }
 
 // liveBlocks counts the allocated and pending blocks of the pool. Called with
@@ -171,7 +184,7 @@ func (pp *privatePool) liveBlocks() (n, bytes int64) {
 }
 
 // AllocIn is Alloc from private pool id, which BeginAllocateToPool must have
-// made active on device dev. The block is the pool's until freed, and its
+// made active on device dev (RouteOf finds the pool of a routed allocation). The block is the pool's until freed, and its
 // memory is never handed to an allocation outside the pool.
 func (p *Pool) AllocIn(dev int, stream uintptr, size uint64, id PoolID) (uintptr, uint64, error) {
 	if size == 0 {
@@ -183,7 +196,7 @@ func (p *Pool) AllocIn(dev int, stream uintptr, size uint64, id PoolID) (uintptr
 	d := p.devs[dev]
 	d.privMu.Lock()
 	pp := d.privs[id]
-	if pp == nil || pp.active == 0 {
+	if pp == nil || d.routings(pp) == 0 {
 		d.privMu.Unlock()
 		return 0, 0, fmt.Errorf("%w: allocation in pool %v on device %d: no allocation to that pool is under way", ErrInvalid, id, dev)
 	}
@@ -292,7 +305,7 @@ func (p *Pool) Pools(dev int) ([]PoolInfo, error) {
 	defer d.privMu.Unlock()
 	out := make([]PoolInfo, 0, len(d.privs))
 	for _, pp := range d.privs {
-		pi := PoolInfo{ID: pp.id, Uses: pp.uses, Active: pp.active}
+		pi := PoolInfo{ID: pp.id, Uses: pp.uses, Active: d.routings(pp)}
 		for _, s := range pp.shards {
 			s.mu.Lock()
 			for seg := s.segs; seg != nil; seg = seg.snext {

@@ -12,7 +12,7 @@ var graphPool = PoolID{First: 7}
 
 func TestPrivatePoolKeepsItsMemory(t *testing.T) {
 	p, f := newPool(t, Config{})
-	require.NoError(t, p.BeginAllocateToPool(0, graphPool))
+	require.NoError(t, p.BeginAllocateToPool(0, graphPool, nil))
 	a, _, err := p.AllocIn(0, sA, 1<<20, graphPool)
 	require.NoError(t, err)
 	b, _, err := p.AllocIn(0, sA, 4<<20, graphPool)
@@ -60,7 +60,7 @@ func TestPrivatePoolKeepsItsMemory(t *testing.T) {
 func TestPrivatePoolSharedByTwoGraphs(t *testing.T) {
 	p, f := newPool(t, Config{})
 	for i := 0; i < 2; i++ {
-		require.NoError(t, p.BeginAllocateToPool(0, graphPool))
+		require.NoError(t, p.BeginAllocateToPool(0, graphPool, nil))
 		x, _, err := p.AllocIn(0, sA, 3<<20, graphPool)
 		require.NoError(t, err)
 		require.NoError(t, p.Free(0, sA, x, 3<<20))
@@ -79,14 +79,14 @@ func TestPrivatePoolSharedByTwoGraphs(t *testing.T) {
 func TestPrivatePoolBadInput(t *testing.T) {
 	p, _ := newPool(t, Config{})
 	other := PoolID{Second: 3}
-	require.ErrorIs(t, p.BeginAllocateToPool(0, PoolID{}), ErrInvalid)
-	require.ErrorIs(t, p.BeginAllocateToPool(9, graphPool), ErrInvalid)
+	require.ErrorIs(t, p.BeginAllocateToPool(0, PoolID{}, nil), ErrInvalid)
+	require.ErrorIs(t, p.BeginAllocateToPool(9, graphPool, nil), ErrInvalid)
 	require.ErrorContains(t, p.EndAllocateToPool(0, other), "end of allocation to pool (0, 3) on device 0: no such pool")
 	require.ErrorContains(t, p.ReleasePool(0, other, true), "release of pool (0, 3) on device 0: no such pool")
 	_, _, err := p.AllocIn(0, sA, 512, other)
 	require.ErrorIs(t, err, ErrInvalid)
 
-	require.NoError(t, p.BeginAllocateToPool(0, graphPool))
+	require.NoError(t, p.BeginAllocateToPool(0, graphPool, nil))
 	x, _, err := p.AllocIn(0, sA, 512, graphPool)
 	require.NoError(t, err)
 	require.NoError(t, p.EndAllocateToPool(0, graphPool))
@@ -117,7 +117,7 @@ func TestNoEventsWhileRouting(t *testing.T) {
 	y := mustAlloc(t, p, 0, sA, 8<<20)
 	require.NoError(t, p.RecordStream(y, sC))
 	require.NoError(t, p.Free(0, sA, x, 1<<20))
-	require.NoError(t, p.BeginAllocateToPool(0, graphPool))
+	require.NoError(t, p.BeginAllocateToPool(0, graphPool, nil))
 	require.NoError(t, p.Free(0, sA, y, 8<<20))
 	allocs := f.allocs
 	z := mustAlloc(t, p, 0, sB, 1<<20) // would steal sA's idle segment otherwise
@@ -166,7 +166,7 @@ func TestHistoryAndSnapshot(t *testing.T) {
 	a := mustAlloc(t, p, 0, sA, 1000)
 	b := mustAlloc(t, p, 0, sA, 3<<20)
 	require.NoError(t, p.Free(0, sA, a, 1000))
-	require.NoError(t, p.BeginAllocateToPool(0, graphPool))
+	require.NoError(t, p.BeginAllocateToPool(0, graphPool, nil))
 	g, _, err := p.AllocIn(0, sB, 4096, graphPool)
 	require.NoError(t, err)
 	require.NoError(t, p.EndAllocateToPool(0, graphPool))
@@ -264,7 +264,7 @@ func TestNothingReleasedWhileRouting(t *testing.T) {
 			require.NotZero(t, reserved)
 			frees, mapped := f.frees, len(f.mapped)
 
-			require.NoError(t, p.BeginAllocateToPool(0, graphPool))
+			require.NoError(t, p.BeginAllocateToPool(0, graphPool, nil))
 			require.NoError(t, p.EmptyCache())
 			// Another stream's request the cache cannot serve: out of memory,
 			// with the cached segment kept.

@@ -432,7 +432,7 @@ func TestPoolRoundupPower2Divisions(t *testing.T) {
 	check(t, p)
 	// Graph pools round as PyTorch rounds every request it serves...
 	id := PoolID{First: 1}
-	require.NoError(t, p.BeginAllocateToPool(0, id))
+	require.NoError(t, p.BeginAllocateToPool(0, id, nil))
 	ptr, size, err := p.AllocIn(0, sA, 5*mib+1, id)
 	require.NoError(t, err)
 	require.EqualValues(t, 6*mib, size)
@@ -572,7 +572,7 @@ func TestGarbageCollectionOff(t *testing.T) {
 	p, fb = newPool(t, Config{Limit: 400 * mib, GCThreshold: 0.25})
 	gcScene(t, p)
 	id := PoolID{First: 7}
-	require.NoError(t, p.BeginAllocateToPool(0, id))
+	require.NoError(t, p.BeginAllocateToPool(0, id, nil))
 	frees = fb.frees
 	mustAlloc(t, p, 0, sA, 50*mib)
 	require.Equal(t, frees, fb.frees)

@@ -94,6 +94,7 @@ func initPool() (*allocator.Pool, error) {
 		return nil, err
 	}
 	lib.backend.Store(kind)
+	publishRoutes(p)
 	lib.pool.Store(p)
 	startPublishing(p, map[int32]string{1: "cuda", 2: "host"}[kind])
 	if front {

@@ -1,14 +1,15 @@
 // Where an allocation goes: a segment of its own (PyTorch's MemPool mode,
-// torchmode.cpp), the private pool of a CUDA graph being captured (the route
-// table), the front cache (front.cpp), or the pool. Routes come first: an
+// torchmode.cpp), the private pool of a CUDA graph being captured (the
+// pool's open routings, asked only while its count of them is not zero),
+// the front cache (front.cpp), or the pool. Routes come first: an
 // allocation on a capturing stream must never get a block the front cache
 // parked for the shared pool. Here too are the calls that open and close
 // routes (C functions and PyTorch's C++ graph hooks) and memory history,
 // during which the front cache is off.
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,70 +22,26 @@ using namespace symmshim;
 
 namespace {
 // ---- routes to private pools (CUDA graphs) -------------------------------------
-struct Route {
-  int dev;
-  unsigned long long first, second;
-  bool by_stream;  // C API: one stream; PyTorch: its filter
-  uintptr_t stream;
-  std::function<bool(CUstream_st *)> filter;
-};
-std::mutex g_routes_mu;
-std::vector<Route> g_routes;        // under g_routes_mu, newest last
-std::atomic<int> g_nroutes{0};      // g_routes.size(), read without the lock
+// The pool keeps the open routings and their filters (allocator/routes.go);
+// here is only where it counts them, read before each allocation: no
+// routing open, nothing else is asked. Before the pool exists it points at
+// a zero (symmshim_set_open_routes sets it, before any routing can open).
+const uint64_t kNoRoutes = 0;
+std::atomic<const uint64_t *> g_open_routes{&kNoRoutes};
 
-// route_for finds the newest route of device that accepts stream.
-bool route_for(int dev, uintptr_t stream, unsigned long long *first, unsigned long long *second) {
-  std::lock_guard<std::mutex> g(g_routes_mu);
-  for (auto it = g_routes.rbegin(); it != g_routes.rend(); ++it) {
-    if (it->dev != dev) continue;
-    bool ok = it->by_stream ? it->stream == stream : (it->filter && it->filter((CUstream_st *)stream));
-    if (ok) {
-      *first = it->first;
-      *second = it->second;
-      return true;
-    }
-  }
-  return false;
+inline bool routes_open() {
+  return __atomic_load_n(g_open_routes.load(std::memory_order_relaxed), __ATOMIC_ACQUIRE) != 0;
 }
 
-// drop_routes forgets the newest route to the pool, or all of them.
-void drop_routes(int dev, unsigned long long first, unsigned long long second, bool all) {
-  std::lock_guard<std::mutex> g(g_routes_mu);
-  for (size_t i = g_routes.size(); i-- > 0;) {
-    Route &r = g_routes[i];
-    if (r.dev == dev && r.first == first && r.second == second) {
-      g_routes.erase(g_routes.begin() + (long)i);
-      if (!all) break;
-    }
-  }
-  g_nroutes.store((int)g_routes.size(), std::memory_order_release);
-}
+using Filter = std::function<bool(CUstream_st *)>;
+thread_local std::string t_filter_error;  // what the last filter that threw said
 
-// begin_route opens a route to pool (first, second) in the pool (fn names the
-// caller in errors) and then here; returns the code.
-int begin_route(const char *fn, Route r) {
-  std::lock_guard<std::mutex> g(g_routes_mu);
-  int rc = goPoolRoute((char *)fn, 0, r.dev, r.first, r.second, 0, nullptr);
-  if (rc != SYMM_OK) return rc;
-  g_routes.push_back(std::move(r));
-  g_nroutes.store((int)g_routes.size(), std::memory_order_release);
-  return SYMM_OK;
-}
-
-// end_route closes the newest route to the pool; returns the code.
-int end_route(const char *fn, int dev, unsigned long long first, unsigned long long second) {
-  int rc = goPoolRoute((char *)fn, 1, dev, first, second, 0, nullptr);
-  if (rc == SYMM_OK) drop_routes(dev, first, second, false);
-  return rc;
-}
-
-// release_route drops a use of the pool, and its routes if the release
-// ended its routing; returns the code.
-int release_route(const char *fn, int dev, unsigned long long first, unsigned long long second, bool strict) {
-  int dropped = 0;
-  int rc = goPoolRoute((char *)fn, 2, dev, first, second, strict, &dropped);
-  if (rc == SYMM_OK && dropped) drop_routes(dev, first, second, true);
-  return rc;
+// route calls goPoolRoute: op 0 begins a routing (to stream's allocations,
+// or to those filter takes: a Filter the pool owns from then on, even on
+// error), 1 ends one, 2 releases the pool; returns the code.
+int route(const char *fn, int op, int dev, unsigned long long first, unsigned long long second, int strict,
+          void *stream, Filter *filter) {
+  return goPoolRoute((char *)fn, op, dev, first, second, strict, (uintptr_t)stream, (uintptr_t)filter);
 }
 
 // History on: every alloc and free reaches the pool so that each is recorded.
@@ -100,15 +57,15 @@ void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int m
   if (forked(kApiNames[api])) return nullptr;
   if (size == 0) return nullptr;
   uint64_t bsize = 0;
-  unsigned long long first, second;
   if (mode == kTorchMemPool) {
     // PyTorch's caching allocator asks for a segment: no cache of ours
     // under it, and NULL on failure (PyTorch raises OutOfMemoryError).
     return (void *)goPoolAllocSegment(api, size, device, (uintptr_t)stream, &bsize);
   }
-  if (__builtin_expect(g_nroutes.load(std::memory_order_acquire) > 0, 0) &&
-      route_for(device, (uintptr_t)stream, &first, &second)) {
-    return (void *)goPoolAllocIn(api, size, device, (uintptr_t)stream, first, second, &bsize);
+  if (__builtin_expect(routes_open(), 0)) {
+    int routed = 0;
+    uintptr_t p = goPoolRoutedAlloc(api, size, device, (uintptr_t)stream, &bsize, &routed);
+    if (routed) return (void *)p;
   }
   if (front_on()) {
     if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
@@ -119,6 +76,24 @@ void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int m
 
 extern "C" {
 
+// The pool's side of routes (export/graphs.go).
+void symmshim_set_open_routes(const uint64_t *count) { g_open_routes.store(count, std::memory_order_release); }
+
+int symmshim_filter_call(uintptr_t filter, uintptr_t stream) {
+  try {
+    return (*reinterpret_cast<Filter *>(filter))(reinterpret_cast<CUstream_st *>(stream)) ? 1 : 0;
+  } catch (const std::exception &e) {
+    t_filter_error = e.what();
+  } catch (...) {
+    t_filter_error = "an exception that is not a std::exception";
+  }
+  return -1;
+}
+
+const char *symmshim_filter_error(void) { return t_filter_error.c_str(); }
+
+void symmshim_filter_free(uintptr_t filter) { delete reinterpret_cast<Filter *>(filter); }
+
 void symm_pool_free(void *ptr, size_t size, int device, void *stream) {
   if (forked("symm_pool_free") || ptr == nullptr) return;
   if (front_on() && front::free((uintptr_t)ptr, size, device, (uintptr_t)stream)) return;
@@ -127,18 +102,17 @@ void symm_pool_free(void *ptr, size_t size, int device, void *stream) {
 
 int symm_pool_begin_allocate_to_pool(int device, symm_pool_id_t id, void *stream) {
   if (forked("symm_pool_begin_allocate_to_pool")) return SYMM_ERR_FORKED;
-  return begin_route("symm_pool_begin_allocate_to_pool",
-                     Route{device, id.first, id.second, true, (uintptr_t)stream, nullptr});
+  return route("symm_pool_begin_allocate_to_pool", 0, device, id.first, id.second, 0, stream, nullptr);
 }
 
 int symm_pool_end_allocate_to_pool(int device, symm_pool_id_t id) {
   if (forked("symm_pool_end_allocate_to_pool")) return SYMM_ERR_FORKED;
-  return end_route("symm_pool_end_allocate_to_pool", device, id.first, id.second);
+  return route("symm_pool_end_allocate_to_pool", 1, device, id.first, id.second, 0, nullptr, nullptr);
 }
 
 int symm_pool_release_pool(int device, symm_pool_id_t id) {
   if (forked("symm_pool_release_pool")) return SYMM_ERR_FORKED;
-  return release_route("symm_pool_release_pool", device, id.first, id.second, true);
+  return route("symm_pool_release_pool", 2, device, id.first, id.second, 1, nullptr, nullptr);
 }
 
 int symm_pool_record_history(int enabled, size_t max_entries) {
@@ -182,19 +156,19 @@ extern "C" void symm_torch_begin_allocate_to_pool(int device, TorchPoolId id,
   torch_resolve();
   // Called from CUDAGraph::capture_begin, which can report an exception; the
   // capture would otherwise go on without a pool.
-  if (begin_route("symm_torch_begin_allocate_to_pool",
-                  Route{device, id.first, id.second, false, 0, std::move(filter)}) != SYMM_OK)
+  if (route("symm_torch_begin_allocate_to_pool", 0, device, id.first, id.second, 0, nullptr,
+            new Filter(std::move(filter))) != SYMM_OK)
     throw std::runtime_error(last_error_msg());
 }
 
 extern "C" void symm_torch_end_allocate_to_pool(int device, TorchPoolId id) {
   if (forked("symm_torch_end_allocate_to_pool")) return;
   // Never throws: an error stays in symm_last_error().
-  end_route("symm_torch_end_allocate_to_pool", device, id.first, id.second);
+  route("symm_torch_end_allocate_to_pool", 1, device, id.first, id.second, 0, nullptr, nullptr);
 }
 
 extern "C" void symm_torch_release_pool(int device, TorchPoolId id) {
   if (forked("symm_torch_release_pool")) return;
   // Called from CUDAGraph::reset, inside a destructor: never throws.
-  release_route("symm_torch_release_pool", device, id.first, id.second, false);
+  route("symm_torch_release_pool", 2, device, id.first, id.second, 0, nullptr, nullptr);
 }

@@ -1,8 +1,9 @@
 // Internal to export/, C++ only: what the files of the C++ shim share.
 //   shim.cpp      the per-thread last error and the fork check
 //   torchmode.cpp how PyTorch calls symm_pool_alloc (replace or MemPool mode)
-//   routes.cpp    where an allocation goes: private pools of CUDA graphs,
-//                 the front cache (front.cpp), or the pool
+//   routes.cpp    where an allocation goes: private pools of CUDA graphs
+//                 (the pool's open routings, allocator/routes.go), the
+//                 front cache (front.cpp), or the pool
 //   wrappers.cpp  the public functions that only check and call Go
 //   pools.cpp     PyTorch's allocator interface besides alloc and free
 // shim.h is the part Go sees as well; nothing here is exported (symm.map).

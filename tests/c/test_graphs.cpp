@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -141,6 +142,39 @@ static void test_torch_functors(void) {
   symm_pool_empty_cache();
 }
 
+/* A filter that throws: the allocation it was asked about fails with the
+ * filter's message (the pool calls it through a shim that catches), and the
+ * routing still ends and releases cleanly. */
+static void test_throwing_filter(void) {
+  std::pair<unsigned long long, unsigned long long> id{0, 9};
+  auto filter = [](CUstream_st *s) -> bool {
+    if (s == (CUstream_st *)SB) throw std::runtime_error("no capture info for this stream");
+    return s == (CUstream_st *)SA;
+  };
+  symm_clear_error();
+  symm_torch_begin_allocate_to_pool(0, id, filter);
+  CHECK(symm_last_error_code() == SYMM_OK, "begin");
+  void *in = symm_pool_alloc(MiB, 0, SA);
+  CHECK(in != nullptr, "the filter's stream is routed");
+  symm_clear_error();
+  void *bad = symm_pool_alloc(MiB, 0, SB);
+  CHECK(bad == nullptr && strstr(symm_last_error(), "no capture info for this stream") &&
+            strstr(symm_last_error(), "(0, 9)"),
+        "a throwing filter fails the allocation: %s", symm_last_error());
+  void *other = symm_pool_alloc(MiB, 1, SB); /* another device: no routing there */
+  CHECK(other != nullptr, "other devices are not asked");
+  symm_pool_free(other, MiB, 1, SB);
+  symm_pool_free(in, MiB, 0, SA);
+  symm_torch_end_allocate_to_pool(0, id);
+  void *after = symm_pool_alloc(MiB, 0, SB);
+  CHECK(after != nullptr, "after the end, the filter is not asked");
+  symm_pool_free(after, MiB, 0, SB);
+  symm_clear_error();
+  symm_torch_release_pool(0, id);
+  CHECK(symm_last_error_code() == SYMM_OK, "release");
+  symm_pool_empty_cache();
+}
+
 static void test_history(void) {
   CHECK(symm_pool_record_history(1, 1000) == SYMM_OK, "history on");
   void *p = symm_pool_alloc(3000, 0, SA);
@@ -158,6 +192,7 @@ int main(void) {
   int fds0 = (symm_pool_device_count(), count_fds());
   test_c_routes();
   test_torch_functors();
+  test_throwing_filter();
   test_history();
   CHECK(symm_torch_mode() == 0, "no PyTorch here");
   CHECK(count_fds() == fds0, "descriptors %d -> %d", fds0, count_fds());
