@@ -8,6 +8,7 @@
 #   bash tests/device/run.sh go torch        # only some steps: env go c torch replace graphs kernels recipes sanitizer bench
 #   bash tests/device/run.sh sweep replay    # the longer benchmarks, not run by default
 #   bash tests/device/run.sh unchanged       # 2 GPUs: an unedited torchrun script under symm run
+#   bash tests/device/run.sh settings trackers fsdp gpt2   # run-time settings, NCCL registration (2 GPUs), FSDP, GPT-2 step
 #
 # Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
 # Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
@@ -188,6 +189,29 @@ fi
 # SYMM_TORCH_ALLOCATOR=1), against PyTorch's allocator; needs 2 GPUs.
 if want unchanged; then
   run_step unchanged "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_unchanged_script.py
+fi
+
+# PyTorch's run-time allocator settings, on both allocators (one GPU).
+if want settings; then
+  run_step torch-settings "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_torch_settings.py
+fi
+
+# ProcessGroupNCCL's segment registration through the allocator trace
+# trackers, on both allocators; needs 2 GPUs.
+if want trackers; then
+  run_step torch-trackers "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_torch_trackers.py
+fi
+
+# FSDP2 GPT-2 small under torchrun, every allocator mode, interleaved runs
+# (SYMM_FSDP_WORLDS GPUs, default 2; SYMM_FSDP_RUNS runs, default 3).
+if want fsdp; then
+  run_step fsdp "${SYMM_FSDP_TIMEOUT:-590}" python3 bench/fsdp.py --worlds "${SYMM_FSDP_WORLDS:-2}" \
+    --runs "${SYMM_FSDP_RUNS:-3}"
+fi
+
+# GPT-2 training step time and peaks, PyTorch's allocator against libsymm's.
+if want gpt2; then
+  run_step gpt2 "${SYMM_BENCH_TIMEOUT:-580}" python3 bench/workloads.py --workloads gpt2 --modes native,symm --runs 3
 fi
 
 # The size sweep in both modes, interleaved rounds (about 4 minutes), and
