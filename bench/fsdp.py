@@ -16,7 +16,8 @@ Runs are interleaved: run 1 of every mode, then run 2 of every mode, ...
 
 Per rank: peak reserved and allocated as torch.cuda.max_memory_* report them (libsymm's extension
 answers them in its modes), median step time after 3 warm-up steps (synchronize before each clock read),
-and the losses, which must match native's bit for bit. The table takes the largest rank's peaks and the
+and the losses (FSDP's reductions are not bitwise deterministic from run to run, PyTorch's allocator
+alike: the table shows the largest difference from native's, about 1e-6 on a loss near 11). The table takes the largest rank's peaks and the
 slowest rank's step time, then the median over runs.
 
 --record-trace DIR: one extra native run per world with PyTorch's memory history on; every rank's device
@@ -138,7 +139,7 @@ def launch(world: int, mode: str, a, trace_dir=None) -> dict:
 def render(rows: list, worlds, modes) -> str:
     out = [f"FSDP2 GPT-2 small, {STEPS} steps, batch {BATCH} per rank; max over ranks, median over runs",
            "", "| world | mode | peak reserved MiB | peak allocated MiB | reserved / allocated | vs PyTorch's same mode | "
-           "step ms | step vs PyTorch | losses = native | runs |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "step ms | step vs PyTorch | max loss difference from native | runs |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for w in worlds:
         med = {}
         for m in modes:
@@ -153,8 +154,9 @@ def render(rows: list, worlds, modes) -> str:
                 out.append(f"| {w} | {m} | failed | | | | | | | 0 |")
                 continue
             x, ref = med[m], med.get(m.replace("symm", "native"))
-            same = all(r["ranks"][0]["losses"] == ref_losses for r in rows if r["world"] == w and r["mode"] == m
-                       and not r["error"]) if ref_losses else "?"
+            diffs = [max(abs(a - b) for a, b in zip(r["ranks"][0]["losses"], ref_losses))
+                     for r in rows if r["world"] == w and r["mode"] == m and not r["error"]] if ref_losses else []
+            same = f"{max(diffs):.1e}" if diffs else "?"
             vs = f"{x['peak_reserved_mib'] / ref['peak_reserved_mib']:.3f}×" if ref and m.startswith("symm") else ""
             vt = f"{x['step_ms'] / ref['step_ms']:.3f}×" if ref and m.startswith("symm") else ""
             out.append(f"| {w} | {m} | {x['peak_reserved_mib']:,.0f} | {x['peak_alloc_mib']:,.0f} | "
