@@ -454,3 +454,40 @@ func TestSnapshotOfFreePagesAddsUpToReserved(t *testing.T) {
 	require.Greater(t, len(snap.Segments), 1, "the holes split the segment")
 	require.EqualValues(t, reservedNow(t, p), total, "total_size adds up to reserved_bytes")
 }
+
+// A mapping takes the free pages of the longest free run first: a short
+// hole between live blocks is the one soon handed out (and mapped) again.
+func TestFreePagesLongestRunFirst(t *testing.T) {
+	fb := newFake(1)
+	fb.capacity = 64 << 20
+	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
+	require.NoError(t, err)
+	alloc := func(n uint64) uintptr {
+		ptr, _, err := p.Alloc(0, 0, n)
+		require.NoError(t, err)
+		return ptr
+	}
+	base := alloc(2 << 20) // the segment's reserved range starts here
+	short := alloc(4 << 20)
+	alloc(2 << 20)
+	long := alloc(6 << 20)
+	alloc(2 << 20)
+	require.NoError(t, p.Free(0, 0, short, 4<<20))
+	require.NoError(t, p.Free(0, 0, long, 6<<20))
+	// Fits in neither hole: the segment grows by 8 MiB, and 8 MiB of free
+	// pages go first: all 6 of the long run, then 2 of the short one's 4.
+	alloc(7 << 20)
+	require.NoError(t, p.CheckInvariants())
+	chunks, _, err := fb.MappedChunks(0, base, 32<<20)
+	require.NoError(t, err)
+	mapped := func(ptr uintptr, n uint64) (m int) {
+		for i := uint64(ptr-base) / fakeGranularity; i < uint64(ptr-base+uintptr(n))/fakeGranularity; i++ {
+			if chunks[i] {
+				m++
+			}
+		}
+		return m
+	}
+	require.Equal(t, 0, mapped(long, 6<<20), "the long run is unmapped whole")
+	require.Equal(t, 1, mapped(short, 4<<20), "one chunk of the short hole is left")
+}
