@@ -6,8 +6,10 @@ package allocator
 // alloc serves a request of n bytes from s and says where it placed it
 // (Placement: a fixed segment of its own, or the shard's epoch, tell a
 // front cache which freed blocks it may hand out again; export/front.cpp).
-// parked: the blocks a front cache still holds parked (AllocAround), all
-// freed before the pool maps or takes memory for this request.
+// parked (not nil: a front cache's miss, AllocAround): the blocks the cache
+// still holds parked; they and its others (Front) all go back before the
+// pool maps or takes memory for this request, or before it could raise a
+// peak.
 func (s *shard) alloc(n uint64, parked []Parked) (ptr uintptr, pl Placement, err error) {
 	p := s.dev.pool
 	r, k := s.src.class(n)
@@ -18,6 +20,11 @@ func (s *shard) alloc(n uint64, parked []Parked) (ptr uintptr, pl Placement, err
 	if len(s.pending) > 0 && s.dev.capture.hold() {
 		s.processPending(false)
 		s.dev.capture.leave()
+	}
+	if parked != nil && !s.belowPeaks(r, n, k) && s.dev.holdsParked(parked) {
+		s.mu.Unlock()
+		s.dev.reclaimAll(parked)
+		s.mu.Lock()
 	}
 	var b *block
 	if s.src.caches() {

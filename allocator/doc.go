@@ -23,8 +23,12 @@
 // decides how requests are rounded and split, where new memory comes from
 // and how it goes back; the shard's code is the same for all three.
 //
-// When a shard has no fitting free block (heap.go), it takes an idle fixed
-// segment of another stream whose work has completed (steal.go), then
+// When a shard has no fitting free block (heap.go), it first takes back
+// the blocks a cache in front of the pool holds parked, if any (front.go:
+// a parked block never makes the pool steal, collect or grow, and a
+// request that could raise a peak is served only once they are back), and
+// looks again; then it takes an idle fixed segment of another stream whose
+// work has completed (steal.go), then
 // (past the garbage collection line, gc.go) collects idle segments, then
 // takes new memory from its source, then, out of memory, releases the
 // device's cached segments and tries once more. The device counts every segment against

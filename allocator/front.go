@@ -114,22 +114,24 @@ func (p *Pool) AllocAround(dev int, stream uintptr, size uint64, parked []Parked
 		return 0, Placement{}, p.badRequest(dev, size)
 	}
 	s := p.devs[dev].shardFor(stream)
-	r, k := s.src.class(size)
-	t := statType(k)
-	for i := range parked {
-		if pk := &parked[i]; !pk.Back && pk.Stream == stream && pk.Type == t {
-			pk.Back = true
-			_ = p.Free(dev, pk.Stream, pk.Ptr, pk.Req) // the cache's own block: no error
+	if len(parked) > 0 {
+		_, k := s.src.class(size)
+		t := statType(k)
+		for i := range parked {
+			if pk := &parked[i]; !pk.Back && pk.Stream == stream && pk.Type == t {
+				pk.Back = true
+				_ = p.Free(dev, pk.Stream, pk.Ptr, pk.Req) // the cache's own block: no error
+			}
 		}
-	}
-	s.mu.Lock()
-	all := !s.belowPeaks(r, size, k)
-	s.mu.Unlock()
-	if all {
-		s.dev.reclaimAll(parked)
+	} else if parked == nil {
+		parked = noneParked[:] // not nil: alloc applies the peak rule (front cache's blocks, Front)
 	}
 	return s.alloc(size, parked)
 }
+
+// noneParked is AllocAround's parked when its caller shows none: an empty
+// slice that is not nil.
+var noneParked [0]Parked
 
 // RequestType is the statistics type (1 small_pool, 2 large_pool) of the
 // blocks that serve a request of size bytes from the default pool: the

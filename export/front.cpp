@@ -28,6 +28,7 @@ namespace {
 // allocator.AllocAround), and statistics reads drain first.
 constexpr uint64_t kDefaultMaxCachedBlock = 1ull << 20;
 constexpr int kEntries = 64;                        // blocks per CPU and pool that a request may reuse
+constexpr int kEvict = kEntries / 4;                // oldest blocks of a full list returned with one pool call
 constexpr int kDeferred = 32;                       // frees per CPU waiting to reach the pool together
 constexpr int kBatch = 2 * kEntries + kDeferred;    // blocks returned with one pool call (what a CPU holds)
 constexpr int kCpus = 256;
@@ -159,10 +160,12 @@ using Entry = symmshim_parked;
 // pool can see, until taken. served counts the requests a CPU answered
 // from e, per device and statistics type: requests, block bytes, requested
 // bytes (written under lk, read without it by symmshim_front_served).
+// req[t][i] is e[t][i].req, kept apart so that a hit scans 8 bytes a slot.
 struct alignas(64) Cpu {
   SpinLock lk;
   int n[2] = {0, 0}, nd = 0;
   uint64_t sizes[2] = {0, 0};
+  uint64_t req[2][kEntries];
   Entry e[2][kEntries];
   Entry d[kDeferred];
   uint64_t served[kCountedDevs][3][3] = {};
@@ -289,11 +292,15 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
   Cpu &c = g_cpus[cpu_index()];
   const int t = list_of(type_of(size));
   uintptr_t ptr = 0;
+  // A hint read without the lock (bits are set under it before a block of
+  // that size can be taken): no block of this size parked, nothing to scan.
+  if ((__atomic_load_n(&c.sizes[t], __ATOMIC_RELAXED) & size_bit(size)) == 0) return 0;
   {
     Guard g(c.lk);
-    if ((c.sizes[t] & size_bit(size)) == 0) return 0;  // no block of this size parked
     Entry *list = c.e[t];
+    uint64_t *req = c.req[t];
     for (int i = c.n[t] - 1; i >= 0; i--) {  // newest first: warm in caches
+      if (req[i] != size) continue;
       Entry &e = list[i];
       // An entry with an epoch was parked for its shard's being unchanged:
       // if the shard has changed since, or other frees of its pool wait
@@ -304,6 +311,7 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
         ptr = e.ptr;
         count(c, e);
         memmove(&list[i], &list[i + 1], (c.n[t] - i - 1) * sizeof(Entry));
+        memmove(&req[i], &req[i + 1], (c.n[t] - i - 1) * sizeof(uint64_t));
         __atomic_store_n(&c.n[t], c.n[t] - 1, __ATOMIC_RELAXED);  // read without the lock by parked()
         break;
       }
@@ -407,7 +415,7 @@ bool free_parked(uintptr_t ptr, size_t size, int dev, bool &twice) {
     defer(mine);
     return true;
   }
-  Entry evicted;
+  Entry evicted[kEvict];
   bool evict = false;
   {
     int k = cpu_index();
@@ -416,19 +424,21 @@ bool free_parked(uintptr_t ptr, size_t size, int dev, bool &twice) {
     Entry *list = c.e[t];
     Guard g(c.lk);
     mark_nonempty(k);
-    if (c.n[t] == kEntries) {  // full: the oldest goes back
-      evicted = list[0];
-      memmove(&list[0], &list[1], (kEntries - 1) * sizeof(Entry));
-      __atomic_store_n(&c.n[t], c.n[t] - 1, __ATOMIC_RELAXED);
+    if (c.n[t] == kEntries) {  // full: the oldest go back, together
+      memcpy(evicted, list, sizeof evicted);
+      memmove(&list[0], &list[kEvict], (kEntries - kEvict) * sizeof(Entry));
+      memmove(&c.req[t][0], &c.req[t][kEvict], (kEntries - kEvict) * sizeof(uint64_t));
+      __atomic_store_n(&c.n[t], c.n[t] - kEvict, __ATOMIC_RELAXED);
       evict = true;
     }
     list[c.n[t]] = mine;
-    c.sizes[t] |= size_bit(mine.req);
+    c.req[t][c.n[t]] = mine.req;
+    __atomic_store_n(&c.sizes[t], c.sizes[t] | size_bit(mine.req), __ATOMIC_RELAXED);
     __atomic_store_n(&c.n[t], c.n[t] + 1, __ATOMIC_RELAXED);
   }
   if (evict) {
-    forget(evicted.ptr);
-    goPoolReturnParked(&evicted, 1);
+    for (const Entry &e : evicted) forget(e.ptr);
+    goPoolReturnParked(evicted, kEvict);
   }
   return true;
 }
@@ -452,22 +462,25 @@ int take_if(Match match, Entry *out, int max, unsigned lists = 7) {
     {
       Guard g(c.lk);
       // Moves the matching entries of list (n long) to out, keeping the others.
-      auto move_out = [&](int which, Entry *list, int &n) {
+      // req: the list's req array (Cpu.req), or NULL.
+      auto move_out = [&](int which, Entry *list, uint64_t *req, int &n) {
         int keep = 0;
         for (int i = 0; i < n; i++) {
-          if (k < max && match(which, list[i]))
+          if (k < max && match(which, list[i])) {
             out[k++] = list[i];
-          else
+          } else {
+            if (req != nullptr) req[keep] = req[i];
             list[keep++] = list[i];
+          }
         }
         __atomic_store_n(&n, keep, __ATOMIC_RELAXED);  // read without the lock by parked()
       };
       for (int t = 0; t < 2; t++) {
         if ((lists >> t & 1) == 0) continue;
-        move_out(t, c.e[t], c.n[t]);
-        if (c.n[t] == 0) c.sizes[t] = 0;
+        move_out(t, c.e[t], c.req[t], c.n[t]);
+        if (c.n[t] == 0) __atomic_store_n(&c.sizes[t], 0, __ATOMIC_RELAXED);
       }
-      if (lists & 4) move_out(2, c.d, c.nd);
+      if (lists & 4) move_out(2, c.d, nullptr, c.nd);
       unmark_if_empty(cpu);
     }
   });

@@ -1,6 +1,7 @@
-// The front cache: a few recently freed blocks per CPU, kept in C so that a
-// cached alloc+free never crosses into Go (a C->Go call costs ~100 ns and
-// does not scale across threads; measured in bench/RESULTS.md). It is a
+// The front cache: up to 64 recently freed blocks per CPU and pool (small,
+// large), kept in C so that a cached alloc+free never crosses into Go (a
+// C->Go call costs ~100 ns and does not scale across threads; measured in
+// bench/RESULTS.md). It is a
 // level of its own in front of the pool (allocator/front.go states the
 // contract between the two; export/main.go's cFront is this cache as the
 // pool sees it). Go still owns every block: to the pool, a block in the
@@ -22,10 +23,13 @@
 //    One larger than SYMM_POOL_FRONT_CACHE_MAX (and not a segment of its
 //    own) is parked and reused only while its pool shard has not changed
 //    since it was allocated, when the pool would place it there anyway.
-//  - Before the pool places a block for a device (alloc_miss), the blocks
-//    parked for that device go back to it, in the same call: the pool sees
-//    the frees it would have seen without the front cache, except those
-//    whose block was reused whole.
+//  - Before the pool places a block (alloc_miss), the blocks parked in the
+//    bins it reads (its device, stream, and small or large pool) and the
+//    device's deferred frees go back to it, in the same call; the others
+//    stay parked, and the pool takes them back itself before it steals,
+//    collects or grows, or could raise a peak (allocator.AllocAround): every
+//    peak is the one the pool alone reaches, and the pool sees the frees it
+//    would have seen, except those whose block was reused whole.
 #ifndef SYMM_FRONT_H
 #define SYMM_FRONT_H
 #include <stddef.h>
@@ -38,8 +42,9 @@ bool enabled();
 // alloc_hit returns a cached block for (size, dev, stream) or 0.
 uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream);
 // alloc_miss asks the pool for a block (api: export/pool.go's allocAPIs),
-// handing back in the same call the blocks parked for dev, and records it;
-// 0 with the last error set on failure.
+// handing back in the same call the blocks parked in the bins it reads and
+// dev's deferred frees, and records it; 0 with the last error set on
+// failure.
 uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream);
 // on_go_alloc records a block the pool handed out (pl: where it placed it).
 void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const symmshim_placed &pl);

@@ -76,24 +76,33 @@ func goPoolReturnParked(back *C.symmshim_parked, n C.int) {
 		return
 	}
 	defer deliverSegmentEvents()
-	for _, b := range unsafe.Slice(back, int(n)) {
-		returnParked(uintptr(b.ptr), uint64(b.req), int(b.dev), uintptr(b.stream))
+	p, err := getPool()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "symm: returning %d cached blocks: %v\n", int(n), err)
+		return
+	}
+	blocks := unsafe.Slice(back, int(n))
+	for i := 0; i < len(blocks); {
+		i = returnParked(p, blocks, i)
 	}
 }
 
-func returnParked(ptr uintptr, req uint64, device int, stream uintptr) {
+// returnParked frees blocks[i:] into p and returns len(blocks), or the
+// index after a block whose free panicked (printed, as errors are).
+func returnParked(p *allocator.Pool, blocks []C.symmshim_parked, i int) (next int) {
 	defer func() {
 		if r := recover(); r != nil {
 			fmt.Fprintf(os.Stderr, "symm: returning a cached block: panic: %v\n", r)
+			next = i + 1
 		}
 	}()
-	p, err := getPool()
-	if err == nil {
-		err = p.Free(device, stream, ptr, req)
+	for ; i < len(blocks); i++ {
+		b := &blocks[i]
+		if err := p.Free(int(b.dev), uintptr(b.stream), uintptr(b.ptr), uint64(b.req)); err != nil {
+			fmt.Fprintf(os.Stderr, "symm: returning a cached block: %v\n", err)
+		}
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "symm: returning a cached block: %v\n", err)
-	}
+	return i
 }
 
 //export goPoolFree

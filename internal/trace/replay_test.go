@@ -126,15 +126,22 @@ free_completed,4,4194304,0
 free_completed,3,2097152,0
 `)
 	for _, ex := range []bool{false, true} {
-		off, err := ReplayWith(tr, allocator.Config{Expandable: ex}, Options{})
-		require.NoError(t, err)
-		on, err := ReplayWith(tr, allocator.Config{Expandable: ex}, Options{FrontMax: 1 << 20})
-		require.NoError(t, err)
+		on := replayFrontLikePool(t, tr, ex)
 		require.Equal(t, 1, on.FrontUnchangedHits, "expandable %v: row 3 reuses row 1's block; row 6 misses", ex)
 		require.Equal(t, 1, on.FrontHits, "expandable %v", ex)
-		require.Equal(t, off.PeakReserved, on.PeakReserved, "expandable %v", ex)
-		require.Equal(t, off.PeakAllocated, on.PeakAllocated, "expandable %v", ex)
 	}
+}
+
+// replayFrontLikePool replays tr with the front-cache model (1 MiB) and
+// without, checks that the peaks are the same, and returns the former.
+func replayFrontLikePool(t *testing.T, tr *Trace, expandable bool) Result {
+	off, err := ReplayWith(tr, allocator.Config{Expandable: expandable}, Options{})
+	require.NoError(t, err)
+	on, err := ReplayWith(tr, allocator.Config{Expandable: expandable}, Options{FrontMax: 1 << 20})
+	require.NoError(t, err)
+	require.Equal(t, off.PeakReserved, on.PeakReserved, "expandable %v", expandable)
+	require.Equal(t, off.PeakAllocated, on.PeakAllocated, "expandable %v", expandable)
+	return on
 }
 
 // Peaks with the front cache are the true ones: a block parked when a
@@ -230,17 +237,6 @@ alloc,4,4096,0
 free_completed,4,4096,0
 free_completed,3,2097152,0
 `)
-	for _, ex := range []bool{false, true} {
-		off, err := ReplayWith(tr, allocator.Config{Expandable: ex}, Options{})
-		require.NoError(t, err)
-		on, err := ReplayWith(tr, allocator.Config{Expandable: ex}, Options{FrontMax: 1 << 20})
-		require.NoError(t, err)
-		if !ex {
-			require.Equal(t, 1, on.FrontHits, "row 8 reuses row 5's block across row 7's miss")
-		} else {
-			require.Zero(t, on.FrontHits, "one pool for all sizes: row 7's miss takes it back")
-		}
-		require.Equal(t, off.PeakAllocated, on.PeakAllocated, "expandable %v", ex)
-		require.Equal(t, off.PeakReserved, on.PeakReserved, "expandable %v", ex)
-	}
+	require.Equal(t, 1, replayFrontLikePool(t, tr, false).FrontHits, "row 8 reuses row 5's block across row 7's miss")
+	require.Zero(t, replayFrontLikePool(t, tr, true).FrontHits, "one pool for all sizes: row 7's miss takes it back")
 }
