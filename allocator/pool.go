@@ -126,6 +126,7 @@ type device struct {
 	privs  map[PoolID]*privatePool // under privMu
 	direct *privatePool            // segment-serving pool (MemPool mode), under privMu
 	routes []openRouting           // open routings to private pools, newest last, under privMu (routes.go)
+	onOOM  atomic.Int32            // use_on_oom private pools (mempools.go); changed under privMu
 	// capture answers whether a graph capture may be under way (gate.go).
 	capture gate
 

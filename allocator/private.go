@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 )
 
 // Private pools: the memory of a CUDA graph capture, and segment-serving
@@ -37,6 +38,13 @@ type privatePool struct {
 	uses   int
 	direct bool // segments go back to the backend as soon as they are wholly free
 	shards map[uintptr]*shard
+	// What a torch.cuda.MemPool may ask (mempools.go): where its segments
+	// come from (nil: the backend), set at creation; whether the default
+	// pool may use it when out of memory (counted in device.onOOM); whether
+	// its blocks are never split (read by its shards' source, so atomic).
+	segs    SegmentAllocator
+	onOOM   bool
+	noSplit atomic.Bool
 }
 
 func (pp *privatePool) released() bool { return !pp.direct && pp.uses == 0 }
@@ -51,10 +59,7 @@ func (pp *privatePool) released() bool { return !pp.direct && pp.uses == 0 }
 // and queries no event, steals no segment across streams and processes no
 // pending free, since any stream of the device may be capturing.
 func (p *Pool) BeginAllocateToPool(dev int, id PoolID, r Route) error {
-	d, err := p.device(dev)
-	if err == nil && id == (PoolID{}) {
-		err = fmt.Errorf("%w: pool id (0, 0) is the default pool; a private pool needs a non-zero id", ErrInvalid)
-	}
+	d, err := p.privateDevice(dev, id)
 	if err != nil {
 		closeRoutes(r)
 		return err
@@ -62,11 +67,7 @@ func (p *Pool) BeginAllocateToPool(dev int, id PoolID, r Route) error {
 	d.privMu.Lock()
 	pp := d.privs[id]
 	if pp == nil {
-		if d.privs == nil {
-			d.privs = map[PoolID]*privatePool{}
-		}
-		pp = &privatePool{id: id, shards: map[uintptr]*shard{}}
-		d.privs[id] = pp
+		pp = d.newPrivatePool(id)
 	}
 	pp.uses++
 	d.openRoute(pp, r)
@@ -146,6 +147,16 @@ func (d *device) releasePool(id PoolID, strict bool) ([]Route, error) {
 		}
 	}
 	return closed, nil
+}
+
+// privateDevice returns device dev for a call naming private pool id, or
+// why it cannot be named (a bad device, the default pool's id).
+func (p *Pool) privateDevice(dev int, id PoolID) (*device, error) {
+	d, err := p.device(dev)
+	if err == nil && id == (PoolID{}) {
+		err = fmt.Errorf("%w: pool id (0, 0) is the default pool; a private pool needs a non-zero id", ErrInvalid)
+	}
+	return d, err
 }
 
 // privatePool returns pool id of the device, or an error naming what was
@@ -272,6 +283,10 @@ func (d *device) forgetReleased() {
 			continue
 		}
 		delete(d.privs, id)
+		if pp.onOOM {
+			d.onOOM.Add(-1)
+		}
+		closeSegs(pp.segs) // no segment of it is left
 		d.mu.Lock()
 		old := *d.list.Load()
 		nl := make([]*shard, 0, len(old))

@@ -7,7 +7,7 @@ package allocator
 //
 //	default pool, fixed segments      fixedSource       source_fixed.go
 //	default pool, expandable segments expandableSource  expandable.go
-//	a private pool (graph capture)    fixedSource       source_fixed.go
+//	a private pool (graph, MemPool)   poolSource        mempools.go
 //	MemPool segments (AllocSegment)   directSource      source_direct.go
 //
 // The shard's own code (bins, split and merge, live blocks, pending frees,
@@ -69,6 +69,8 @@ func (d *device) sourceFor(pp *privatePool) segmentSource {
 		return directSource{fixedSource{p}}
 	case pp == nil && p.exp != nil:
 		return expandableSource{p}
+	case pp != nil:
+		return poolSource{fixedSource{p}, pp}
 	default:
 		return fixedSource{p}
 	}

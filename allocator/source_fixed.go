@@ -76,11 +76,17 @@ func (fixedSource) release(s *shard) error {
 // newSegment asks the backend for a fixed segment of size bytes of pool k
 // and returns its (free, whole) block. Called with s.mu held.
 func (s *shard) newSegment(size uint64, k poolKind) (*block, error) {
+	return s.newSegmentFrom(size, k, func() (uintptr, error) { return s.dev.pool.backend.Alloc(s.dev.idx, size) })
+}
+
+// newSegmentFrom is newSegment with the memory from alloc (a private
+// pool's SegmentAllocator, mempools.go).
+func (s *shard) newSegmentFrom(size uint64, k poolKind, alloc func() (uintptr, error)) (*block, error) {
 	d := s.dev
 	if err := d.reserve(size); err != nil {
 		return nil, err
 	}
-	ptr, err := d.pool.backend.Alloc(d.idx, size)
+	ptr, err := alloc()
 	if err != nil {
 		d.unreserve(size)
 		return nil, err

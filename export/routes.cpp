@@ -67,11 +67,18 @@ void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int m
     uintptr_t p = goPoolRoutedAlloc(api, size, device, (uintptr_t)stream, &bsize, &routed);
     if (routed) return (void *)p;
   }
+  uintptr_t p;
   if (front_on()) {
     if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
-    return (void *)front::alloc_miss(api, size, device, (uintptr_t)stream);
+    p = front::alloc_miss(api, size, device, (uintptr_t)stream);
+  } else {
+    p = goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
   }
-  return (void *)goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
+  // Out of memory: a use_on_oom pool's free block, if one fits (PyTorch's
+  // last resort before it raises; never for a routed allocation).
+  if (__builtin_expect(p == 0, 0) && symm_last_error_code() == SYMM_ERR_OUT_OF_MEMORY)
+    p = goPoolAllocOnOOM(size, device, (uintptr_t)stream, &bsize);
+  return (void *)p;
 }
 
 extern "C" {

@@ -45,6 +45,15 @@ SYMM_CHECKED(symm_pool_set_allocator_settings, (const char *settings), settings 
              goPoolSetAllocatorSettings((char *)settings))
 SYMM_CHECKED(symm_pool_memory_fraction, (int device, double *fraction), fraction == nullptr, "fraction is NULL",
              goPoolMemoryFraction(device, fraction))
+// Private pools' settings (torch.cuda.MemPool's), export/mempools.go.
+SYMM_CALL(int, symm_pool_create_pool, (int device, symm_pool_id_t id, const symm_segment_allocator_t *segs),
+          SYMM_ERR_FORKED, goPoolCreatePool(device, id.first, id.second, (symm_segment_allocator_t *)segs))
+SYMM_CALL(int, symm_pool_use_count, (int device, symm_pool_id_t id), -1, goPoolUseCount(device, id.first, id.second))
+SYMM_CALL(int, symm_pool_set_use_on_oom, (int device, symm_pool_id_t id, int on), SYMM_ERR_FORKED,
+          goPoolSetPool(0, device, id.first, id.second, on))
+SYMM_CALL(int, symm_pool_set_no_split, (int device, symm_pool_id_t id), SYMM_ERR_FORKED,
+          goPoolSetPool(1, device, id.first, id.second, 0))
+SYMM_CALL(int, symm_pool_empty_pool, (symm_pool_id_t id), SYMM_ERR_FORKED, goPoolEmptyPool(id.first, id.second))
 void *symm_driver_proc(const char *name) {
   if (forked("symm_driver_proc")) return nullptr;
   if (name == nullptr) {

@@ -240,6 +240,51 @@ int symm_pool_end_allocate_to_pool(int device, symm_pool_id_t id);
  * unknown pool or one already released. */
 int symm_pool_release_pool(int device, symm_pool_id_t id);
 
+/* Where a private pool's segments come from when not from the device
+ * (torch.cuda.MemPool(allocator): ProcessGroupNCCL's ncclMemAlloc, PyTorch's
+ * symmetric memory). alloc returns size bytes of device, NULL when it has
+ * none; free gives back what alloc returned; release (may be NULL) is called
+ * once, when the pool is forgotten. None may throw or call into libsymm: they
+ * are called with the pool's locks held. */
+typedef struct {
+  void *(*alloc)(size_t size, int device, void *ctx);
+  void (*free)(void *ptr, size_t size, int device, void *ctx);
+  void (*release)(void *ctx);
+  void *ctx;
+} symm_segment_allocator_t;
+
+/* Creates private pool id of device with one use, or takes one more use of
+ * it (PyTorch's createOrIncrefPool: torch.cuda.MemPool's constructor). segs,
+ * when not NULL, gives a new pool its segments, which are cut and cached as
+ * the device's are and go back through segs->free when the pool's cache is
+ * emptied; libsymm copies *segs and owns segs->ctx from the call on, even on
+ * error (segs->release). SYMM_ERR_INVALID: bad device, id (0, 0), or segs
+ * for a pool that exists. */
+int symm_pool_create_pool(int device, symm_pool_id_t id, const symm_segment_allocator_t *segs);
+
+/* The uses of pool id (PyTorch's getPoolUseCount): its creation, each route
+ * open to it, each graph sharing it, less the releases. -1 with
+ * SYMM_ERR_INVALID: bad device, unknown pool. */
+int symm_pool_use_count(int device, symm_pool_id_t id);
+
+/* on != 0: an allocation of the default pool of device that would fail with
+ * SYMM_ERR_OUT_OF_MEMORY takes a free block of pool id (on its stream)
+ * instead, as PyTorch's MemPool(use_on_oom=True); 0 turns it off.
+ * SYMM_ERR_INVALID: bad device, unknown pool. */
+int symm_pool_set_use_on_oom(int device, symm_pool_id_t id, int on);
+
+/* Blocks of pool id are handed out whole from now on, never split
+ * (MemPool(no_split=True)). SYMM_ERR_INVALID: bad device, unknown pool. */
+int symm_pool_set_no_split(int device, symm_pool_id_t id);
+
+/* Returns the cached segments of pool id to where they came from on every
+ * device where its last use was released, and forgets it once it holds none
+ * (PyTorch's emptyCache(mempool_id), which MemPool's destructor calls); the
+ * default pool and other pools keep their caches. id (0, 0): as
+ * symm_pool_empty_cache. Nothing goes while a route is open on the device.
+ * Returns SYMM_OK, or the first failure (the rest is still tried). */
+int symm_pool_empty_pool(symm_pool_id_t id);
+
 /* ---- memory history and snapshots ------------------------------------------
  *
  * The data of PyTorch's torch.cuda.memory._snapshot(), as JSON with the same

@@ -166,9 +166,14 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     Base::init(device_count);  // no init_fn_ is set: only marks initialized
   }
 
-  void emptyCache(MempoolId_t /*mempool_id*/) override {
+  // A private pool's id (MemPool's destructor): only that pool, once its
+  // last use went, as PyTorch's emptyCache(mempool_id).
+  void emptyCache(MempoolId_t mempool_id) override {
     g_api.clear_error();
-    g_api.empty_cache();
+    if (mempool_id != MempoolId_t{0, 0} && g_api.empty_pool != nullptr)
+      g_api.empty_pool(pool_id(mempool_id));
+    else
+      g_api.empty_cache();
     if (g_api.last_error_code() != SYMM_OK) TORCH_WARN("libsymm: empty_cache: ", last_error());
   }
 
@@ -198,6 +203,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   void endAllocateToPool(c10::DeviceIndex device, MempoolId_t id) override;
   void releasePool(c10::DeviceIndex device, MempoolId_t id) override;
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id, std::shared_ptr<CCA::CUDAAllocator> allocator) override;
+  int getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) override;
   void setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) override;
   void setNoSplit(c10::DeviceIndex, MempoolId_t) override;
   bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t id,

@@ -71,6 +71,11 @@ struct Api {
   void (*begin_pool)(int, PoolId, std::function<bool(CUstream_st *)>) = nullptr;
   void (*end_pool)(int, PoolId) = nullptr;
   void (*release_pool)(int, PoolId) = nullptr;
+  int (*create_pool)(int, symm_pool_id_t, const symm_segment_allocator_t *) = nullptr;
+  int (*use_count)(int, symm_pool_id_t) = nullptr;
+  int (*set_use_on_oom)(int, symm_pool_id_t, int) = nullptr;
+  int (*set_no_split)(int, symm_pool_id_t) = nullptr;
+  int (*empty_pool)(symm_pool_id_t) = nullptr;
   int (*torch_mode)(void) = nullptr;
   void (*own_allocator)(const void *) = nullptr;
   int (*memory_fraction)(int, double *) = nullptr;
@@ -120,6 +125,11 @@ void load_api(const std::string &path) {
   resolve(h, "symm_pool_set_allocator_settings", g_api.set_settings, true);
   resolve(h, "symm_driver_proc", g_api.driver_proc, true);
   resolve(h, "symm_pool_alloc_segment", g_api.alloc_segment, false);
+  resolve(h, "symm_pool_create_pool", g_api.create_pool, false);
+  resolve(h, "symm_pool_use_count", g_api.use_count, false);
+  resolve(h, "symm_pool_set_use_on_oom", g_api.set_use_on_oom, false);
+  resolve(h, "symm_pool_set_no_split", g_api.set_no_split, false);
+  resolve(h, "symm_pool_empty_pool", g_api.empty_pool, false);
   resolve(h, "symm_pool_reset_accumulated", g_api.reset_accumulated, false);
   resolve(h, "symm_pool_cache_info", g_api.cache_info, false);
   resolve(h, "symm_pool_segment_of", g_api.segment_of, false);

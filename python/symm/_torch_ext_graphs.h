@@ -30,35 +30,69 @@ void SymmAllocator::releasePool(c10::DeviceIndex device, MempoolId_t id) {
   g_api.release_pool(device, {id.first, id.second});
 }
 
-// torch.cuda.MemPool() while libsymm is PyTorch's allocator: a private pool
-// of libsymm's, as PyTorch's own allocator makes one. The constructor takes
-// a use of the pool (here: a route opened and closed at once, which
-// creates the pool or adds a use), use_mem_pool routes the thread's
-// allocations to it (beginAllocateToPool) and gives its own use back
-// (releasePool), and the destructor's releasePool gives this one back.
-// A MemPool over another allocator cannot be served: libsymm answers for
-// every CUDA allocation of the process.
+// torch.cuda.MemPool while libsymm is PyTorch's allocator: a private pool of
+// libsymm's, with PyTorch's semantics (use count, use_on_oom, no_split,
+// emptyCache of its id when it dies). A MemPool over another allocator
+// (ProcessGroupNCCL's ncclMemAlloc, PyTorch's symmetric memory, any
+// CUDAPluggableAllocator) takes its segments from that allocator's
+// raw_alloc and gives them back through its raw_delete; libsymm caches them
+// in the pool as PyTorch does.
+namespace mempool {
+using Owner = std::shared_ptr<CCA::CUDAAllocator>;
+void *alloc(size_t size, int device, void *ctx) noexcept {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    return (*static_cast<Owner *>(ctx))->raw_alloc(size);
+  } catch (...) {
+    // No warning here: libsymm's pool locks are held (a Python warning
+    // handler could wait for the GIL). libsymm reports out-of-memory.
+  }
+  return nullptr;
+}
+void free(void *ptr, size_t /*size*/, int device, void *ctx) noexcept {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    (*static_cast<Owner *>(ctx))->raw_delete(ptr);
+  } catch (...) {
+    // The segment stays the allocator's; nothing to tell from under a lock.
+  }
+}
+void release(void *ctx) noexcept { delete static_cast<Owner *>(ctx); }
+}  // namespace mempool
+
 void SymmAllocator::createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id, std::shared_ptr<CCA::CUDAAllocator> allocator) {
-  TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-              "libsymm: torch.cuda.MemPool(", allocator->name(), " allocator) while libsymm is PyTorch's allocator "
-              "(symm.use_as_default()): a MemPool over another allocator is not supported here. Make it without an "
-              "allocator (torch.cuda.MemPool(): a private pool of libsymm's), or keep PyTorch's allocator and put "
-              "libsymm inside MemPools only (torch.cuda.MemPool(symm.pool_allocator().allocator()))");
+  auto create = need(g_api.create_pool, "symm_pool_create_pool");
   g_api.clear_error();
-  g_api.begin_pool(device, {id.first, id.second}, [](CUstream_st *) { return false; });  // throws on error
-  g_api.end_pool(device, {id.first, id.second});
-  TORCH_CHECK(g_api.last_error_code() == SYMM_OK, "libsymm: torch.cuda.MemPool: ", last_error());
+  if (allocator == nullptr || allocator.get() == this) {
+    check(create(device, pool_id(id), nullptr), "torch.cuda.MemPool");
+    return;
+  }
+  symm_segment_allocator_t segs{&mempool::alloc, &mempool::free, &mempool::release,
+                                new mempool::Owner(std::move(allocator))};
+  check(create(device, pool_id(id), &segs), "torch.cuda.MemPool over another allocator");  // libsymm owns segs.ctx
 }
-// MemPool's destructor turns use_on_oom off (never throw here: it runs in a
-// destructor); turning it on, or no_split, asks for what libsymm's private
-// pools do not do, and is refused in the constructor with a clear error.
-void SymmAllocator::setUseOnOOM(c10::DeviceIndex, MempoolId_t, bool use_on_oom) {
-  TORCH_CHECK(!use_on_oom, "libsymm: torch.cuda.MemPool(use_on_oom=True) is not supported while libsymm is PyTorch's "
-              "allocator: an out-of-memory allocation outside the pool does not fall back to it");
+
+int SymmAllocator::getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) {
+  g_api.clear_error();
+  int n = need(g_api.use_count, "symm_pool_use_count")(device, pool_id(id));
+  if (n < 0) check(g_api.last_error_code(), "MemPool.use_count");
+  return n;
 }
-void SymmAllocator::setNoSplit(c10::DeviceIndex, MempoolId_t) {
-  TORCH_CHECK(false, "libsymm: torch.cuda.MemPool(no_split=True) is not supported while libsymm is PyTorch's "
-              "allocator: its private pools split blocks as the default pool does");
+
+// MemPool's destructor turns use_on_oom off: never throw then.
+void SymmAllocator::setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool use_on_oom) {
+  g_api.clear_error();
+  int rc = need(g_api.set_use_on_oom, "symm_pool_set_use_on_oom")(device, pool_id(id), use_on_oom ? 1 : 0);
+  if (rc == SYMM_OK) return;
+  if (!use_on_oom) {
+    TORCH_WARN("libsymm: use_on_oom off: ", last_error());
+    return;
+  }
+  check(rc, "MemPool(use_on_oom=True)");
+}
+void SymmAllocator::setNoSplit(c10::DeviceIndex device, MempoolId_t id) {
+  g_api.clear_error();
+  check(need(g_api.set_no_split, "symm_pool_set_no_split")(device, pool_id(id)), "MemPool(no_split=True)");
 }
 
 std::vector<symm_block_info_t> SymmAllocator::pool_blocks(c10::DeviceIndex device, MempoolId_t id) {

@@ -551,6 +551,15 @@ static void test_pool_graphs(void) {
   cover("symm_torch_begin_allocate_to_pool");
   cover("symm_torch_end_allocate_to_pool");
   cover("symm_torch_release_pool");
+  /* torch.cuda.MemPool's calls on a pool (their good use: test_graphs.cpp). */
+  symm_pool_id_t nopool = {0, 78};
+  BAD(SYMM_ERR_INVALID, "no such pool", symm_pool_set_no_split(0, nopool));
+  BAD(SYMM_ERR_INVALID, "no such pool", symm_pool_set_use_on_oom(0, nopool, 1));
+  BADR(-1, SYMM_ERR_INVALID, "no such pool", symm_pool_use_count(0, nopool));
+  BADR(-1, SYMM_ERR_INVALID, "device 99", symm_pool_use_count(99, nopool));
+  BAD(SYMM_ERR_INVALID, "default pool", symm_pool_create_pool(0, zero, NULL));
+  BAD(SYMM_ERR_INVALID, "device -1", symm_pool_create_pool(-1, nopool, NULL));
+  NOOP(SYMM_OK, symm_pool_empty_pool(nopool)); /* no such pool: nothing to give back */
   area("private pools, snapshots", c0);
 }
 
@@ -1541,7 +1550,9 @@ static void check_coverage(void) {
       "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_block_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment", "symm_pool_snapshot_list", "symm_pool_settings", "symm_pool_set_segment_hook",
-      "symm_pool_memory_fraction", "symm_pool_set_allocator_settings", "symm_driver_proc", "symm_torch_own_allocator"};
+      "symm_pool_memory_fraction", "symm_pool_set_allocator_settings", "symm_driver_proc", "symm_torch_own_allocator",
+      "symm_pool_create_pool", "symm_pool_use_count", "symm_pool_set_use_on_oom", "symm_pool_set_no_split",
+      "symm_pool_empty_pool"};
   int missing = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     int found = 0;

@@ -175,6 +175,75 @@ static void test_throwing_filter(void) {
   symm_pool_empty_cache();
 }
 
+/* torch.cuda.MemPool's C side: a pool over a caller's segment allocator,
+ * its use count, and its cache given back through that allocator when it
+ * dies (release, then symm_pool_empty_pool). */
+struct Segs {
+  int allocs = 0, frees = 0, releases = 0;
+};
+static void *segs_alloc(size_t size, int, void *ctx) {
+  static_cast<Segs *>(ctx)->allocs++;
+  return aligned_alloc(4096, size);
+}
+static void segs_free(void *p, size_t, int, void *ctx) {
+  static_cast<Segs *>(ctx)->frees++;
+  free(p);
+}
+static void segs_release(void *ctx) { static_cast<Segs *>(ctx)->releases++; }
+
+static void test_mempool_over_allocator(void) {
+  Segs segs;
+  symm_segment_allocator_t a = {segs_alloc, segs_free, segs_release, &segs};
+  symm_pool_id_t id = {0, 21};
+  CHECK(symm_pool_create_pool(0, id, &a) == SYMM_OK, "create");
+  CHECK(symm_pool_use_count(0, id) == 1, "use count 1");
+  CHECK(symm_pool_create_pool(0, id, &a) == SYMM_ERR_INVALID && segs.releases == 1,
+        "an existing pool refuses an allocator, and releases it");
+  segs.releases = 0;
+  CHECK(symm_pool_set_no_split(0, id) == SYMM_OK, "no_split");
+  CHECK(symm_pool_begin_allocate_to_pool(0, id, SA) == SYMM_OK, "begin");
+  CHECK(symm_pool_use_count(0, id) == 2, "a route takes a use");
+  void *x = symm_pool_alloc(1000, 0, SA);
+  void *y = symm_pool_alloc(1000, 0, SA);
+  CHECK(x && y && segs.allocs == 2, "two whole segments from the allocator (no_split): %d", segs.allocs);
+  CHECK(symm_pool_end_allocate_to_pool(0, id) == SYMM_OK && symm_pool_release_pool(0, id) == SYMM_OK, "end");
+  CHECK(symm_pool_use_count(0, id) == 1, "back to 1");
+  symm_pool_free(x, 1000, 0, SA);
+  symm_pool_free(y, 1000, 0, SA);
+  CHECK(symm_pool_empty_pool(id) == SYMM_OK && segs.frees == 0, "a live pool keeps its cache");
+  /* The MemPool dies: use_on_oom off, release, empty its cache. */
+  CHECK(symm_pool_set_use_on_oom(0, id, 0) == SYMM_OK, "use_on_oom off");
+  CHECK(symm_pool_release_pool(0, id) == SYMM_OK, "release");
+  CHECK(symm_pool_empty_pool(id) == SYMM_OK, "empty its cache");
+  CHECK(segs.frees == 2 && segs.releases == 1, "given back through the allocator: %d frees, %d releases", segs.frees,
+        segs.releases);
+  CHECK(symm_pool_use_count(0, id) == -1 && symm_last_error_code() == SYMM_ERR_INVALID, "forgotten");
+  symm_pool_id_t zero = {0, 0};
+  CHECK(symm_pool_create_pool(0, zero, nullptr) == SYMM_ERR_INVALID, "(0, 0) is the default pool");
+}
+
+/* use_on_oom: the default pool, out of memory, takes a free block of the
+ * pool (device 1, limited to 40 MiB). */
+static void test_use_on_oom(void) {
+  symm_pool_id_t id = {0, 22};
+  CHECK(symm_pool_set_limit(1, 40 * MiB) == SYMM_OK, "limit");
+  CHECK(symm_pool_create_pool(1, id, nullptr) == SYMM_OK, "create");
+  CHECK(symm_pool_set_use_on_oom(1, id, 1) == SYMM_OK, "use_on_oom");
+  CHECK(symm_pool_begin_allocate_to_pool(1, id, SA) == SYMM_OK, "begin");
+  void *big = symm_pool_alloc(30 * MiB, 1, SA);
+  CHECK(big != nullptr, "the pool's block");
+  CHECK(symm_pool_end_allocate_to_pool(1, id) == SYMM_OK && symm_pool_release_pool(1, id) == SYMM_OK, "end");
+  symm_pool_free(big, 30 * MiB, 1, SA);
+  void *d = symm_pool_alloc(30 * MiB, 1, SA);
+  CHECK(d == big, "out of memory, the default pool took the pool's free block (%p, %p)", d, big);
+  void *e = symm_pool_try_alloc(30 * MiB, 1, SB);
+  CHECK(e == nullptr && symm_last_error_code() == SYMM_ERR_OUT_OF_MEMORY, "another stream: out of memory");
+  symm_pool_free(d, 30 * MiB, 1, SA);
+  CHECK(symm_pool_set_use_on_oom(1, id, 0) == SYMM_OK && symm_pool_release_pool(1, id) == SYMM_OK, "dies");
+  CHECK(symm_pool_empty_pool(id) == SYMM_OK && symm_pool_use_count(1, id) == -1, "gone");
+  CHECK(symm_pool_set_limit(1, 0) == SYMM_OK, "no limit");
+}
+
 static void test_history(void) {
   CHECK(symm_pool_record_history(1, 1000) == SYMM_OK, "history on");
   void *p = symm_pool_alloc(3000, 0, SA);
@@ -193,6 +262,8 @@ int main(void) {
   test_c_routes();
   test_torch_functors();
   test_throwing_filter();
+  test_mempool_over_allocator();
+  test_use_on_oom();
   test_history();
   CHECK(symm_torch_mode() == 0, "no PyTorch here");
   CHECK(count_fds() == fds0, "descriptors %d -> %d", fds0, count_fds());
