@@ -27,8 +27,9 @@
 // the blocks a cache in front of the pool holds parked, if any (front.go:
 // a parked block never makes the pool steal, collect or grow, and a
 // request that could raise a peak is served only once they are back), and
-// looks again; then it takes an idle fixed segment of another stream whose
-// work has completed (steal.go), then
+// looks again; then it takes the smallest idle fixed segment of another
+// stream that fits and is no larger than the segment it would otherwise
+// allocate, once that stream's work on it has completed (steal.go), then
 // (past the garbage collection line, gc.go) collects idle segments, then
 // takes new memory from its source, then, out of memory, releases the
 // device's cached segments and tries once more. The device counts every segment against

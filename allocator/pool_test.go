@@ -240,6 +240,40 @@ func TestCrossStreamReuseWaitsForWork(t *testing.T) {
 	check(t, p)
 }
 
+// TestStealTakesTheBestFitNoLargerThanANewSegment: a stream steals the
+// smallest idle segment of another stream that fits, and never one larger
+// than the segment it would otherwise allocate (steal.go: a larger one would
+// be split and its rest stranded in the thief's bins).
+func TestStealTakesTheBestFitNoLargerThanANewSegment(t *testing.T) {
+	p, _ := newPool(t, Config{})
+	big := mustAlloc(t, p, 0, sA, 150*mib)  // a 150 MiB segment of its own
+	mid := mustAlloc(t, p, 0, sA, 14*mib)   // 14 MiB
+	small := mustAlloc(t, p, 0, sA, 12*mib) // 12 MiB
+	for _, b := range []struct {
+		ptr  uintptr
+		size uint64
+	}{{small, 12 * mib}, {mid, 14 * mib}, {big, 150 * mib}} {
+		require.NoError(t, p.Free(0, sA, b.ptr, b.size))
+	}
+	require.EqualValues(t, 176*mib, stat(t, p, 0, "reserved_bytes.all.current"))
+
+	// 3 MiB would take a 20 MiB segment: the best fit among A's idle ones
+	// no larger than that is the 12 MiB one, not the 150 MiB one.
+	b := mustAlloc(t, p, 0, sB, 3*mib)
+	require.Equal(t, small, b, "B steals A's smallest fitting idle segment")
+	// 13 MiB would take a 14 MiB segment: A's 14 MiB one.
+	c := mustAlloc(t, p, 0, sB, 13*mib)
+	require.Equal(t, mid, c)
+	// 30 MiB would take a 30 MiB segment: A's 150 MiB one is too large to
+	// steal, so B takes new memory.
+	d := mustAlloc(t, p, 0, sB, 30*mib)
+	require.NotEqual(t, big, d)
+	require.EqualValues(t, 206*mib, stat(t, p, 0, "reserved_bytes.all.current"))
+	// A keeps its 150 MiB segment and reuses it at once.
+	require.Equal(t, big, mustAlloc(t, p, 0, sA, 100*mib))
+	check(t, p)
+}
+
 func TestPartlyUsedSegmentIsNotStolen(t *testing.T) {
 	p, _ := newPool(t, Config{})
 	a := mustAlloc(t, p, 0, sA, 4096)
