@@ -282,7 +282,8 @@ int symm_pool_set_no_split(int device, symm_pool_id_t id);
  * (PyTorch's emptyCache(mempool_id), which MemPool's destructor calls); the
  * default pool and other pools keep their caches. id (0, 0): as
  * symm_pool_empty_cache. Nothing goes while a route is open on the device.
- * Returns SYMM_OK, or the first failure (the rest is still tried). */
+ * Returns SYMM_OK, or the first failure's code (a driver's SYMM_ERR_CUDA,
+ * ...; the rest is still tried, and the last error names it). */
 int symm_pool_empty_pool(symm_pool_id_t id);
 
 /* ---- memory history and snapshots ------------------------------------------

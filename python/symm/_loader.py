@@ -121,6 +121,24 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
         _c_int,
     ),
     "symm_pool_alloc_segment": ([_c_size_t, _c_int, _c_void_p], _c_void_p),
+    # Private pools as torch.cuda.MemPool makes them (the extension's calls):
+    # segs is a symm_segment_allocator_t* (its C function pointers are the
+    # extension's), passed as an address.
+    "symm_pool_create_pool": ([_c_int, PoolId, _c_void_p], _c_int),
+    "symm_pool_use_count": ([_c_int, PoolId], _c_int),
+    "symm_pool_set_use_on_oom": ([_c_int, PoolId, _c_int], _c_int),
+    "symm_pool_set_no_split": ([_c_int, PoolId], _c_int),
+    "symm_pool_empty_pool": ([PoolId], _c_int),
+    # Listings and the segment hook (the extension's snapshot and trace
+    # trackers): arrays of symm_segment_info_t / symm_block_info_t /
+    # symm_trace_entry_t, a symm_pool_settings_t* and a C function pointer,
+    # passed as addresses.
+    "symm_pool_snapshot_list": (
+        [_c_void_p, ctypes.POINTER(_c_int), _c_void_p, ctypes.POINTER(_c_int), _c_void_p, ctypes.POINTER(_c_int)],
+        _c_int,
+    ),
+    "symm_pool_settings": ([_c_void_p], _c_int),
+    "symm_pool_set_segment_hook": ([_c_void_p, _c_void_p], _c_int),
     "symm_alloc": ([_c_size_t, _c_int, _c_void_p], _c_void_p),
     "symm_free": ([_c_void_p, _c_size_t, _c_int, _c_void_p], None),
     "symm_has_multicast_support": ([_c_int], _c_int),
