@@ -23,7 +23,8 @@ import (
 //     settings (MergeTorchSettings) and the pool is made from the result:
 //     every key applies, as if the environment had said it;
 //   - once the pool exists (ApplyTorchSettings): per_process_memory_fraction
-//     applies at once to every device (SetMemoryFraction; 1.0 lifts the cap);
+//     is accepted and changes nothing, as in PyTorch, whose devices read it
+//     once (torch.cuda.set_per_process_memory_fraction changes the cap);
 //     the keys libsymm leaves to PyTorch or ignores are accepted (backend
 //     native, the pinned host allocator's, release_lock_on_cudamalloc,
 //     graph_capture_record_stream_reuse); the pool's geometry
@@ -116,14 +117,10 @@ func (p *Pool) ApplyTorchSettings(s string) ([]string, error) {
 				ErrBusy, f.key, f.want, f.have)
 		}
 	}
-	if keys["per_process_memory_fraction"] {
-		f := c.PerProcessMemoryFraction
-		for dev := range p.devs {
-			if err := p.SetMemoryFraction(dev, f); err != nil {
-				return nil, err
-			}
-		}
-	}
+	// per_process_memory_fraction is accepted and changes nothing: PyTorch
+	// 2.11's allocator reads it when a device's allocator is made, and a
+	// later call leaves the fraction and the cap as they were (measured:
+	// tests/device/test_torch_settings.py, fraction_call).
 	return warns, nil
 }
 

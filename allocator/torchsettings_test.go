@@ -61,11 +61,13 @@ func TestApplyTorchSettings(t *testing.T) {
 	}
 	require.Equal(t, 1.0, frac(0))
 
+	// As in PyTorch, the fraction of a run-time call changes nothing.
 	_, err = p.ApplyTorchSettings("max_split_size_mb:64,per_process_memory_fraction:0.5")
 	require.NoError(t, err)
-	require.Equal(t, 0.5, frac(0))
-	require.Equal(t, 0.5, frac(1))
-	require.Equal(t, uint64(1<<39), p.Limit(1))
+	require.Equal(t, 1.0, frac(0))
+	require.Equal(t, 1.0, frac(1))
+	require.Equal(t, uint64(0), p.Limit(1))
+	require.NoError(t, p.SetMemoryFraction(0, 0.5)) // the cap the API sets; the calls below keep it
 
 	for _, c := range []struct{ text, key string }{
 		{"max_split_size_mb:128,per_process_memory_fraction:0.25", "max_split_size_mb:128"},
@@ -83,12 +85,12 @@ func TestApplyTorchSettings(t *testing.T) {
 		require.Equal(t, 0.5, frac(0), "nothing changes: %s", c.text)
 	}
 	// The same geometry again, keys libsymm leaves to PyTorch, and a
-	// fraction of 1 (no cap).
+	// fraction (changing nothing).
 	warns, err := p.ApplyTorchSettings("max_split_size_mb:64,expandable_segments:False,large_segment_size_mb:20,backend:native," +
 		"pinned_num_register_threads:8,graph_capture_record_stream_reuse:True,per_process_memory_fraction:1")
 	require.NoError(t, err)
 	require.Len(t, warns, 1)
-	require.Equal(t, 1.0, frac(0))
+	require.Equal(t, 0.5, frac(0))
 	_, err = p.ApplyTorchSettings("max_split_size_mb:64,bogus:1")
 	require.ErrorIs(t, err, ErrInvalid)
 	require.NoError(t, p.SetLimit(0, 1<<30))

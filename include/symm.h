@@ -145,8 +145,9 @@ int symm_pool_memory_fraction(int device, double *fraction);
  * defaults when the text does not give them; other keys keep their values.
  * Before the pool exists, the text is merged over the environment's settings
  * and the pool is made from the result. Once it exists,
- * per_process_memory_fraction applies to every device at once, and the
- * pool's geometry (expandable_segments, max_split_size_mb,
+ * per_process_memory_fraction is accepted and changes nothing (PyTorch's
+ * devices read it once; symm_pool_set_memory_fraction changes the cap), and
+ * the pool's geometry (expandable_segments, max_split_size_mb,
  * max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
  * garbage_collection_threshold) cannot change: a call that would change one
  * returns SYMM_ERR_BUSY, the message naming the key, and changes nothing.

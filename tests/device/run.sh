@@ -8,7 +8,7 @@
 #   bash tests/device/run.sh go torch        # only some steps: env go c torch replace graphs kernels recipes sanitizer bench
 #   bash tests/device/run.sh sweep replay    # the longer benchmarks, not run by default
 #   bash tests/device/run.sh unchanged       # 2 GPUs: an unedited torchrun script under symm run
-#   bash tests/device/run.sh settings trackers fsdp gpt2   # run-time settings, NCCL registration (2 GPUs), FSDP, GPT-2 step
+#   bash tests/device/run.sh settings mempools trackers fsdp gpt2   # run-time settings, MemPools, NCCL registration (2 GPUs), FSDP, GPT-2 step
 #
 # Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
 # Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
@@ -194,6 +194,13 @@ fi
 # PyTorch's run-time allocator settings, on both allocators (one GPU).
 if want settings; then
   run_step torch-settings "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_torch_settings.py
+fi
+
+# torch.cuda.MemPool with libsymm current: use_count, no_split, use_on_oom,
+# snapshot, release, a MemPool over another allocator and PyTorch's
+# symmetric-memory pool, on both allocators (one GPU).
+if want mempools; then
+  run_step torch-mempools "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_torch_mempools.py
 fi
 
 # ProcessGroupNCCL's segment registration through the allocator trace

@@ -25,8 +25,8 @@ eager; an eager tensor made between replays is never overwritten), tree
 with PyTorch's slow-path asserts on), graphs
 (a captured graph that frees intermediates; tensors made after it survive
 replays), mempool (torch.cuda.MemPool() and use_mem_pool: the pool's tensors
-come from a segment of that pool, others do not, and a MemPool over another
-allocator is refused with a clear error under libsymm), expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives
+come from a segment of that pool, others do not; MemPools over another
+allocator are test_torch_mempools.py's), expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives
 libsymm's expandable segments), plain (PyTorch's plain recipe: a capture is
 refused with a clear error, never silent corruption), noabort (a failed
 ctypes call of symm_pool_alloc after PyTorch's init returns NULL). Results go
@@ -407,17 +407,8 @@ def check_mempool(alloc):
         facts[f"pool{round_}"] = list(pool.id)
         del x, y, pool
         torch.cuda.empty_cache()
-    if alloc == "symm":
-        import symm
-
-        # A MemPool over another allocator: refused, with what to do instead.
-        other = torch.cuda.memory.CUDAPluggableAllocator(symm.library_path(), "symm_pool_try_alloc", "symm_pool_free")
-        try:
-            torch.cuda.MemPool(other.allocator())
-            raise AssertionError("a MemPool over another allocator was accepted")
-        except RuntimeError as e:
-            assert "MemPool" in str(e) and "not supported" in str(e), e
-            facts["refused"] = str(e)[:120]
+    # MemPools over another allocator (ProcessGroupNCCL's, PyTorch's
+    # symmetric memory, any pluggable one): tests/device/test_torch_mempools.py.
     return facts
 
 

@@ -44,7 +44,7 @@ print(json.dumps([r, reserved_for(2 << 20), fraction()]))
     assert frac == [0, 0.5]
 
 
-def test_after_the_pool_geometry_is_fixed_and_the_fraction_applies():
+def test_after_the_pool_geometry_is_fixed_and_the_fraction_is_left_alone():
     env = child_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
     out = run_json(PRELUDE + """
 lib.symm_pool_init(0)
@@ -61,11 +61,11 @@ print(json.dumps([
 """, env=env)
     f0, ok, f1, exp, reset, f2, bad, f3 = out
     assert f0 == [0, 1.0]
-    assert ok == [0, ""] and f1 == [0, 0.25]
+    assert ok == [0, ""] and f1 == [0, 1.0], "PyTorch's devices read the fraction once"
     assert exp[0] == 10 and "expandable_segments:True" in exp[1] and "cannot change at run time" in exp[1]
     # max_split_size_mb goes back to its default when not given: a change.
     assert reset[0] == 10 and "max_split_size_mb:unlimited" in reset[1]
-    assert f2 == [0, 0.25], "a refused call changes nothing"
+    assert f2 == [0, 1.0], "a refused call changes nothing"
     assert bad[0] == 1 and "max_split_size_mb:1" in bad[1]
     assert f3[0] == 1  # no device 3
 
