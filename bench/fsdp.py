@@ -30,9 +30,11 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,7 +97,8 @@ def worker(a) -> None:
         torch.cuda.memory._record_memory_history(enabled=None)
         path = Path(a.trace_dir) / f"fsdp_gpt2_w{res['world']}_rank{rank}_trace.csv.gz"
         res["trace_rows"] = write_trace_csv(snap, torch.cuda.current_device(), path)
-    print("RESULT " + json.dumps(res), flush=True)
+    # One file per rank: the ranks' stdout lines interleave under torchrun.
+    Path(a.result_dir, f"rank{rank}.json").write_text(json.dumps(res))
     dist.destroy_process_group()
 
 
@@ -118,14 +121,15 @@ def env_for(mode: str) -> dict:
 
 
 def launch(world: int, mode: str, a, trace_dir=None) -> dict:
+    results = Path(tempfile.mkdtemp(prefix="symm-fsdp-"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           str(Path(__file__).resolve()), "--worker", "--steps", str(a.steps)]
+           str(Path(__file__).resolve()), "--worker", "--steps", str(a.steps), "--result-dir", str(results)]
     if trace_dir:
         cmd += ["--trace-dir", str(trace_dir)]
     start = time.time()
     p = subprocess.run(cmd, env=env_for(mode), capture_output=True, text=True, timeout=a.timeout)
-    ranks = sorted((json.loads(l.split("RESULT ", 1)[1]) for l in p.stdout.splitlines() if l.startswith("RESULT ")),
-                   key=lambda r: r["rank"])
+    ranks = sorted((json.loads(f.read_text()) for f in results.glob("rank*.json")), key=lambda r: r["rank"])
+    shutil.rmtree(results, ignore_errors=True)
     row = {"world": world, "mode": mode, "seconds": round(time.time() - start, 1), "ranks": ranks,
            "error": "" if p.returncode == 0 and len(ranks) == world else f"rc={p.returncode}: " + p.stderr[-1500:]}
     if ranks:
@@ -169,6 +173,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--trace-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--result-dir", help=argparse.SUPPRESS)
     ap.add_argument("--worlds", default="2")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--runs", type=int, default=3)
