@@ -12,84 +12,10 @@ import (
 // segments overlap, and every statistic equals what the blocks add up to.
 // It locks each shard in turn; run it while no other goroutine uses the pool.
 func (p *Pool) CheckInvariants() error {
-	type span struct{ lo, hi uintptr }
-	var spans []span
+	var spans []addrSpan
 	for _, d := range p.devs {
-		var reserved, segs, chunkMapped, kept int64
-		var allocs, allocBytes, reqBytes, pendN, pendBytes int64
-		for _, s := range d.shardList() {
-			s.mu.Lock()
-			err := s.check(func(seg *segment) {
-				spans = append(spans, span{seg.ptr, seg.ptr + uintptr(max(seg.size, seg.vsize))})
-			})
-			c := &s.stats.c[stAll]
-			allocs += c.nAlloc - c.nFree
-			allocBytes += c.bAlloc - c.bFree
-			reqBytes += c.rAlloc - c.rFree
-			pendN += c.nFree - c.nDone
-			pendBytes += c.bFree - c.bDone
-			for seg := s.segs; seg != nil; seg = seg.snext {
-				m := int64(seg.mappedBytes(d.expand.chunk))
-				reserved += m
-				segs++
-				if seg.vsize != 0 {
-					chunkMapped += m
-				}
-			}
-			kept += int64(s.kept)
-			s.mu.Unlock()
-			if err != nil {
-				return fmt.Errorf("device %d stream %#x: %w", d.idx, s.stream, err)
-			}
-		}
-		checks := []struct {
-			name      string
-			got, want int64
-		}{
-			{"reserved_bytes", d.reserved[stAll].cur.Load(), reserved},
-			{"segment", d.segments[stAll].cur.Load(), segs},
-		}
-		d.budget.reserveMu.Lock()
-		committed := int64(d.budget.committed)
-		d.budget.reserveMu.Unlock()
-		// Between operations nothing is being asked of the backend, so the
-		// limit counts the segments and the chunks kept spare only.
-		checks = append(checks, struct {
-			name      string
-			got, want int64
-		}{"bytes counted against the limit", committed, reserved + kept})
-		if err := p.auditChunks(d); err != nil {
+		if err := p.checkDevice(d, &spans); err != nil {
 			return err
-		}
-		if p.keeper != nil {
-			m, sp := p.keeper.Chunks(d.idx)
-			checks = append(checks, []struct {
-				name      string
-				got, want int64
-			}{
-				{"backend's mapped chunk bytes", int64(m), chunkMapped},
-				{"backend's spare chunk bytes", int64(sp), kept},
-			}...)
-		}
-		if d.hot.multi.Load() {
-			checks = append(checks, []struct {
-				name      string
-				got, want int64
-			}{
-				{"device allocation", d.hot.allocCount.Load(), allocs},
-				{"device allocated_bytes", d.hot.allocBytes.Load(), allocBytes},
-				{"device requested_bytes", d.hot.reqBytes.Load(), reqBytes},
-				{"device pending", d.hot.pendingCount.Load(), pendN},
-				{"device pending bytes", d.hot.pendingBytes.Load(), pendBytes},
-			}...)
-		}
-		for _, c := range checks {
-			if c.got != c.want {
-				return fmt.Errorf("device %d: %s is %d, blocks add up to %d", d.idx, c.name, c.got, c.want)
-			}
-		}
-		if t := d.reserved[1].cur.Load() + d.reserved[2].cur.Load(); t != reserved {
-			return fmt.Errorf("device %d: reserved small+large %d != %d", d.idx, t, reserved)
 		}
 	}
 	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
@@ -97,6 +23,95 @@ func (p *Pool) CheckInvariants() error {
 		if spans[i].lo < spans[i-1].hi {
 			return fmt.Errorf("segments [%#x,%#x) and [%#x,%#x) overlap", spans[i-1].lo, spans[i-1].hi, spans[i].lo, spans[i].hi)
 		}
+	}
+	return nil
+}
+
+// addrSpan is the address range a segment takes (its reservation, for an
+// expandable one).
+type addrSpan struct{ lo, hi uintptr }
+
+// deviceTally is what the blocks of a device's shards add up to.
+type deviceTally struct {
+	reserved, segs, chunkMapped, kept              int64
+	allocs, allocBytes, reqBytes, pendN, pendBytes int64
+}
+
+// tally checks each shard of d (shard.check) and adds up its blocks and
+// segments; each segment's span goes into spans.
+func (d *device) tally(spans *[]addrSpan) (deviceTally, error) {
+	var t deviceTally
+	for _, s := range d.shardList() {
+		s.mu.Lock()
+		err := s.check(func(seg *segment) {
+			*spans = append(*spans, addrSpan{seg.ptr, seg.ptr + uintptr(max(seg.size, seg.vsize))})
+		})
+		c := &s.stats.c[stAll]
+		t.allocs += c.nAlloc - c.nFree
+		t.allocBytes += c.bAlloc - c.bFree
+		t.reqBytes += c.rAlloc - c.rFree
+		t.pendN += c.nFree - c.nDone
+		t.pendBytes += c.bFree - c.bDone
+		for seg := s.segs; seg != nil; seg = seg.snext {
+			m := int64(seg.mappedBytes(d.expand.chunk))
+			t.reserved += m
+			t.segs++
+			if seg.vsize != 0 {
+				t.chunkMapped += m
+			}
+		}
+		t.kept += int64(s.kept)
+		s.mu.Unlock()
+		if err != nil {
+			return t, fmt.Errorf("device %d stream %#x: %w", d.idx, s.stream, err)
+		}
+	}
+	return t, nil
+}
+
+// checkDevice compares d's counters with what its blocks add up to.
+func (p *Pool) checkDevice(d *device, spans *[]addrSpan) error {
+	t, err := d.tally(spans)
+	if err != nil {
+		return err
+	}
+	type check struct {
+		name      string
+		got, want int64
+	}
+	d.budget.reserveMu.Lock()
+	committed := int64(d.budget.committed)
+	d.budget.reserveMu.Unlock()
+	checks := []check{
+		{"reserved_bytes", d.reserved[stAll].cur.Load(), t.reserved},
+		{"segment", d.segments[stAll].cur.Load(), t.segs},
+		// Between operations nothing is being asked of the backend, so the
+		// limit counts the segments and the chunks kept spare only.
+		{"bytes counted against the limit", committed, t.reserved + t.kept},
+	}
+	if err := p.auditChunks(d); err != nil {
+		return err
+	}
+	if p.keeper != nil {
+		m, sp := p.keeper.Chunks(d.idx)
+		checks = append(checks, check{"backend's mapped chunk bytes", int64(m), t.chunkMapped},
+			check{"backend's spare chunk bytes", int64(sp), t.kept})
+	}
+	if d.hot.multi.Load() {
+		checks = append(checks,
+			check{"device allocation", d.hot.allocCount.Load(), t.allocs},
+			check{"device allocated_bytes", d.hot.allocBytes.Load(), t.allocBytes},
+			check{"device requested_bytes", d.hot.reqBytes.Load(), t.reqBytes},
+			check{"device pending", d.hot.pendingCount.Load(), t.pendN},
+			check{"device pending bytes", d.hot.pendingBytes.Load(), t.pendBytes})
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			return fmt.Errorf("device %d: %s is %d, blocks add up to %d", d.idx, c.name, c.got, c.want)
+		}
+	}
+	if r := d.reserved[1].cur.Load() + d.reserved[2].cur.Load(); r != t.reserved {
+		return fmt.Errorf("device %d: reserved small+large %d != %d", d.idx, r, t.reserved)
 	}
 	return nil
 }

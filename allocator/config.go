@@ -113,37 +113,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, []string, error) {
 		warns = append(warns, fmt.Sprintf("%s=%s overrides %s from %s", env, v, setting, name))
 	}
 
-	switch v := getenv("SYMM_POOL_EXPANDABLE"); v {
-	case "":
-	case "0", "1":
-		if on := v == "1"; on != c.Expandable {
-			if c.Expandable {
-				overrides("SYMM_POOL_EXPANDABLE", v, "expandable_segments:True")
-			}
-			c.Expandable = on
-		}
-	default:
-		return c, nil, fmt.Errorf("%w: SYMM_POOL_EXPANDABLE=%q: want 0 or 1", ErrInvalid, v)
-	}
-	if v := getenv("SYMM_POOL_EXPANDABLE_CHUNK"); v != "" {
-		b, err := ParseSize(v)
-		if err != nil {
-			return c, nil, fmt.Errorf("SYMM_POOL_EXPANDABLE_CHUNK: %w", err)
-		}
-		if b == 0 || b > 1<<40 {
-			return c, nil, fmt.Errorf("%w: SYMM_POOL_EXPANDABLE_CHUNK=%q: want a size from 1 byte to 1 TiB (rounded up to the driver's granularity)", ErrInvalid, v)
-		}
-		c.ExpandableChunk = b
-	}
-	switch v := getenv("SYMM_POOL_UNMAP_FREE_PAGES"); v {
-	case "":
-	case "0", "1":
-		c.UnmapFreePages = v == "1"
-	default:
-		return c, nil, fmt.Errorf("%w: SYMM_POOL_UNMAP_FREE_PAGES=%q: want 0 or 1", ErrInvalid, v)
-	}
-	if c.UnmapFreePages && !c.Expandable {
-		warns = append(warns, "SYMM_POOL_UNMAP_FREE_PAGES=1 has no effect without expandable segments (SYMM_POOL_EXPANDABLE=1 or expandable_segments:True)")
+	if err := c.expandableFromEnv(getenv, overrides, &warns); err != nil {
+		return c, nil, err
 	}
 	if v := getenv("SYMM_POOL_LIMIT"); v != "" {
 		b, f, err := ParseLimit(v)
@@ -184,4 +155,43 @@ func ConfigFromEnv(getenv func(string) string) (Config, []string, error) {
 			name, c.GCThreshold))
 	}
 	return c, warns, nil
+}
+
+// expandableFromEnv applies SYMM_POOL_EXPANDABLE, SYMM_POOL_EXPANDABLE_CHUNK
+// and SYMM_POOL_UNMAP_FREE_PAGES to c (ConfigFromEnv), adding its warnings
+// to warns.
+func (c *Config) expandableFromEnv(getenv func(string) string, overrides func(env, v, setting string), warns *[]string) error {
+	switch v := getenv("SYMM_POOL_EXPANDABLE"); v {
+	case "":
+	case "0", "1":
+		if on := v == "1"; on != c.Expandable {
+			if c.Expandable {
+				overrides("SYMM_POOL_EXPANDABLE", v, "expandable_segments:True")
+			}
+			c.Expandable = on
+		}
+	default:
+		return fmt.Errorf("%w: SYMM_POOL_EXPANDABLE=%q: want 0 or 1", ErrInvalid, v)
+	}
+	if v := getenv("SYMM_POOL_EXPANDABLE_CHUNK"); v != "" {
+		b, err := ParseSize(v)
+		if err != nil {
+			return fmt.Errorf("SYMM_POOL_EXPANDABLE_CHUNK: %w", err)
+		}
+		if b == 0 || b > 1<<40 {
+			return fmt.Errorf("%w: SYMM_POOL_EXPANDABLE_CHUNK=%q: want a size from 1 byte to 1 TiB (rounded up to the driver's granularity)", ErrInvalid, v)
+		}
+		c.ExpandableChunk = b
+	}
+	switch v := getenv("SYMM_POOL_UNMAP_FREE_PAGES"); v {
+	case "":
+	case "0", "1":
+		c.UnmapFreePages = v == "1"
+	default:
+		return fmt.Errorf("%w: SYMM_POOL_UNMAP_FREE_PAGES=%q: want 0 or 1", ErrInvalid, v)
+	}
+	if c.UnmapFreePages && !c.Expandable {
+		*warns = append(*warns, "SYMM_POOL_UNMAP_FREE_PAGES=1 has no effect without expandable segments (SYMM_POOL_EXPANDABLE=1 or expandable_segments:True)")
+	}
+	return nil
 }
