@@ -43,6 +43,7 @@ namespace {
 
 // ---- libsymm's functions, from the copy already loaded ------------------------
 struct Api {
+  void *(*alloc)(size_t, int, void *) = nullptr;  // only compared (wraps_libsymm)
   void *(*try_alloc)(size_t, int, void *) = nullptr;
   void *(*alloc_segment)(size_t, int, void *) = nullptr;
   void (*free)(void *, size_t, int, void *) = nullptr;
@@ -104,6 +105,7 @@ void load_api(const std::string &path) {
   TORCH_CHECK(h != nullptr, "libsymm is not loaded from ", path, ": ", dlerror());
   g_api = Api{};
   g_missing.clear();
+  resolve(h, "symm_pool_alloc", g_api.alloc, true);
   resolve(h, "symm_pool_try_alloc", g_api.try_alloc, true);
   resolve(h, "symm_pool_free", g_api.free, true);
   resolve(h, "symm_torch_init", g_api.torch_init, true);

@@ -60,6 +60,24 @@ void free(void *ptr, size_t /*size*/, int device, void *ctx) noexcept {
 void release(void *ctx) noexcept { delete static_cast<Owner *>(ctx); }
 }  // namespace mempool
 
+// wraps_libsymm reports whether a is torch's CUDAPluggableAllocator over
+// libsymm's own C functions (symm_pool_alloc / try_alloc / free): its
+// alloc_fn_ and free_fn_ (std::function, a function pointer kept inline)
+// lie in the object's first words, as export/torchmode.cpp reads them. A
+// MemPool's segments come from its allocator while libsymm holds the pool's
+// locks, so such an allocator would call back into libsymm and wait on
+// itself forever.
+bool wraps_libsymm(const CCA::CUDAAllocator *a) {
+  void *const *words = reinterpret_cast<void *const *>(a);
+  for (int i = 1; i <= 8; i++) {  // every CUDAAllocator object is far larger than these 9 words
+    void *w = words[i];
+    if (w != nullptr && (w == reinterpret_cast<void *>(g_api.alloc) || w == reinterpret_cast<void *>(g_api.try_alloc) ||
+                         w == reinterpret_cast<void *>(g_api.free)))
+      return true;
+  }
+  return false;
+}
+
 void SymmAllocator::createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id, std::shared_ptr<CCA::CUDAAllocator> allocator) {
   auto create = need(g_api.create_pool, "symm_pool_create_pool");
   g_api.clear_error();
@@ -67,6 +85,10 @@ void SymmAllocator::createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id, 
     check(create(device, pool_id(id), nullptr), "torch.cuda.MemPool");
     return;
   }
+  TORCH_CHECK(!wraps_libsymm(allocator.get()),
+              "libsymm: torch.cuda.MemPool over a CUDAPluggableAllocator of libsymm's own functions is not supported "
+              "while libsymm is PyTorch's allocator (its segments would come from libsymm while libsymm holds the "
+              "pool's locks): use torch.cuda.MemPool() for a private pool of libsymm's");
   symm_segment_allocator_t segs{&mempool::alloc, &mempool::free, &mempool::release,
                                 new mempool::Owner(std::move(allocator))};
   check(create(device, pool_id(id), &segs), "torch.cuda.MemPool over another allocator");  // libsymm owns segs.ctx
