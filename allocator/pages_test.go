@@ -21,18 +21,7 @@ func reservedNow(t *testing.T, p *Pool) int64 {
 // panics on a touch of an unmapped chunk; the invariants check that only
 // chunks wholly inside free blocks are unmapped.
 func TestUnmapFreePages(t *testing.T) {
-	fb := newFake(1)
-	fb.capacity = 64 << 20
-	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
-	require.NoError(t, err)
-	alloc := func(n uint64) uintptr {
-		ptr, _, err := p.Alloc(0, 0, n)
-		require.NoError(t, err)
-		m := fb.mem(ptr, n) // every byte of it is mapped
-		m[0], m[n-1] = 1, 1
-		require.NoError(t, p.CheckInvariants())
-		return ptr
-	}
+	fb, p, alloc := newFreePagesPool(t)
 	a := alloc(4 << 20)
 	b := alloc(6 << 20)
 	c := alloc(4 << 20)
@@ -51,7 +40,7 @@ func TestUnmapFreePages(t *testing.T) {
 
 	// A mapping the limit refuses is an ordinary out of memory; nothing changes.
 	require.NoError(t, p.SetLimit(0, 18<<20))
-	_, _, err = p.Alloc(0, 0, 2<<20)
+	_, _, err := p.Alloc(0, 0, 2<<20)
 	require.True(t, IsOutOfMemory(err), "%v", err)
 	require.Equal(t, int64(18<<20), reservedNow(t, p))
 	require.NoError(t, p.CheckInvariants())
@@ -458,15 +447,7 @@ func TestSnapshotOfFreePagesAddsUpToReserved(t *testing.T) {
 // A mapping takes the free pages of the longest free run first: a short
 // hole between live blocks is the one soon handed out (and mapped) again.
 func TestFreePagesLongestRunFirst(t *testing.T) {
-	fb := newFake(1)
-	fb.capacity = 64 << 20
-	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
-	require.NoError(t, err)
-	alloc := func(n uint64) uintptr {
-		ptr, _, err := p.Alloc(0, 0, n)
-		require.NoError(t, err)
-		return ptr
-	}
+	fb, p, alloc := newFreePagesPool(t)
 	base := alloc(2 << 20) // the segment's reserved range starts here
 	short := alloc(4 << 20)
 	alloc(2 << 20)
@@ -490,4 +471,23 @@ func TestFreePagesLongestRunFirst(t *testing.T) {
 	}
 	require.Equal(t, 0, mapped(long, 6<<20), "the long run is unmapped whole")
 	require.Equal(t, 1, mapped(short, 4<<20), "one chunk of the short hole is left")
+}
+
+// newFreePagesPool is a pool with expandable segments that unmaps free
+// pages, over a fake device of 64 MiB, and an alloc that fails the test on
+// an error, touches the first and last byte of what it got (the fake panics
+// on an unmapped chunk) and checks the pool's invariants.
+func newFreePagesPool(t *testing.T) (*fakeBackend, *Pool, func(uint64) uintptr) {
+	fb := newFake(1)
+	fb.capacity = 64 << 20
+	p, err := New(fb, Config{Expandable: true, UnmapFreePages: true})
+	require.NoError(t, err)
+	return fb, p, func(n uint64) uintptr {
+		ptr, _, err := p.Alloc(0, 0, n)
+		require.NoError(t, err)
+		m := fb.mem(ptr, n) // every byte of it is mapped
+		m[0], m[n-1] = 1, 1
+		require.NoError(t, p.CheckInvariants())
+		return ptr
+	}
 }
