@@ -17,8 +17,9 @@
 // Each shard's segments come from one segment source, chosen when the
 // shard is made (source.go): fixed segments, one backend allocation each
 // (source_fixed.go: the default pool, and every private pool); expandable
-// segments, an address range that grows by mapped chunks (expandable.go,
-// with Config.Expandable: the default pool); or a segment per request,
+// segments, an address range that grows by mapped chunks
+// (source_expandable.go, the segments themselves in expandable.go, with
+// Config.Expandable: the default pool); or a segment per request,
 // given back once freed (source_direct.go: AllocSegment). The source
 // decides how requests are rounded and split, where new memory comes from
 // and how it goes back; the shard's code is the same for all three.

@@ -6,7 +6,7 @@ package allocator
 // (sourceFor), from what the shard serves:
 //
 //	default pool, fixed segments      fixedSource       source_fixed.go
-//	default pool, expandable segments expandableSource  expandable.go
+//	default pool, expandable segments expandableSource  source_expandable.go
 //	a private pool (graph, MemPool)   poolSource        mempools.go
 //	MemPool segments (AllocSegment)   directSource      source_direct.go
 //
