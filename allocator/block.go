@@ -91,13 +91,10 @@ type segment struct {
 	head  *block // lowest-address block
 	tail  *block // highest-address block
 
-	// vsize is the address space reserved for an expandable segment
-	// (expandable.go): [ptr, ptr+size) is mapped and tiled by blocks,
-	// [ptr+size, ptr+vsize) is reserved with nothing mapped. 0: a fixed segment.
-	vsize uint64
-	// holes marks the chunks of an expandable segment below size that are
-	// unmapped, each wholly inside a free block (pages.go); nil: none ever.
-	holes *chunkSet
+	// *expSeg is what only an expandable segment has (expandable.go): its
+	// reserved address space and its unmapped chunks. nil: a fixed segment;
+	// seg.expSeg != nil is the one test of which a segment is.
+	*expSeg
 
 	// all segments of the shard, for walks (invariant checks).
 	sprev, snext *segment

@@ -30,7 +30,7 @@ func (s *shard) alloc(n uint64, parked []Parked) (ptr uintptr, pl Placement, err
 	if s.src.caches() {
 		b = s.findFree(r, k)
 	}
-	if b != nil && b.seg.holes != nil && b.seg.holes.n > 0 && s.pool == nil && s.dev.holdsParked(parked) {
+	if b != nil && b.seg.hasHoles() && s.pool == nil && s.dev.holdsParked(parked) {
 		// Its pages must be mapped again: memory is taken, so nothing may
 		// stay parked (AllocAround), and the fit is looked for again.
 		s.mu.Unlock()
@@ -44,7 +44,7 @@ func (s *shard) alloc(n uint64, parked []Parked) (ptr uintptr, pl Placement, err
 			return 0, Placement{}, err
 		}
 	}
-	if h := b.seg.holes; h != nil && h.n > 0 {
+	if b.seg.hasHoles() {
 		if err = s.mapFor(b, r); err != nil { // its pages were unmapped (pages.go)
 			if IsOutOfMemory(err) {
 				s.dev.counts.numOOMs.Add(1)

@@ -44,7 +44,7 @@ func (d *device) tally(spans *[]addrSpan) (deviceTally, error) {
 	for _, s := range d.shardList() {
 		s.mu.Lock()
 		err := s.check(func(seg *segment) {
-			*spans = append(*spans, addrSpan{seg.ptr, seg.ptr + uintptr(max(seg.size, seg.vsize))})
+			*spans = append(*spans, addrSpan{seg.ptr, seg.ptr + uintptr(max(seg.size, seg.reservedRange()))})
 		})
 		c := &s.stats.c[stAll]
 		t.allocs += c.nAlloc - c.nFree
@@ -56,7 +56,7 @@ func (d *device) tally(spans *[]addrSpan) (deviceTally, error) {
 			m := int64(seg.mappedBytes(d.expand.chunk))
 			t.reserved += m
 			t.segs++
-			if seg.vsize != 0 {
+			if seg.expSeg != nil {
 				t.chunkMapped += m
 			}
 		}
@@ -130,7 +130,7 @@ func (p *Pool) auditChunks(d *device) error {
 		s.mu.Lock()
 		var err error
 		for seg := s.segs; seg != nil && err == nil; seg = seg.snext {
-			if seg.vsize == 0 {
+			if seg.expSeg == nil {
 				continue
 			}
 			have, total, aerr := a.MappedChunks(d.idx, seg.ptr, seg.size)
@@ -145,7 +145,7 @@ func (p *Pool) auditChunks(d *device) error {
 			g := seg.size / uint64(len(have)) // the backend's granularity divides the pool's chunk
 			for i, m := range have {
 				off := uint64(i) * g
-				if want := seg.holes == nil || !seg.holes.has(off/d.expand.chunk); m != want {
+				if want := !seg.holes.has(off / d.expand.chunk); m != want {
 					err = fmt.Errorf("device %d: expandable segment %#x (%d of %d bytes): the chunk at offset %d is mapped %v in the backend, %v in the pool's books",
 						d.idx, seg.ptr, seg.size, seg.vsize, off, m, want)
 					break
@@ -352,11 +352,11 @@ func (s *shard) checkShape(seg *segment) error {
 	if seg.tail != last {
 		return fmt.Errorf("segment %#x: tail names block %#x, the last block is %#x", seg.ptr, seg.tail.ptr, last.ptr)
 	}
-	if (seg.vsize != 0) != s.src.grows() {
+	if (seg.expSeg != nil) != s.src.grows() {
 		return fmt.Errorf("segment %#x (%d bytes of address space reserved) is in a shard whose segments grow: %v",
-			seg.ptr, seg.vsize, s.src.grows())
+			seg.ptr, seg.reservedRange(), s.src.grows())
 	}
-	if seg.vsize == 0 {
+	if seg.expSeg == nil {
 		if s.grow[seg.kind] == seg {
 			return fmt.Errorf("fixed segment %#x is named as the growing one", seg.ptr)
 		}
@@ -370,13 +370,11 @@ func (s *shard) checkShape(seg *segment) error {
 	return checkHoles(seg, c)
 }
 
-// checkHoles verifies that every unmapped chunk of seg lies below its size
-// and wholly inside one free block, and that the count is right.
+// checkHoles verifies that every unmapped chunk of expandable segment seg
+// lies below its size and wholly inside one free block, and that the count
+// is right.
 func checkHoles(seg *segment, c uint64) error {
-	h := seg.holes
-	if h == nil {
-		return nil
-	}
+	h := &seg.holes
 	if h.n != h.count() {
 		return fmt.Errorf("expandable segment %#x: %d unmapped chunks counted, %d marked", seg.ptr, h.n, h.count())
 	}

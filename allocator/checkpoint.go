@@ -532,7 +532,7 @@ func (p *Pool) SegmentOf(ptr uintptr) (base uintptr, size uint64, expandable boo
 		return 0, 0, false, fmt.Errorf("%w: %#x is not in a block this pool has allocated", ErrUnknownPointer, ptr)
 	}
 	seg := b.seg
-	base, size, expandable = seg.ptr, seg.size, seg.vsize != 0
+	base, size, expandable = seg.ptr, seg.size, seg.expSeg != nil
 	s.mu.Unlock()
 	return base, size, expandable, nil
 }

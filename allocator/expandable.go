@@ -18,7 +18,7 @@ import (
 // segment plus the free holes between live blocks.
 //
 // Invariants (checked by CheckInvariants):
-//   - seg.vsize ≠ 0 exactly for expandable segments; seg.ptr and seg.size
+//   - seg.expSeg ≠ nil exactly for expandable segments; seg.ptr and seg.size
 //     are multiples of the device's chunk and seg.size ≤ seg.vsize;
 //   - only [seg.ptr, seg.ptr+seg.size) is mapped: reserved_bytes counts it,
 //     as PyTorch counts mapped bytes;
@@ -106,6 +106,34 @@ func expandableKind(r uint64) poolKind {
 		return smallPool
 	}
 	return largePool
+}
+
+// expSeg is what an expandable segment has beyond a fixed one. A segment
+// embeds it by pointer, nil for a fixed segment: seg.expSeg != nil is the
+// one test of which a segment is, and seg.vsize, seg.holes and seg.runs
+// are read only where the segment is known to be expandable (its shard's
+// source grows, or the test was made).
+type expSeg struct {
+	// vsize is the address space reserved: [ptr, ptr+size) is mapped
+	// (but for holes) and tiled by blocks, [ptr+size, ptr+vsize) is
+	// reserved with nothing mapped.
+	vsize uint64
+	// holes marks the chunks below size that are unmapped, each wholly
+	// inside a free block (pages.go).
+	holes chunkSet
+}
+
+// hasHoles reports whether seg is an expandable segment with unmapped
+// chunks below its size, which a block handed out over them must map
+// first (mapFor). Inlined on the cached path: a nil test and a load.
+func (seg *segment) hasHoles() bool { return seg.expSeg != nil && seg.holes.n > 0 }
+
+// reservedRange is the address space seg reserved: 0 for a fixed segment.
+func (seg *segment) reservedRange() uint64 {
+	if seg.expSeg == nil {
+		return 0
+	}
+	return seg.vsize
 }
 
 // initExpandable sets the chunk and the address space of each segment:
@@ -222,7 +250,7 @@ func (s *shard) newExpandable(r uint64, k poolKind) (*block, error) {
 	// A part mapped before a failure makes a smaller segment, booked as
 	// the backend holds it (release gives it back).
 	d.countSegment(k, int64(m), 1)
-	seg := &segment{ptr: ptr, size: m, kind: k, vsize: vsize}
+	seg := &segment{ptr: ptr, size: m, kind: k, expSeg: &expSeg{vsize: vsize}}
 	s.addSeg(seg)
 	b := s.newBlock()
 	*b = block{ptr: ptr, size: m, seg: seg}
@@ -259,10 +287,8 @@ func (s *shard) trim(seg *segment, keep uint64) error {
 	}
 	// Every chunk of [keep, seg.size) is a hole now, uncounted: the
 	// segment ends at keep instead.
-	if seg.holes != nil {
-		for off := keep; off < seg.size; off += d.expand.chunk {
-			seg.holes.set(off/d.expand.chunk, false)
-		}
+	for off := keep; off < seg.size; off += d.expand.chunk {
+		seg.holes.set(off/d.expand.chunk, false)
 	}
 	tail := seg.tail
 	s.removeFree(tail)

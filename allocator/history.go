@@ -230,7 +230,7 @@ func (s *shard) snapshotSegments(seg *segment, out []SnapshotSegment) []Snapshot
 		if cur == nil {
 			out = append(out, SnapshotSegment{
 				Device: s.dev.idx, Address: ptr, Stream: s.stream, SegmentType: "large",
-				Frames: []any{}, Blocks: []SnapshotBlock{}, IsExpandable: seg.vsize != 0,
+				Frames: []any{}, Blocks: []SnapshotBlock{}, IsExpandable: seg.expSeg != nil,
 			})
 			cur = &out[len(out)-1]
 			if seg.kind == smallPool {
@@ -254,12 +254,13 @@ func (s *shard) snapshotSegments(seg *segment, out []SnapshotSegment) []Snapshot
 		cur.TotalSize += size
 		cur.Blocks = append(cur.Blocks, sb)
 	}
-	holes, c := seg.holes, s.dev.expand.chunk
+	split, c := seg.hasHoles(), s.dev.expand.chunk
 	for b := seg.head; b != nil; b = b.next {
-		if holes == nil || holes.n == 0 || b.state != blockFree {
+		if !split || b.state != blockFree {
 			piece(b, b.ptr, b.size) // only free blocks hold unmapped chunks
 			continue
 		}
+		holes := &seg.holes
 		// Cut the free block at its unmapped chunks (wholly inside it).
 		lo, hi := uint64(b.ptr-seg.ptr), uint64(b.ptr-seg.ptr)+b.size
 		for pos := lo; pos < hi; {

@@ -183,7 +183,7 @@ func (s *shard) allocCached(n uint64) (uintptr, uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.findFree(r, k)
-	if b == nil || (b.seg.holes != nil && b.seg.holes.n > 0) {
+	if b == nil || b.seg.hasHoles() {
 		return 0, 0, false
 	}
 	s.take(b, r, n)

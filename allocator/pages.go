@@ -61,6 +61,9 @@ func (c *chunkSet) has(i uint64) bool {
 
 func (c *chunkSet) set(i uint64, on bool) {
 	w := i / 64
+	if !on && w >= uint64(len(c.bits)) {
+		return // never set
+	}
 	for uint64(len(c.bits)) <= w {
 		c.bits = append(c.bits, 0)
 	}
@@ -89,19 +92,19 @@ func (seg *segment) mappedBytes(chunk uint64) uint64 { return seg.size - seg.unm
 
 // unmappedBytes is how much of [0, seg.size) is not mapped.
 func (seg *segment) unmappedBytes(chunk uint64) uint64 {
-	if seg.holes == nil {
+	if seg.expSeg == nil {
 		return 0
 	}
 	return uint64(seg.holes.n) * chunk
 }
 
 // runs calls fn for each maximal run [lo, hi) of chunks inside [from, to)
-// (offsets in seg, multiples of chunk) that are unmapped (mapped == false)
-// or mapped (mapped == true).
-func (seg *segment) runs(from, to, chunk uint64, mapped bool, fn func(lo, hi uint64) error) error {
+// (offsets in its segment, multiples of chunk) that are unmapped (mapped
+// == false) or mapped (mapped == true).
+func (x *expSeg) runs(from, to, chunk uint64, mapped bool, fn func(lo, hi uint64) error) error {
 	lo := from
 	for off := from; off <= to; off += chunk {
-		in := off < to && (seg.holes == nil || !seg.holes.has(off/chunk)) == mapped
+		in := off < to && !x.holes.has(off/chunk) == mapped
 		if in {
 			continue
 		}
@@ -122,7 +125,7 @@ func (seg *segment) runs(from, to, chunk uint64, mapped bool, fn func(lo, hi uin
 // with s.mu held.
 func (s *shard) mapFor(b *block, r uint64) error {
 	seg := b.seg
-	if seg.holes == nil || seg.holes.n == 0 {
+	if !seg.hasHoles() {
 		return nil
 	}
 	c := s.dev.expand.chunk
@@ -192,9 +195,6 @@ func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) 
 	}
 	if n == 0 {
 		return 0, err
-	}
-	if seg.holes == nil {
-		seg.holes = &chunkSet{}
 	}
 	for off := lo; off < lo+n; off += d.expand.chunk {
 		seg.holes.set(off/d.expand.chunk, true)

@@ -14,8 +14,8 @@ package allocator
 // statistics) is the same for all of them; every rule that differs between
 // them is a method below, so no other code asks which kind of segment it
 // holds. A source holds no state of its own: what it keeps lives in the
-// shard (grow, births, frees) and its segments (vsize, holes), under the
-// shard's mutex.
+// shard (grow, births, frees) and its segments (expSeg: vsize, holes),
+// under the shard's mutex.
 type segmentSource interface {
 	// class is the size r a request of n bytes is rounded to and the pool
 	// k it is served from (sizeclass.go).
