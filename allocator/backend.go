@@ -59,16 +59,21 @@ type Expander interface {
 	// FreeRange gives back a range from ReserveRange; nothing in it is mapped.
 	FreeRange(dev int, ptr uintptr, size uint64) error
 	// MapChunks backs [ptr, ptr+size) with new physical memory that dev can
-	// read and write. When the device is out of memory the error satisfies
-	// IsOutOfMemory. On any error nothing of the range is mapped.
-	MapChunks(dev int, ptr uintptr, size uint64) error
-	// UnmapChunks releases the memory of [ptr, ptr+size) at once. The pool
-	// calls it only once no work can still use the range (it waits for an
-	// event on the segment's stream first), so the backend does not wait:
-	// no device-wide synchronize. It returns how many bytes from ptr were
-	// unmapped: size, or on error a prefix of whole chunks (the rest stays
-	// mapped), so that the pool's books can follow exactly what is mapped.
-	UnmapChunks(dev int, ptr uintptr, size uint64) (unmapped uint64, err error)
+	// read and write, one physical allocation per chunk of chunk bytes (a
+	// multiple of Granularity; size is a multiple of chunk), so that any
+	// chunk can later be unmapped alone while fewer, larger allocations
+	// keep the driver's per-allocation cost down. When the device is out of
+	// memory the error satisfies IsOutOfMemory. On any error nothing of the
+	// range is mapped.
+	MapChunks(dev int, ptr uintptr, size, chunk uint64) error
+	// UnmapChunks releases the memory of [ptr, ptr+size), which MapChunks
+	// or MapKept mapped with the same chunk. The pool calls it only once no
+	// work can still use the range (it waits for an event on the segment's
+	// stream first), so the backend does not wait: no device-wide
+	// synchronize. It returns how many bytes from ptr were unmapped: size,
+	// or on error a prefix of whole chunks (the rest stays mapped), so that
+	// the pool's books can follow exactly what is mapped.
+	UnmapChunks(dev int, ptr uintptr, size, chunk uint64) (unmapped uint64, err error)
 }
 
 // ChunkAuditor is an optional part of an Expander that can say which chunks
@@ -92,18 +97,18 @@ type ChunkAuditor interface {
 //
 // The pool keeps chunks only for the mapping it is about to make and
 // releases whatever that mapping did not take before it returns, so a
-// device's spare is empty between pool operations. Spare chunks are one
-// granularity each and interchangeable between ranges of the same device.
+// device's spare is empty between pool operations. Spare chunks of the same
+// size are interchangeable between ranges of the same device.
 type ChunkKeeper interface {
 	// KeepChunks unmaps [ptr, ptr+size) as UnmapChunks does, keeping its
 	// memory as spare chunks of dev. It returns how many bytes from ptr
 	// were unmapped and kept: size, or on error a prefix (the rest stays
 	// mapped).
-	KeepChunks(dev int, ptr uintptr, size uint64) (kept uint64, err error)
+	KeepChunks(dev int, ptr uintptr, size, chunk uint64) (kept uint64, err error)
 	// MapKept maps [ptr, ptr+size), unmapped, with size bytes of dev's
-	// spare chunks, readable and writable by dev. On error nothing is
-	// mapped and the spare is unchanged.
-	MapKept(dev int, ptr uintptr, size uint64) error
+	// spare chunks of chunk bytes, readable and writable by dev. On error
+	// nothing is mapped and the spare is unchanged.
+	MapKept(dev int, ptr uintptr, size, chunk uint64) error
 	// ReleaseKept releases size bytes of dev's spare chunks.
 	ReleaseKept(dev int, size uint64) error
 	// Chunks reports the chunk memory dev holds: mapped in ranges, and

@@ -266,11 +266,23 @@ func (f *fakeBackend) chunks(ptr uintptr, size uint64, want bool) error {
 	return fmt.Errorf("fake: range %#x/%d is not reserved", ptr, size)
 }
 
-func (f *fakeBackend) MapChunks(dev int, ptr uintptr, size uint64) error {
+// wholeChunks checks that size is whole chunks of chunk bytes, chunk a
+// multiple of the granularity, as the pool must always ask.
+func wholeChunks(size, chunk uint64) error {
+	if chunk == 0 || chunk%fakeGranularity != 0 || size%chunk != 0 {
+		return fmt.Errorf("fake: %d bytes are not whole %d-byte chunks of the %d-byte granularity", size, chunk, fakeGranularity)
+	}
+	return nil
+}
+
+func (f *fakeBackend) MapChunks(dev int, ptr uintptr, size, chunk uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.failAlloc; err != nil {
 		f.failAlloc = nil
+		return err
+	}
+	if err := wholeChunks(size, chunk); err != nil {
 		return err
 	}
 	if err := f.chunks(ptr, size, false); err != nil {
@@ -289,23 +301,26 @@ func (f *fakeBackend) MapChunks(dev int, ptr uintptr, size uint64) error {
 	return nil
 }
 
-func (f *fakeBackend) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
-	return f.unmap(dev, ptr, size, false)
+func (f *fakeBackend) UnmapChunks(dev int, ptr uintptr, size, chunk uint64) (uint64, error) {
+	return f.unmap(dev, ptr, size, chunk, false)
 }
 
 // ChunkKeeper: spare chunks keep their place in the capacity (used).
 
-func (f *fakeBackend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
-	return f.unmap(dev, ptr, size, true)
+func (f *fakeBackend) KeepChunks(dev int, ptr uintptr, size, chunk uint64) (uint64, error) {
+	return f.unmap(dev, ptr, size, chunk, true)
 }
 
 // unmap drops the chunks of [ptr, ptr+size), refusing while work queued on
 // one has not completed (unmapping it would corrupt memory on a GPU); their
 // bytes are released, or with keep become spare chunks. An injected fault
-// (failUnmap) unmaps a prefix and fails.
-func (f *fakeBackend) unmap(dev int, ptr uintptr, size uint64, keep bool) (uint64, error) {
+// (failUnmap) unmaps a prefix of whole chunks and fails.
+func (f *fakeBackend) unmap(dev int, ptr uintptr, size, chunk uint64, keep bool) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := wholeChunks(size, chunk); err != nil {
+		return 0, err
+	}
 	if err := f.chunks(ptr, size, true); err != nil {
 		return 0, err
 	}
@@ -317,7 +332,7 @@ func (f *fakeBackend) unmap(dev int, ptr uintptr, size uint64, keep bool) (uint6
 	n, failErr := size, error(nil)
 	if f.failUnmap != nil && f.failUnmapCall > 0 {
 		if f.failUnmapCall--; f.failUnmapCall == 0 {
-			n = min(size, uint64(f.failUnmapAfter)*fakeGranularity)
+			n = min(size, uint64(f.failUnmapAfter)*chunk)
 			failErr = f.failUnmap
 		}
 	}
@@ -358,11 +373,14 @@ func (f *fakeBackend) MappedChunks(dev int, base uintptr, size uint64) ([]bool, 
 	return out, total, nil
 }
 
-func (f *fakeBackend) MapKept(dev int, ptr uintptr, size uint64) error {
+func (f *fakeBackend) MapKept(dev int, ptr uintptr, size, chunk uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.failAlloc; err != nil {
 		f.failAlloc = nil
+		return err
+	}
+	if err := wholeChunks(size, chunk); err != nil {
 		return err
 	}
 	if err := f.chunks(ptr, size, false); err != nil {

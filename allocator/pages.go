@@ -182,9 +182,9 @@ func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) 
 	var n uint64
 	var err error
 	if keep {
-		n, err = d.pool.keeper.KeepChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
+		n, err = d.pool.keeper.KeepChunks(d.idx, seg.ptr+uintptr(lo), hi-lo, d.expand.chunk)
 	} else {
-		n, err = d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo)
+		n, err = d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo, d.expand.chunk)
 	}
 	d.unmapped(t0)
 	n = min(n, hi-lo) / d.expand.chunk * d.expand.chunk // a backend's word is checked, not trusted
@@ -255,7 +255,7 @@ func (s *shard) mapRun(ptr uintptr, n uint64) (uint64, error) {
 	defer func() { d.counts.chunkMapNs.Add(int64(time.Since(t0))) }()
 	d.counts.numChunkMaps.Add(1)
 	if take > 0 {
-		if err := d.pool.keeper.MapKept(d.idx, ptr, take); err != nil {
+		if err := d.pool.keeper.MapKept(d.idx, ptr, take, d.expand.chunk); err != nil {
 			d.unreserve(n - take)
 			return 0, fmt.Errorf("expandable segment: mapping %d bytes of spare chunks at %#x on device %d: %w", take, ptr, d.idx, err)
 		}
@@ -264,7 +264,7 @@ func (s *shard) mapRun(ptr uintptr, n uint64) (uint64, error) {
 		s.segmentEvent(ActSegmentMap, ptr, take)
 	}
 	if n > take {
-		if err := d.pool.exp.MapChunks(d.idx, ptr+uintptr(take), n-take); err != nil {
+		if err := d.pool.exp.MapChunks(d.idx, ptr+uintptr(take), n-take, d.expand.chunk); err != nil {
 			d.unreserve(n - take)
 			return take, fmt.Errorf("expandable segment: mapping %d more bytes at %#x on device %d: %w", n-take, ptr+uintptr(take), d.idx, err)
 		}

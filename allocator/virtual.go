@@ -169,11 +169,11 @@ func (v *Virtual) FreeRange(dev int, ptr uintptr, size uint64) error {
 	return nil
 }
 
-// inRange checks that [ptr, ptr+size) is chunk-aligned inside one reserved
-// range; called with v.mu held.
-func (v *Virtual) inRange(ptr uintptr, size uint64) error {
-	if size == 0 || size%v.gran != 0 || uint64(ptr)%v.gran != 0 {
-		return fmt.Errorf("virtual: range %#x+%d is not chunk-aligned", ptr, size)
+// inRange checks that [ptr, ptr+size) is whole chunks (chunk a multiple of
+// the granularity) inside one reserved range; called with v.mu held.
+func (v *Virtual) inRange(ptr uintptr, size, chunk uint64) error {
+	if chunk == 0 || chunk%v.gran != 0 || size == 0 || size%chunk != 0 || uint64(ptr)%v.gran != 0 {
+		return fmt.Errorf("virtual: range %#x+%d is not whole %d-byte chunks", ptr, size, chunk)
 	}
 	for base, n := range v.ranges {
 		if ptr >= base && ptr+uintptr(size) <= base+uintptr(n) {
@@ -183,13 +183,13 @@ func (v *Virtual) inRange(ptr uintptr, size uint64) error {
 	return fmt.Errorf("virtual: range %#x+%d is not inside a reserved range", ptr, size)
 }
 
-func (v *Virtual) MapChunks(dev int, ptr uintptr, size uint64) error {
+func (v *Virtual) MapChunks(dev int, ptr uintptr, size, chunk uint64) error {
 	if err := v.check(dev); err != nil {
 		return err
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if err := v.inRange(ptr, size); err != nil {
+	if err := v.inRange(ptr, size, chunk); err != nil {
 		return err
 	}
 	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {
@@ -206,13 +206,13 @@ func (v *Virtual) MapChunks(dev int, ptr uintptr, size uint64) error {
 	return nil
 }
 
-func (v *Virtual) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
+func (v *Virtual) UnmapChunks(dev int, ptr uintptr, size, chunk uint64) (uint64, error) {
 	if err := v.check(dev); err != nil {
 		return 0, err
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if err := v.inRange(ptr, size); err != nil {
+	if err := v.inRange(ptr, size, chunk); err != nil {
 		return 0, err
 	}
 	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {

@@ -23,11 +23,11 @@ const segmentAlign = 512
 type Backend struct {
 	d *driver
 
-	// spare holds, per device, the handles of chunks kept by KeepChunks
-	// (expand.go), each one granularity; mapped counts the bytes of chunks
+	// spare holds, per device, the chunks kept by KeepChunks (expand.go)
+	// with their sizes; mapped counts the bytes of chunks
 	// mapped through the Expander. Under spareMu.
 	spareMu sync.Mutex
-	spare   map[int][]uint64
+	spare   map[int][]spareChunk
 	mapped  map[int]uint64
 	// unreleased holds, per device, handles of mapped chunks whose extra
 	// reference MapKept could not drop; dropped again later. Under spareMu.
@@ -59,7 +59,7 @@ func newBackend(d *driver) (*Backend, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("%w: the driver reports 0 devices (check CUDA_VISIBLE_DEVICES; set SYMM_DEVICE=host to run on host memory)", ErrNoDevice)
 	}
-	return &Backend{d: d, vm: d, spare: map[int][]uint64{}, mapped: map[int]uint64{}, unreleased: map[int][]uint64{}}, nil
+	return &Backend{d: d, vm: d, spare: map[int][]spareChunk{}, mapped: map[int]uint64{}, unreleased: map[int][]uint64{}}, nil
 }
 
 // Name returns "cuda".

@@ -664,7 +664,7 @@ func TestFakeConcurrent(t *testing.T) {
 // ---- the real driver (skipped without one) -----------------------------------
 
 // gpu returns a Backend over the real driver, or skips the test.
-func gpu(t *testing.T) (*Backend, int) {
+func gpu(t testing.TB) (*Backend, int) {
 	t.Helper()
 	if err := Load(); err != nil {
 		t.Skipf("no CUDA driver: %v", err)

@@ -8,6 +8,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/libsymm/libsymm/allocator"
 )
@@ -66,24 +67,36 @@ func (b *Backend) FreeRange(dev int, ptr uintptr, size uint64) error {
 	return b.d.addressFree(dev, ptr, size)
 }
 
+// checkChunks validates a Map/Unmap/Keep request: chunk a multiple of the
+// granularity g, size a positive multiple of chunk, ptr aligned to g.
+func checkChunks(op string, dev int, ptr uintptr, size, chunk, g uint64) error {
+	if chunk == 0 || chunk%g != 0 || size == 0 || size%chunk != 0 || uint64(ptr)%g != 0 {
+		return fmt.Errorf("cuda: %s of %#x+%d on device %d: not whole %d-byte chunks of the %d-byte granularity", op, ptr, size, dev, chunk, g)
+	}
+	return nil
+}
+
 // MapChunks maps new memory of dev at [ptr, ptr+size), readable and
-// writable by dev. Out of memory wraps CUDA_ERROR_OUT_OF_MEMORY. On any
-// failure what was mapped is unmapped again.
-func (b *Backend) MapChunks(dev int, ptr uintptr, size uint64) error {
+// writable by dev, one physical allocation (cuMemCreate) per chunk: the
+// driver's cost is mostly per allocation, so a 20 MiB chunk maps its bytes
+// several times faster than ten 2 MiB ones. Out of memory wraps
+// CUDA_ERROR_OUT_OF_MEMORY. On any failure what was mapped is unmapped
+// again.
+func (b *Backend) MapChunks(dev int, ptr uintptr, size, chunk uint64) error {
 	g, err := b.Granularity(dev)
 	if err != nil {
 		return err
 	}
-	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
-		return fmt.Errorf("cuda: map of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
+	if err := checkChunks("map", dev, ptr, size, chunk, g); err != nil {
+		return err
 	}
-	for off := uint64(0); off < size; off += g {
-		if err := b.mapChunk(dev, ptr+uintptr(off), g); err != nil {
-			return undone(err, b.unmapEach(dev, ptr, off, g))
+	for off := uint64(0); off < size; off += chunk {
+		if err := b.mapChunk(dev, ptr+uintptr(off), chunk); err != nil {
+			return undone(err, b.unmapEach(dev, ptr, off, chunk))
 		}
 	}
 	if err := b.vm.setAccess(dev, ptr, size, []int{dev}); err != nil {
-		return undone(err, b.unmapEach(dev, ptr, size, g))
+		return undone(err, b.unmapEach(dev, ptr, size, chunk))
 	}
 	b.countMapped(dev, int64(size))
 	return nil
@@ -96,17 +109,17 @@ func (b *Backend) countMapped(dev int, n int64) {
 	b.spareMu.Unlock()
 }
 
-func (b *Backend) mapChunk(dev int, at uintptr, g uint64) error {
-	h, err := b.vm.memCreate(dev, g)
+func (b *Backend) mapChunk(dev int, at uintptr, chunk uint64) error {
+	h, err := b.vm.memCreate(dev, chunk)
 	if err != nil {
 		return err
 	}
-	err = b.vm.memMap(dev, at, g, h)
+	err = b.vm.memMap(dev, at, chunk, h)
 	if rerr := b.vm.memRelease(dev, h); rerr != nil {
 		if err == nil {
 			// Mapped, but the handle stays held: unmap it so nothing leaks
 			// unaccounted, and report the release failure.
-			return undone(rerr, b.vm.memUnmap(dev, at, g))
+			return undone(rerr, b.vm.memUnmap(dev, at, chunk))
 		}
 		return undone(err, rerr)
 	}
@@ -114,10 +127,10 @@ func (b *Backend) mapChunk(dev int, at uintptr, g uint64) error {
 }
 
 // unmapEach unmaps [ptr, ptr+size) chunk by chunk, going on past failures.
-func (b *Backend) unmapEach(dev int, ptr uintptr, size, g uint64) error {
+func (b *Backend) unmapEach(dev int, ptr uintptr, size, chunk uint64) error {
 	var first error
-	for off := uint64(0); off < size; off += g {
-		if err := b.vm.memUnmap(dev, ptr+uintptr(off), g); err != nil && first == nil {
+	for off := uint64(0); off < size; off += chunk {
+		if err := b.vm.memUnmap(dev, ptr+uintptr(off), chunk); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -125,22 +138,23 @@ func (b *Backend) unmapEach(dev int, ptr uintptr, size, g uint64) error {
 }
 
 // UnmapChunks frees the memory mapped at [ptr, ptr+size), chunk by chunk
-// (each is its own allocation), and returns the bytes unmapped: size, or at
-// the first chunk that fails the bytes before it, the rest staying mapped,
-// so that the pool books exactly what went. cuMemUnmap does not wait for
-// work that may still use the memory: the pool waits for the segment's
-// stream before it calls this (PyTorch synchronizes the segment's stream
-// for the same reason), so nothing here synchronizes the device.
-func (b *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
+// (each is its own allocation, and cuMemUnmap takes whole mappings), and
+// returns the bytes unmapped: size, or at the first chunk that fails the
+// bytes before it, the rest staying mapped, so that the pool books exactly
+// what went. cuMemUnmap does not wait for work that may still use the
+// memory: the pool waits for the segment's stream before it calls this
+// (PyTorch synchronizes the segment's stream for the same reason), so
+// nothing here synchronizes the device.
+func (b *Backend) UnmapChunks(dev int, ptr uintptr, size, chunk uint64) (uint64, error) {
 	g, err := b.Granularity(dev)
 	if err != nil {
 		return 0, err
 	}
-	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
-		return 0, fmt.Errorf("cuda: unmap of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
+	if err := checkChunks("unmap", dev, ptr, size, chunk, g); err != nil {
+		return 0, err
 	}
-	for off := uint64(0); off < size; off += g {
-		if err := b.vm.memUnmap(dev, ptr+uintptr(off), g); err != nil {
+	for off := uint64(0); off < size; off += chunk {
+		if err := b.vm.memUnmap(dev, ptr+uintptr(off), chunk); err != nil {
 			b.countMapped(dev, -int64(off))
 			return off, err
 		}
@@ -157,72 +171,99 @@ func (b *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error)
 // it without mapping, which frees the memory. Moving a chunk therefore
 // costs no cuMemCreate or cuMemRelease of memory: the driver's slow calls.
 
+// spareChunk is a kept chunk: a handle holding size bytes of memory.
+type spareChunk struct{ h, size uint64 }
+
 // KeepChunks unmaps [ptr, ptr+size) chunk by chunk, keeping each chunk's
 // memory as a spare handle of dev. On error the chunks before the failing
 // one are kept and the rest stay mapped. References a mapping of spare
 // chunks could not drop are dropped first (a failure there is reported by
 // ReleaseKept, which the pool calls after every mapping).
-func (b *Backend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
+func (b *Backend) KeepChunks(dev int, ptr uintptr, size, chunk uint64) (uint64, error) {
 	g, err := b.Granularity(dev)
 	if err != nil {
 		return 0, err
 	}
 	_ = b.releaseLeftover(dev)
-	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
-		return 0, fmt.Errorf("cuda: unmap of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
+	if err := checkChunks("unmap", dev, ptr, size, chunk, g); err != nil {
+		return 0, err
 	}
-	for off := uint64(0); off < size; off += g {
+	for off := uint64(0); off < size; off += chunk {
 		at := ptr + uintptr(off)
 		h, err := b.vm.retainAllocationHandle(dev, at)
 		if err != nil {
 			return off, err
 		}
-		if err := b.vm.memUnmap(dev, at, g); err != nil {
+		if err := b.vm.memUnmap(dev, at, chunk); err != nil {
 			return off, undone(err, b.vm.memRelease(dev, h))
 		}
 		b.spareMu.Lock()
-		b.spare[dev] = append(b.spare[dev], h)
-		b.mapped[dev] -= g
+		b.spare[dev] = append(b.spare[dev], spareChunk{h, chunk})
+		b.mapped[dev] -= chunk
 		b.spareMu.Unlock()
 	}
 	return size, nil
 }
 
-// MapKept maps [ptr, ptr+size) with size bytes of dev's spare chunks,
-// readable and writable by dev. On error nothing is mapped and the spare
-// is as it was.
-func (b *Backend) MapKept(dev int, ptr uintptr, size uint64) error {
+// takeSpare removes n spare chunks of chunk bytes from dev's spare and
+// returns their handles, or an error naming what dev keeps.
+func (b *Backend) takeSpare(dev, n int, chunk uint64) ([]uint64, error) {
+	b.spareMu.Lock()
+	defer b.spareMu.Unlock()
+	have := b.spare[dev]
+	hs := make([]uint64, 0, n)
+	rest := have[:0:0]
+	for i := len(have) - 1; i >= 0; i-- {
+		if len(hs) < n && have[i].size == chunk {
+			hs = append(hs, have[i].h)
+		} else {
+			rest = append(rest, have[i])
+		}
+	}
+	if len(hs) < n {
+		return nil, fmt.Errorf("cuda: %d spare chunks of %d bytes wanted on device %d, which keeps %d of them", n, chunk, dev, len(hs))
+	}
+	slices.Reverse(rest)
+	b.spare[dev] = rest
+	return hs, nil
+}
+
+// putSpare gives handles of chunk bytes back to dev's spare.
+func (b *Backend) putSpare(dev int, hs []uint64, chunk uint64) {
+	b.spareMu.Lock()
+	for _, h := range hs {
+		b.spare[dev] = append(b.spare[dev], spareChunk{h, chunk})
+	}
+	b.spareMu.Unlock()
+}
+
+// MapKept maps [ptr, ptr+size) with size bytes of dev's spare chunks of
+// chunk bytes, readable and writable by dev. On error nothing is mapped and
+// the spare is as it was.
+func (b *Backend) MapKept(dev int, ptr uintptr, size, chunk uint64) error {
 	g, err := b.Granularity(dev)
 	if err != nil {
 		return err
 	}
-	if size == 0 || size%g != 0 || uint64(ptr)%g != 0 {
-		return fmt.Errorf("cuda: map of %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, g)
+	if err := checkChunks("map", dev, ptr, size, chunk, g); err != nil {
+		return err
 	}
-	n := int(size / g)
-	b.spareMu.Lock()
-	have := b.spare[dev]
-	if len(have) < n {
-		b.spareMu.Unlock()
-		return fmt.Errorf("cuda: map of %d spare bytes on device %d, which keeps %d", size, dev, uint64(len(have))*g)
+	hs, err := b.takeSpare(dev, int(size/chunk), chunk)
+	if err != nil {
+		return err
 	}
-	hs := append([]uint64(nil), have[len(have)-n:]...)
-	b.spare[dev] = have[:len(have)-n]
-	b.spareMu.Unlock()
 	giveBack := func(mapped int, err error) error {
-		err = undone(err, b.unmapEach(dev, ptr, uint64(mapped)*g, g))
-		b.spareMu.Lock()
-		b.spare[dev] = append(b.spare[dev], hs...)
-		b.spareMu.Unlock()
+		err = undone(err, b.unmapEach(dev, ptr, uint64(mapped)*chunk, chunk))
+		b.putSpare(dev, hs, chunk)
 		return err
 	}
 	for i, h := range hs {
-		if err := b.vm.memMap(dev, ptr+uintptr(uint64(i)*g), g, h); err != nil {
+		if err := b.vm.memMap(dev, ptr+uintptr(uint64(i)*chunk), chunk, h); err != nil {
 			return giveBack(i, err)
 		}
 	}
 	if err := b.vm.setAccess(dev, ptr, size, []int{dev}); err != nil {
-		return giveBack(n, err)
+		return giveBack(len(hs), err)
 	}
 	b.countMapped(dev, int64(size))
 	// The mappings hold the memory now: the mapping is made, whatever
@@ -258,33 +299,31 @@ func (b *Backend) releaseLeftover(dev int) error {
 	return nil
 }
 
-// ReleaseKept releases size bytes of dev's spare chunks, and drops the
-// references a mapping of spare chunks could not (MapKept).
+// ReleaseKept releases size bytes of dev's spare chunks (the most recently
+// kept first), and drops the references a mapping of spare chunks could not
+// (MapKept).
 func (b *Backend) ReleaseKept(dev int, size uint64) error {
-	g, err := b.Granularity(dev)
-	if err != nil {
-		return err
-	}
 	leftErr := b.releaseLeftover(dev)
-	n := int(size / g)
-	if size%g != 0 {
-		return fmt.Errorf("cuda: release of %d spare bytes on device %d: not whole %d-byte chunks", size, dev, g)
-	}
 	b.spareMu.Lock()
 	have := b.spare[dev]
-	if len(have) < n {
-		b.spareMu.Unlock()
-		return fmt.Errorf("cuda: release of %d spare bytes on device %d, which keeps %d", size, dev, uint64(len(have))*g)
+	i, n := len(have), uint64(0)
+	for i > 0 && n < size {
+		i--
+		n += have[i].size
 	}
-	hs := append([]uint64(nil), have[len(have)-n:]...)
-	b.spare[dev] = have[:len(have)-n]
+	if n != size {
+		b.spareMu.Unlock()
+		return fmt.Errorf("cuda: release of %d spare bytes on device %d, which keeps %d in chunks of its own sizes", size, dev, spareBytes(have))
+	}
+	hs := append([]spareChunk(nil), have[i:]...)
+	b.spare[dev] = have[:i]
 	b.spareMu.Unlock()
 	var first error
-	for i, h := range hs {
-		if err := b.vm.memRelease(dev, h); err != nil {
+	for j, c := range hs {
+		if err := b.vm.memRelease(dev, c.h); err != nil {
 			// Those not released stay spare, to be released later.
 			b.spareMu.Lock()
-			b.spare[dev] = append(b.spare[dev], hs[i:]...)
+			b.spare[dev] = append(b.spare[dev], hs[j:]...)
 			b.spareMu.Unlock()
 			first = err
 			break
@@ -293,14 +332,18 @@ func (b *Backend) ReleaseKept(dev int, size uint64) error {
 	return errors.Join(first, leftErr)
 }
 
+func spareBytes(cs []spareChunk) uint64 {
+	var n uint64
+	for _, c := range cs {
+		n += c.size
+	}
+	return n
+}
+
 // Chunks reports dev's chunk bytes mapped through MapChunks and MapKept and
 // not unmapped, and its spare chunk bytes.
 func (b *Backend) Chunks(dev int) (mapped, spare uint64) {
-	g, err := b.Granularity(dev)
-	if err != nil {
-		return 0, 0
-	}
 	b.spareMu.Lock()
 	defer b.spareMu.Unlock()
-	return b.mapped[dev], uint64(len(b.spare[dev])) * g
+	return b.mapped[dev], spareBytes(b.spare[dev])
 }

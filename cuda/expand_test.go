@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bytes"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -150,12 +151,22 @@ func TestGPUReleaseIgnoresABlockedStream(t *testing.T) {
 // memory mapped under it again, and every chunk goes back to the device at
 // empty_cache. The pool's invariants (mapped and spare chunks as the
 // backend counts them) hold after every step.
+//
+// Run with the granularity's chunks and with 20 MiB ones (one physical
+// allocation per chunk), every size scaled by the chunk.
 func TestGPUFreePagesSpareChunks(t *testing.T) {
 	b, _ := gpu(t)
-	const mib = 1 << 20
+	for _, chunk := range []uint64{2 << 20, 20 << 20} {
+		t.Run(fmt.Sprintf("chunk=%dMiB", chunk>>20), func(t *testing.T) { freePagesSpareChunks(t, b, chunk) })
+	}
+}
+
+func freePagesSpareChunks(t *testing.T, b *Backend, chunk uint64) {
+	// u is half a chunk: 1 MiB with the 2 MiB chunks the sizes were written for.
+	u := chunk / 2
 	free0, _, err := b.MemInfo(0)
 	require.NoError(t, err)
-	p, err := allocator.New(b, allocator.Config{Expandable: true, UnmapFreePages: true})
+	p, err := allocator.New(b, allocator.Config{Expandable: true, UnmapFreePages: true, ExpandableChunk: chunk})
 	require.NoError(t, err)
 	fill := func(ptr uintptr, n uint64, v byte) { require.NoError(t, Memset(0, ptr, v, n)) }
 	check := func(ptr uintptr, n uint64, v byte) {
@@ -175,31 +186,31 @@ func TestGPUFreePagesSpareChunks(t *testing.T) {
 		require.NoError(t, p.CheckInvariants())
 		return ptr
 	}
-	a := alloc(4*mib, 1)
-	hole := alloc(16*mib, 2)
-	c := alloc(4*mib, 3)
-	require.NoError(t, p.Free(0, 0, hole, 16*mib))
+	a := alloc(4*u, 1)
+	hole := alloc(16*u, 2)
+	c := alloc(4*u, 3)
+	require.NoError(t, p.Free(0, 0, hole, 16*u))
 	// The pool unmaps a free page only once the stream has passed its free,
 	// asked of an event without waiting: give the first one time. Each try
 	// grows the segment's free end by 2 MiB (more than the hole holds).
-	end := uint64(18 * mib)
+	end := 18 * u
 	for try := 0; try < 50 && stat("num_spare_chunks_reused") == 0; try++ {
-		end += 2 * mib
+		end += 2 * u
 		x := alloc(end, 4)
 		require.NoError(t, p.Free(0, 0, x, end))
 		time.Sleep(20 * time.Millisecond)
 	}
 	require.Positive(t, stat("num_spare_chunks_reused"), "growth took the hole's chunks")
-	require.Less(t, stat("reserved_bytes.all.current"), int64(24*mib+end), "the hole's chunks are no longer counted")
+	require.Less(t, stat("reserved_bytes.all.current"), int64(24*u+end), "the hole's chunks are no longer counted")
 	mapped, spare := b.Chunks(0)
 	require.Zero(t, spare, "nothing stays spare between operations")
 	require.EqualValues(t, stat("reserved_bytes.all.current"), mapped)
-	d := alloc(12*mib, 5) // the best fit is the hole: mapped again under it
+	d := alloc(12*u, 5) // the best fit is the hole: mapped again under it
 	require.GreaterOrEqual(t, d, hole)
-	require.Less(t, d, hole+16*mib)
-	check(a, 4*mib, 1)
-	check(c, 4*mib, 3)
-	check(d, 12*mib, 5)
+	require.Less(t, d, hole+uintptr(16*u))
+	check(a, 4*u, 1)
+	check(c, 4*u, 3)
+	check(d, 12*u, 5)
 	require.Positive(t, stat("num_chunk_maps"))
 	require.Positive(t, stat("num_chunk_unmaps"))
 	t.Logf("chunk maps %d (%d µs), unmaps %d (%d µs), spare chunks reused %d",
@@ -207,7 +218,7 @@ func TestGPUFreePagesSpareChunks(t *testing.T) {
 	for _, x := range []struct {
 		p uintptr
 		n uint64
-	}{{a, 4 * mib}, {c, 4 * mib}, {d, 12 * mib}} {
+	}{{a, 4 * u}, {c, 4 * u}, {d, 12 * u}} {
 		require.NoError(t, p.Free(0, 0, x.p, x.n))
 	}
 	require.NoError(t, p.EmptyCache())
@@ -217,5 +228,30 @@ func TestGPUFreePagesSpareChunks(t *testing.T) {
 	require.Zero(t, spare)
 	free1, _, err := b.MemInfo(0)
 	require.NoError(t, err)
-	require.InDelta(t, float64(free0), float64(free1), 4*mib, "device memory back after empty_cache")
+	require.InDelta(t, float64(free0), float64(free1), float64(4*u), "device memory back after empty_cache")
+}
+
+// The cost of mapping and unmapping expandable memory by chunk size: 400 MiB
+// mapped (cuMemCreate, cuMemMap, cuMemRelease per chunk, one
+// cuMemSetAccess) and unmapped again, per MiB. The driver's cost is mostly
+// per allocation, which is why expandable segments grow by 20 MiB chunks.
+//
+//	go test -c -o build/device/cuda.test ./cuda && build/device/cuda.test -test.run '^$' -test.bench MapChunks
+func BenchmarkGPUMapChunks(b *testing.B) {
+	be, _ := gpu(b)
+	const size = 400 << 20
+	for _, chunk := range []uint64{2 << 20, 20 << 20} {
+		b.Run(fmt.Sprintf("chunk=%dMiB", chunk>>20), func(b *testing.B) {
+			ptr, err := be.ReserveRange(0, size)
+			require.NoError(b, err)
+			defer func() { require.NoError(b, be.FreeRange(0, ptr, size)) }()
+			for b.Loop() {
+				require.NoError(b, be.MapChunks(0, ptr, size, chunk))
+				n, err := be.UnmapChunks(0, ptr, size, chunk)
+				require.NoError(b, err)
+				require.EqualValues(b, size, n)
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/(size>>20), "µs/MiB")
+		})
+	}
 }

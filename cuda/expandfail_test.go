@@ -17,6 +17,7 @@ type fakeVM struct {
 	at       map[uintptr]uint64 // mapped chunk -> handle
 	failUnmp map[uintptr]bool   // chunks whose cuMemUnmap fails
 	failRel  int                // cuMemRelease calls that fail, from now on
+	created  []uint64           // the size of every cuMemCreate, in order
 }
 
 const fakeG = 2 << 20
@@ -28,7 +29,8 @@ func newFakeVM() *fakeVM {
 var errFake = errors.New("CUDA_ERROR_UNKNOWN (injected)")
 
 func (f *fakeVM) granularity(int) (uint64, uint64, error) { return fakeG, fakeG, nil }
-func (f *fakeVM) memCreate(int, uint64) (uint64, error) {
+func (f *fakeVM) memCreate(_ int, size uint64) (uint64, error) {
+	f.created = append(f.created, size)
 	h := f.next
 	f.next++
 	f.refs[h] = 1
@@ -80,7 +82,7 @@ func (f *fakeVM) retainAllocationHandle(_ int, ptr uintptr) (uint64, error) {
 }
 
 func fakeBackend(vm *fakeVM) *Backend {
-	return &Backend{vm: vm, spare: map[int][]uint64{}, mapped: map[int]uint64{}, unreleased: map[int][]uint64{}}
+	return &Backend{vm: vm, spare: map[int][]spareChunk{}, mapped: map[int]uint64{}, unreleased: map[int][]uint64{}}
 }
 
 // An unmap that fails at a chunk stops there and says how much went: the
@@ -90,16 +92,16 @@ func TestUnmapChunksReportsThePrefixUnmapped(t *testing.T) {
 	vm := newFakeVM()
 	b := fakeBackend(vm)
 	const base = uintptr(1 << 40)
-	require.NoError(t, b.MapChunks(0, base, 4*fakeG))
+	require.NoError(t, b.MapChunks(0, base, 4*fakeG, fakeG))
 	vm.failUnmp[base+2*fakeG] = true
-	n, err := b.UnmapChunks(0, base, 4*fakeG)
+	n, err := b.UnmapChunks(0, base, 4*fakeG, fakeG)
 	require.ErrorIs(t, err, errFake)
 	require.EqualValues(t, 2*fakeG, n)
 	require.Len(t, vm.at, 2, "chunks 2 and 3 stay mapped")
 	mapped, _ := b.Chunks(0)
 	require.EqualValues(t, 2*fakeG, mapped)
 	delete(vm.failUnmp, base+2*fakeG)
-	n, err = b.UnmapChunks(0, base+2*fakeG, 2*fakeG)
+	n, err = b.UnmapChunks(0, base+2*fakeG, 2*fakeG, fakeG)
 	require.NoError(t, err)
 	require.EqualValues(t, 2*fakeG, n)
 	require.Empty(t, vm.at)
@@ -114,15 +116,15 @@ func TestMapKeptKeepsItsMappingWhenAReleaseFails(t *testing.T) {
 	vm := newFakeVM()
 	b := fakeBackend(vm)
 	const base = uintptr(1 << 40)
-	require.NoError(t, b.MapChunks(0, base, 3*fakeG))
-	kept, err := b.KeepChunks(0, base, 3*fakeG)
+	require.NoError(t, b.MapChunks(0, base, 3*fakeG, fakeG))
+	kept, err := b.KeepChunks(0, base, 3*fakeG, fakeG)
 	require.NoError(t, err)
 	require.EqualValues(t, 3*fakeG, kept)
 	_, spare := b.Chunks(0)
 	require.EqualValues(t, 3*fakeG, spare)
 
 	vm.failRel = 1
-	require.NoError(t, b.MapKept(0, base, 3*fakeG), "mapped, whatever the release said")
+	require.NoError(t, b.MapKept(0, base, 3*fakeG, fakeG), "mapped, whatever the release said")
 	mapped, spare := b.Chunks(0)
 	require.EqualValues(t, 3*fakeG, mapped)
 	require.Zero(t, spare)
@@ -131,7 +133,7 @@ func TestMapKeptKeepsItsMappingWhenAReleaseFails(t *testing.T) {
 	vm.failRel = 1
 	require.ErrorIs(t, b.ReleaseKept(0, 0), errFake, "a reference still held is reported")
 	require.NoError(t, b.ReleaseKept(0, 0))
-	n, err := b.UnmapChunks(0, base, 3*fakeG)
+	n, err := b.UnmapChunks(0, base, 3*fakeG, fakeG)
 	require.NoError(t, err)
 	require.EqualValues(t, 3*fakeG, n)
 	require.Empty(t, vm.refs, "no chunk outlives its unmap")
@@ -143,9 +145,9 @@ func TestKeepChunksReportsThePrefixKept(t *testing.T) {
 	vm := newFakeVM()
 	b := fakeBackend(vm)
 	const base = uintptr(1 << 40)
-	require.NoError(t, b.MapChunks(0, base, 3*fakeG))
+	require.NoError(t, b.MapChunks(0, base, 3*fakeG, fakeG))
 	vm.failUnmp[base+fakeG] = true
-	kept, err := b.KeepChunks(0, base, 3*fakeG)
+	kept, err := b.KeepChunks(0, base, 3*fakeG, fakeG)
 	require.ErrorIs(t, err, errFake)
 	require.EqualValues(t, fakeG, kept)
 	mapped, spare := b.Chunks(0)
@@ -153,8 +155,66 @@ func TestKeepChunksReportsThePrefixKept(t *testing.T) {
 	require.EqualValues(t, fakeG, spare)
 	delete(vm.failUnmp, base+fakeG)
 	require.NoError(t, b.ReleaseKept(0, fakeG))
-	n, err := b.UnmapChunks(0, base+fakeG, 2*fakeG)
+	n, err := b.UnmapChunks(0, base+fakeG, 2*fakeG, fakeG)
 	require.NoError(t, err)
 	require.EqualValues(t, 2*fakeG, n)
 	require.Empty(t, vm.refs)
+}
+
+// A chunk larger than the granularity is one physical allocation: mapping
+// 3 chunks of 2 granules creates 3 handles, not 6, and each unmaps whole.
+// Spare chunks keep their size: a mapping of another chunk size cannot
+// take them, and releasing them frees exactly their bytes.
+func TestChunksLargerThanTheGranularity(t *testing.T) {
+	vm := newFakeVM()
+	b := fakeBackend(vm)
+	const base = uintptr(1 << 40)
+	const c = 2 * fakeG
+	require.NoError(t, b.MapChunks(0, base, 3*c, c))
+	require.Equal(t, []uint64{c, c, c}, vm.created)
+	require.Len(t, vm.at, 3, "one mapping per chunk")
+
+	kept, err := b.KeepChunks(0, base+c, c, c)
+	require.NoError(t, err)
+	require.EqualValues(t, c, kept)
+	require.ErrorContains(t, b.MapKept(0, base+c, c, fakeG), "keeps 0 of them", "2 MiB chunks wanted, one 4 MiB kept")
+	require.ErrorContains(t, b.MapKept(0, base+c, 2*c, c), "keeps 1 of them")
+	require.ErrorContains(t, b.ReleaseKept(0, fakeG), "in chunks of its own sizes", "half a spare chunk cannot be released")
+	_, spare := b.Chunks(0)
+	require.EqualValues(t, c, spare, "failed takes leave the spare as it was")
+	require.NoError(t, b.MapKept(0, base+c, c, c))
+	require.Len(t, vm.created, 3, "spare chunks are mapped again, not created")
+
+	n, err := b.UnmapChunks(0, base, 3*c, c)
+	require.NoError(t, err)
+	require.EqualValues(t, 3*c, n)
+	require.Empty(t, vm.at)
+	require.Empty(t, vm.refs)
+}
+
+// Requests that are not whole chunks of a multiple of the granularity are
+// refused before the driver is called.
+func TestChunkRequestsNotWholeChunks(t *testing.T) {
+	vm := newFakeVM()
+	b := fakeBackend(vm)
+	const base = uintptr(1 << 40)
+	for _, tc := range []struct {
+		ptr         uintptr
+		size, chunk uint64
+	}{
+		{base, 0, fakeG},                // nothing
+		{base, 3 * fakeG, 2 * fakeG},    // not whole chunks
+		{base, 3 * fakeG, fakeG + 4096}, // chunk not granules
+		{base, fakeG, 0},                // no chunk
+		{base + 4096, fakeG, fakeG},     // unaligned
+	} {
+		require.ErrorContains(t, b.MapChunks(0, tc.ptr, tc.size, tc.chunk), "not whole")
+		_, err := b.UnmapChunks(0, tc.ptr, tc.size, tc.chunk)
+		require.ErrorContains(t, err, "not whole")
+		_, err = b.KeepChunks(0, tc.ptr, tc.size, tc.chunk)
+		require.ErrorContains(t, err, "not whole")
+		require.ErrorContains(t, b.MapKept(0, tc.ptr, tc.size, tc.chunk), "not whole")
+	}
+	require.Empty(t, vm.created)
+	require.Empty(t, vm.at)
 }

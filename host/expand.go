@@ -119,10 +119,11 @@ func (h *Backend) FreeRange(dev int, ptr uintptr, size uint64) error {
 }
 
 // rangeOf returns the base of the reserved range of dev holding [ptr,
-// ptr+size), checking chunk alignment; called with h.mu held.
-func (h *Backend) rangeOf(dev int, ptr uintptr, size uint64) (uintptr, error) {
-	if size == 0 || size%Granularity != 0 || ptr%Granularity != 0 {
-		return 0, fmt.Errorf("host: range %#x+%d on device %d: not whole %d-byte chunks", ptr, size, dev, Granularity)
+// ptr+size), checking that it is whole chunks of chunk bytes (a multiple of
+// the granularity); called with h.mu held.
+func (h *Backend) rangeOf(dev int, ptr uintptr, size, chunk uint64) (uintptr, error) {
+	if chunk == 0 || chunk%Granularity != 0 || size == 0 || size%chunk != 0 || ptr%Granularity != 0 {
+		return 0, fmt.Errorf("host: range %#x+%d on device %d: not whole %d-byte chunks of the %d-byte granularity", ptr, size, dev, chunk, Granularity)
 	}
 	for base, r := range h.ranges {
 		if r.dev == dev && ptr >= base && ptr+uintptr(size) <= base+uintptr(r.size) {
@@ -135,7 +136,7 @@ func (h *Backend) rangeOf(dev int, ptr uintptr, size uint64) (uintptr, error) {
 // MapChunks maps size bytes of new memory at ptr, counted against the
 // device's capacity. Fault injection (FaultAlloc) fails it before or after
 // the mapping is made; either way nothing stays mapped or counted.
-func (h *Backend) MapChunks(dev int, ptr uintptr, size uint64) error {
+func (h *Backend) MapChunks(dev int, ptr uintptr, size, chunk uint64) error {
 	if err := h.check(dev); err != nil {
 		return err
 	}
@@ -145,7 +146,7 @@ func (h *Backend) MapChunks(dev int, ptr uintptr, size uint64) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	base, err := h.rangeOf(dev, ptr, size)
+	base, err := h.rangeOf(dev, ptr, size, chunk)
 	if err != nil {
 		return err
 	}
@@ -188,8 +189,8 @@ func reserveAgain(ptr uintptr, size uint64) error {
 // UnmapChunks gives the pages of [ptr, ptr+size) back; the range stays
 // reserved. It returns the bytes unmapped: size, or with an injected fault
 // (FaultUnmap) a prefix of whole chunks, the rest staying mapped.
-func (h *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
-	return h.unmap(dev, ptr, size, false)
+func (h *Backend) UnmapChunks(dev int, ptr uintptr, size, chunk uint64) (uint64, error) {
+	return h.unmap(dev, ptr, size, chunk, false)
 }
 
 // Spare chunks (allocator.ChunkKeeper). Anonymous memory belongs to its
@@ -200,8 +201,8 @@ func (h *Backend) UnmapChunks(dev int, ptr uintptr, size uint64) (uint64, error)
 
 // KeepChunks unmaps [ptr, ptr+size), keeping its size in the capacity as
 // spare chunks of dev; on error a prefix is kept and the rest stays mapped.
-func (h *Backend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) {
-	return h.unmap(dev, ptr, size, true)
+func (h *Backend) KeepChunks(dev int, ptr uintptr, size, chunk uint64) (uint64, error) {
+	return h.unmap(dev, ptr, size, chunk, true)
 }
 
 // unmap gives the pages of [ptr, ptr+size) back, the range staying
@@ -209,13 +210,13 @@ func (h *Backend) KeepChunks(dev int, ptr uintptr, size uint64) (uint64, error) 
 // spare chunks of it. Every chunk must be mapped (nothing changes if one
 // is not). An injected fault unmaps the chunks before a chosen one and
 // fails, as the CUDA backend's chunk-by-chunk unmap does.
-func (h *Backend) unmap(dev int, ptr uintptr, size uint64, keep bool) (uint64, error) {
+func (h *Backend) unmap(dev int, ptr uintptr, size, chunk uint64, keep bool) (uint64, error) {
 	if err := h.check(dev); err != nil {
 		return 0, err
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	base, err := h.rangeOf(dev, ptr, size)
+	base, err := h.rangeOf(dev, ptr, size, chunk)
 	if err != nil {
 		return 0, err
 	}
@@ -224,8 +225,8 @@ func (h *Backend) unmap(dev int, ptr uintptr, size uint64, keep bool) (uint64, e
 		return 0, err
 	}
 	n, failErr := size, error(nil)
-	if at := h.pick(FaultUnmap, int(size/Granularity)); at >= 0 {
-		n = uint64(at) * Granularity
+	if at := h.pick(FaultUnmap, int(size/chunk)); at >= 0 {
+		n = uint64(at) * chunk
 		failErr = h.faults.Err(fmt.Sprintf("unmap of %d bytes on device %d after %d bytes", size, dev, n))
 	}
 	if n > 0 {
@@ -245,7 +246,7 @@ func (h *Backend) unmap(dev int, ptr uintptr, size uint64, keep bool) (uint64, e
 }
 
 // MapKept maps [ptr, ptr+size) with size bytes of dev's spare chunks.
-func (h *Backend) MapKept(dev int, ptr uintptr, size uint64) error {
+func (h *Backend) MapKept(dev int, ptr uintptr, size, chunk uint64) error {
 	if err := h.check(dev); err != nil {
 		return err
 	}
@@ -254,7 +255,7 @@ func (h *Backend) MapKept(dev int, ptr uintptr, size uint64) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	base, err := h.rangeOf(dev, ptr, size)
+	base, err := h.rangeOf(dev, ptr, size, chunk)
 	if err != nil {
 		return err
 	}
