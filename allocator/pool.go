@@ -21,13 +21,15 @@ type Config struct {
 	// ignored: every block of an expandable segment may be split.
 	Expandable bool
 	// ExpandableChunk is the size of the chunks an expandable segment grows
-	// and shrinks by: 0 is the backend's granularity; other values are
-	// rounded up to a multiple of it.
+	// and shrinks by, each one physical allocation: 0 is the backend's
+	// granularity; other values are rounded up to a multiple of it. The
+	// library's default (ConfigFromEnv) is DefaultExpandableChunk, 20 MiB.
 	ExpandableChunk uint64
 	// UnmapFreePages unmaps, in expandable segments, the chunks that lie
 	// wholly inside free blocks: before the pool maps memory, as many as it
 	// is about to map, and all of them at release (pages.go). A block
-	// handed out over them gets them mapped again first.
+	// handed out over them gets them mapped again first. The library's
+	// default (ConfigFromEnv) is on.
 	UnmapFreePages bool
 	// Limit caps every device's reserved bytes. 0: no cap.
 	Limit uint64

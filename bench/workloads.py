@@ -12,8 +12,9 @@ Modes, each in a fresh interpreter (the allocator can be swapped once per proces
 native_expandable (expandable_segments:True), symm (symm.use_as_default()), symm_expandable (with
 SYMM_POOL_EXPANDABLE=1), symm_hooks and symm_hooks_expandable (the same without libsymm's PyTorch
 extension: torch's plain CUDAPluggableAllocator with libsymm's hooks, SYMM_TORCH_EXT=0),
-symm_expandable_unmap (symm_expandable with SYMM_POOL_UNMAP_FREE_PAGES=1: free chunks anywhere in a
-segment are unmapped and their memory mapped where the pool grows; a table of what that costs),
+symm_expandable_keep (symm_expandable with SYMM_POOL_UNMAP_FREE_PAGES=0: free chunks inside a segment
+stay mapped, where by default they are unmapped and their memory mapped where the pool grows; with the
+chunk statistics table, what unmapping them costs; SYMM_POOL_EXPANDABLE_CHUNK passes through to every mode),
 symm_mempool (MemPool(symm.pool_allocator().allocator()) around the whole
 workload; use_mem_pool routes only this thread's allocations, so backward's, made on autograd's
 device thread, come from PyTorch's default pool).
@@ -48,8 +49,8 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 WORKLOADS = ("gpt2", "cnn", "llm_infer")
 MODES = ("native", "native_expandable", "symm", "symm_expandable", "symm_mempool", "symm_hooks",
-         "symm_hooks_expandable", "symm_expandable_unmap")
-REPLACE_MODES = ("symm", "symm_expandable", "symm_hooks", "symm_hooks_expandable", "symm_expandable_unmap")
+         "symm_hooks_expandable", "symm_expandable_keep")
+REPLACE_MODES = ("symm", "symm_expandable", "symm_hooks", "symm_hooks_expandable", "symm_expandable_keep")
 # libsymm's statistics of what mapping and unmapping chunks cost, per run.
 CHUNK_STATS = ("num_chunk_maps", "num_chunk_unmaps", "chunk_map_us", "chunk_unmap_us", "num_spare_chunks_reused",
                "num_release_failures")
@@ -337,7 +338,7 @@ def child_env(mode: str) -> dict:
                 "symm_expandable": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_TORCH_EXT": "1"},
                 "symm_hooks": {"SYMM_TORCH_EXT": "0"},
                 "symm_hooks_expandable": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_TORCH_EXT": "0"},
-                "symm_expandable_unmap": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_POOL_UNMAP_FREE_PAGES": "1",
+                "symm_expandable_keep": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_POOL_UNMAP_FREE_PAGES": "0",
                                           "SYMM_TORCH_EXT": "1"}}.get(mode, {}))
     return env
 

@@ -17,7 +17,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -71,17 +73,27 @@ func initPool() (*allocator.Pool, error) {
 	}
 	// The environment's settings, or what symm_pool_set_allocator_settings
 	// calls made of them before the pool existed (settings.go).
-	cfg, warns, err := allocator.ConfigFromEnv(settingsGetenv())
+	// symm_pool_set_expandable wins over the environment: it answers for
+	// SYMM_POOL_EXPANDABLE, so that the configuration gets expandable
+	// segments' defaults (chunk, free pages) exactly as the variable would.
+	getenv, called := settingsGetenv(), lib.expandable.Load()
+	if called != 0 {
+		env := getenv
+		getenv = func(k string) string {
+			if k == "SYMM_POOL_EXPANDABLE" {
+				return map[int32]string{1: "0", 2: "1"}[called]
+			}
+			return env(k)
+		}
+	}
+	cfg, warns, err := allocator.ConfigFromEnv(getenv)
 	if err != nil {
 		return nil, err
 	}
-	configWarnings.warn(warns)
-	switch lib.expandable.Load() { // symm_pool_set_expandable wins over the environment
-	case 1:
-		cfg.Expandable = false
-	case 2:
-		cfg.Expandable = true
+	if called != 0 { // the call, not the variable, overrode any PyTorch setting
+		warns = slices.DeleteFunc(warns, func(w string) bool { return strings.HasPrefix(w, "SYMM_POOL_EXPANDABLE=") })
 	}
+	configWarnings.warn(warns)
 	front, frontMax, err := frontCacheWanted(getenv)
 	if err != nil {
 		return nil, err

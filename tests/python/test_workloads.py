@@ -64,11 +64,11 @@ def test_child_env_per_mode(wl, monkeypatch):
         assert env.get("PYTORCH_CUDA_ALLOC_CONF") == ("expandable_segments:True" if mode == "native_expandable" else None)
         expandable = "_expandable" in mode and mode.startswith("symm")
         assert env.get("SYMM_POOL_EXPANDABLE") == ("1" if expandable else None)
-        assert env.get("SYMM_POOL_UNMAP_FREE_PAGES") == ("1" if mode == "symm_expandable_unmap" else None)
+        assert env.get("SYMM_POOL_UNMAP_FREE_PAGES") == ("0" if mode == "symm_expandable_keep" else None)
         # Replace modes name whether libsymm's PyTorch extension is required
         # (1) or left out (0): a silent fallback would measure the wrong thing.
         want_ext = {"symm": "1", "symm_expandable": "1", "symm_hooks": "0", "symm_hooks_expandable": "0",
-                    "symm_expandable_unmap": "1"}.get(mode)
+                    "symm_expandable_keep": "1"}.get(mode)
         assert env.get("SYMM_TORCH_EXT") == want_ext, mode
 
 
@@ -115,7 +115,7 @@ def test_render_table(wl):
 def test_render_chunk_costs(wl):
     rows = []
     for r, maps in ((1, 480), (2, 520), (3, 500)):
-        row = _row("gpt2", "symm_expandable_unmap", r, 15000, 14900, 14800, 100.0)
+        row = _row("gpt2", "symm_expandable_keep", r, 15000, 14900, 14800, 100.0)
         row["steps"] = 48
         row["chunk_stats"] = {"num_chunk_maps": maps, "num_chunk_unmaps": 240, "chunk_map_us": 4800,
                               "chunk_unmap_us": 960, "num_spare_chunks_reused": 96, "num_release_failures": 3}
@@ -123,10 +123,10 @@ def test_render_chunk_costs(wl):
     rows.append(dict(_row("gpt2", "symm", 1, 15500, 15200, 15067, 99.0), steps=48,
                      chunk_stats={"num_chunk_maps": 0, "num_chunk_unmaps": 0, "chunk_map_us": 0,
                                   "chunk_unmap_us": 0, "num_spare_chunks_reused": 0}))
-    md = wl.render(rows, ["gpt2"], ["symm", "symm_expandable_unmap"])
+    md = wl.render(rows, ["gpt2"], ["symm", "symm_expandable_keep"])
     print(md)
     assert "| mode | maps | µs mapping | unmaps | µs unmapping | spare chunks reused | failed releases |" in md
-    assert "| symm_expandable_unmap | 10.4 | 100 | 5.0 | 20 | 2.0 | 0.06 |" in md
+    assert "| symm_expandable_keep | 10.4 | 100 | 5.0 | 20 | 2.0 | 0.06 |" in md
     assert "| symm | 0.0" not in md  # fixed segments: no chunk costs to show
 
 
