@@ -247,7 +247,7 @@ func (s *shard) mapAfterFreeing(but span, ptr uintptr, n uint64) (uint64, error)
 // from ptr it mapped: n, or on error a prefix (the spare chunks, when only
 // the new ones could not be had), so that nothing needs undoing. Called
 // with s.mu held.
-func (s *shard) mapRun(ptr uintptr, n uint64) (uint64, error) {
+func (s *shard) mapRun(ptr uintptr, n uint64) (mapped uint64, err error) {
 	d := s.dev
 	take := min(s.kept, n)
 	if n > take {
@@ -255,9 +255,16 @@ func (s *shard) mapRun(ptr uintptr, n uint64) (uint64, error) {
 			return 0, err
 		}
 	}
+	// num_chunk_maps and chunk_map_us count the calls that mapped
+	// something: a refused request leaves the statistics as they were,
+	// but for its out-of-memory counts.
 	t0 := time.Now()
-	defer func() { d.counts.chunkMapNs.Add(int64(time.Since(t0))) }()
-	d.counts.numChunkMaps.Add(1)
+	defer func() {
+		if mapped > 0 {
+			d.counts.chunkMapNs.Add(int64(time.Since(t0)))
+			d.counts.numChunkMaps.Add(1)
+		}
+	}()
 	if take > 0 {
 		if err := d.pool.keeper.MapKept(d.idx, ptr, take, d.expand.chunk); err != nil {
 			d.unreserve(n - take)
