@@ -9,6 +9,7 @@
 #   bash tests/device/run.sh sweep replay    # the longer benchmarks, not run by default
 #   bash tests/device/run.sh unchanged       # 2 GPUs: an unedited torchrun script under symm run
 #   bash tests/device/run.sh settings mempools trackers fsdp gpt2   # run-time settings, MemPools, NCCL registration (2 GPUs), FSDP, GPT-2 step
+#   bash tests/device/run.sh segevents       # PyTorch's segment events for tests/data/torch_segment_events.json
 #
 # Logs go to $OUT (when set, e.g. by the device runner) or build/device-logs.
 # Per-step time limits (seconds) can be changed with SYMM_GO_TIMEOUT,
@@ -201,6 +202,12 @@ fi
 # symmetric-memory pool, on both allocators (one GPU).
 if want mempools; then
   run_step torch-mempools "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_torch_mempools.py
+fi
+
+# PyTorch's own segment events for the workload the host-backend test holds
+# libsymm to (tests/data/torch_segment_events.json), recorded and compared.
+if want segevents; then
+  run_step segment-events "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/record_segment_events.py
 fi
 
 # ProcessGroupNCCL's segment registration through the allocator trace
