@@ -536,3 +536,19 @@ func (p *Pool) SegmentOf(ptr uintptr) (base uintptr, size uint64, expandable boo
 	s.mu.Unlock()
 	return base, size, expandable, nil
 }
+
+// SegmentChunk returns the chunk of the expandable segment holding the
+// allocated block at or containing ptr (each chunk one physical allocation,
+// at chunk multiples from the segment's base), 0 for a fixed segment.
+func (p *Pool) SegmentChunk(ptr uintptr) (uint64, error) {
+	s, b := p.findContaining(ptr)
+	if b == nil {
+		return 0, fmt.Errorf("%w: %#x is not in a block this pool has allocated", ErrUnknownPointer, ptr)
+	}
+	var c uint64
+	if b.seg.expSeg != nil {
+		c = s.dev.expand.chunk
+	}
+	s.mu.Unlock()
+	return c, nil
+}

@@ -69,6 +69,12 @@ int symm_pool_segment_of(const void *ptr, uint64_t *base, uint64_t *size, int *e
   return goPoolSegmentOf((uintptr_t)ptr, base, size, expandable);
 }
 
+int symm_pool_segment_chunk(const void *ptr, uint64_t *chunk) {
+  if (forked("symm_pool_segment_chunk")) return SYMM_ERR_FORKED;
+  if (chunk == nullptr) return fail(SYMM_ERR_INVALID, "symm_pool_segment_chunk: chunk is NULL");
+  return goPoolSegmentChunk((uintptr_t)ptr, chunk);
+}
+
 void *symm_pool_alloc_segment(size_t size, int device, void *stream) {
   // Never throws, in any mode: C and C++ callers get NULL and the last error.
   if (forked("symm_pool_alloc_segment") || size == 0) return nullptr;

@@ -182,6 +182,22 @@ func goPoolBlockOf(ptr C.uintptr_t, addr, requested *C.uint64_t) (code C.int) {
 	return C.SYMM_OK
 }
 
+//export goPoolSegmentChunk
+func goPoolSegmentChunk(ptr C.uintptr_t, chunk *C.uint64_t) (code C.int) {
+	const fn = "symm_pool_segment_chunk"
+	defer guard(fn, &code)
+	p, err := getPool()
+	var c uint64
+	if err == nil {
+		c, err = p.SegmentChunk(uintptr(ptr))
+	}
+	if err != nil {
+		return fail(fn, err)
+	}
+	*chunk = C.uint64_t(c)
+	return C.SYMM_OK
+}
+
 //export goPoolSegmentOf
 func goPoolSegmentOf(ptr C.uintptr_t, base, size *C.uint64_t, expandable *C.int) (code C.int) {
 	const fn = "symm_pool_segment_of"

@@ -169,7 +169,7 @@ void *symm_driver_proc(const char *name);
  * SYMM_ERR_INVALID when enable is not 0 or 1; SYMM_ERR_BUSY when the pool
  * already exists with the other choice (nothing changes; the same choice
  * again is SYMM_OK). Expandable segments: per device and stream, one reserved
- * address range into which chunks (SYMM_POOL_EXPANDABLE_CHUNK, 20 MiB by
+ * address range into which chunks (SYMM_POOL_EXPANDABLE_CHUNK, 2 MiB by
  * default) are mapped as the pool grows and unmapped again at
  * symm_pool_empty_cache, before an out-of-memory retry and, inside free
  * blocks, as the pool maps elsewhere (SYMM_POOL_UNMAP_FREE_PAGES);
@@ -460,6 +460,16 @@ int symm_pool_block_of(const void *ptr, uint64_t *address, uint64_t *requested);
  * SYMM_ERR_UNKNOWN_POINTER: ptr is in no block this pool has allocated;
  * SYMM_ERR_INVALID: an output pointer is NULL. Outputs are untouched then. */
 int symm_pool_segment_of(const void *ptr, uint64_t *base, uint64_t *size, int *expandable);
+
+/* The chunk of the expandable segment that holds the allocated block at or
+ * containing ptr: the segment maps one physical allocation per chunk, at
+ * chunk multiples from its base (SYMM_POOL_EXPANDABLE_CHUNK), which is what
+ * a process mapping that memory must map each handle with (the page size in
+ * PyTorch's expandable-segment IPC handle); 0 for a segment that is a driver
+ * allocation of its own. Returns SYMM_OK; SYMM_ERR_UNKNOWN_POINTER: ptr is
+ * in no block this pool has allocated; SYMM_ERR_INVALID: chunk is NULL.
+ * *chunk is untouched then. */
+int symm_pool_segment_chunk(const void *ptr, uint64_t *chunk);
 
 /* ---- snapshots as C listings, segment events -------------------------------
  *

@@ -246,9 +246,17 @@ std::shared_ptr<void> SymmAllocator::open_expandable(const std::string &handle, 
 // when the last such block is freed, before the chunk can be unmapped.
 CCA::ShareableHandle SymmAllocator::share_expandable(void *ptr, uint64_t base, uint64_t mapped) {
   const Driver &d = driver();
-  int dev = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&dev));
-  uint64_t g = vmm_granularity(d, dev);
+  // The segment's chunk: each is one physical allocation, so each handle
+  // sent must be mapped whole (the header's segment_size). A libsymm
+  // without symm_pool_segment_chunk maps chunks of the granularity.
+  uint64_t g = 0;
+  if (g_api.segment_chunk != nullptr)
+    check(g_api.segment_chunk(ptr, &g), "shareIpcHandle");
+  if (g == 0) {
+    int dev = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&dev));
+    g = vmm_granularity(d, dev);
+  }
   uint64_t p = reinterpret_cast<uint64_t>(ptr), len = 1, addr = 0, requested = 0;
   // The chunks under the whole block, from ptr on (ptr may be inside it).
   if (g_api.block_of != nullptr && g_api.block_of(ptr, &addr, &requested) == SYMM_OK && addr + requested > p)

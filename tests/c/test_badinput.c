@@ -395,6 +395,25 @@ static void test_pool_segment_of(void) {
   area("symm_pool_segment_of", c0);
 }
 
+static void test_pool_segment_chunk(void) {
+  int c0 = passes + failures;
+  uint64_t chunk = 7;
+  BAD(SYMM_ERR_INVALID, "NULL", symm_pool_segment_chunk(pa, NULL));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0x0", symm_pool_segment_chunk(NULL, &chunk));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0xdead000", symm_pool_segment_chunk((void *)0xdead000, &chunk));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, hex(pa + MiB), symm_pool_segment_chunk(pa + MiB, &chunk));
+  CHECK(chunk == 7, "output untouched by failures");
+  /* Expandable: whole granules (2 MiB on the host backend), else 0. */
+  uint64_t base = 0, size = 0;
+  int exp = 0;
+  NOOP(0, symm_pool_segment_of(pa, &base, &size, &exp));
+  NOOP(0, symm_pool_segment_chunk(pa + 100, &chunk));
+  CHECK(exp ? chunk >= (2u << 20) && chunk % (2u << 20) == 0 && size % chunk == 0 : chunk == 0,
+        "chunk %llu of a %s segment of %llu bytes", (unsigned long long)chunk, exp ? "expandable" : "fixed",
+        (unsigned long long)size);
+  area("symm_pool_segment_chunk", c0);
+}
+
 static void test_pool_block_of(void) {
   int c0 = passes + failures;
   uint64_t addr = 7, req = 7;
@@ -1546,7 +1565,7 @@ static void check_coverage(void) {
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
       "symm_wait_signal", "symm_barrier", "symm_reset_signal_pad", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
       "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm", "symm_all_reduce_setting",
-      "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_block_of",
+      "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_segment_chunk", "symm_pool_block_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment", "symm_pool_snapshot_list", "symm_pool_settings", "symm_pool_set_segment_hook",
       "symm_pool_memory_fraction", "symm_pool_set_allocator_settings", "symm_driver_proc", "symm_torch_own_allocator",
@@ -1634,6 +1653,7 @@ int main(int argc, char **argv) {
   test_pool_free();
   test_pool_record_stream();
   test_pool_segment_of();
+  test_pool_segment_chunk();
   test_pool_block_of();
   test_pool_stats();
   test_pool_limits();
