@@ -71,6 +71,18 @@ def record() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def dump(data: dict) -> str:
+    """The data file's layout: one note line, one operation or event per line."""
+    parts = []
+    for key, val in data.items():
+        if isinstance(val, list):
+            rows = ",\n".join("    " + json.dumps(v) for v in val)
+            parts.append(f"  {json.dumps(key)}: [\n{rows}\n  ]")
+        else:
+            parts.append(f"  {json.dumps(key)}: {json.dumps(val)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="store the recording as the file's expected sequence")
@@ -89,7 +101,7 @@ def main() -> int:
     if a.write:
         data["expected"] = got["events"]
         data["recorded_with"] = f"torch {got['torch']} on {got['device']} (tests/device/record_segment_events.py)"
-        DATA.write_text(json.dumps(data, indent=2) + "\n")
+        DATA.write_text(dump(data))
         print(f"wrote {DATA}")
     return 0 if same else 1
 

@@ -3,8 +3,9 @@ workload of tests/data/torch_segment_events.json on the host backend, through
 the C ABI with the front cache on and off, gives the hook the sequence of
 segment events (kinds, addresses, sizes, device, stream) that PyTorch's
 CUDACachingAllocator gives its allocator trace trackers for it. That
-expected sequence is derived from PyTorch's source, not recorded on a GPU:
-the data file's note says how, and how to record it. libsymm's PyTorch
+expected sequence was derived from PyTorch's source and then recorded from
+PyTorch on a GPU (tests/device/record_segment_events.py), which gave the
+same events: the data file's note says how. libsymm's PyTorch
 extension hands these events to PyTorch's trackers (ProcessGroupNCCL's
 TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK); the GPU check of that is
 tests/device/test_torch_trackers.py. Each case runs in a fresh interpreter:
