@@ -10,7 +10,9 @@ pool.snapshot(); release when the pool dies (its segments go back); a MemPool
 over another allocator (a CUDAPluggableAllocator over cudaMalloc/cudaFree
 through ctypes' libcudart, counted) while libsymm is current; PyTorch's
 symmetric-memory pool (torch.distributed._symmetric_memory.get_mem_pool),
-one rank, with the CUDA backend.
+one rank, with the CUDA backend; a MemPool over a CUDAPluggableAllocator of
+libsymm's own functions (PyTorch serves it; libsymm refuses it with an error,
+since it would call back into libsymm under its own locks).
 
     python tests/device/test_torch_mempools.py [check ...]
 
@@ -183,6 +185,28 @@ def check_symm_mem_pool(torch):
     return out
 
 
+def check_own_allocator(torch):
+    """A MemPool over a CUDAPluggableAllocator of libsymm's own pool functions:
+    with PyTorch's allocator current it is an ordinary pluggable pool; with
+    libsymm current it would call back into libsymm under libsymm's pool
+    locks, so it is refused with an error naming the way out, and libsymm
+    keeps serving afterwards."""
+    from symm._loader import library_path
+
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(str(library_path()), "symm_pool_alloc", "symm_pool_free")
+    try:
+        pool = torch.cuda.MemPool(alloc.allocator())
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.ones(1000, device="cuda")
+        out = {"pool": "made", "values": bool((a.sum() == 1000).item())}
+        del a
+    except RuntimeError as e:
+        out = {"pool": "refused", "names_way_out": "torch.cuda.MemPool()" in str(e)}
+    b = torch.ones(4096, device="cuda")  # the process's allocator still serves
+    out["after"] = bool((b.sum() == 4096).item())
+    return out
+
+
 CHECKS = {
     "use_count": check_use_count,
     "no_split": check_no_split,
@@ -191,6 +215,7 @@ CHECKS = {
     "release": check_release,
     "other_alloc": check_other_allocator,
     "symm_mem_pool": check_symm_mem_pool,
+    "own_alloc": check_own_allocator,
 }
 
 
@@ -225,6 +250,9 @@ def main(argv):
         ok = "error" not in got and got == ref
         if check == "release":  # libsymm's segment sizes may differ; both must give everything back
             ok = "error" not in got and got["after"] <= 0 and got["during"] > 0
+        if check == "own_alloc":  # PyTorch serves such a pool; libsymm refuses it, clearly, and goes on
+            ok = ref == {"pool": "made", "values": True, "after": True} and \
+                got == {"pool": "refused", "names_way_out": True, "after": True}
         failed += not ok
         print(f"{'PASS' if ok else 'FAIL'}  {check:<14} pytorch={json.dumps(ref)}  libsymm={json.dumps(got)}", flush=True)
     print(f"test_torch_mempools: {len(checks) - failed} passed, {failed} failed")
