@@ -99,9 +99,9 @@ test-torch-ext:
 	PYTHON=$(PYTHON) bash tests/check_torch_ext.sh
 
 # Each C test runs with the front cache on (the default) and off, and with
-# expandable segments of the default chunk and of 20 MiB chunks.
+# expandable segments of the default chunk (20 MiB) and of 2 MiB chunks.
 test-c: ctests
-	@for t in $(CTESTS); do for mode in "1 0" "0 0" "1 1" "1 1 20MiB"; do set -- $$mode; \
+	@for t in $(CTESTS); do for mode in "1 0" "0 0" "1 1" "1 1 2MiB"; do set -- $$mode; \
 		echo "== $$t (SYMM_POOL_FRONT_CACHE=$$1 SYMM_POOL_EXPANDABLE=$$2 SYMM_POOL_EXPANDABLE_CHUNK=$${3:-})"; \
 		SYMM_DEVICE=host SYMM_POOL_FRONT_CACHE=$$1 SYMM_POOL_EXPANDABLE=$$2 SYMM_POOL_EXPANDABLE_CHUNK=$${3:-} \
 			timeout 300 $$t || exit 1; \

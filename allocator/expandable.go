@@ -61,10 +61,10 @@ import (
 // Separate segments for small requests (PyTorch's way) did worse on all
 // three (1.0037, 1.0081, 1.0678 at the high end; 1.0042, 1.0096, 1.0678 at
 // the low end), as did 20 MiB chunks on two of them (1.0034, 1.0026,
-// 1.0703), though each chunk is one physical allocation and the driver's
-// cost is per allocation, which 2 MiB chunks pay in step time (7 % of the
-// mean step over GPT-2's first 48 steps on an H100; SYMM_POOL_EXPANDABLE_CHUNK=20MiB
-// takes it away).
+// 1.0703). The library maps 20 MiB chunks all the same
+// (Config.DefaultExpandableChunk): each chunk is one physical allocation
+// and the driver's cost is per allocation, which 2 MiB chunks paid in
+// step time (5 % of GPT-2's first 48 steps on an H100).
 
 // expandableSmall keeps requests of at most 1 MiB in a segment of their own,
 // as PyTorch does; false puts every request in one segment per stream,

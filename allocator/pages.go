@@ -23,8 +23,8 @@ import (
 // On the recorded traces (symm replay --expandable, with and without
 // --unmap-free-pages=false) peak reserved over peak allocated goes from
 // 1.0026, 1.0044 and 1.067 (GPT-2, ResNet-50, LLM inference) to 1.0008,
-// 1.0013 and 1.0063 with 2 MiB chunks, and with 20 MiB ones from 1.0034,
-// 1.0026 and 1.070 to 1.0034, 1.0026 and 1.053.
+// 1.0013 and 1.0063 with 2 MiB chunks, and with the library's 20 MiB ones
+// from 1.0034, 1.0026 and 1.070 to 1.0034, 1.0026 and 1.053.
 //
 // A block handed out over unmapped chunks gets them mapped first (mapFor);
 // a failure there is an ordinary out of memory, and what was mapped before

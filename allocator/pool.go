@@ -22,7 +22,8 @@ type Config struct {
 	Expandable bool
 	// ExpandableChunk is the size of the chunks an expandable segment grows
 	// and shrinks by, each one physical allocation: 0 is the backend's
-	// granularity; other values are rounded up to a multiple of it.
+	// granularity; other values are rounded up to a multiple of it. The
+	// library's default (ConfigFromEnv) is DefaultExpandableChunk, 20 MiB.
 	ExpandableChunk uint64
 	// UnmapFreePages unmaps, in expandable segments, the chunks that lie
 	// wholly inside free blocks: before the pool maps memory, as many as it

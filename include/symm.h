@@ -169,7 +169,7 @@ void *symm_driver_proc(const char *name);
  * SYMM_ERR_INVALID when enable is not 0 or 1; SYMM_ERR_BUSY when the pool
  * already exists with the other choice (nothing changes; the same choice
  * again is SYMM_OK). Expandable segments: per device and stream, one reserved
- * address range into which chunks (SYMM_POOL_EXPANDABLE_CHUNK, 2 MiB by
+ * address range into which chunks (SYMM_POOL_EXPANDABLE_CHUNK, 20 MiB by
  * default) are mapped as the pool grows and unmapped again at
  * symm_pool_empty_cache, before an out-of-memory retry and, inside free
  * blocks, as the pool maps elsewhere (SYMM_POOL_UNMAP_FREE_PAGES);

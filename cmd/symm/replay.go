@@ -91,7 +91,7 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 	fs.BoolVar(&o.unmapFreePages, "unmap-free-pages", true, "expandable segments unmap the chunks wholly inside free blocks whenever the pool maps memory (as many as it maps) and at release, as the library does by default (SYMM_POOL_UNMAP_FREE_PAGES); --unmap-free-pages=false: only a segment's free tail is unmapped, at release (SYMM_POOL_UNMAP_FREE_PAGES=0)")
 	fs.Var(&o.limit, "limit", "cap the pool's reserved bytes at this `SIZE` (16GiB), as SYMM_POOL_LIMIT; allocations past it count as OOMs")
 	fs.Var(&o.maxSplit, "max-split", "blocks of at least this `SIZE` are never split, as SYMM_POOL_MAX_SPLIT (more than 1MiB; default off)")
-	fs.Var(&o.chunk, "chunk", "expandable segments grow and shrink by chunks of this `SIZE`, as SYMM_POOL_EXPANDABLE_CHUNK (default: the device's granularity, 2MiB)")
+	fs.Var(&o.chunk, "chunk", "expandable segments grow and shrink by chunks of this `SIZE`, as SYMM_POOL_EXPANDABLE_CHUNK (default: the library's, the large segment size: 20MiB, or --alloc-conf's large_segment_size_mb)")
 	fs.Var(&o.capacity, "capacity", "the virtual device's memory, a `SIZE` (default 1PiB: no out-of-memory)")
 	fs.Var(&o.frontCache, "front-cache", "model the library's front cache on one CPU: the last 64 freed blocks of each pool (small, large) of at most this `SIZE`, any fixed segment of its own, and any freed while its shard was unchanged since it was placed, stay parked (the library's default is 1MiB, SYMM_POOL_FRONT_CACHE_MAX; default here: off, the pool alone)")
 	fs.StringVar(&o.allocConf, "alloc-conf", "", "PyTorch allocator `SETTINGS` applied as the library applies PYTORCH_CUDA_ALLOC_CONF (roundup_power2_divisions, garbage_collection_threshold, max_split_size_mb, ...); --limit and --max-split win for their fields, and each row sets its own expandable_segments")
@@ -164,11 +164,20 @@ func (o replayOptions) configs() []namedConfig {
 		base.MaxSplit = uint64(o.maxSplit)
 	}
 	exp := base
-	exp.Expandable, exp.ExpandableChunk, exp.UnmapFreePages = true, uint64(o.chunk), o.unmapFreePages
+	exp.Expandable, exp.ExpandableChunk, exp.UnmapFreePages = true, o.chunkBytes(), o.unmapFreePages
 	if o.expandableOnly {
 		return []namedConfig{{"expandable", exp}}
 	}
 	return []namedConfig{{"default", base}, {"expandable", exp}}
+}
+
+// chunkBytes is the expandable chunk replayed: --chunk, else the library's
+// default for the settings given (allocator.Config.DefaultExpandableChunk).
+func (o replayOptions) chunkBytes() uint64 {
+	if o.chunk != 0 {
+		return uint64(o.chunk)
+	}
+	return o.torch.Config().DefaultExpandableChunk()
 }
 
 // replayRow is one configuration's result; in JSON, its name beside the
@@ -202,8 +211,9 @@ func writeReplayText(w io.Writer, path string, n int, rec trace.Recorded, rows [
 }
 
 // replayJSON is the --json output: bytes, not MiB. The recorded reserved
-// figure and its ratio are null when the trace has no segment rows; limit,
-// max split and chunk are 0 when not given (no limit, off, the granularity);
+// figure and its ratio are null when the trace has no segment rows; limit
+// and max split are 0 when not given (no limit, off); chunk is the one
+// replayed (--chunk or the library's default);
 // alloc_conf is --alloc-conf's text ("" when not given).
 type replayJSON struct {
 	Trace          string      `json:"trace"`
@@ -235,7 +245,7 @@ func capacity(given uint64) uint64 {
 func writeReplayJSON(stdout, stderr io.Writer, o replayOptions, n int, rec trace.Recorded, rows []replayRow) int {
 	out := replayJSON{
 		Trace: o.path, Rows: n, LimitBytes: uint64(o.limit), MaxSplitBytes: uint64(o.maxSplit),
-		ChunkBytes: uint64(o.chunk), CapacityBytes: capacity(uint64(o.capacity)), FrontCache: uint64(o.frontCache),
+		ChunkBytes: o.chunkBytes(), CapacityBytes: capacity(uint64(o.capacity)), FrontCache: uint64(o.frontCache),
 		AllocConf:      o.allocConf,
 		Recorded:       recordJSON{PeakAllocated: rec.PeakAllocated, OOMs: rec.OOMs},
 		Configurations: rows,

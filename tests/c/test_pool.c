@@ -23,12 +23,12 @@ static int64_t stat(int dev, const char *name) {
 }
 
 /* The expandable chunk when SYMM_POOL_EXPANDABLE is on (SYMM_POOL_EXPANDABLE_CHUNK
- * as make test-c sets it: unset, the granularity's 2 MiB, or 20MiB), else 0. */
+ * as make test-c sets it: unset, the library's 20 MiB, or 2MiB), else 0. */
 static int64_t expandable_chunk(void) {
   const char *ex = getenv("SYMM_POOL_EXPANDABLE");
   if (!ex || !strcmp(ex, "0") || !strcmp(ex, "")) return 0;
   const char *c = getenv("SYMM_POOL_EXPANDABLE_CHUNK");
-  return c && !strcmp(c, "20MiB") ? 20 << 20 : 2 << 20;
+  return c && !strcmp(c, "2MiB") ? 2 << 20 : 20 << 20;
 }
 
 /* What the first small request reserves: a 2 MiB small segment, or one

@@ -94,7 +94,7 @@ def test_segment_events_match_pytorch(front):
 
 
 def test_segment_events_expandable():
-    """Expandable segments: libsymm maps runs of its own 2 MiB chunks, one
+    """Expandable segments: libsymm maps runs of its own 20 MiB chunks, one
     range for small and large requests, where PyTorch maps 2 MiB chunks for
     small requests and 20 MiB ones for large ones in separate segments, so
     the runs differ from PyTorch's by design; what holds is that only maps
