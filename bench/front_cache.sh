@@ -15,20 +15,25 @@ bin=$root/build/bench/bench_trace
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export SYMM_DEVICE=${SYMM_DEVICE:-host} SYMM_PUBLISH=0
-printf '| trace | rows | front cache off, ns per call | on | on / off |\n| --- | ---: | ---: | ---: | ---: |\n'
+printf '| trace | rows | front cache off, ns per call | on | on / off | median of the rounds'"'"' on / off |\n| --- | ---: | ---: | ---: | ---: | ---: |\n'
 for t in cnn_train gpt2_train llm_infer; do
   zcat "$root/bench/testdata/${t}_trace.csv.gz" >"$tmp/$t.csv"
   declare -A best=([0]=1e30 [1]=1e30)
+  ratios=()
   rows=0
   for ((r = 0; r < rounds; r++)); do
+    declare -A this=()
     for e in 1 0; do
       out=$(SYMM_POOL_FRONT_CACHE=$e "$bin" "$tmp/$t.csv" "$reps")
       rows=$(sed -E 's/.*: ([0-9]+) rows.*/\1/' <<<"$out")
       ns=$(sed -E 's/.*best pass ([0-9]+) ns.*/\1/' <<<"$out")
+      this[$e]=$ns
       best[$e]=$(awk -v a="${best[$e]}" -v b="$ns" 'BEGIN { print (b < a) ? b : a }')
     done
+    ratios+=("$(awk -v on="${this[1]}" -v off="${this[0]}" 'BEGIN { print on / off }')")
   done
-  awk -v t="$t" -v n="$rows" -v off="${best[0]}" -v on="${best[1]}" \
-    'BEGIN { printf "| %s | %d | %d | %d | %.2f× |\n", t, n, off, on, on / off }'
+  med=$(printf '%s\n' "${ratios[@]}" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+  awk -v t="$t" -v n="$rows" -v off="${best[0]}" -v on="${best[1]}" -v med="$med" \
+    'BEGIN { printf "| %s | %d | %d | %d | %.2f× | %.2f× |\n", t, n, off, on, on / off, med }'
   rm -f "$tmp/$t.csv"
 done
