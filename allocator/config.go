@@ -211,10 +211,12 @@ func (c *Config) expandableFromEnv(getenv func(string) string, overrides func(en
 // pages PyTorch's expandable segments map for the large pool. Each chunk
 // is one physical allocation, and the driver's cost is per allocation:
 // 20 MiB chunks map 7 times faster per byte than 2 MiB ones on an H100
-// (cuda.BenchmarkGPUMapChunks), which costs GPT-2 training 5 % of its mean
-// step time over its first 48 steps with 2 MiB chunks and nothing with
-// 20 MiB ones, for peaks within 0.2 % of 2 MiB chunks' on the recorded
-// traces.
+// (cuda.BenchmarkGPUMapChunks): with 2 MiB chunks GPT-2 training's mean
+// step over its first 48 steps was 7 % over PyTorch expandable's, with
+// 20 MiB ones 2 % under it, for peaks within 0.2 % of 2 MiB chunks' on the
+// recorded traces and under PyTorch's on a GPU (bench/RESULTS.md). A
+// tensor of such a chunk shared with another process is mapped chunk by
+// chunk (symm_pool_segment_chunk gives the size).
 func (c Config) DefaultExpandableChunk() uint64 {
 	if c.LargeSegment != 0 {
 		return c.LargeSegment
