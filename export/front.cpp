@@ -9,6 +9,7 @@
 
 #include "../include/symm.h"
 #include "_cgo_export.h"
+#include "liveset.h"
 #include "shim.h"
 
 namespace front {
@@ -33,117 +34,6 @@ constexpr int kDeferred = 32;                       // frees per CPU waiting to 
 constexpr int kBatch = 2 * kEntries + kDeferred;    // blocks returned with one pool call (what a CPU holds)
 constexpr int kCpus = 256;
 constexpr int kCountedDevs = 16;                     // devices whose front-served requests are counted per CPU
-constexpr int kStripes = 256;
-
-enum : uint8_t { kEmpty = 0, kLive = 1, kCached = 2 };
-
-// cpu_relax tells the core a spin-wait is under way (x86 PAUSE, Arm YIELD),
-// so that the other hyperthread or the lock holder gets on.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__) || defined(__arm__)
-  __asm__ __volatile__("yield" ::: "memory");
-#else
-  sched_yield();
-#endif
-}
-
-// Nothing that can block or allocate runs under a SpinLock (malloc may take
-// its own locks, page in, or call into the kernel).
-struct SpinLock {
-  std::atomic<bool> v{false};
-  void lock() {
-    while (v.exchange(true, std::memory_order_acquire)) {
-      while (v.load(std::memory_order_relaxed)) cpu_relax();
-    }
-  }
-  void unlock() { v.store(false, std::memory_order_release); }
-};
-
-struct Guard {
-  SpinLock &l;
-  explicit Guard(SpinLock &l) : l(l) { l.lock(); }
-  ~Guard() { l.unlock(); }
-};
-
-// ---- the live set: open addressing with linear probing, striped locks ----
-struct Rec {
-  uintptr_t ptr;
-  uint64_t bsize, req;
-  uintptr_t stream;
-  int32_t dev;
-  uint8_t state, rs;
-  uint8_t whole;  // a fixed segment of its own: kept at any size (cacheable)
-  uint8_t type;   // statistics type: 1 small_pool, 2 large_pool
-  // The block's shard's change count and what it read right after the
-  // allocation (shim.h symmshim_placed); epoch NULL: none.
-  const uint64_t *epoch;
-  uint64_t mark;
-};
-
-
-struct alignas(64) Stripe {
-  SpinLock lk;
-  Rec *tab = nullptr;
-  uint32_t cap = 0, n = 0;
-};
-Stripe g_stripes[kStripes];
-
-inline uint64_t hash(uintptr_t p) { return (uint64_t)(p >> 9) * 0x9E3779B97F4A7C15ull; }
-inline Stripe &stripe_of(uintptr_t p) { return g_stripes[hash(p) >> 56]; }
-inline uint32_t home(const Stripe &s, uintptr_t p) { return (uint32_t)(hash(p) >> 16) & (s.cap - 1); }
-
-Rec *find(Stripe &s, uintptr_t p) {
-  if (s.n == 0) return nullptr;
-  for (uint32_t i = home(s, p);; i = (i + 1) & (s.cap - 1)) {
-    Rec &r = s.tab[i];
-    if (r.state == kEmpty) return nullptr;
-    if (r.ptr == p) return &r;
-  }
-}
-
-void put(Stripe &s, const Rec &rec);
-
-// rehash moves s's records into nt (ncap slots, zeroed, allocated by the
-// caller outside the lock) and returns the old table for the caller to free
-// once the lock is released. Called with s.lk held.
-Rec *rehash(Stripe &s, Rec *nt, uint32_t ncap) {
-  Rec *old = s.tab;
-  uint32_t ocap = s.cap;
-  s.tab = nt;
-  s.cap = ncap;
-  s.n = 0;
-  for (uint32_t i = 0; i < ocap; i++)
-    if (old[i].state != kEmpty) put(s, old[i]);
-  return old;
-}
-
-void put(Stripe &s, const Rec &rec) {
-  for (uint32_t i = home(s, rec.ptr);; i = (i + 1) & (s.cap - 1)) {
-    if (s.tab[i].state == kEmpty) {
-      s.tab[i] = rec;
-      s.n++;
-      return;
-    }
-  }
-}
-
-// erase removes r by backward-shift deletion, so no tombstones build up.
-void erase(Stripe &s, Rec *r) {
-  uint32_t i = (uint32_t)(r - s.tab), mask = s.cap - 1;
-  for (uint32_t j = (i + 1) & mask;; j = (j + 1) & mask) {
-    if (s.tab[j].state == kEmpty) break;
-    uint32_t h = home(s, s.tab[j].ptr);
-    // Move j back to i if its home is not in the cyclic range (i, j].
-    if (((j - h) & mask) >= ((j - i) & mask)) {
-      s.tab[i] = s.tab[j];
-      i = j;
-    }
-  }
-  s.tab[i].state = kEmpty;
-  s.n--;
-}
 
 // ---- per-CPU cache slots ----
 // An entry is what the pool needs to take the block back (shim.h), so that
@@ -264,12 +154,6 @@ inline bool small(uint64_t bsize, bool whole) { return whole || bsize <= g_max_b
 // pool places anything (alloc_miss).
 inline bool cacheable(const Rec &r) { return small(r.bsize, r.whole) || unchanged(r.epoch, r.mark); }
 
-// forget drops ptr's record from the live set: it goes back to the pool.
-void forget(uintptr_t ptr) {
-  Stripe &s = stripe_of(ptr);
-  Guard g(s.lk);
-  if (Rec *r = find(s, ptr)) erase(s, r);
-}
 
 }  // namespace
 
@@ -324,39 +208,12 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
   return ptr;
 }
 
+
 void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const symmshim_placed &pl) {
   // Every block is recorded: one the front cache may not hand out again is
   // still freed through it (deferred, free below), so that its free costs
   // no C->Go call of its own.
-  bool keep = true;
-  Stripe &s = stripe_of(ptr);
-  Rec *spare = nullptr, *old = nullptr;
-  uint32_t spare_cap = 0;
-  for (;;) {
-    uint32_t need;
-    {
-      Guard g(s.lk);
-      if (Rec *r = find(s, ptr)) erase(s, r);  // a stale record: the pool is the authority
-      if (!keep) break;
-      if (2 * (s.n + 1) > s.cap && spare != nullptr && spare_cap > s.cap) {
-        old = rehash(s, spare, spare_cap);
-        spare = nullptr;
-      }
-      if (2 * (s.n + 1) <= s.cap) {
-        put(s, Rec{ptr, pl.bsize, size, stream, dev, kLive, 0, (uint8_t)(pl.whole != 0), (uint8_t)pl.type, pl.epoch, pl.mark});
-        break;
-      }
-      need = s.cap ? s.cap * 2 : 64;
-    }
-    // The table must grow: allocate with no lock held, then try again
-    // (another thread may have grown it meanwhile).
-    ::free(spare);
-    spare = static_cast<Rec *>(calloc(need, sizeof(Rec)));
-    spare_cap = need;
-    if (spare == nullptr) return;  // no memory: this block just bypasses the cache
-  }
-  ::free(spare);
-  ::free(old);
+  record(Rec{ptr, pl.bsize, size, stream, dev, kLive, 0, (uint8_t)(pl.whole != 0), (uint8_t)pl.type, pl.epoch, pl.mark});
 }
 
 // defer queues a free no request may reuse on this CPU; a full queue goes to
@@ -443,11 +300,6 @@ bool free_parked(uintptr_t ptr, size_t size, int dev, bool &twice) {
   return true;
 }
 
-void mark_record_stream(uintptr_t base) {
-  Stripe &s = stripe_of(base);
-  Guard g(s.lk);
-  if (Rec *r = find(s, base)) r->rs = 1;
-}
 
 // take_if moves up to max parked blocks for which match(list, entry) holds
 // (list: 0 or 1, Cpu.e[list]; 2, Cpu.d; only the lists whose bit is set in
@@ -554,14 +406,6 @@ void drain(int dev) {
   }
 }
 
-void forget_all() {
-  for (Stripe &s : g_stripes) {
-    Guard g(s.lk);
-    if (s.n == 0) continue;
-    memset(s.tab, 0, s.cap * sizeof(Rec));  // every state kEmpty
-    s.n = 0;
-  }
-}
 
 uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
   // The pool is about to place a block: first it gets back, in the same

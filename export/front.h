@@ -8,7 +8,7 @@
 // front cache is allocated, and the pool alone judges bad frees.
 //
 // Invariants:
-//  - The live set holds every block handed out while the front cache is on,
+//  - The live set (liveset.h) holds every block handed out while the front cache is on,
 //    as LIVE (the caller has it) or CACHED (in one CPU's cache slots).
 //  - A free is cached only if the block is LIVE, has no record_stream stream,
 //    and size/device match the allocation; anything else goes to Go, which
