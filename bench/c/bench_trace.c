@@ -6,7 +6,11 @@
  * passes (the first fills the pool). Runs on any backend; SYMM_DEVICE=host
  * without a GPU. Compare settings in one run, e.g.
  *   for e in 0 1; do SYMM_POOL_EXPANDABLE=$e build/bench/bench_trace t.csv; done
- * Blocks still live at the end of a pass are freed before the next. */
+ * Blocks still live at the end of a pass are freed before the next. A second
+ * line gives device 0's peak allocated and reserved bytes over the run (the
+ * statistics PyTorch's memory_stats() names allocated_bytes.all.peak and
+ * reserved_bytes.all.peak), so that a setting's bytes are read beside its
+ * time. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +92,19 @@ static long pass(const Row *rows, size_t n) {
   return calls;
 }
 
+/* stat_of returns device 0's statistic name, or -1 if the library has none. */
+static long long stat_of(const char *name) {
+  int n = symm_pool_stats(0, NULL, 0);
+  if (n <= 0) return -1;
+  symm_stat_t *st = calloc((size_t)n, sizeof *st);
+  long long v = -1;
+  if (st != NULL && symm_pool_stats(0, st, n) == n)
+    for (int i = 0; i < n; i++)
+      if (strcmp(st[i].name, name) == 0) v = st[i].value;
+  free(st);
+  return v;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: bench_trace TRACE.csv [REPS=5]\n");
@@ -130,5 +147,7 @@ int main(int argc, char **argv) {
   const char *fc = getenv("SYMM_POOL_FRONT_CACHE"), *ex = getenv("SYMM_POOL_EXPANDABLE");
   printf("%s: %zu rows, front cache %s, expandable %s: %.0f ns per call (mean of %d passes), best pass %.0f ns\n",
          argv[1], n, fc ? fc : "1", ex ? ex : "0", total / calls * 1e9, reps - 1, best * 1e9);
+  printf("peak allocated %lld bytes, peak reserved %lld bytes\n", stat_of("allocated_bytes.all.peak"),
+         stat_of("reserved_bytes.all.peak"));
   return 0;
 }
