@@ -57,6 +57,8 @@ PY
 
 if [[ $cmd == build ]]; then
   mkdir -p "$dir"
+  tree=
+  trap '[[ -n $tree ]] && git -C "$root" worktree remove --force "$tree"' EXIT
   for v in base nomiss small fitpeak fit; do
     tree=$(mktemp -d)
     git -C "$root" worktree add -q --detach "$tree" HEAD
@@ -66,6 +68,7 @@ if [[ $cmd == build ]]; then
     cp "$tree/build/bench/bench_trace" "$dir/$v/bench/"   # RUNPATH $ORIGIN/..
     cp -L "$tree/build/libsymm.so.0" "$dir/$v/"
     git -C "$root" worktree remove --force "$tree"
+    tree=
   done
   cp -r "$root/bench/testdata" "$dir/testdata"
   echo "built into $dir"

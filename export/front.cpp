@@ -154,7 +154,6 @@ inline bool small(uint64_t bsize, bool whole) { return whole || bsize <= g_max_b
 // pool places anything (alloc_miss).
 inline bool cacheable(const Rec &r) { return small(r.bsize, r.whole) || unchanged(r.epoch, r.mark); }
 
-
 }  // namespace
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed) != 0; }
@@ -207,7 +206,6 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
   if (Rec *r = find(s, ptr)) r->state = kLive;
   return ptr;
 }
-
 
 void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const symmshim_placed &pl) {
   // Every block is recorded: one the front cache may not hand out again is
@@ -299,7 +297,6 @@ bool free_parked(uintptr_t ptr, size_t size, int dev, bool &twice) {
   }
   return true;
 }
-
 
 // take_if moves up to max parked blocks for which match(list, entry) holds
 // (list: 0 or 1, Cpu.e[list]; 2, Cpu.d; only the lists whose bit is set in
@@ -405,7 +402,6 @@ void drain(int dev) {
     if (k < kBatch) break;
   }
 }
-
 
 uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
   // The pool is about to place a block: first it gets back, in the same

@@ -55,7 +55,6 @@ void erase(Stripe &s, Rec *r) {
   s.n--;
 }
 
-
 void record(const Rec &rec) {
   Stripe &s = stripe_of(rec.ptr);
   Rec *spare = nullptr, *old = nullptr;
