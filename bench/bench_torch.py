@@ -15,11 +15,13 @@ SKIP line names why; the other configurations run as usual.
 What is timed (std::chrono in C++ loops: 10 warm-up calls, then the median of
 REPS runs of N calls, N sized so that one run takes about TARGET_MS):
   1. c10::cuda::CUDACachingAllocator::raw_alloc(size) + raw_delete(ptr)
-  2. at::empty({size}, uint8, cuda) created and destroyed
+  2. the allocator's allocate(size) and its DataPtr's deleter, what a
+     tensor's storage calls, without the tensor;
+  3. at::empty({size}, uint8, cuda) created and destroyed
      at 512 B, 1 MiB and 64 MiB;
-  3. 1, 4 and 16 threads doing 1 MiB raw_alloc+raw_delete pairs for a fixed
+  4. 1, 4 and 16 threads doing 1 MiB raw_alloc+raw_delete pairs for a fixed
      time: total pairs per second;
-  4. (libsymm only) symm_pool_alloc+symm_pool_free called directly through
+  5. (libsymm only) symm_pool_alloc+symm_pool_free called directly through
      dlsym, without PyTorch's CUDAPluggableAllocator wrapper, so the table
      separates our time from the wrapper's (a mutex and a hash map).
 
@@ -206,7 +208,7 @@ def render(results: dict, meta: dict) -> str:
         "| operation | size | native | symm | symm/native | rmm | rmm/native | symm/rmm | cudaMalloc | no-op pluggable |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for op, label in (("raw", "raw_alloc + raw_delete"), ("empty", "at::empty + destroy")):
+    for op, label in (("raw", "raw_alloc + raw_delete"), ("allocate", "allocate() + deleter"), ("empty", "at::empty + destroy")):
         for size in SIZES:
             k = str(size)
             n, s, r, c, z = (get(results, cfg, op, k) for cfg in TABLE_CONFIGS)
@@ -286,7 +288,7 @@ def render_rounds(rounds: list, configs) -> str:
         xs = sorted(x for x in xs if isinstance(x, (int, float)))
         return xs[len(xs) // 2] if xs else None
 
-    for op, label in (("raw", "raw_alloc + raw_delete"), ("empty", "at::empty + destroy")):
+    for op, label in (("raw", "raw_alloc + raw_delete"), ("allocate", "allocate() + deleter"), ("empty", "at::empty + destroy")):
         for size in SIZES:
             k = str(size)
             nat = series("native", op, k)
@@ -428,9 +430,10 @@ def child_main(config: str, ext: Path) -> None:
         print(f"SKIP {config}: {e}", flush=True)
         print("RESULT " + json.dumps({"config": config, "skip": str(e)}), flush=True)
         return
-    res = {"config": config, "raw": {}, "empty": {}, "threads": {}}
+    res = {"config": config, "raw": {}, "allocate": {}, "empty": {}, "threads": {}}
     for size in SIZES:
         res["raw"][str(size)] = bench.raw_pair(size, TARGET_MS, REPS)
+        res["allocate"][str(size)] = bench.allocate_pair(size, TARGET_MS, REPS)
         res["empty"][str(size)] = bench.empty_pair(size, TARGET_MS, REPS)
     for t in THREADS:
         res["threads"][str(t)] = bench.raw_threads(t, THREAD_SIZE, THREAD_SECONDS)

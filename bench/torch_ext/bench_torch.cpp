@@ -171,6 +171,14 @@ py::dict raw_pair(int64_t size, double target_ms, int reps) {
   return measure([size] { raw_once(size); }, target_ms, reps);
 }
 
+// The allocator interface every tensor's storage goes through: allocate()
+// and the DataPtr's deleter, without the tensor around them (at::empty adds
+// a StorageImpl and a TensorImpl, the same for every allocator).
+py::dict allocate_pair(int64_t size, double target_ms, int reps) {
+  c10::Allocator* a = c10::cuda::CUDACachingAllocator::get();
+  return measure([a, size] { c10::DataPtr d = a->allocate(static_cast<size_t>(size)); }, target_ms, reps);
+}
+
 py::dict empty_pair(int64_t size, double target_ms, int reps) {
   auto opts = at::TensorOptions().dtype(at::kByte).device(at::kCUDA, c10::cuda::current_device());
   return measure([size, opts] { auto t = at::empty({size}, opts); }, target_ms, reps);
@@ -208,6 +216,7 @@ py::dict direct_int_call(const std::string& path, const std::string& name, doubl
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("raw_pair", &raw_pair);
+  m.def("allocate_pair", &allocate_pair);
   m.def("empty_pair", &empty_pair);
   m.def("raw_threads", &raw_threads);
   m.def("direct_pair", &direct_pair);
