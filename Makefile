@@ -107,7 +107,7 @@ test-c: ctests
 			timeout 300 $$t || exit 1; \
 	done; done
 
-test-python: lib
+test-python: lib $(BUILD)/bench/bench_trace
 	SYMM_LIB=$(CURDIR)/$(LIB) PYTHONPATH=python $(PYTHON) -m pytest -q tests/python
 
 # No tracked build output; the wheel installs and runs in a fresh venv;

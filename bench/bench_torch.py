@@ -7,6 +7,16 @@ RAPIDS RMM vs plain cudaMalloc, timed in C++ so that Python does not drown the s
     python3 bench/bench_torch.py --configs native,symm,native_expandable,symm_expandable --rounds 3
         # interleaved rounds (native, symm, ..., native, symm, ...): medians and their spread
 
+Each child also records, before and after its timing, the CPU its timing
+thread ran on, that thread's context switches and the process's thread count
+("state" in $OUT/bench.json). SYMM_BENCH_PATHS=raw,allocate,empty,threads,direct
+times a subset; SYMM_BENCH_PIN=CPU pins a child's whole process from its
+start, SYMM_BENCH_PIN_MAIN=CPU only its timing thread once the allocator is
+installed. The ratios of interleaved rounds mix the host's fast and slow
+stretches (a child's figures can change twofold from one operation to the
+next, pinned or not); bench/bench_paired.py alternates the configurations
+every few tens of milliseconds instead.
+
 The rmm configuration needs the rmm-cu13 wheels: on the GPU machine run
 ``eval "$(bash bench/rmm_setup.sh)"`` first (it installs .whl/ into /tmp/site and
 prints the PYTHONPATH to export). Without them the rmm column says "skip" and a
@@ -76,6 +86,11 @@ def _sizes(text: str) -> tuple:
 
 
 SIZES = _sizes(os.environ.get("SYMM_BENCH_SIZES", "512,1M,64M"))  # the sizes each pair is timed at
+ALL_PATHS = ("raw", "allocate", "empty", "threads", "direct")
+# SYMM_BENCH_PATHS: the subset of ALL_PATHS each child times (all by default).
+PATHS = tuple(p for p in os.environ.get("SYMM_BENCH_PATHS", ",".join(ALL_PATHS)).split(",") if p)
+if set(PATHS) - set(ALL_PATHS):
+    raise SystemExit(f"SYMM_BENCH_PATHS={','.join(PATHS)}: unknown {sorted(set(PATHS) - set(ALL_PATHS))}; known: {','.join(ALL_PATHS)}")
 THREADS = (1, 4, 16)
 THREAD_SIZE = 1 << 20
 THREAD_SECONDS = 0.5
@@ -420,7 +435,33 @@ def install(config: str, ext: Path) -> None:
     torch.cuda.set_device(0)
 
 
+def _pin_env(name: str):
+    """SYMM_BENCH_PIN / SYMM_BENCH_PIN_MAIN: a CPU number, or None when unset."""
+    v = os.environ.get(name, "")
+    if not v:
+        return None
+    if not v.isdigit() or int(v) not in os.sched_getaffinity(0):
+        raise SystemExit(f"{name}={v!r}: want one of the CPUs this process may run on: {sorted(os.sched_getaffinity(0))}")
+    return int(v)
+
+
+def thread_state() -> dict:
+    """Where the calling thread runs and how often it was switched out, from
+    /proc: the CPU it last ran on, its voluntary and involuntary context
+    switches, and the process's thread count."""
+    fields = Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()
+    st = dict(ln.split(":", 1) for ln in Path("/proc/thread-self/status").read_text().splitlines() if ":" in ln)
+    proc = dict(ln.split(":", 1) for ln in Path("/proc/self/status").read_text().splitlines() if ":" in ln)
+    return {"cpu": int(fields[36]), "voluntary": int(st["voluntary_ctxt_switches"]),
+            "involuntary": int(st["nonvoluntary_ctxt_switches"]), "threads": int(proc["Threads"])}
+
+
 def child_main(config: str, ext: Path) -> None:
+    # Pinning: the whole process (every thread it will start inherits the CPU),
+    # or only this, the timing thread, once the allocator and CUDA are up.
+    pin_all, pin_main = _pin_env("SYMM_BENCH_PIN"), _pin_env("SYMM_BENCH_PIN_MAIN")
+    if pin_all is not None:
+        os.sched_setaffinity(0, {pin_all})
     import torch  # noqa: F401  (loads libtorch before the extension)
 
     bench = load_extension(ext)
@@ -430,16 +471,22 @@ def child_main(config: str, ext: Path) -> None:
         print(f"SKIP {config}: {e}", flush=True)
         print("RESULT " + json.dumps({"config": config, "skip": str(e)}), flush=True)
         return
-    res = {"config": config, "raw": {}, "allocate": {}, "empty": {}, "threads": {}}
+    if pin_main is not None:
+        os.sched_setaffinity(0, {pin_main})
+    res = {"config": config, "raw": {}, "allocate": {}, "empty": {}, "threads": {}, "state": [thread_state()]}
     for size in SIZES:
-        res["raw"][str(size)] = bench.raw_pair(size, TARGET_MS, REPS)
-        res["allocate"][str(size)] = bench.allocate_pair(size, TARGET_MS, REPS)
-        res["empty"][str(size)] = bench.empty_pair(size, TARGET_MS, REPS)
-    for t in THREADS:
+        if "raw" in PATHS:
+            res["raw"][str(size)] = bench.raw_pair(size, TARGET_MS, REPS)
+        if "allocate" in PATHS:
+            res["allocate"][str(size)] = bench.allocate_pair(size, TARGET_MS, REPS)
+        if "empty" in PATHS:
+            res["empty"][str(size)] = bench.empty_pair(size, TARGET_MS, REPS)
+    res["state"].append(thread_state())
+    for t in THREADS if "threads" in PATHS else ():
         res["threads"][str(t)] = bench.raw_threads(t, THREAD_SIZE, THREAD_SECONDS)
-    if config == "noop":
+    if config == "noop" and "threads" in PATHS:
         res["c10_threads"] = {str(t): bench.c10_threads(t, THREAD_SECONDS) for t in THREADS}
-    if config == "symm":
+    if config == "symm" and "direct" in PATHS:
         import symm
 
         lib = symm.library_path()

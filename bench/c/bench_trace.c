@@ -10,7 +10,8 @@
  * line gives device 0's peak allocated and reserved bytes over the run (the
  * statistics PyTorch's memory_stats() names allocated_bytes.all.peak and
  * reserved_bytes.all.peak), so that a setting's bytes are read beside its
- * time. */
+ * time. With --serve in place of REPS it times passes on request, for a
+ * parent that alternates settings (serve() below). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,12 +106,57 @@ static long long stat_of(const char *name) {
   return v;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void print_peaks(const char *prefix) {
+  printf("%speak allocated %lld bytes, peak reserved %lld bytes\n", prefix, stat_of("allocated_bytes.all.peak"),
+         stat_of("reserved_bytes.all.peak"));
+}
+
+/* --serve: one pass to fill the pool, then READY; each request line "N"
+ * (1 to 1000) is answered, after N passes, with
+ *   SLICE {"median_ns": M, "min_ns": B, "passes": N}
+ * (ns per call of the median and the best pass). A bad request is answered
+ * with an ERROR line and changes nothing. At the end of stdin, a PEAKS line
+ * with the run's peaks. bench/front_paired.py alternates two of these. */
+static int serve(const Row *rows, size_t n) {
+  if (pass(rows, n) < 0) return 1;
+  printf("READY\n");
+  fflush(stdout);
+  char req[64];
+  double dt[1000];
+  while (fgets(req, sizeof req, stdin)) {
+    char *end;
+    long k = strtol(req, &end, 10);
+    if (end == req || (*end != '\n' && *end != '\0') || k < 1 || k > 1000) {
+      printf("ERROR request %.*s: want a number of passes from 1 to 1000\n", (int)strcspn(req, "\n"), req);
+      fflush(stdout);
+      continue;
+    }
+    for (long i = 0; i < k; i++) {
+      double t0 = now();
+      long c = pass(rows, n);
+      if (c < 0) return 1;
+      dt[i] = (now() - t0) / c * 1e9;
+    }
+    qsort(dt, (size_t)k, sizeof dt[0], cmp_double);
+    printf("SLICE {\"median_ns\": %.1f, \"min_ns\": %.1f, \"passes\": %ld}\n", dt[k / 2], dt[0], k);
+    fflush(stdout);
+  }
+  print_peaks("PEAKS ");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: bench_trace TRACE.csv [REPS=5]\n");
+    fprintf(stderr, "usage: bench_trace TRACE.csv [REPS=5 | --serve]\n");
     return 2;
   }
-  int reps = argc > 2 ? atoi(argv[2]) : 5;
+  int serving = argc > 2 && strcmp(argv[2], "--serve") == 0;
+  int reps = serving ? 2 : argc > 2 ? atoi(argv[2]) : 5;
   FILE *f = fopen(argv[1], "r");
   if (f == NULL || reps < 2) {
     fprintf(stderr, "bench_trace: cannot open %s (or REPS < 2)\n", argv[1]);
@@ -131,6 +177,7 @@ int main(int argc, char **argv) {
   for (cap = 1024; cap < 4 * n; cap *= 2) {
   }
   tab = calloc(cap, sizeof *tab);
+  if (serving) return serve(rows, n);
   double best = 1e30, total = 0;
   long calls = 0;
   for (int r = 0; r < reps; r++) {
@@ -147,7 +194,6 @@ int main(int argc, char **argv) {
   const char *fc = getenv("SYMM_POOL_FRONT_CACHE"), *ex = getenv("SYMM_POOL_EXPANDABLE");
   printf("%s: %zu rows, front cache %s, expandable %s: %.0f ns per call (mean of %d passes), best pass %.0f ns\n",
          argv[1], n, fc ? fc : "1", ex ? ex : "0", total / calls * 1e9, reps - 1, best * 1e9);
-  printf("peak allocated %lld bytes, peak reserved %lld bytes\n", stat_of("allocated_bytes.all.peak"),
-         stat_of("reserved_bytes.all.peak"));
+  print_peaks("");
   return 0;
 }

@@ -184,6 +184,8 @@ fi
 
 if want bench; then
   run_step bench-torch "${SYMM_BENCH_TIMEOUT:-300}" python3 bench/bench_torch.py
+  # native against libsymm in alternating slices: the ratios to compare
+  run_step bench-paired "${SYMM_BENCH_TIMEOUT:-300}" python3 bench/bench_paired.py
 fi
 
 # Multi-GPU training under libsymm with no edit to the script (symm run,

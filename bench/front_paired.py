@@ -1,0 +1,143 @@
+"""The front cache on against off on the recorded traces, timed in pairs of
+short slices, with each setting's peaks.
+
+    make build/bench/bench_trace && python3 bench/front_paired.py
+    python3 bench/front_paired.py --pairs 60 --passes 3 --traces cnn_train,llm_infer
+    python3 bench/front_paired.py --bin OTHER/build/bench/bench_trace   # another build, e.g. a variant
+
+Two long-lived build/bench/bench_trace processes per trace (--serve), one with
+SYMM_POOL_FRONT_CACHE=0 and one with =1 (the setting is read once, at start),
+replay the trace through symm_pool_alloc and symm_pool_free on request; the
+parent asks each in turn for a slice of --passes passes, alternating which
+goes first (bench/pairing.py). A pair's ratio compares two slices timed tens
+of milliseconds apart, so the machine's changes of speed, twofold from one
+second to the next on shared hosts, fall on both sides. The table gives per
+trace the median ns per call of each setting's slices (a slice's figure is its
+median pass), the median and quartiles of the pairs' on/off ratios, and the
+peaks each process reached, which the front cache must leave as they are.
+
+Runs on the host backend unless SYMM_DEVICE is set. Writes $OUT/front_paired.md
+when OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pairing import Child, ChildError, quartiles  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ("cnn_train", "gpt2_train", "llm_infer")
+NAMES = {"cnn_train": "ResNet-50 training", "gpt2_train": "GPT-2 training", "llm_infer": "LLM inference"}
+READY_TIMEOUT_S = 300  # reading the trace and one pass, on a slow machine
+PEAKS = re.compile(r"peak allocated (-?\d+) bytes, peak reserved (-?\d+) bytes")
+
+
+def serve_env(front_cache: int) -> dict:
+    env = dict(os.environ)
+    env.setdefault("SYMM_DEVICE", "host")
+    env["SYMM_PUBLISH"] = "0"
+    env["SYMM_POOL_FRONT_CACHE"] = str(front_cache)
+    return env
+
+
+def time_trace(binary: Path, csv: Path, pairs: int, passes: int) -> dict:
+    """One trace: the slices of both settings, in pairs, and their peaks."""
+    kids = []
+    try:
+        for fc in (0, 1):
+            kids.append(Child(f"front cache {'on' if fc else 'off'} ({csv.stem})",
+                              [str(binary), str(csv), "--serve"], serve_env(fc)))
+        for k in kids:
+            k.expect("READY", READY_TIMEOUT_S)
+        ns = {0: [], 1: []}
+        for i in range(pairs):
+            for fc in ((0, 1) if i % 2 == 0 else (1, 0)):
+                ns[fc].append(kids[fc].slice(str(passes))["median_ns"])
+        peaks = {}
+        for fc, k in enumerate(kids):
+            m = PEAKS.search(k.finish("PEAKS ", 60))
+            peaks[fc] = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+        return {"ns": ns, "peaks": peaks}
+    finally:
+        for k in kids:
+            k.close()
+
+
+def rows_of(csv: Path) -> int:
+    """The rows bench_trace replays: alloc and free_completed."""
+    with open(csv) as f:
+        return sum(1 for ln in f if ln.startswith(("alloc,", "free_completed,")))
+
+
+def render(results: dict, pairs: int, passes: int) -> str:
+    mib = 1 << 20
+    out = [
+        f"{pairs} pairs per trace; a slice is the median of {passes} passes; "
+        f"backend {os.environ.get('SYMM_DEVICE', 'host')}.",
+        "",
+        "| trace | rows | off ns per call | on ns per call | on / off: median pair (quartiles) "
+        "| peak allocated MiB, off / on | peak reserved MiB, off / on |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
+    for t, r in results.items():
+        ratios = [on / off for on, off in zip(r["ns"][1], r["ns"][0])]
+        lo, mid, hi = quartiles(ratios)
+        (a0, r0), (a1, r1) = r["peaks"][0], r["peaks"][1]
+        out.append(
+            f"| {NAMES.get(t, t)} | {r['rows']:,} | {quartiles(r['ns'][0])[1]:,.0f} | {quartiles(r['ns'][1])[1]:,.0f} "
+            f"| {mid:.2f}× ({lo:.2f}–{hi:.2f}) | {a0 // mib:,} / {a1 // mib:,}{'' if a0 == a1 else ' (differ)'} "
+            f"| {r0 // mib:,} / {r1 // mib:,}{'' if r0 == r1 else ' (differ)'} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", type=Path, default=ROOT / "build" / "bench" / "bench_trace")
+    ap.add_argument("--traces", default=",".join(TRACES), help=f"comma-separated, of {', '.join(TRACES)}")
+    ap.add_argument("--pairs", type=int, default=40)
+    ap.add_argument("--passes", type=int, default=3, help="passes of the trace per slice (1 to 1000)")
+    args = ap.parse_args()
+    traces = [t for t in args.traces.split(",") if t]
+    if not traces or set(traces) - set(TRACES):
+        ap.error(f"--traces {args.traces!r}: want some of {', '.join(TRACES)}")
+    if args.pairs < 1 or not 1 <= args.passes <= 1000:
+        ap.error(f"--pairs {args.pairs} --passes {args.passes}: want pairs >= 1 and passes from 1 to 1000")
+    if not os.access(args.bin, os.X_OK):
+        ap.error(f"--bin {args.bin}: not an executable (make build/bench/bench_trace builds it)")
+    t0 = time.time()
+    tmp = Path(tempfile.mkdtemp(prefix="front_paired."))
+    results = {}
+    try:
+        for t in traces:
+            csv = tmp / f"{t}.csv"
+            with gzip.open(ROOT / "bench" / "testdata" / f"{t}_trace.csv.gz", "rb") as src, open(csv, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            results[t] = time_trace(args.bin, csv, args.pairs, args.passes)
+            results[t]["rows"] = rows_of(csv)
+            csv.unlink()
+            print(f"{t}: done ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+    except ChildError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report = render(results, args.pairs, args.passes)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        (Path(os.environ["OUT"]) / "front_paired.md").write_text(report)
+    print(report, end="", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
