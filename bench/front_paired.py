@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("cnn_train", "gpt2_train", "llm_infer")
 NAMES = {"cnn_train": "ResNet-50 training", "gpt2_train": "GPT-2 training", "llm_infer": "LLM inference"}
 READY_TIMEOUT_S = 300  # reading the trace and one pass, on a slow machine
-PEAKS = re.compile(r"peak allocated (-?\d+) bytes, peak reserved (-?\d+) bytes")
+PEAKS = re.compile(r"peak allocated (-?\d+) bytes, peak reserved (-?\d+) bytes, front cache hits (-?\d+) of (-?\d+)")
 
 
 def serve_env(front_cache: int) -> dict:
@@ -66,7 +66,7 @@ def time_trace(binary: Path, csv: Path, pairs: int, passes: int) -> dict:
         peaks = {}
         for fc, k in enumerate(kids):
             m = PEAKS.search(k.finish("PEAKS ", 60))
-            peaks[fc] = (int(m.group(1)), int(m.group(2))) if m else (-1, -1)
+            peaks[fc] = tuple(int(g) for g in m.groups()) if m else (-1, -1, -1, -1)
         return {"ns": ns, "peaks": peaks}
     finally:
         for k in kids:
@@ -86,17 +86,18 @@ def render(results: dict, pairs: int, passes: int) -> str:
         f"backend {os.environ.get('SYMM_DEVICE', 'host')}.",
         "",
         "| trace | rows | off ns per call | on ns per call | on / off: median pair (quartiles) "
-        "| peak allocated MiB, off / on | peak reserved MiB, off / on |",
-        "| --- | ---: | ---: | ---: | --- | ---: | ---: |",
+        "| peak allocated MiB, off / on | peak reserved MiB, off / on | allocations the front cache served |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for t, r in results.items():
         ratios = [on / off for on, off in zip(r["ns"][1], r["ns"][0])]
         lo, mid, hi = quartiles(ratios)
-        (a0, r0), (a1, r1) = r["peaks"][0], r["peaks"][1]
+        (a0, r0, _, _), (a1, r1, hits, allocs) = r["peaks"][0], r["peaks"][1]
         out.append(
             f"| {NAMES.get(t, t)} | {r['rows']:,} | {quartiles(r['ns'][0])[1]:,.0f} | {quartiles(r['ns'][1])[1]:,.0f} "
             f"| {mid:.2f}× ({lo:.2f}–{hi:.2f}) | {a0 // mib:,} / {a1 // mib:,}{'' if a0 == a1 else ' (differ)'} "
-            f"| {r0 // mib:,} / {r1 // mib:,}{'' if r0 == r1 else ' (differ)'} |")
+            f"| {r0 // mib:,} / {r1 // mib:,}{'' if r0 == r1 else ' (differ)'} "
+            f"| {100 * hits / max(allocs, 1):.1f} % |")
     return "\n".join(out) + "\n"
 
 

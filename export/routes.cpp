@@ -69,8 +69,9 @@ void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int m
   }
   uintptr_t p;
   if (front_on()) {
-    if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
-    p = front::alloc_miss(api, size, device, (uintptr_t)stream);
+    bool keep = true;
+    if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream, keep)) return (void *)hit;
+    p = front::alloc_miss(api, size, device, (uintptr_t)stream, keep);
   } else {
     p = goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
   }

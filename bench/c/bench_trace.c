@@ -10,7 +10,7 @@
  * line gives device 0's peak allocated and reserved bytes over the run (the
  * statistics PyTorch's memory_stats() names allocated_bytes.all.peak and
  * reserved_bytes.all.peak), so that a setting's bytes are read beside its
- * time. With --serve in place of REPS it times passes on request, for a
+ * time, and how many allocations the front cache served itself. With --serve in place of REPS it times passes on request, for a
  * parent that alternates settings (serve() below). */
 #include <stdint.h>
 #include <stdio.h>
@@ -111,9 +111,12 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
+/* The run's peaks, and how many of its allocations the front cache served
+ * from blocks it held (num_front_cache_hits), the rest going to the pool. */
 static void print_peaks(const char *prefix) {
-  printf("%speak allocated %lld bytes, peak reserved %lld bytes\n", prefix, stat_of("allocated_bytes.all.peak"),
-         stat_of("reserved_bytes.all.peak"));
+  printf("%speak allocated %lld bytes, peak reserved %lld bytes, front cache hits %lld of %lld allocations\n", prefix,
+         stat_of("allocated_bytes.all.peak"), stat_of("reserved_bytes.all.peak"), stat_of("num_front_cache_hits"),
+         stat_of("allocation.all.allocated"));
 }
 
 /* --serve: one pass to fill the pool, then READY; each request line "N"

@@ -149,16 +149,19 @@ def test_bench_torch_refuses_unknown_paths():
     assert "SYMM_BENCH_PATHS=raw,bogus: unknown ['bogus']" in p.stderr
 
 
-def serve_trace(pairing, tmp_path, front_cache="1"):
+def serve_trace(pairing, tmp_path, rows, front_cache="1"):
     csv = tmp_path / "t.csv"
     csv.write_text("action,addr,size,stream\n" + "".join(
-        f"alloc,{a},{s},0\nfree_completed,{a},{s},0\n" for a, s in ((4096, 512), (8192, 1 << 20), (16384, 3 << 20))))
+        f"alloc,{a},{s},0\nfree_completed,{a},{s},0\n" for a, s in rows))
     env = dict(os.environ, SYMM_DEVICE="host", SYMM_PUBLISH="0", SYMM_POOL_FRONT_CACHE=front_cache)
     return pairing.Child("trace", [str(BENCH_TRACE), str(csv), "--serve"], env)
 
 
+END = re.compile(r"peak allocated (\d+) bytes, peak reserved (\d+) bytes, front cache hits (\d+) of (\d+) allocations")
+
+
 def test_bench_trace_serves_slices_and_refuses_bad_requests(pairing, tmp_path):
-    k = serve_trace(pairing, tmp_path)
+    k = serve_trace(pairing, tmp_path, ((4096, 512), (8192, 1 << 20), (16384, 3 << 20)))
     try:
         k.expect("READY", 60)
         d = k.slice("5")
@@ -167,8 +170,35 @@ def test_bench_trace_serves_slices_and_refuses_bad_requests(pairing, tmp_path):
             with pytest.raises(pairing.ChildError, match="ERROR request .*: want a number of passes from 1 to 1000"):
                 k.slice(bad)
         assert k.slice("1")["passes"] == 1  # still serving after the refusals
-        peaks = k.finish("PEAKS ", 30)  # each block is freed before the next: the largest is the peak
-        assert peaks == f"peak allocated {3 << 20} bytes, peak reserved {peaks.split()[-2]} bytes"
+        m = END.fullmatch(k.finish("PEAKS ", 30))
+        assert m
+        # Each block is freed before the next: the largest is the peak. 7
+        # passes (the first fills the pool) of 3 allocations, none served by
+        # the front cache: parked blocks count as allocated, so each miss
+        # would pass the peak with the others' blocks parked, and the pool
+        # takes back everything parked before it places. No request then
+        # finds a block of its size.
+        assert int(m.group(1)) == 3 << 20 and int(m.group(2)) >= 3 << 20
+        assert (int(m.group(3)), int(m.group(4))) == (0, 21)
+    finally:
+        k.close()
+
+
+@pytest.mark.parametrize("front_cache", ["0", "1"])
+def test_bench_trace_counts_front_cache_hits(pairing, tmp_path, front_cache):
+    # Two 512 B blocks, one after the other: with the front cache on, every
+    # request but the first finds the block the one before freed, parked on
+    # its CPU. A request may miss when the thread moved to another CPU
+    # while it waited for the parent (before each slice) or mid-pass.
+    k = serve_trace(pairing, tmp_path, ((4096, 512), (8192, 512)), front_cache)
+    try:
+        k.expect("READY", 60)
+        k.slice("5")
+        k.slice("1")
+        m = END.fullmatch(k.finish("PEAKS ", 30))
+        assert m and int(m.group(1)) == 512 and int(m.group(4)) == 14
+        hits = int(m.group(3))
+        assert (hits == 0) if front_cache == "0" else (10 <= hits <= 13), hits
     finally:
         k.close()
 
@@ -187,6 +217,7 @@ def test_front_paired_end_to_end(tmp_path):
     # The front cache leaves the peaks as they are: off and on equal, and what
     # the pool's own replay of this trace reaches (bench/RESULTS.md).
     assert cells[5] == "14,590 / 14,590" and cells[6] == "15,336 / 15,336"
+    assert re.fullmatch(r"\d+\.\d %", cells[7])
 
 
 @pytest.mark.parametrize("args, message", [
