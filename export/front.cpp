@@ -51,13 +51,9 @@ using Entry = symmshim_parked;
 // from e, per device and statistics type: requests, block bytes, requested
 // bytes (written under lk, read without it by symmshim_front_served).
 // req[t][i] is e[t][i].req, kept apart so that a hit scans 8 bytes a slot.
-// seen, hits and bypass steer the CPU's requests (admit): written without
-// the lock by whichever thread runs there, since a lost update only shifts a
-// sample.
 struct alignas(64) Cpu {
   SpinLock lk;
   int n[2] = {0, 0}, nd = 0;
-  uint32_t seen = 0, hits = 0, bypass = 0;
   uint64_t sizes[2] = {0, 0};
   uint64_t req[2][kEntries];
   Entry e[2][kEntries];
@@ -66,40 +62,6 @@ struct alignas(64) Cpu {
 };
 
 inline uint64_t size_bit(uint64_t req) { return 1ull << ((req >> 9) & 63); }
-
-// Where the front cache serves few of a CPU's requests, its work on the
-// others (recording each block, parking its free, handing it back at the
-// next miss) costs more than the C->Go calls it saves: on the recorded
-// training traces it served 4-7 % of requests, and replays were 1.13-1.24x
-// slower with it than without (bench/RESULTS.md). So every kWindow requests
-// a CPU counts its hits; under one in kMinHitShare, its next kBypass
-// requests go to the pool as if the front cache were off: not looked up,
-// not recorded, so that their frees go straight to the pool too. They still
-// hand back what their bins hold parked (alloc_miss), so placements and
-// peaks stay the pool's own. Then it samples again.
-constexpr uint32_t kWindow = 1024;
-constexpr uint32_t kMinHitShare = 8;
-constexpr uint32_t kBypass = 16 * kWindow;
-
-inline uint32_t load(const uint32_t &v) { return __atomic_load_n(&v, __ATOMIC_RELAXED); }
-inline void store(uint32_t &v, uint32_t x) { __atomic_store_n(&v, x, __ATOMIC_RELAXED); }
-
-// admit counts a request on c and says whether the front cache takes part
-// in it (false: it bypasses).
-inline bool admit(Cpu &c) {
-  if (uint32_t b = load(c.bypass)) {
-    store(c.bypass, b - 1);
-    return false;
-  }
-  uint32_t seen = load(c.seen) + 1;
-  if (seen == kWindow) {
-    if (load(c.hits) < kWindow / kMinHitShare) store(c.bypass, kBypass);
-    seen = 0;
-    store(c.hits, 0);
-  }
-  store(c.seen, seen);
-  return true;
-}
 
 // list_of is the index in Cpu.e of a block of statistics type type.
 inline int list_of(int type) { return type == 1 ? 0 : 1; }
@@ -209,10 +171,8 @@ bool sole_large(const Cpu &c, int i) {
   return true;
 }
 
-uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream, bool &keep) {
+uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream) {
   Cpu &c = g_cpus[cpu_index()];
-  keep = admit(c);
-  if (!keep) return 0;
   const int t = list_of(type_of(size));
   uintptr_t ptr = 0;
   // A hint read without the lock (bits are set under it before a block of
@@ -233,7 +193,6 @@ uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream, bool &keep) {
           (e.epoch == nullptr || (unchanged(e.epoch, e.mark) && sole_large(c, i)))) {
         ptr = e.ptr;
         count(c, e);
-        store(c.hits, load(c.hits) + 1);
         memmove(&list[i], &list[i + 1], (c.n[t] - i - 1) * sizeof(Entry));
         memmove(&req[i], &req[i + 1], (c.n[t] - i - 1) * sizeof(uint64_t));
         __atomic_store_n(&c.n[t], c.n[t] - 1, __ATOMIC_RELAXED);  // read without the lock by parked()
@@ -444,7 +403,7 @@ void drain(int dev) {
   }
 }
 
-uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream, bool keep) {
+uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
   // The pool is about to place a block: first it gets back, in the same
   // call into Go, what the CPUs parked in the bins this request reads (of
   // its device, stream and pool) and the deferred frees of its device.
@@ -461,19 +420,12 @@ uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream, bool keep)
     goPoolReturnParked(back, k);
     k = take_for_miss(dev, stream, t, back, kBatch);
   }
-  if (!keep && k == 0 && !any_cached()) {
-    // Bypassing, with nothing parked anywhere: the pool sees what it would
-    // with the front cache off, and takes the request the way it does then,
-    // without the checks for parked blocks (allocator.AllocAround).
-    uint64_t bsize = 0;
-    return goPoolAlloc(api, size, dev, stream, &bsize);
-  }
   symmshim_placed pl{};
   pl.type = type;  // the guess; the pool checks it
   uintptr_t p = goPoolAllocAfter(api, back, k, size, dev, stream, &pl);
   if (p != 0) {
     if (size <= (1u << 20)) g_small_type.store(pl.type, std::memory_order_relaxed);
-    if (keep) on_go_alloc(p, size, dev, stream, pl);  // else unrecorded: its free goes to the pool
+    on_go_alloc(p, size, dev, stream, pl);
   }
   return p;
 }

@@ -9,9 +9,7 @@
 //
 // Invariants:
 //  - The live set (liveset.h) holds every block handed out while the front cache is on,
-//    as LIVE (the caller has it) or CACHED (in one CPU's cache slots),
-//    except those handed out while their CPU bypassed the cache (alloc_hit),
-//    whose frees go to the pool.
+//    as LIVE (the caller has it) or CACHED (in one CPU's cache slots).
 //  - A free is cached only if the block is LIVE, has no record_stream stream,
 //    and size/device match the allocation; anything else goes to Go, which
 //    validates it (unknown pointer, wrong size) and changes nothing on error.
@@ -41,15 +39,13 @@
 
 namespace front {
 bool enabled();
-// alloc_hit returns a cached block for (size, dev, stream) or 0. keep says
-// whether the front cache takes part in this request: false while the
-// calling CPU's requests bypass it (it served too few of them lately).
-uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream, bool &keep);
+// alloc_hit returns a cached block for (size, dev, stream) or 0.
+uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream);
 // alloc_miss asks the pool for a block (api: export/pool.go's allocAPIs),
 // handing back in the same call the blocks parked in the bins it reads and
-// dev's deferred frees, and records it if keep (else its free goes to the
-// pool); 0 with the last error set on failure.
-uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream, bool keep);
+// dev's deferred frees, and records it; 0 with the last error set on
+// failure.
+uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream);
 // on_go_alloc records a block the pool handed out (pl: where it placed it).
 void on_go_alloc(uintptr_t ptr, size_t size, int dev, uintptr_t stream, const symmshim_placed &pl);
 // free returns true if it cached the free; false means: hand it to Go (a

@@ -69,9 +69,8 @@ void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int m
   }
   uintptr_t p;
   if (front_on()) {
-    bool keep = true;
-    if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream, keep)) return (void *)hit;
-    p = front::alloc_miss(api, size, device, (uintptr_t)stream, keep);
+    if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
+    p = front::alloc_miss(api, size, device, (uintptr_t)stream);
   } else {
     p = goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
   }

@@ -1,8 +1,6 @@
 /* C test of the caching pool through include/symm.h, on the host backend.
  * Build: make (tests/c/test_pool links -lsymm); run with SYMM_DEVICE=host. */
-#define _GNU_SOURCE /* sched_getcpu, CPU_SET */
 #include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -408,59 +406,6 @@ static void test_threads(void) {
   CHECK(stat(0, "allocation.all.current") == 0, "threads freed everything");
 }
 
-/* Where the front cache serves few of a CPU's requests, that CPU's next
- * ones bypass it: after 1,024 requests of which fewer than 1 in 8 were hits,
- * the next 16,384 go to the pool as with the front cache off (none served
- * in front), then it samples again and serves repeats as before. The counts
- * are per CPU, so the thread is pinned to the one it runs on. */
-static void test_few_hits_bypass_the_front_cache(void) {
-  const char *fc = getenv("SYMM_POOL_FRONT_CACHE");
-  int on = !(fc && !strcmp(fc, "0"));
-  cpu_set_t was, one;
-  CHECK(sched_getaffinity(0, sizeof was, &was) == 0, "affinity");
-  CPU_ZERO(&one);
-  CPU_SET(sched_getcpu(), &one);
-  CHECK(sched_setaffinity(0, sizeof one, &one) == 0, "pinned");
-  symm_pool_empty_cache();
-  CHECK(symm_pool_reset_accumulated(0) == SYMM_OK && symm_pool_reset_peak(0) == SYMM_OK, "reset");
-  /* Repeats past any bypass this CPU began before (16,384 requests at
-   * most): then it samples, and these hit. */
-  for (int i = 0; i < 17 * 1024; i++) {
-    void *p = symm_pool_alloc(2048, 0, NULL);
-    symm_pool_free(p, 2048, 0, NULL);
-  }
-  CHECK(symm_pool_reset_accumulated(0) == SYMM_OK, "reset accumulated");
-  /* 3 windows of sizes that never find their own parked: each miss hands
-   * back the other size's block. One window of only these ends within the
-   * first 2,048, and the bypass begins. */
-  for (int i = 0; i < 3 * 1024; i++) {
-    size_t n = i % 2 ? 1024 : 512;
-    void *p = symm_pool_alloc(n, 0, NULL);
-    symm_pool_free(p, n, 0, NULL);
-  }
-  int64_t before = stat(0, "num_front_cache_hits");
-  CHECK(before <= 1, "alternating sizes: %lld served in front", (long long)before);
-  for (int i = 0; i < 1000; i++) { /* repeats, bypassing */
-    void *p = symm_pool_alloc(512, 0, NULL);
-    symm_pool_free(p, 512, 0, NULL);
-  }
-  CHECK(stat(0, "num_front_cache_hits") == before, "bypassing: %lld served in front, %lld before",
-        (long long)stat(0, "num_front_cache_hits"), (long long)before);
-  for (int i = 0; i < 20000; i++) { /* the bypass ends by the 14,384th of these */
-    void *p = symm_pool_alloc(512, 0, NULL);
-    symm_pool_free(p, 512, 0, NULL);
-  }
-  int64_t after = stat(0, "num_front_cache_hits");
-  CHECK(on ? after - before >= 5000 : after == 0, "sampling again: %lld served in front (front cache: %d)",
-        (long long)(after - before), on);
-  CHECK(stat(0, "allocation.all.allocated") == 3 * 1024 + 21000 && stat(0, "allocation.all.current") == 0,
-        "every request counted: %lld", (long long)stat(0, "allocation.all.allocated"));
-  CHECK(stat(0, "allocated_bytes.all.peak") == 2048, "peak one block: %lld",
-        (long long)stat(0, "allocated_bytes.all.peak"));
-  CHECK(sched_setaffinity(0, sizeof was, &was) == 0, "unpinned");
-  symm_pool_empty_cache();
-}
-
 /* A statistics read hands back what the front cache holds when it begins,
  * and ends while other threads go on freeing into it (symm top's refresh
  * reads every 250 ms beside a program that never pauses). */
@@ -531,7 +476,6 @@ int main(void) {
   test_a_miss_returns_parked_blocks();
   test_history_toggle_forgets_stale_blocks();
   test_threads();
-  test_few_hits_bypass_the_front_cache();
   test_stats_end_beside_steady_frees();
   test_fork();
   printf("test_pool: %d passed, %d failed\n", passes, failures);
