@@ -204,27 +204,33 @@ def test_bench_trace_counts_front_cache_hits(pairing, tmp_path, front_cache):
 
 
 def test_front_paired_end_to_end(tmp_path):
+    # --against this very build: a third process, front cache on, in every pair.
     env = dict(os.environ, OUT=str(tmp_path))
     p = subprocess.run([sys.executable, str(FRONT), "--traces", "gpt2_train", "--pairs", "2", "--passes", "1",
-                        "--bin", str(BENCH_TRACE)], capture_output=True, text=True, timeout=300, env=env)
+                        "--bin", str(BENCH_TRACE), "--against", str(BENCH_TRACE)],
+                       capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
     md = (tmp_path / "front_paired.md").read_text()
-    row = [ln for ln in md.splitlines() if ln.startswith("| GPT-2 training |")]
-    assert len(row) == 1, md
-    cells = [c.strip() for c in row[0].strip("|").split("|")]
-    assert cells[1] == "25,597"
-    assert re.fullmatch(r"\d+\.\d\d× \(\d+\.\d\d–\d+\.\d\d\)", cells[4])
-    # The front cache leaves the peaks as they are: off and on equal, and what
-    # the pool's own replay of this trace reaches (bench/RESULTS.md).
-    assert cells[5] == "14,590 / 14,590" and cells[6] == "15,336 / 15,336"
-    assert re.fullmatch(r"\d+\.\d %", cells[7])
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in md.splitlines() if ln.startswith("| GPT-2 training |")]
+    assert [r[2] for r in rows] == ["off", "on", "on, --against build"], md
+    ratio = r"\d+\.\d\d× \(\d+\.\d\d–\d+\.\d\d\)"
+    for r in rows:
+        assert r[1] == "25,597" and re.fullmatch(r"[\d,]+", r[3])
+        # The front cache leaves the peaks as they are: what the pool's own
+        # replay of this trace reaches (bench/RESULTS.md), in every process.
+        assert (r[6], r[7]) == ("14,590", "15,336"), r
+    off, on, other = rows
+    assert off[4:6] == ["–", "–"] and off[8] == "–"
+    assert re.fullmatch(ratio, on[4]) and on[5] == "–" and re.fullmatch(r"\d+\.\d %", on[8])
+    assert re.fullmatch(ratio, other[4]) and re.fullmatch(ratio, other[5]) and re.fullmatch(r"\d+\.\d %", other[8])
 
 
 @pytest.mark.parametrize("args, message", [
     (["--traces", "bogus"], "want some of cnn_train"),
     (["--pairs", "0"], "want pairs >= 1 and passes from 1 to 1000"),
     (["--passes", "1001"], "want pairs >= 1 and passes from 1 to 1000"),
-    (["--bin", "/nonexistent/bench_trace"], "not an executable"),
+    (["--bin", "/nonexistent/bench_trace"], "--bin /nonexistent/bench_trace: not an executable"),
+    (["--against", "/nonexistent/old"], "--against /nonexistent/old: not an executable"),
 ])
 def test_front_paired_bad_arguments(args, message):
     p = subprocess.run([sys.executable, str(FRONT), *args], capture_output=True, text=True, timeout=60)
