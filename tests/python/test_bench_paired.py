@@ -236,3 +236,27 @@ def test_front_paired_bad_arguments(args, message):
     p = subprocess.run([sys.executable, str(FRONT), *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2
     assert message in p.stderr
+
+
+REPLAY = ROOT / "bench" / "replay_paired.py"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--configs", "native"], "want two or more distinct configurations"),
+    (["--configs", "native,bogus"], "want two or more distinct configurations"),
+    (["--traces", "no_such_trace"], "got --configs native,symm --traces no_such_trace"),
+    (["--pairs", "0"], "--pairs 0 --passes 1: want both at least 1"),
+    (["--serve", "bogus", "--ext", "x", "--data", "y"], "--serve 'bogus': want one of"),
+])
+def test_replay_paired_bad_arguments(args, message):
+    p = subprocess.run([sys.executable, str(REPLAY), *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert message in p.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="checks the message torch's absence gives")
+def test_replay_paired_without_torch_says_so():
+    p = subprocess.run([sys.executable, str(REPLAY), "--traces", "gpt2_train"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2
+    assert "torch is not importable; this benchmark runs on the GPU machine" in p.stderr
