@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pairing import Child, ChildError, quartiles  # noqa: E402
+from pairing import Child, ChildError, in_turn, quartiles  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("cnn_train", "gpt2_train", "llm_infer")
@@ -69,10 +69,7 @@ def time_trace(sides: list, csv: Path, pairs: int, passes: int) -> dict:
             kids.append(Child(f"{name} ({csv.stem})", [str(binary), str(csv), "--serve"], serve_env(fc)))
         for k in kids:
             k.expect("READY", READY_TIMEOUT_S)
-        ns = [[] for _ in kids]
-        for i in range(pairs):
-            for j in (range(len(kids)) if i % 2 == 0 else reversed(range(len(kids)))):
-                ns[j].append(kids[j].slice(str(passes))["median_ns"])
+        ns = in_turn(kids, pairs, str(passes))
         ends = []
         for k in kids:
             m = PEAKS.search(k.finish("PEAKS ", 60))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import replay_torch as rt  # noqa: E402  (its trace compiler, extension and environments)
-from pairing import Child, ChildError, quartiles  # noqa: E402
+from pairing import Child, ChildError, in_turn, quartiles  # noqa: E402
 
 READY_TIMEOUT_S = 300  # torch, CUDA, the pool's first pass of the trace
 
@@ -76,10 +76,7 @@ def time_trace(name: str, configs: list, ext: Path, data: Path, pairs: int, pass
             kids.append(Child(f"{c} ({name})", cmd, rt.child_env(c)))
         for k in kids:
             k.expect("READY", READY_TIMEOUT_S)
-        ns = [[] for _ in kids]
-        for i in range(pairs):
-            for j in (range(len(kids)) if i % 2 == 0 else reversed(range(len(kids)))):
-                ns[j].append(kids[j].slice(str(passes))["median_ns"])
+        ns = in_turn(kids, pairs, str(passes))
         ends = [json.loads(k.finish("PEAKS ", 120)) for k in kids]
         return {"ns": ns, "ends": ends}
     finally:
