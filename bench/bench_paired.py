@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_torch as bt  # noqa: E402  (its extension, installers and formatting)
-from pairing import Child, ChildError, quartiles  # noqa: E402
+from pairing import Child, ChildError, quartiles, turn  # noqa: E402
 
 OPS = (("raw", "raw_alloc + raw_delete"), ("allocate", "allocate() + deleter"), ("empty", "at::empty + destroy"))
 SLICE_MS = 10.0
@@ -69,10 +69,9 @@ def run_pairs(children: list, sizes, pairs: int, ops=tuple(op for op, _ in OPS))
     Returns {op: {size: {config: [ns per call of each slice]}}}."""
     out = {op: {str(s): {c.config: [] for c in children} for s in sizes} for op in ops}
     for i in range(pairs):
-        order = children if i % 2 == 0 else children[::-1]
         for op in ops:
             for size in sizes:
-                for c in order:
+                for c in turn(children, i):
                     out[op][str(size)][c.config].append(c.slice(f"{op} {size}")["median_ns"])
     return out
 

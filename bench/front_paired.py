@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pairing import Child, ChildError, in_turn, quartiles  # noqa: E402
+from pairing import ChildError, quartiles, run_served  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ("cnn_train", "gpt2_train", "llm_infer")
@@ -63,21 +63,13 @@ def sides_of(binary: Path, against) -> list:
 def time_trace(sides: list, csv: Path, pairs: int, passes: int) -> dict:
     """One trace: each side's slices, taken in turn (the order reversed every
     other pair), and the peaks and front-cache hits each process reached."""
-    kids = []
-    try:
-        for name, binary, fc in sides:
-            kids.append(Child(f"{name} ({csv.stem})", [str(binary), str(csv), "--serve"], serve_env(fc)))
-        for k in kids:
-            k.expect("READY", READY_TIMEOUT_S)
-        ns = in_turn(kids, pairs, str(passes))
-        ends = []
-        for k in kids:
-            m = PEAKS.search(k.finish("PEAKS ", 60))
-            ends.append(tuple(-1 if g is None else int(g) for g in m.groups()) if m else (-1, -1, -1, -1))
-        return {"ns": ns, "ends": ends}
-    finally:
-        for k in kids:
-            k.close()
+    specs = [(f"{name} ({csv.stem})", [str(binary), str(csv), "--serve"], serve_env(fc)) for name, binary, fc in sides]
+    ns, reports = run_served(specs, READY_TIMEOUT_S, pairs, str(passes), "PEAKS ", 60)
+    ends = []
+    for report in reports:
+        m = PEAKS.search(report)
+        ends.append(tuple(-1 if g is None else int(g) for g in m.groups()) if m else (-1, -1, -1, -1))
+    return {"ns": ns, "ends": ends}
 
 
 def rows_of(csv: Path) -> int:

@@ -95,12 +95,37 @@ def quartiles(xs: list) -> tuple:
     return s[n // 4], s[n // 2], s[min((3 * n) // 4, n - 1)]
 
 
+def turn(kids, i: int):
+    """kids in the order pair i asks them: reversed every other pair, so that
+    none always goes first."""
+    return kids if i % 2 == 0 else kids[::-1]
+
+
 def in_turn(kids: list, pairs: int, request: str) -> list:
-    """Asks each child in turn for a slice (request), pairs times, reversing
-    the order every other time so that neither side always goes first.
-    Returns each child's median_ns figures, in the children's order."""
+    """Asks each child in turn for a slice (request), pairs times. Returns
+    each child's median_ns figures, in the children's order."""
     ns = [[] for _ in kids]
     for i in range(pairs):
-        for j in (range(len(kids)) if i % 2 == 0 else reversed(range(len(kids)))):
+        for j in turn(range(len(kids)), i):
             ns[j].append(kids[j].slice(request)["median_ns"])
     return ns
+
+
+def run_served(specs: list, ready_timeout: float, pairs: int, request: str, end_prefix: str,
+               end_timeout: float) -> tuple:
+    """Starts a Child per (name, cmd, env) of specs, all alive together, waits
+    for each one's READY, times pairs slices of request in turn (in_turn),
+    then ends each and reads what it reports after end_prefix. Returns (the
+    children's median_ns figures, their end reports); the children are
+    closed whatever happens."""
+    kids = []
+    try:
+        for name, cmd, env in specs:
+            kids.append(Child(name, cmd, env))
+        for k in kids:
+            k.expect("READY", ready_timeout)
+        ns = in_turn(kids, pairs, request)
+        return ns, [k.finish(end_prefix, end_timeout) for k in kids]
+    finally:
+        for k in kids:
+            k.close()

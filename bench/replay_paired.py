@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import replay_torch as rt  # noqa: E402  (its trace compiler, extension and environments)
-from pairing import Child, ChildError, in_turn, quartiles  # noqa: E402
+from pairing import ChildError, quartiles, run_served  # noqa: E402
 
 READY_TIMEOUT_S = 300  # torch, CUDA, the pool's first pass of the trace
 
@@ -69,19 +69,10 @@ def serve(config: str, ext: Path, data: Path) -> None:
 
 
 def time_trace(name: str, configs: list, ext: Path, data: Path, pairs: int, passes: int) -> dict:
-    kids = []
-    try:
-        for c in configs:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", c, "--ext", str(ext), "--data", str(data)]
-            kids.append(Child(f"{c} ({name})", cmd, rt.child_env(c)))
-        for k in kids:
-            k.expect("READY", READY_TIMEOUT_S)
-        ns = in_turn(kids, pairs, str(passes))
-        ends = [json.loads(k.finish("PEAKS ", 120)) for k in kids]
-        return {"ns": ns, "ends": ends}
-    finally:
-        for k in kids:
-            k.close()
+    specs = [(f"{c} ({name})", [sys.executable, str(Path(__file__).resolve()), "--serve", c, "--ext", str(ext),
+                                "--data", str(data)], rt.child_env(c)) for c in configs]
+    ns, reports = run_served(specs, READY_TIMEOUT_S, pairs, str(passes), "PEAKS ", 120)
+    return {"ns": ns, "ends": [json.loads(r) for r in reports]}
 
 
 def render(results: dict, configs: list, meta: dict, pairs: int, passes: int) -> str:
