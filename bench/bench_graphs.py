@@ -86,6 +86,48 @@ def peaks(torch, config: str, res: dict) -> None:
 
 
 def run_child(config: str, res: dict) -> None:
+    torch, mempool = start_allocator(config, res)
+    model, loss_fn, opt, static_input, static_target = make_step(torch, res)
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    static_loss = None
+    stage = "capture"
+    try:
+        kwargs = {"pool": mempool.id} if mempool is not None else {}
+        t0 = time.perf_counter()
+        with torch.cuda.graph(g, **kwargs):
+            static_loss = loss_fn(model(static_input), static_target)
+            static_loss.backward()
+            opt.step()
+        res["capture_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
+        res["capture_ok"] = True
+        stage = "replay"
+        time_replays(torch, g, static_loss, res)
+    except Exception as e:
+        res["error"] = f"{stage}: {type(e).__name__}: {e}"
+        res["traceback"] = traceback.format_exc()[-3000:]
+        print(res["traceback"], file=sys.stderr, flush=True)
+    peaks(torch, config, res)
+
+    # Orderly teardown (graph before its pool), so that an exit-time problem shows
+    # up here, named, rather than as a crash after the results.
+    try:
+        import gc
+
+        del g
+        opt.zero_grad(set_to_none=True)  # the grads live in the graph's pool
+        static_loss = None  # noqa: F841
+        gc.collect()
+        torch.cuda.synchronize()
+        del mempool
+        torch.cuda.empty_cache()
+    except Exception as e:
+        res["teardown_error"] = f"{type(e).__name__}: {e}"
+
+
+def start_allocator(config: str, res: dict):
+    """Imports torch with config's allocator in place; returns torch and,
+    for symm-mempool, the MemPool the graph captures into (else None)."""
     import torch
 
     mempool = None
@@ -106,7 +148,12 @@ def run_child(config: str, res: dict) -> None:
         mempool = torch.cuda.MemPool(symm.pool_allocator().allocator())
     res["device"] = torch.cuda.get_device_name(0)
     res["torch"] = torch.__version__
+    return torch, mempool
 
+
+def make_step(torch, res: dict):
+    """The model, loss, optimizer and static tensors of the captured step,
+    warmed up on a side stream (PyTorch's "whole network capture" recipe)."""
     torch.manual_seed(0)
     layers = []
     for i, (a, b) in enumerate(zip(LAYERS[:-1], LAYERS[1:])):
@@ -120,7 +167,6 @@ def run_child(config: str, res: dict) -> None:
     static_target = torch.randn(BATCH, LAYERS[-1], device="cuda")
     res["params"] = sum(p.numel() for p in model.parameters())
 
-    # Warm-up on a side stream (PyTorch's "whole network capture" recipe).
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -131,65 +177,36 @@ def run_child(config: str, res: dict) -> None:
             opt.step()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
+    return model, loss_fn, opt, static_input, static_target
 
-    g = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    static_loss = None
-    stage = "capture"
-    try:
-        kwargs = {"pool": mempool.id} if mempool is not None else {}
+
+def time_replays(torch, g, static_loss, res: dict) -> None:
+    """WARM replays, then ROUNDS timed rounds of REPLAYS: GPU time (events)
+    and host time (wall clock to a synchronize) per replay, and the loss
+    before and after, which must go down."""
+    for _ in range(WARM):
+        g.replay()
+    torch.cuda.synchronize()
+    res["loss_first"] = float(static_loss.item())
+    gpu_us, wall_us = [], []
+    for _ in range(ROUNDS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.cuda.graph(g, **kwargs):
-            static_loss = loss_fn(model(static_input), static_target)
-            static_loss.backward()
-            opt.step()
-        res["capture_ms"] = round((time.perf_counter() - t0) * 1e3, 2)
-        res["capture_ok"] = True
-
-        stage = "replay"
-        for _ in range(WARM):
+        start.record()
+        for _ in range(REPLAYS):
             g.replay()
+        end.record()
         torch.cuda.synchronize()
-        res["loss_first"] = float(static_loss.item())
-        gpu_us, wall_us = [], []
-        for _ in range(ROUNDS):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            start.record()
-            for _ in range(REPLAYS):
-                g.replay()
-            end.record()
-            torch.cuda.synchronize()
-            wall_us.append((time.perf_counter() - t0) * 1e6 / REPLAYS)
-            gpu_us.append(start.elapsed_time(end) * 1e3 / REPLAYS)
-        res["loss_last"] = float(static_loss.item())
-        res["gpu_us_rounds"] = [round(x, 3) for x in gpu_us]
-        res["wall_us_rounds"] = [round(x, 3) for x in wall_us]
-        res["gpu_us"] = statistics.median(gpu_us)
-        res["wall_us"] = statistics.median(wall_us)
-        if not (res["loss_last"] == res["loss_last"]) or res["loss_last"] >= res["loss_first"]:
-            res["warning"] = f"loss did not go down over the replays: {res['loss_first']:.6g} -> {res['loss_last']:.6g}"
-    except Exception as e:
-        res["error"] = f"{stage}: {type(e).__name__}: {e}"
-        res["traceback"] = traceback.format_exc()[-3000:]
-        print(res["traceback"], file=sys.stderr, flush=True)
-    peaks(torch, config, res)
-
-    # Orderly teardown (graph before its pool), so that an exit-time problem shows
-    # up here, named, rather than as a crash after the results.
-    try:
-        import gc
-
-        del g
-        opt.zero_grad(set_to_none=True)  # the grads live in the graph's pool
-        static_loss = loss = None  # noqa: F841
-        gc.collect()
-        torch.cuda.synchronize()
-        del mempool
-        torch.cuda.empty_cache()
-    except Exception as e:
-        res["teardown_error"] = f"{type(e).__name__}: {e}"
+        wall_us.append((time.perf_counter() - t0) * 1e6 / REPLAYS)
+        gpu_us.append(start.elapsed_time(end) * 1e3 / REPLAYS)
+    res["loss_last"] = float(static_loss.item())
+    res["gpu_us_rounds"] = [round(x, 3) for x in gpu_us]
+    res["wall_us_rounds"] = [round(x, 3) for x in wall_us]
+    res["gpu_us"] = statistics.median(gpu_us)
+    res["wall_us"] = statistics.median(wall_us)
+    if not (res["loss_last"] == res["loss_last"]) or res["loss_last"] >= res["loss_first"]:
+        res["warning"] = f"loss did not go down over the replays: {res['loss_first']:.6g} -> {res['loss_last']:.6g}"
 
 
 # ---- parent: run children, write the table ----------------------------------

@@ -335,32 +335,9 @@ def _key(torch, cxx: list[str], flags: list[str], symm_inc: Path) -> str:
 
 def _build(torch) -> Path:
     """Compiles the extension unless the cache has it; returns the .so path."""
-    global _build_seconds
     timeout = build_timeout()
-    cxx = _compiler()
-    if not (Path(torch.__file__).resolve().parent / "include" / "torch" / "csrc" / "cuda" / "CUDAPluggableAllocator.h").is_file():
-        raise ExtensionUnavailable(f"torch {torch.__version__} has no C++ headers (torch/include/torch/csrc/cuda)")
-    symm_inc = symm_header_dir()
-    cuda_inc, looked = cuda_include_dirs()
-    if not cuda_inc:
-        raise ExtensionUnavailable(
-            "no CUDA runtime headers (cuda_runtime_api.h with crt/host_defines.h) in " + ", ".join(looked)
-            + "; set CUDA_HOME, or pip install nvidia-cuda-runtime nvidia-cuda-crt (CUDA 13) / "
-            "nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12 (CUDA 12)"
-        )
-    flags0 = _flags(torch, cuda_inc, symm_inc, "symm_torch_ext")
-    key = _key(torch, cxx, flags0, symm_inc)
-    name = f"symm_torch_ext_{key}"
-    flags = _flags(torch, cuda_inc, symm_inc, name)
-    cache = _cache_dir()
-    try:
-        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = os.stat(cache)
-    except OSError as e:
-        raise ExtensionUnavailable(f"cannot create the extension cache {cache}: {e} (set {ENV_CACHE})") from e
-    if not stat.S_ISDIR(st.st_mode):
-        raise ExtensionUnavailable(f"the extension cache {cache} is not a directory (set {ENV_CACHE})")
-    _check_owned(cache, st, "cache directory")
+    cxx, flags, name = _inputs(torch)
+    cache = _open_cache()
     out, failed = cache / f"{name}.so", cache / f"{name}.failed"
 
     def known():
@@ -378,8 +355,53 @@ def _build(torch) -> Path:
     if known():
         return out
     lock_path = cache / f"{name}.lock"
+    lock = _open_lock(lock_path)
     try:
-        # Never through a link, never another user's file.
+        _wait_for(lock, lock_path, timeout)
+        if not known():
+            _compile(cxx, flags, name, cache, timeout, out, failed)
+    finally:
+        os.close(lock)  # and the flock with it
+    return known() or out
+
+
+def _inputs(torch) -> tuple[list[str], list[str], str]:
+    """The compiler, its flags and the extension's name (keyed by every
+    input of the build), or ExtensionUnavailable naming what is missing."""
+    cxx = _compiler()
+    if not (Path(torch.__file__).resolve().parent / "include" / "torch" / "csrc" / "cuda" / "CUDAPluggableAllocator.h").is_file():
+        raise ExtensionUnavailable(f"torch {torch.__version__} has no C++ headers (torch/include/torch/csrc/cuda)")
+    symm_inc = symm_header_dir()
+    cuda_inc, looked = cuda_include_dirs()
+    if not cuda_inc:
+        raise ExtensionUnavailable(
+            "no CUDA runtime headers (cuda_runtime_api.h with crt/host_defines.h) in " + ", ".join(looked)
+            + "; set CUDA_HOME, or pip install nvidia-cuda-runtime nvidia-cuda-crt (CUDA 13) / "
+            "nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12 (CUDA 12)"
+        )
+    key = _key(torch, cxx, _flags(torch, cuda_inc, symm_inc, "symm_torch_ext"), symm_inc)
+    name = f"symm_torch_ext_{key}"
+    return cxx, _flags(torch, cuda_inc, symm_inc, name), name
+
+
+def _open_cache() -> Path:
+    """The cache directory, made if need be: a directory this user owns."""
+    cache = _cache_dir()
+    try:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.stat(cache)
+    except OSError as e:
+        raise ExtensionUnavailable(f"cannot create the extension cache {cache}: {e} (set {ENV_CACHE})") from e
+    if not stat.S_ISDIR(st.st_mode):
+        raise ExtensionUnavailable(f"the extension cache {cache} is not a directory (set {ENV_CACHE})")
+    _check_owned(cache, st, "cache directory")
+    return cache
+
+
+def _open_lock(lock_path: Path) -> int:
+    """The build's lock file, opened: never through a link, never another
+    user's file, never anything but a regular file."""
+    try:
         lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         raise ExtensionUnavailable(f"cannot open the extension's lock {lock_path}: {e} (a symbolic link is refused)") from e
@@ -388,51 +410,61 @@ def _build(torch) -> Path:
         if not stat.S_ISREG(lst.st_mode):
             raise ExtensionUnavailable(f"the extension's lock {lock_path} is not a regular file: refused (delete it)")
         _check_owned(lock_path, lst, "lock")
-        # One build per cache, whatever the processes. A builder stops its
-        # compiler at the time limit; one that waits gives up a little later.
-        give_up = time.monotonic() + timeout + 60
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > give_up:
-                    raise ExtensionUnavailable(
-                        f"another process has held {lock_path} for more than {timeout + 60:g} s while building the "
-                        f"extension ({ENV_TIMEOUT} is {timeout:g} s)") from None
-                time.sleep(0.2)
-        if known():
-            return out
-        t0 = time.monotonic()
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
+
+
+def _wait_for(lock: int, lock_path: Path, timeout: float) -> None:
+    """Takes the lock: one build per cache, whatever the processes. A
+    builder stops its compiler at the time limit; one that waits gives up a
+    little later."""
+    give_up = time.monotonic() + timeout + 60
+    while True:
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".so.tmp", dir=cache)
-            os.close(fd)
-        except OSError as e:
-            raise ExtensionUnavailable(f"cannot write in the extension cache {cache}: {e}") from e
-        cmd = [*cxx, str(SOURCE), "-o", tmp] + flags
-        try:
-            try:
-                rc, stdout, stderr = _run_compiler(cmd, timeout)
-            except subprocess.TimeoutExpired:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > give_up:
                 raise ExtensionUnavailable(
-                    f"compiling {SOURCE.name} took more than {timeout:g} s and was stopped ({ENV_TIMEOUT} sets the "
-                    "limit; not remembered: the next process tries again)") from None
-            except OSError as e:
-                raise ExtensionUnavailable(f"running the compiler {shlex.join(cxx)} failed: {e}") from e
-            if rc != 0:
-                _failed(cmd, rc, stdout, stderr, cache / f"{name}.log", failed)
-            try:
-                os.chmod(tmp, 0o755)  # the linker's mode follows the umask
-                os.replace(tmp, out)
-            except OSError as e:
-                raise ExtensionUnavailable(f"cannot put the extension in the cache {cache}: {e}") from e
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        _build_seconds = time.monotonic() - t0
+                    f"another process has held {lock_path} for more than {timeout + 60:g} s while building the "
+                    f"extension ({ENV_TIMEOUT} is {timeout:g} s)") from None
+            time.sleep(0.2)
+
+
+def _compile(cxx: list[str], flags: list[str], name: str, cache: Path, timeout: float, out: Path, failed: Path) -> None:
+    """Compiles the extension into out, through a temporary file in cache
+    (a reader never sees half a library); a compile error is recorded in
+    failed (_failed). Called with the lock held."""
+    global _build_seconds
+    t0 = time.monotonic()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".so.tmp", dir=cache)
+        os.close(fd)
+    except OSError as e:
+        raise ExtensionUnavailable(f"cannot write in the extension cache {cache}: {e}") from e
+    cmd = [*cxx, str(SOURCE), "-o", tmp] + flags
+    try:
+        try:
+            rc, stdout, stderr = _run_compiler(cmd, timeout)
+        except subprocess.TimeoutExpired:
+            raise ExtensionUnavailable(
+                f"compiling {SOURCE.name} took more than {timeout:g} s and was stopped ({ENV_TIMEOUT} sets the "
+                "limit; not remembered: the next process tries again)") from None
+        except OSError as e:
+            raise ExtensionUnavailable(f"running the compiler {shlex.join(cxx)} failed: {e}") from e
+        if rc != 0:
+            _failed(cmd, rc, stdout, stderr, cache / f"{name}.log", failed)
+        try:
+            os.chmod(tmp, 0o755)  # the linker's mode follows the umask
+            os.replace(tmp, out)
+        except OSError as e:
+            raise ExtensionUnavailable(f"cannot put the extension in the cache {cache}: {e}") from e
     finally:
-        os.close(lock)  # and the flock with it
-    return known() or out
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _build_seconds = time.monotonic() - t0
 
 
 def _failed(cmd: list[str], rc: int, stdout: str, stderr: str, log: Path, failed: Path):
