@@ -21,11 +21,12 @@ each round's median over the other passes. A failed allocation (NULL or an excep
 memory) is counted, never fatal, and like a failed child makes the exit code 1.
 
 Configurations, each in its own interpreter (the allocator can be swapped once per process), taken in
-turn within each round: native, native_expandable, symm, symm_expandable, with the environment that
-bench/workloads.py's child_env gives them. Peaks as the allocator in charge reports them
+turn within each round: native, native_expandable, symm, symm_expandable (and on request
+symm_nofront: symm with its front cache off), with the environment that bench/workloads.py's
+child_env gives them. Peaks as the allocator in charge reports them
 (torch.cuda.max_memory_* or symm.memory_stats(0)), after the first pass (a fresh pool) and after all.
 Predicted: `SYMM_TOOL replay TRACE --front-cache 1MiB --json` (the library's default front cache):
-symm vs its "default" row, symm_expandable vs "expandable", native vs the trace's recorded peak
+symm vs its "default" row, symm_expandable vs "expandable", symm_nofront vs the pool alone, native vs the trace's recorded peak
 reserved (the traces were recorded on native PyTorch).
 """
 
@@ -52,10 +53,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = Path(os.environ.get("SYMM_BENCH_BUILD", "/tmp/symm_replay_build"))
 TRACES = ("gpt2_train", "cnn_train", "llm_infer")
-CONFIGS = ("native", "native_expandable", "symm", "symm_expandable")
-SYMM_CONFIGS = ("symm", "symm_expandable")
+CONFIGS = ("native", "native_expandable", "symm", "symm_expandable", "symm_nofront")
+SYMM_CONFIGS = ("symm", "symm_expandable", "symm_nofront")
+DEFAULT_CONFIGS = CONFIGS[:4]  # symm_nofront (the front cache off) on request
 FRONT_CACHE = "1MiB"  # libsymm's default SYMM_POOL_FRONT_CACHE_MAX, modelled in the predictions
-PREDICTED = {"native": "recorded", "symm": "default_front", "symm_expandable": "expandable_front"}
+PREDICTED = {"native": "recorded", "symm": "default_front", "symm_expandable": "expandable_front", "symm_nofront": "default"}
 COLUMNS = ("op", "slot", "size", "stream")
 MAGIC, HEADER_WORDS = int.from_bytes(b"SYMRPLY1", "little"), 8  # MAGIC, nops, nslots, nstreams, zeros
 MiB = 1 << 20
@@ -440,7 +442,7 @@ def child_main(a) -> None:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=",".join(TRACES), help="names in bench/testdata, or paths")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--passes", type=int, default=5, help="passes per child; the first is shown apart")
     ap.add_argument("--symm-tool", default=str(ROOT / "build" / "symm"), help="for the predictions")
