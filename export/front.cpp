@@ -154,9 +154,69 @@ inline bool small(uint64_t bsize, bool whole) { return whole || bsize <= g_max_b
 // pool places anything (alloc_miss).
 inline bool cacheable(const Rec &r) { return small(r.bsize, r.whole) || unchanged(r.epoch, r.mark); }
 
+// ---- stepping aside where the front cache serves few requests ----
+// Where it serves few requests, the front cache's work on the others (a
+// record per block, a look-up per free, the hand-back before each miss)
+// costs more than the calls into Go it saves: on the recorded training
+// traces it served 4-7 % of the requests, and through PyTorch libsymm was
+// 0.85x native per call with it, 0.74-0.77x with it off (bench/RESULTS.md).
+// So the process counts, over every thread, the requests that reach the
+// front cache and those it served; past kSample requests with fewer than 1
+// in kMinShare served, it steps aside: the next kAside requests go to the
+// pool as with the front cache off (front_on, export/routes.cpp), then it
+// samples again. Stepping aside and back works as memory history's change
+// of mode does: the parked blocks go back and the live set is emptied, so
+// no record outlives the mode it was made in (a block handed out before
+// has none, and its free goes to the pool, which knows it). What the pool
+// places and every peak are the pool's own in both modes.
+constexpr uint32_t kFlush = 256;     // a thread's requests counted before they reach the shared counters
+constexpr uint64_t kSample = 4096;   // requests judged at a time while in use
+constexpr uint64_t kMinShare = 8;    // it steps aside when it served fewer than 1 in kMinShare of them
+constexpr uint64_t kAside = 65536;   // requests then left to the pool before it samples again
+
+std::atomic<int> g_aside{0};
+std::atomic<uint64_t> g_reqs{0}, g_hits{0};  // since the last judgement, flushed by threads
+std::atomic<bool> g_judging{false};          // one thread judges and changes mode at a time
+// Per thread, not yet flushed: 8 bytes of static TLS (export/shim.cpp says
+// why thread_local stays small here).
+thread_local uint32_t t_reqs, t_hits;
+
+// judge flushes the calling thread's counts and, once enough requests were
+// counted, decides whether the front cache is in use for the next ones.
+// Called with no lock held: a change of mode calls into Go (drain).
+__attribute__((noinline)) void judge() {
+  uint64_t reqs = g_reqs.fetch_add(t_reqs, std::memory_order_relaxed) + t_reqs;
+  g_hits.fetch_add(t_hits, std::memory_order_relaxed);
+  t_reqs = t_hits = 0;
+  bool aside = g_aside.load(std::memory_order_relaxed) != 0;
+  if (reqs < (aside ? kAside : kSample) || g_judging.exchange(true, std::memory_order_acquire)) return;
+  reqs = g_reqs.exchange(0, std::memory_order_relaxed);
+  uint64_t hits = g_hits.exchange(0, std::memory_order_relaxed);
+  if (aside) {
+    // Back in use. A free that was under way as the cache stepped aside may
+    // have parked its block since: it goes back; a record made meanwhile by
+    // a miss under way then is dropped.
+    drain(-1);
+    forget_all();
+    g_aside.store(0, std::memory_order_release);
+  } else if (hits * kMinShare < reqs) {
+    g_aside.store(1, std::memory_order_release);
+    drain(-1);
+    forget_all();
+  }
+  g_judging.store(false, std::memory_order_release);
+}
+
 }  // namespace
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed) != 0; }
+
+bool aside() { return g_aside.load(std::memory_order_relaxed) != 0; }
+
+void count_request(bool hit) {
+  t_hits += hit;
+  if (++t_reqs >= kFlush) judge();
+}
 
 // sole_large says whether e[1][i] of c, parked for its shard's being
 // unchanged, is the only block of its device, stream and large pool parked

@@ -39,6 +39,14 @@
 
 namespace front {
 bool enabled();
+// aside reports whether the front cache has stepped aside: it served too
+// few of the latest requests, and the next ones go to the pool as with it
+// off (front.cpp says when it steps aside and back).
+bool aside();
+// count_request counts a request that reached the front cache (hit: it
+// served it) or went past it while aside; every few hundred requests of a
+// thread it judges whether to step aside or back. Call with no lock held.
+void count_request(bool hit);
 // alloc_hit returns a cached block for (size, dev, stream) or 0.
 uintptr_t alloc_hit(size_t size, int dev, uintptr_t stream);
 // alloc_miss asks the pool for a block (api: export/pool.go's allocAPIs),

@@ -47,7 +47,9 @@ int route(const char *fn, int op, int dev, unsigned long long first, unsigned lo
 // History on: every alloc and free reaches the pool so that each is recorded.
 std::atomic<int> g_history{0};
 
-inline bool front_on() { return front::enabled() && g_history.load(std::memory_order_relaxed) == 0; }
+inline bool front_on() {
+  return front::enabled() && g_history.load(std::memory_order_relaxed) == 0 && !front::aside();
+}
 
 // By api (kApiAlloc, kApiTryAlloc).
 const char *const kApiNames[] = {"symm_pool_alloc", "symm_pool_try_alloc"};
@@ -69,10 +71,15 @@ void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int m
   }
   uintptr_t p;
   if (front_on()) {
-    if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) return (void *)hit;
+    if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) {
+      front::count_request(true);
+      return (void *)hit;
+    }
     p = front::alloc_miss(api, size, device, (uintptr_t)stream);
+    front::count_request(false);
   } else {
     p = goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
+    if (front::enabled() && front::aside()) front::count_request(false);  // toward stepping back
   }
   // Out of memory: a use_on_oom pool's free block, if one fits (PyTorch's
   // last resort before it raises; never for a routed allocation).

@@ -406,6 +406,56 @@ static void test_threads(void) {
   CHECK(stat(0, "allocation.all.current") == 0, "threads freed everything");
 }
 
+/* Where the front cache serves few requests it steps aside: past 4,096
+ * requests (counted over every thread, a few hundred at a time) of which
+ * fewer than 1 in 8 were served in front, the next 65,536 go to the pool as
+ * with the front cache off, and a block freed meanwhile is never parked;
+ * then it is in use again and serves repeats as before. Every request is
+ * counted, and the peaks are the pool's own throughout. */
+static void pair(size_t n, int times) {
+  for (int i = 0; i < times; i++) {
+    void *p = symm_pool_alloc(n, 0, NULL);
+    symm_pool_free(p, n, 0, NULL);
+  }
+}
+
+static void test_few_hits_step_the_front_cache_aside(void) {
+  const char *fc = getenv("SYMM_POOL_FRONT_CACHE");
+  int on = !(fc && !strcmp(fc, "0"));
+  symm_pool_empty_cache();
+  /* Repeats past any stepping aside the earlier tests began: then they hit. */
+  pair(2048, 66 * 1024);
+  CHECK(symm_pool_reset_accumulated(0) == SYMM_OK && symm_pool_reset_peak(0) == SYMM_OK, "reset");
+  pair(2048, 1024);
+  CHECK(stat(0, "num_front_cache_hits") >= (on ? 1000 : 0) && (on || stat(0, "num_front_cache_hits") == 0),
+        "in use: %lld of 1024 served in front (front cache: %d)", (long long)stat(0, "num_front_cache_hits"), on);
+  /* Sizes that never find their own parked (each miss hands back the other
+   * size's block): a judgement within the first 2 x 4,096 of them steps aside. */
+  for (int i = 0; i < 3 * 4096; i++) pair(i % 2 ? 1024 : 512, 1);
+  int64_t before = stat(0, "num_front_cache_hits");
+  pair(512, 1000); /* repeats, aside: none served in front */
+  CHECK(stat(0, "num_front_cache_hits") == before, "aside: %lld served in front, %lld before",
+        (long long)stat(0, "num_front_cache_hits"), (long long)before);
+  void *a = symm_pool_alloc(512, 0, NULL);
+  symm_pool_free(a, 512, 0, NULL);
+  void *b = symm_pool_alloc(512, 0, NULL);
+  CHECK(b == a && stat(0, "allocation.all.current") == 1, "aside, the pool serves the repeat: %p %p", b, a);
+  symm_pool_free(b, 512, 0, NULL);
+  symm_pool_free(b, 512, 0, NULL); /* a double free, judged by the pool */
+  CHECK(symm_last_error_code() != SYMM_OK && stat(0, "allocation.all.current") == 0, "aside, a double free is refused: %s",
+        symm_last_error());
+  pair(512, 70000); /* the step aside ends within 65,536 requests, and these hit again */
+  int64_t after = stat(0, "num_front_cache_hits");
+  CHECK(on ? after - before >= 3000 : after == 0, "in use again: %lld served in front (front cache: %d)",
+        (long long)(after - before), on);
+  CHECK(stat(0, "allocation.all.allocated") == 1024 + 3 * 4096 + 1000 + 2 + 70000 &&
+            stat(0, "allocation.all.current") == 0,
+        "every request counted: %lld", (long long)stat(0, "allocation.all.allocated"));
+  CHECK(stat(0, "allocated_bytes.all.peak") == 2048, "peak one block: %lld", (long long)stat(0, "allocated_bytes.all.peak"));
+  symm_pool_empty_cache();
+  CHECK(stat(0, "reserved_bytes.all.current") == 0, "empty_cache gives everything back");
+}
+
 /* A statistics read hands back what the front cache holds when it begins,
  * and ends while other threads go on freeing into it (symm top's refresh
  * reads every 250 ms beside a program that never pauses). */
@@ -476,6 +526,7 @@ int main(void) {
   test_a_miss_returns_parked_blocks();
   test_history_toggle_forgets_stale_blocks();
   test_threads();
+  test_few_hits_step_the_front_cache_aside();
   test_stats_end_beside_steady_frees();
   test_fork();
   printf("test_pool: %d passed, %d failed\n", passes, failures);
