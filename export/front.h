@@ -8,8 +8,10 @@
 // front cache is allocated, and the pool alone judges bad frees.
 //
 // Invariants:
-//  - The live set (liveset.h) holds every block handed out while the front cache is on,
-//    as LIVE (the caller has it) or CACHED (in one CPU's cache slots).
+//  - The live set (liveset.h) holds every block handed out while the front cache is on
+//    and in use (not aside, no memory history), as LIVE (the caller has it) or CACHED
+//    (in one CPU's cache slots); it is emptied at each change of mode, after the parked
+//    blocks went back, so a block handed out before has no record and its free goes to Go.
 //  - A free is cached only if the block is LIVE, has no record_stream stream,
 //    and size/device match the allocation; anything else goes to Go, which
 //    validates it (unknown pointer, wrong size) and changes nothing on error.
