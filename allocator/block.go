@@ -1,6 +1,9 @@
 package allocator
 
-import "math/bits"
+import (
+	"math/bits"
+	"sync/atomic"
+)
 
 // blockState is where a block is in its life.
 type blockState uint8
@@ -88,6 +91,11 @@ type segment struct {
 	size  uint64
 	kind  poolKind
 	shard *shard
+	// owner is shard, for a thief that holds only the lock of the shard it
+	// believes owns the segment (steal): shard is written under the locks
+	// of the shards it moves between, which the thief may not hold, so it
+	// checks ownership here first. Stored with shard (addSeg).
+	owner atomic.Pointer[shard]
 	head  *block // lowest-address block
 	tail  *block // highest-address block
 

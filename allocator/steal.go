@@ -54,7 +54,10 @@ func (s *shard) steal(r uint64, k poolKind) *block {
 		if seg == nil || !o.mu.TryLock() {
 			return nil
 		}
-		if seg.shard != o || !seg.idle || !o.segmentQuiet(seg) {
+		// Owned by o (owner: written under the locks of the shards it
+		// moved between, not necessarily o's), its other fields are o's to
+		// write, under o.mu, which is held.
+		if seg.owner.Load() != o || !seg.idle || !o.segmentQuiet(seg) {
 			o.mu.Unlock()
 			continue
 		}
