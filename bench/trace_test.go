@@ -47,8 +47,11 @@ func TestReplayGPT2Trace(t *testing.T) {
 		// Up to 64 MiB it costs the default mode 11 % (1.164): a hit of a
 		// large parked block skips the pool's best fit and breaks up the
 		// hole the block would have joined. A block that is a segment of
-		// its own is parked at any size: it has no hole to join, and 1,034
-		// of the default mode's 1,052 hits here are such blocks, at no cost.
+		// its own is parked at any size: it has no hole to join, and 759
+		// of the default mode's 775 hits here are such blocks, at no cost.
+		// Served fewer than 1 in 8 of its first 4,096 requests, the cache
+		// steps aside for the rest of the trace (export/front.cpp); without
+		// that it served 1,060, to the same peaks.
 		{"default, front cache 1 MiB", allocator.Config{}, 1.10, 1 << 20},
 		{"expandable, front cache 1 MiB", allocator.Config{Expandable: true}, 1.003, 1 << 20},
 		{"default, front cache 64 MiB", allocator.Config{}, 1.20, 64 << 20},
@@ -66,7 +69,9 @@ func TestReplayGPT2Trace(t *testing.T) {
 		require.Greater(t, alloc, int64(14000*mib), "the trace peaks near 15 GiB")
 		require.Less(t, r.Ratio, c.bound, "reserved/allocated far above what this configuration should reach")
 		if c.name == "default, front cache 1 MiB" {
-			require.Greater(t, r.FrontWholeHits, 1000, "segments of their own (over 10 MiB) hit the front cache")
+			require.Greater(t, r.FrontWholeHits, 700, "segments of their own (over 10 MiB) hit the front cache")
+			require.Equal(t, 1, r.FrontAsides, "few hits: the front cache steps aside")
+			require.Greater(t, r.FrontAside, 4000, "the rest of the trace goes to the pool")
 		}
 		if os.Getenv("SYMM_TRACE_RESULT") != "" {
 			fmt.Printf("| %s | %d | %d | %.3f |\n", c.name, alloc/mib, res/mib, r.Ratio)

@@ -52,6 +52,12 @@ type Result struct {
 	FrontHits          int `json:"front_cache_hits,omitempty"`
 	FrontWholeHits     int `json:"front_cache_whole_hits,omitempty"`
 	FrontUnchangedHits int `json:"front_cache_unchanged_hits,omitempty"`
+	// FrontAside counts allocations made while the front cache model had
+	// stepped aside (served by the pool as with it off), FrontAsides how
+	// many times it stepped aside (export/front.cpp: where it serves fewer
+	// than 1 in 8 of 4,096 requests, the next 65,536 go to the pool).
+	FrontAside  int `json:"front_cache_aside_allocations,omitempty"`
+	FrontAsides int `json:"front_cache_steps_aside,omitempty"`
 	// Series is the pool's allocated and reserved bytes over the trace,
 	// in at most Options.Samples points (series.go); not in JSON.
 	Series []Point `json:"-"`
@@ -81,7 +87,12 @@ type Options struct {
 	// allocator.Pool.AllocAround, which takes back the parked blocks of the
 	// bins it reads (its stream and pool, small or large) and all of them
 	// before it steals, collects, grows or could raise a peak; the end of
-	// the trace gives back the rest before stats are read.
+	// the trace gives back the rest before stats are read. Like the
+	// library's, the model steps aside where it serves few requests: after
+	// 4,096 of which it served fewer than 1 in 8, its parked blocks go
+	// back, and the next 65,536 allocations and every free meanwhile go to
+	// the pool as with it off; a block allocated before or meanwhile is
+	// never parked.
 	FrontMax uint64
 	// Samples, if positive, is the most points of Result.Series (0: none).
 	Samples int
@@ -150,6 +161,10 @@ type replayer struct {
 	front    []frontEntry       // parked blocks, oldest first; at most frontEntries
 	parked   []allocator.Parked // frontMiss's, reused
 	err      error              // a failure giving a parked block back
+	// aside: the front cache has stepped aside (judge); judged and
+	// judgedHits count the allocations and hits since its last judgement.
+	aside              bool
+	judged, judgedHits uint64
 
 	row    int      // the row being played (series.go)
 	series *sampler // nil: no Result.Series
@@ -158,6 +173,44 @@ type replayer struct {
 // frontEntries is export/front.cpp's kEntries: blocks parked per CPU and
 // pool (small, large).
 const frontEntries = 64
+
+// export/front.cpp's kSample, kMinShare and kAside: the front cache steps
+// aside after frontSample allocations of which it served fewer than 1 in
+// frontMinShare, for the next frontAside.
+const (
+	frontSample   = 4096
+	frontMinShare = 8
+	frontAside    = 65536
+)
+
+// judge counts an allocation (hit: the front cache served it) and, as
+// export/front.cpp's judge does once enough are counted, steps the front
+// cache aside or back: aside, the parked blocks go back and no block
+// allocated so far is parked when freed (the library empties its live set).
+func (r *replayer) judge(hit bool) {
+	r.judged++
+	if hit {
+		r.judgedHits++
+	}
+	limit := uint64(frontSample)
+	if r.aside {
+		limit = frontAside
+	}
+	if r.judged < limit {
+		return
+	}
+	stepAside := !r.aside && r.judgedHits*frontMinShare < r.judged
+	r.judged, r.judgedHits = 0, 0
+	switch {
+	case r.aside:
+		r.aside = false
+	case stepAside:
+		r.aside = true
+		r.res.FrontAsides++
+		r.drain()
+		clear(r.placed)
+	}
+}
 
 type frontEntry struct {
 	ptr    uintptr
@@ -261,10 +314,13 @@ func (r *replayer) oldestIfFull(small bool) int {
 // has not changed since it was placed, evicting the oldest when full; it
 // reports whether it parked the block.
 func (r *replayer) frontFree(ptr uintptr, size uint64, stream uintptr) (bool, error) {
-	if r.frontMax == 0 {
+	if r.frontMax == 0 || r.aside {
 		return false, nil
 	}
-	pl := r.placed[ptr]
+	pl, ok := r.placed[ptr]
+	if !ok { // allocated while the front cache was aside: no record
+		return false, nil
+	}
 	large := (size+511)&^511 > r.frontMax && !pl.Whole
 	if large && !pl.Unchanged() {
 		return false, nil
@@ -282,13 +338,22 @@ func (r *replayer) frontFree(ptr uintptr, size uint64, stream uintptr) (bool, er
 }
 
 func (r *replayer) alloc(e Event, pre bool) error {
-	ptr := r.frontAlloc(e.Size, uintptr(e.Stream))
+	var ptr uintptr
+	if !r.aside {
+		ptr = r.frontAlloc(e.Size, uintptr(e.Stream))
+	}
+	hit := ptr != 0
 	if ptr == 0 {
 		var err error
 		var pl allocator.Placement
-		ptr, pl, err = r.frontMiss(e.Size, uintptr(e.Stream))
-		if err == nil && r.frontMax != 0 {
-			r.placed[ptr] = pl
+		if r.aside {
+			r.res.FrontAside++
+			ptr, pl, err = r.pool.Alloc(0, uintptr(e.Stream), e.Size)
+		} else {
+			ptr, pl, err = r.frontMiss(e.Size, uintptr(e.Stream))
+			if err == nil && r.frontMax != 0 {
+				r.placed[ptr] = pl
+			}
 		}
 		switch {
 		case allocator.IsOutOfMemory(err):
@@ -297,6 +362,9 @@ func (r *replayer) alloc(e Event, pre bool) error {
 		case err != nil:
 			return rowError(e, pre, err)
 		}
+	}
+	if r.frontMax != 0 {
+		r.judge(hit)
 	}
 	r.ptrs[e.Addr] = ptr
 	if pre {

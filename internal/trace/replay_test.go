@@ -2,6 +2,7 @@ package trace
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -239,4 +240,44 @@ free_completed,3,2097152,0
 `)
 	require.Equal(t, 1, replayFrontLikePool(t, tr, false).FrontHits, "row 8 reuses row 5's block across row 7's miss")
 	require.Zero(t, replayFrontLikePool(t, tr, true).FrontHits, "one pool for all sizes: row 7's miss takes it back")
+}
+
+// The front-cache model steps aside where it serves few requests, as the
+// library does (export/front.cpp's judge): after 4,096 allocations of which
+// it served fewer than 1 in 8, the next 65,536 go to the pool and their
+// frees are never parked; then it serves repeats again. Its peaks are the
+// pool's own throughout.
+func TestFrontModelStepsAside(t *testing.T) {
+	var csv strings.Builder
+	csv.WriteString("action,addr,size,stream\n")
+	addr := uint64(1 << 40)
+	pair := func(size uint64, times int) {
+		for i := 0; i < times; i++ {
+			fmt.Fprintf(&csv, "alloc,%d,%d,0\nfree_completed,%d,%d,0\n", addr, size, addr, size)
+			addr += 1 << 20
+		}
+	}
+	pair(2048, 1024) // hits: in use
+	for i := 0; i < 3*frontSample; i++ {
+		pair(512+uint64(i%2)*512, 1) // each miss hands back the other size's block: no hits
+	}
+	pair(512, 1000)  // aside: none served in front
+	pair(512, 70000) // back in use within 65,536: hits again
+	tr, err := Parse(strings.NewReader(csv.String()))
+	require.NoError(t, err)
+	res, err := ReplayWith(tr, allocator.Config{}, Options{FrontMax: 1 << 20})
+	require.NoError(t, err)
+	require.Equal(t, 1, res.FrontAsides)
+	require.Equal(t, frontAside, res.FrontAside, "allocations sent to the pool while aside")
+	total := 1024 + 3*frontSample + 1000 + 70000
+	require.Equal(t, 2*total, res.Rows)
+	// The first 4,096 allocations include the first phase's 1,023 hits: in
+	// use. The next 4,096, alternating, have none: aside from allocation
+	// 8,193 to 73,728. Then every allocation of the last phase hits but its
+	// first.
+	require.Equal(t, 1023+(total-2*frontSample-frontAside-1), res.FrontHits)
+	require.Equal(t, uint64(2048), res.PeakAllocated, "one block at a time, parked ones never counted in a peak")
+	off, err := ReplayWith(tr, allocator.Config{}, Options{})
+	require.NoError(t, err)
+	require.Equal(t, off.PeakReserved, res.PeakReserved, "the pool's own peaks")
 }
