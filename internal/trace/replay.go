@@ -345,11 +345,11 @@ func (r *replayer) alloc(e Event, pre bool) error {
 	hit := ptr != 0
 	if ptr == 0 {
 		var err error
-		var pl allocator.Placement
-		if r.aside {
+		if r.aside { // as with the front cache off: nothing recorded
 			r.res.FrontAside++
-			ptr, pl, err = r.pool.Alloc(0, uintptr(e.Stream), e.Size)
+			ptr, _, err = r.pool.Alloc(0, uintptr(e.Stream), e.Size)
 		} else {
+			var pl allocator.Placement
 			ptr, pl, err = r.frontMiss(e.Size, uintptr(e.Stream))
 			if err == nil && r.frontMax != 0 {
 				r.placed[ptr] = pl
