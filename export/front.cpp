@@ -174,7 +174,6 @@ constexpr uint64_t kSample = 4096;   // requests judged at a time while in use
 constexpr uint64_t kMinShare = 8;    // it steps aside when it served fewer than 1 in kMinShare of them
 constexpr uint64_t kAside = 65536;   // requests then left to the pool before it samples again
 
-std::atomic<int> g_aside{0};
 std::atomic<uint64_t> g_reqs{0}, g_hits{0};  // since the last judgement, flushed by threads
 std::atomic<bool> g_judging{false};          // one thread judges and changes mode at a time
 // Per thread, not yet flushed: 8 bytes of static TLS (export/shim.cpp says
@@ -211,7 +210,7 @@ __attribute__((noinline)) void judge() {
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed) != 0; }
 
-bool aside() { return g_aside.load(std::memory_order_relaxed) != 0; }
+std::atomic<int> g_aside{0};
 
 void count_request(bool hit) {
   t_hits += hit;

@@ -34,6 +34,7 @@
 //    would have seen, except those whose block was reused whole.
 #ifndef SYMM_FRONT_H
 #define SYMM_FRONT_H
+#include <atomic>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -43,8 +44,10 @@ namespace front {
 bool enabled();
 // aside reports whether the front cache has stepped aside: it served too
 // few of the latest requests, and the next ones go to the pool as with it
-// off (front.cpp says when it steps aside and back).
-bool aside();
+// off (front.cpp says when it steps aside and back). Only count_request
+// sets it, so aside implies enabled. Inline: read on every alloc and free.
+extern std::atomic<int> g_aside;
+inline bool aside() { return g_aside.load(std::memory_order_relaxed) != 0; }
 // count_request counts a request that reached the front cache (hit: it
 // served it) or went past it while aside; every few hundred requests of a
 // thread it judges whether to step aside or back. Call with no lock held.

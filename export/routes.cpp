@@ -48,7 +48,7 @@ int route(const char *fn, int op, int dev, unsigned long long first, unsigned lo
 std::atomic<int> g_history{0};
 
 inline bool front_on() {
-  return front::enabled() && g_history.load(std::memory_order_relaxed) == 0 && !front::aside();
+  return !front::aside() && front::enabled() && g_history.load(std::memory_order_relaxed) == 0;
 }
 
 // By api (kApiAlloc, kApiTryAlloc).
@@ -79,7 +79,7 @@ void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int m
     front::count_request(false);
   } else {
     p = goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
-    if (front::enabled() && front::aside()) front::count_request(false);  // toward stepping back
+    if (front::aside()) front::count_request(false);  // toward stepping back
   }
   // Out of memory: a use_on_oom pool's free block, if one fits (PyTorch's
   // last resort before it raises; never for a routed allocation).
