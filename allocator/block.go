@@ -85,16 +85,15 @@ func (b *block) streams(fn func(uintptr)) {
 func (b *block) isWholeSegment() bool { return b.prev == nil && b.next == nil }
 
 // segment is one allocation from the backend. It belongs to exactly one shard
-// at a time (seg.shard), which owns all its blocks.
+// at a time (seg.owner), which owns all its blocks.
 type segment struct {
-	ptr   uintptr
-	size  uint64
-	kind  poolKind
-	shard *shard
-	// owner is shard, for a thief that holds only the lock of the shard it
-	// believes owns the segment (steal): shard is written under the locks
-	// of the shards it moves between, which the thief may not hold, so it
-	// checks ownership here first. Stored with shard (addSeg).
+	ptr  uintptr
+	size uint64
+	kind poolKind
+	// owner is the shard the segment belongs to, set by addSeg. Atomic
+	// because a thief holds only the lock of the shard it believes owns the
+	// segment (steal), while a move writes owner under the locks of the
+	// shards it moves between, so the thief checks ownership here first.
 	owner atomic.Pointer[shard]
 	head  *block // lowest-address block
 	tail  *block // highest-address block

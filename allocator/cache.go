@@ -208,7 +208,6 @@ func (s *shard) recycle(b *block) {
 }
 
 func (s *shard) addSeg(seg *segment) {
-	seg.shard = s
 	seg.owner.Store(s)
 	seg.sprev = nil
 	seg.snext = s.segs

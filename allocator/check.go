@@ -194,14 +194,14 @@ type tally struct {
 func (s *shard) checkSegments(visit func(*segment), tl *tally) error {
 	idle := map[*segment]bool{}
 	for seg := s.idle; seg != nil; seg = seg.inext {
-		if !seg.idle || seg.shard != s {
+		if !seg.idle || seg.owner.Load() != s {
 			return fmt.Errorf("idle list holds segment %#x not marked idle of this shard", seg.ptr)
 		}
 		idle[seg] = true
 	}
 	for seg := s.segs; seg != nil; seg = seg.snext {
 		visit(seg)
-		if seg.shard != s {
+		if seg.owner.Load() != s {
 			return fmt.Errorf("segment %#x on the list of a shard it does not name", seg.ptr)
 		}
 		if seg.head == nil || seg.head.ptr != seg.ptr || seg.head.prev != nil {
@@ -286,7 +286,7 @@ func (s *shard) checkBins(nFree int) error {
 			}
 			for b := h; b != nil; b = b.fnext {
 				binned++
-				if b.state != blockFree || binIndex(b.size) != i || b.seg.kind != poolKind(k) || b.seg.shard != s {
+				if b.state != blockFree || binIndex(b.size) != i || b.seg.kind != poolKind(k) || b.seg.owner.Load() != s {
 					return fmt.Errorf("block %#x (%d bytes) misfiled in %v bin %d", b.ptr, b.size, poolKind(k), i)
 				}
 			}

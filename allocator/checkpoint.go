@@ -358,8 +358,8 @@ func planRestore(d *device, id PoolID, shards []*shard, want []BlockInfo) (*rest
 			return nil, bad("block %d (%#x): segment %#x is not one of the pool's (released since, or another pool's)", i, w.Addr, w.Segment)
 		case w.Addr < seg.ptr || w.end() > seg.ptr+uintptr(seg.size):
 			return nil, bad("block %d [%#x, +%d) crosses the boundary of its segment [%#x, +%d)", i, w.Addr, w.Size, seg.ptr, seg.size)
-		case w.Stream != seg.shard.stream:
-			return nil, bad("block %d (%#x): stream %#x, but its segment is stream %#x's", i, w.Addr, w.Stream, seg.shard.stream)
+		case w.Stream != seg.owner.Load().stream:
+			return nil, bad("block %d (%#x): stream %#x, but its segment is stream %#x's", i, w.Addr, w.Stream, seg.owner.Load().stream)
 		}
 	}
 	sort.SliceStable(order, func(a, b int) bool { return want[order[a]].Addr < want[order[b]].Addr })
@@ -462,7 +462,7 @@ func (rp *restorePlan) apply() Restored {
 		// Only free blocks are merged away (and recycled) by a free, so the
 		// blocks still to free stay valid through the loop.
 		out.Freed = append(out.Freed, b.ptr)
-		b.seg.shard.free(b)
+		b.seg.owner.Load().free(b)
 	}
 	// rp.alloc is in address order, so each segment's targets are met by one
 	// forward walk of its blocks.
@@ -474,7 +474,7 @@ func (rp *restorePlan) apply() Restored {
 		for cur.ptr+uintptr(cur.size) <= t.addr {
 			cur = cur.next
 		}
-		b := t.seg.shard.carve(cur, t.addr, t.size, t.req)
+		b := t.seg.owner.Load().carve(cur, t.addr, t.size, t.req)
 		out.Allocated = append(out.Allocated, b.ptr)
 		cur = b
 	}
