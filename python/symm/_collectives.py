@@ -7,7 +7,10 @@ and is exported by the symm package."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import threading
+import warnings
 from typing import Any
 
 from ._loader import load
@@ -15,7 +18,163 @@ from ._pool import _from_call, _last_error
 from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_stream, _ensure_backend, _fast_rc,
                          _group_store, _tensor_at, rendezvous, rendezvous_ptr, symm_alloc, symm_free)
 
-_allreduce_handles: dict = {}
+# ---- per-group state ------------------------------------------------------------
+#
+# What this module keeps for a process group (the all-reduce plans, the
+# handle of each tensor's last rendezvous, the push workspace and the
+# scratch buffer) lives in one _GroupState per live group, found by the
+# group's id. Invariant: a state holds its group object, so while the state
+# is registered no other object can have that id, and st.pg is the group
+# the caller named: a new group can never be handed a dead one's state,
+# whatever its id or name (WORLD is "0" again after destroy_process_group()
+# and init_process_group()). None and a group's name are resolved to the
+# group object on every call for the same reason: they name a different
+# group after a destroy.
+#
+# destroy_process_group (wrapped once, _install_destroy_hook) drops the
+# states of the groups it destroys and frees their buffers before torch
+# tears the group down (_on_group_destroyed). A group destroyed by a
+# destroy_process_group imported before the wrapper was installed keeps its
+# state (and stays alive) until the process ends: a leak, never a wrong hit.
+#
+# _lock guards _groups; a state's lock serializes every change to its
+# buffers (making or growing the scratch buffer, making the push workspace,
+# freeing them), so two threads never both free the old scratch buffer or
+# both make a new one. Those changes are rare and collective (a rendezvous
+# waits for every rank): one lock per group, so that one group's rendezvous
+# never holds up another's. Lock order: _lock, then a state's lock. The
+# lookups of a call (dict reads) take no lock.
+
+
+class _GroupState:
+    """What this module keeps for one live process group (see above)."""
+
+    __slots__ = ("pg", "name", "lock", "plans", "handles", "workspaces", "scratch")
+
+    def __init__(self, pg, name: str):
+        self.pg = pg  # held: no other object can take its id while registered
+        self.name = name
+        self.lock = threading.Lock()  # changes to workspaces and scratch
+        # (device index, bytes, dtype, algorithm) -> the algorithm all_reduce runs
+        self.plans: dict = {}
+        # tensor's address -> (weak reference to the tensor, handle, offset, world size, rank)
+        self.handles: dict = {}
+        # device index -> (block address, push workspace Handle)
+        self.workspaces: dict = {}
+        # device index -> (block address, bytes, scratch Handle)
+        self.scratch: dict = {}
+
+
+_groups: dict = {}  # id(group) -> _GroupState, under _lock
+_lock = threading.Lock()
+_hooked = False  # destroy_process_group is wrapped (under _lock)
+
+
+def _resolve_group(group):
+    """(process group, its name) for a ProcessGroup, its name or None."""
+    import torch.distributed as dist
+
+    if group is None:
+        group = dist.group.WORLD
+    if isinstance(group, str):
+        group = dist.distributed_c10d._resolve_process_group(group)
+    return group, getattr(group, "group_name", None) or "0"
+
+
+def _group_state(group) -> _GroupState:
+    """The state of group (a ProcessGroup, its name or None: WORLD), made at
+    its first use."""
+    pg, name = _resolve_group(group)
+    st = _groups.get(id(pg))
+    if st is not None:
+        return st  # st.pg is pg: see the invariant above
+    with _lock:
+        st = _groups.get(id(pg))
+        if st is None:
+            _install_destroy_hook()
+            st = _groups[id(pg)] = _GroupState(pg, name)
+        return st
+
+
+def _install_destroy_hook() -> None:
+    """Wraps torch.distributed.destroy_process_group (and distributed_c10d's,
+    the same function) so that it drops the state of the groups it destroys
+    first. Once per process: a function already wrapped is left alone, so a
+    second import of this module does not wrap it twice. Called under _lock."""
+    global _hooked
+    if _hooked:
+        return
+    import torch.distributed as dist
+
+    mods = [m for m in (dist, getattr(dist, "distributed_c10d", None)) if m is not None]
+    orig = next((getattr(m, "destroy_process_group") for m in mods if hasattr(m, "destroy_process_group")), None)
+    if orig is not None and not getattr(orig, "_symm_forgets_groups", False):
+        @functools.wraps(orig)
+        def destroy_process_group(group=None, *args, **kwargs):
+            _forget_groups(group)
+            return orig(group, *args, **kwargs)
+
+        destroy_process_group._symm_forgets_groups = True
+        for m in mods:
+            if getattr(m, "destroy_process_group", None) is orig:
+                m.destroy_process_group = destroy_process_group
+    _hooked = True
+
+
+def _forget_groups(group) -> None:
+    """destroy_process_group(group)'s first step: the states of the groups it
+    destroys (every group for None or WORLD, as torch destroys them all)
+    go. Never raises: a failure here must not keep torch from destroying
+    the group; it is reported as a warning."""
+    try:
+        import torch.distributed as dist
+
+        world = getattr(dist.group, "WORLD", None)
+        with _lock:
+            if group is None or group is world:
+                states = list(_groups.values())
+            else:
+                st = _groups.get(id(group))
+                states = [st] if st is not None and st.pg is group else []
+            for st in states:
+                _on_group_destroyed(st)
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"symm: forgetting the state of a destroyed process group: {e}", RuntimeWarning, stacklevel=3)
+
+
+def _on_group_destroyed(st: _GroupState) -> None:
+    """Drops group st.pg's state and frees the symmetric buffers it made (the
+    scratch buffers, then the push workspaces, by device): the one place
+    where libsymm learns that a group is gone, before torch destroys it (its
+    store and communicator still work: symm_free is collective under the
+    NCCL and NVSHMEM backends, and every rank destroys its groups in the
+    same order). Freeing is safe once this device's work is done: every
+    kernel on these buffers met every peer after its last access to them
+    (the scratch buffer's growth relies on the same). Called under _lock."""
+    _groups.pop(id(st.pg), None)
+    with st.lock:
+        _drop_state(st)
+
+
+def _drop_state(st: _GroupState) -> None:
+    """_on_group_destroyed's work, under st.lock."""
+    st.plans.clear()
+    st.handles.clear()
+    bufs = [(dev, v[0]) for dev, v in sorted(st.scratch.items())] + \
+           [(dev, v[0]) for dev, v in sorted(st.workspaces.items())]
+    st.scratch.clear()
+    st.workspaces.clear()
+    if bufs:
+        import torch
+
+        for dev in sorted({dev for dev, _ in bufs}):
+            torch.cuda.synchronize(dev)
+        for _, ptr in bufs:
+            symm_free(ptr)
+    # The rendezvous names this module used for the group (the Go side keys
+    # its links by them): torch-<name>, torch-<name>-push,
+    # torch-<name>-all_reduce. A Go-side "forget the group's link" call
+    # belongs here.
 
 
 def _torch_dtypes() -> dict:
@@ -82,13 +241,14 @@ def _allreduce_handle(tensor, group):
     tensor lives (a new tensor at the same address goes through rendezvous
     again, which resets a recycled block's signal pad): (weak reference to
     the tensor, handle, offset, world size, rank)."""
-    key = (tensor.data_ptr(), group if group is None or isinstance(group, str) else id(group))
-    hit = _allreduce_handles.get(key)
+    st = _group_state(group)
+    key = tensor.data_ptr()
+    hit = st.handles.get(key)
     if hit is None or hit[0]() is not tensor:
         import weakref
 
-        h = rendezvous(tensor, group)
-        hit = _allreduce_handles[key] = (weakref.ref(tensor), h.handle, h.offset, h.world_size, h.rank)
+        h = rendezvous(tensor, st.pg)
+        hit = st.handles[key] = (weakref.ref(tensor), h.handle, h.offset, h.world_size, h.rank)
     return hit
 
 
@@ -197,7 +357,6 @@ def push_all_reduce_workspace_size(world_size: int, max_bytes: int) -> int:
     return n
 
 
-_push_workspaces: dict = {}
 PUSH_MAX_BYTES = 1 << 20
 
 
@@ -205,36 +364,35 @@ def push_workspace(group=None, device: Any = None, max_bytes: int | None = None)
     """The push all-reduce workspace of group on device: a symmetric block
     of its own, allocated and rendezvoused on first use (collective: every
     rank of the group calls it, or push_all_reduce, at the same point) and
-    kept for the life of the process. max_bytes (first use only) is its
-    largest message: else SYMM_PUSH_MAX_BYTES, else 1 MiB."""
+    kept while the group lives (destroy_process_group frees it). max_bytes
+    (first use only) is its largest message: else SYMM_PUSH_MAX_BYTES, else
+    1 MiB."""
     import torch.distributed as dist
 
-    if group is None:
-        group = dist.group.WORLD
-    if isinstance(group, str):
-        group = dist.distributed_c10d._resolve_process_group(group)
+    st = _group_state(group)
     dev = _cuda_device(device)
-    name = getattr(group, "group_name", None) or "0"
-    key = (name, dev.index)
-    h = _push_workspaces.get(key)
-    if h is not None:
+    hit = st.workspaces.get(dev.index)
+    if hit is not None:
+        return hit[1]
+    with st.lock:
+        if _groups.get(id(st.pg)) is not st:
+            raise ValueError(f"push_workspace: process group {st.name!r} was destroyed")
+        hit = st.workspaces.get(dev.index)
+        if hit is not None:
+            return hit[1]
+        world = dist.get_world_size(st.pg)
+        if max_bytes is None:
+            max_bytes = int(os.environ.get("SYMM_PUSH_MAX_BYTES", PUSH_MAX_BYTES))
+        size = push_all_reduce_workspace_size(world, max_bytes)
+        _ensure_backend(dev.index)
+        ptr = symm_alloc(size, dev.index)
+        try:
+            h = rendezvous_ptr(ptr, _group_store(st.pg), f"torch-{st.name}-push", dist.get_rank(st.pg), world, dev)
+        except BaseException:
+            symm_free(ptr)
+            raise
+        st.workspaces[dev.index] = (ptr, h)
         return h
-    world = dist.get_world_size(group)
-    if max_bytes is None:
-        max_bytes = int(os.environ.get("SYMM_PUSH_MAX_BYTES", PUSH_MAX_BYTES))
-    size = push_all_reduce_workspace_size(world, max_bytes)
-    _ensure_backend(dev.index)
-    ptr = symm_alloc(size, dev.index)
-    try:
-        h = rendezvous_ptr(ptr, _group_store(group), f"torch-{name}-push", dist.get_rank(group), world, dev)
-    except BaseException:
-        symm_free(ptr)
-        raise
-    _push_workspaces[key] = h
-    return h
-
-
-_push_handles: dict = {}  # (group or its id, device index) -> workspace handle: no lookup per call
 
 
 def push_all_reduce(tensor, op: str = "sum", group=None, out=None, timeout_ms: int = 0):
@@ -260,10 +418,8 @@ def push_all_reduce(tensor, op: str = "sum", group=None, out=None, timeout_ms: i
         raise ValueError(f"push_all_reduce: out must be a contiguous {tensor.dtype} tensor of {n} elements on "
                          f"{tensor.device} (got {out.dtype}, {out.numel()}, {out.device})")
     dev = tensor.device
-    key = (group if group is None or isinstance(group, str) else id(group), dev.index)
-    hid = _push_handles.get(key)
-    if hid is None:
-        hid = _push_handles[key] = push_workspace(group, dev).handle
+    hit = _group_state(group).workspaces.get(dev.index)
+    hid = hit[1].handle if hit is not None else push_workspace(group, dev).handle
     _fast_rc(load().symm_push_all_reduce, hid, tensor.data_ptr(), out.data_ptr(), n, code, 0, _current_raw_stream(dev),
              int(timeout_ms))
     return out
@@ -311,18 +467,6 @@ def all_reduce_algorithm(world_size: int, nbytes: int, push_max_bytes: int | Non
     return ALL_REDUCE_ALGORITHMS[chosen.value]
 
 
-def _resolve_group(group):
-    """(process group, its name) for a ProcessGroup, its name or None."""
-    import torch.distributed as dist
-
-    if group is None:
-        group = dist.group.WORLD
-    if isinstance(group, str):
-        group = dist.distributed_c10d._resolve_process_group(group)
-    return group, getattr(group, "group_name", None) or "0"
-
-
-_scratch: dict = {}  # (group name, device index) -> (pointer, bytes, Handle)
 SCRATCH_MIN_BYTES = 1 << 20
 
 
@@ -337,26 +481,33 @@ def _all_reduce_scratch(group, dev, nbytes: int) -> Handle:
     import torch
     import torch.distributed as dist
 
-    group, name = _resolve_group(group)
-    key = (name, dev.index)
-    hit = _scratch.get(key)
+    st = _group_state(group)
+    hit = st.scratch.get(dev.index)
     if hit is not None and hit[1] >= nbytes:
         return hit[2]
-    size = max(SCRATCH_MIN_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
-    if hit is not None:
-        del _scratch[key]
-        torch.cuda.synchronize(dev)
-        symm_free(hit[0])
-    _ensure_backend(dev.index)
-    ptr = symm_alloc(size, dev.index)
-    try:
-        h = rendezvous_ptr(ptr, _group_store(group), f"torch-{name}-all_reduce", dist.get_rank(group),
-                           dist.get_world_size(group), dev)
-    except BaseException:
-        symm_free(ptr)
-        raise
-    _scratch[key] = (ptr, size, h)
-    return h
+    # One thread at a time frees the old buffer and makes the new one; a
+    # second finds the first's, large enough, and makes none.
+    with st.lock:
+        if _groups.get(id(st.pg)) is not st:
+            raise ValueError(f"all_reduce: process group {st.name!r} was destroyed")
+        hit = st.scratch.get(dev.index)
+        if hit is not None and hit[1] >= nbytes:
+            return hit[2]
+        size = max(SCRATCH_MIN_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
+        if hit is not None:
+            del st.scratch[dev.index]
+            torch.cuda.synchronize(dev)
+            symm_free(hit[0])
+        _ensure_backend(dev.index)
+        ptr = symm_alloc(size, dev.index)
+        try:
+            h = rendezvous_ptr(ptr, _group_store(st.pg), f"torch-{st.name}-all_reduce", dist.get_rank(st.pg),
+                               dist.get_world_size(st.pg), dev)
+        except BaseException:
+            symm_free(ptr)
+            raise
+        st.scratch[dev.index] = (ptr, size, h)
+        return h
 
 
 # Messages from this size up, of a tensor outside symmetric memory, go to
@@ -370,9 +521,6 @@ def _all_reduce_scratch(group, dev, nbytes: int) -> Handle:
 # two_shot_all_reduce runs in place on it at every size.
 NCCL_FROM_BYTES = 32 << 20
 
-_ar_plans: dict = {}  # (group key, device index, bytes, dtype, algorithm) -> the algorithm all_reduce runs
-
-
 def _all_reduce_plan(tensor, group, nbytes: int, algorithm) -> str:
     """The algorithm all_reduce runs for this group, device, size, dtype
     and argument: all_reduce_algorithm's choice, or "nccl" for a large
@@ -380,19 +528,19 @@ def _all_reduce_plan(tensor, group, nbytes: int, algorithm) -> str:
     per shape, so that a repeated call pays for none of the lookups."""
     import torch.distributed as dist
 
-    key = (group if group is None or isinstance(group, str) else id(group), tensor.device.index, nbytes,
-           tensor.dtype, algorithm)
-    alg = _ar_plans.get(key)
+    st = _group_state(group)
+    key = (tensor.device.index, nbytes, tensor.dtype, algorithm)
+    alg = st.plans.get(key)
     if alg is not None:
         return alg
-    pg, name = _resolve_group(group)
-    ws = _push_workspaces.get((name, tensor.device.index))
-    push_max = ws.push_max_bytes if ws is not None else _push_max_bytes_setting()
+    pg = st.pg
+    ws = st.workspaces.get(tensor.device.index)
+    push_max = ws[1].push_max_bytes if ws is not None else _push_max_bytes_setting()
     alg = all_reduce_algorithm(dist.get_world_size(pg), nbytes, push_max, algorithm)
     forced = (algorithm not in (None, "auto")) or _all_reduce_setting() != "auto"
     if alg != "push" and not forced and nbytes >= NCCL_FROM_BYTES and dist.get_backend(pg) == "nccl":
         alg = "nccl"
-    _ar_plans[key] = alg
+    st.plans[key] = alg
     return alg
 
 
