@@ -9,7 +9,7 @@ import (
 // broken invariant: blocks tile their segments, free blocks never touch, each
 // free block sits in the bin of its size, the live table holds exactly the
 // allocated blocks, the idle list exactly the wholly free segments, no two
-// segments overlap, and every statistic equals what the blocks add up to.
+// segments overlap, the address map holds exactly the segments, and every statistic equals what the blocks add up to.
 // It locks each shard in turn; run it while no other goroutine uses the pool.
 func (p *Pool) CheckInvariants() error {
 	var spans []addrSpan
@@ -24,12 +24,25 @@ func (p *Pool) CheckInvariants() error {
 			return fmt.Errorf("segments [%#x,%#x) and [%#x,%#x) overlap", spans[i-1].lo, spans[i-1].hi, spans[i].lo, spans[i].hi)
 		}
 	}
+	// The address map (segmap.go) holds exactly the segments, each found
+	// at both ends of its range.
+	if n := p.byAddr.len(); n != len(spans) {
+		return fmt.Errorf("the address map holds %d segments, the shards %d", n, len(spans))
+	}
+	for _, sp := range spans {
+		if p.byAddr.find(sp.lo) != sp.seg || p.byAddr.find(sp.hi-1) != sp.seg {
+			return fmt.Errorf("the address map does not find the segment [%#x,%#x)", sp.lo, sp.hi)
+		}
+	}
 	return nil
 }
 
 // addrSpan is the address range a segment takes (its reservation, for an
 // expandable one).
-type addrSpan struct{ lo, hi uintptr }
+type addrSpan struct {
+	lo, hi uintptr
+	seg    *segment
+}
 
 // deviceTally is what the blocks of a device's shards add up to.
 type deviceTally struct {
@@ -44,7 +57,8 @@ func (d *device) tally(spans *[]addrSpan) (deviceTally, error) {
 	for _, s := range d.shardList() {
 		s.mu.Lock()
 		err := s.check(func(seg *segment) {
-			*spans = append(*spans, addrSpan{seg.ptr, seg.ptr + uintptr(max(seg.size, seg.reservedRange()))})
+			lo, hi := seg.span()
+			*spans = append(*spans, addrSpan{lo, hi, seg})
 		})
 		c := &s.stats.c[stAll]
 		t.allocs += c.nAlloc - c.nFree

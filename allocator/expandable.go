@@ -255,6 +255,7 @@ func (s *shard) newExpandable(r uint64, k poolKind) (*block, error) {
 	// the backend holds it (release gives it back).
 	d.countSegment(k, int64(m), 1)
 	seg := &segment{ptr: ptr, size: m, kind: k, expSeg: &expSeg{vsize: vsize}}
+	d.pool.byAddr.add(seg)
 	s.addSeg(seg)
 	b := s.newBlock()
 	*b = block{ptr: ptr, size: m, seg: seg}

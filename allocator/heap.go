@@ -211,8 +211,12 @@ func (d *device) uncountSegment(k poolKind, bytes int64, segments int64) {
 // again. Called with s.mu held and the capture gate held.
 func (s *shard) releaseSegment(seg *segment) error {
 	d := s.dev
+	// Out of the address map before the backend can hand the range out
+	// again (segmap.go's invariant); back in if the segment stays.
+	d.pool.byAddr.remove(seg)
 	late, err := s.src.giveBack(s, seg)
 	if err != nil {
+		d.pool.byAddr.add(seg)
 		return err
 	}
 	// What is still counted: a fixed segment's size; nothing of an

@@ -96,6 +96,9 @@ type Pool struct {
 	// routes counts the open routings of every device (routes.go,
 	// OpenRoutes), outside the Go heap.
 	routes *atomic.Uint64
+	// byAddr finds every segment of every device by address, without a
+	// lock (segmap.go).
+	byAddr segMap
 }
 
 // device is the per-GPU state. Its mutexes guard shard creation and the
@@ -360,7 +363,8 @@ func (p *Pool) badRequest(dev int, size uint64) error {
 
 // AnyDevice, as Free's device, has the pool find the block on whichever
 // device holds it: for callers that keep only the pointer (PyTorch's
-// raw_delete), at the cost of a look in every shard.
+// raw_delete), at the cost of a binary search of the pool's segments by
+// address (segmap.go); only the owner's shard is locked.
 const AnyDevice = -1
 
 // Free returns ptr, allocated on device dev (or AnyDevice) with size bytes
@@ -426,43 +430,40 @@ func (p *Pool) freeSlow(d *device, ptr uintptr, size uint64) error {
 	return nil
 }
 
-// findLive returns the shard, locked, and the allocated block at ptr; or nil, nil.
+// findLive returns the shard, locked, and the allocated block at ptr; or
+// nil, nil. It locks only the shard that owns ptr's segment, found by
+// address (segmap.go), never the others: a free by pointer alone waits for
+// no other stream or device.
 func (p *Pool) findLive(ptr uintptr) (*shard, *block) {
-	for _, d := range p.devs {
-		for _, s := range d.shardList() {
-			s.mu.Lock()
-			if b := s.live.get(ptr); b != nil {
-				return s, b
-			}
-			s.mu.Unlock()
-		}
+	s, _ := p.lockedSegment(ptr)
+	if s == nil {
+		return nil, nil
 	}
+	if b := s.live.get(ptr); b != nil {
+		return s, b
+	}
+	s.mu.Unlock()
 	return nil, nil
 }
 
 // findContaining returns the shard, locked, and the allocated block that
 // holds address ptr (its start or any byte inside); or nil, nil. It walks
-// segments: a slow path for record_stream of interior pointers.
+// the blocks of ptr's segment: a slow path for record_stream and CUDA IPC
+// of interior pointers.
 func (p *Pool) findContaining(ptr uintptr) (*shard, *block) {
-	if s, b := p.findLive(ptr); b != nil {
+	s, seg := p.lockedSegment(ptr)
+	if s == nil {
+		return nil, nil
+	}
+	if b := s.live.get(ptr); b != nil {
 		return s, b
 	}
-	for _, d := range p.devs {
-		for _, s := range d.shardList() {
-			s.mu.Lock()
-			for seg := s.segs; seg != nil; seg = seg.snext {
-				if ptr < seg.ptr || ptr >= seg.ptr+uintptr(seg.size) {
-					continue
-				}
-				for b := seg.head; b != nil; b = b.next {
-					if ptr >= b.ptr && ptr < b.ptr+uintptr(b.size) && b.state == blockAllocated {
-						return s, b
-					}
-				}
-			}
-			s.mu.Unlock()
+	for b := seg.head; b != nil; b = b.next {
+		if ptr >= b.ptr && ptr < b.ptr+uintptr(b.size) && b.state == blockAllocated {
+			return s, b
 		}
 	}
+	s.mu.Unlock()
 	return nil, nil
 }
 

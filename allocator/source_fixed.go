@@ -94,6 +94,7 @@ func (s *shard) newSegmentFrom(size uint64, k poolKind, alloc func() (uintptr, e
 	d.countSegment(k, int64(size), 1)
 	seg := &segment{ptr: ptr, size: size, kind: k}
 	s.segmentEvent(ActSegmentAlloc, ptr, size)
+	d.pool.byAddr.add(seg)
 	s.addSeg(seg)
 	b := s.newBlock()
 	*b = block{ptr: ptr, size: size, seg: seg}
