@@ -19,7 +19,8 @@
 //  - No table of pointers here: libsymm's pool knows every block it handed
 //    out (and its front cache the device, stream and size of each). A
 //    tensor's free, and raw_delete, are one call into libsymm with the
-//    pointer alone (size 0: unchecked; device -1: libsymm finds it).
+//    pointer alone (size 0: unchecked; device -1: libsymm finds it), and a
+//    refused one is reported the same way for both (free_by_pointer).
 //
 // One translation unit, so that building and loading stay one compiler call
 // and one module: this file (the module, make_allocator, and SymmAllocator's
@@ -30,10 +31,12 @@
 //   _torch_ext_stats.h     memory_stats, cacheInfo, the memory fraction, settings
 //   _torch_ext_graphs.h    private pools (MemPool, graph capture), checkpoints
 //   _torch_ext_cuda_ipc.h  CUDA IPC, with the driver's VMM calls
-//   _torch_ext_ipc.h       a received IPC handle's parsing (pure, tested alone)
+//   _torch_ext_ipc.h       a received IPC handle's parsing and the book of
+//                          shared chunks' descriptors (pure, tested alone)
 //   _torch_ext_snapshot.h  memory history and snapshots
 // _torch_ext.py builds it and keys its cache by all of them (HEADERS).
 #include "_torch_ext_api.h"
+#include "_torch_ext_ipc.h"
 
 namespace {
 
@@ -70,14 +73,18 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     return alloc(nbytes, device, stream);
   }
 
-  // PyTorch gives only the pointer: libsymm finds the block (device -1). A
-  // pointer libsymm did not hand out is refused, as PyTorch's allocator
-  // refuses it.
+  // raw_delete and a tensor's deleter free by pointer alone (free_by_pointer),
+  // under one rule: a free the pool refuses (a pointer it did not hand out,
+  // or one freed already) changes nothing and is reported, never dropped.
+  // PyTorch's allocator raises for both ("invalid device pointer"); here
+  // raw_delete raises as it does (its callers, e.g.
+  // torch.cuda.caching_allocator_delete, can catch it), and the deleter,
+  // which runs in a DataPtr's destructor where a throw ends the process
+  // (std::terminate: PyTorch's own deleter aborts there), warns with the
+  // same message instead.
   void raw_delete(void *ptr) override {
-    if (ptr == nullptr) return;
-    g_api.clear_error();
-    release(ptr, 0, -1, nullptr);
-    TORCH_CHECK(g_api.last_error_code() == SYMM_OK, "libsymm: raw_delete of ", ptr, ": ", last_error());
+    std::string why = free_by_pointer(ptr);
+    TORCH_CHECK(why.empty(), "libsymm: raw_delete of ", ptr, ": ", why);
   }
 
   // A tensor's DataPtr: its context is the pointer (PyTorch requires it:
@@ -88,8 +95,23 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   static c10::DataPtr tensor_ptr(void *p, c10::DeviceIndex device) {
     return {p, p, &delete_tensor, c10::Device(c10::DeviceType::CUDA, device)};
   }
-  static void delete_tensor(void *p) { g_self->release(p, 0, -1, nullptr); }
+  static void delete_tensor(void *p) {
+    std::string why = g_self->free_by_pointer(p);
+    if (!why.empty()) TORCH_WARN("libsymm: freeing a tensor's memory at ", p, ": ", why);
+  }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_tensor; }
+
+  // free_by_pointer frees the block at p (its start, as allocate handed it
+  // out) on whichever device holds it (device -1: libsymm's front cache
+  // knows its device and stream, else the pool finds its segment by
+  // address, locking only the shard that owns it). Returns "" or why the
+  // pool refused it (nothing freed).
+  std::string free_by_pointer(void *p) {
+    if (p == nullptr) return "";
+    g_api.clear_error();
+    release(p, 0, -1, nullptr);
+    return g_api.last_error_code() == SYMM_OK ? "" : last_error();
+  }
 
   // ---- the functors ----------------------------------------------------------
   void *alloc(size_t size, int dev, cudaStream_t stream) {
@@ -113,7 +135,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   void release(void *p, size_t size, int dev, cudaStream_t stream) {
     if (p == nullptr) return;
     if (recording_.load(std::memory_order_relaxed)) remember_free(p, dev >= 0 ? dev : device_of(p));
-    if (__builtin_expect(any_shared_.load(std::memory_order_acquire), 0)) unshare(p);
+    if (__builtin_expect(share_book_.any(), 0)) unshare(p);
     g_api.free(p, size, dev, stream);
   }
 
@@ -239,7 +261,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   void forget_ipc(const std::string &handle);
   std::shared_ptr<void> open_expandable(const std::string &handle, int device);
   CCA::ShareableHandle share_expandable(void *ptr, uint64_t base, uint64_t mapped);
-  void unshare(void *ptr);
+  void unshare(void *block);
   // history
   void remember_alloc(void *p, int dev);
   static int device_of(void *p);
@@ -247,14 +269,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   void push_ctx(CtxRecord r);  // with mu_ held
   static void on_segment_events(const symm_trace_entry_t *ev, int n, void *ctx) noexcept;  // trace trackers
 
-  struct ChunkFd {
-    int fd;
-    int refs;
-  };
-  std::mutex share_mu_;  // guards shared_ and chunk_fds_
-  std::atomic<bool> any_shared_{false};
-  std::unordered_map<void *, std::vector<uint64_t>> shared_;
-  std::unordered_map<uint64_t, ChunkFd> chunk_fds_;
+  symm_ipc::ShareBook share_book_;  // descriptors of the chunks shared handles sent, by block start
   std::mutex mu_;  // guards everything below; never held across a libsymm call
   std::vector<CCA::OutOfMemoryObserver> oom_observers_;
   std::vector<CCA::AllocatorTraceTracker> trace_trackers_;

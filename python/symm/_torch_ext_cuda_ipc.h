@@ -240,10 +240,15 @@ std::shared_ptr<void> SymmAllocator::open_expandable(const std::string &handle, 
   });
 }
 
-// Shares the chunks under ptr's block in PyTorch's expandable-segment
-// format. Each chunk's descriptor stays open here while a shared block
-// covers it (the receiver duplicates it from this process); it is closed
-// when the last such block is freed, before the chunk can be unmapped.
+// Shares the chunks under ptr's block, from ptr on, in PyTorch's
+// expandable-segment format. Each chunk's descriptor stays open while a
+// shared block covers it (the receiver duplicates it from this process);
+// it is closed when the last such block is freed, before the chunk can be
+// unmapped (share_book_, _torch_ext_ipc.h). The book's key is the block's
+// start, the pointer its free gives back, never ptr: PyTorch shares a
+// storage's pointer, which may lie inside the block, and a descriptor kept
+// under it would never be closed, and later sent for another physical
+// chunk mapped at the same address.
 CCA::ShareableHandle SymmAllocator::share_expandable(void *ptr, uint64_t base, uint64_t mapped) {
   const Driver &d = driver();
   // The segment's chunk: each is one physical allocation, so each handle
@@ -257,13 +262,10 @@ CCA::ShareableHandle SymmAllocator::share_expandable(void *ptr, uint64_t base, u
     C10_CUDA_CHECK(cudaGetDevice(&dev));
     g = vmm_granularity(d, dev);
   }
-  uint64_t p = reinterpret_cast<uint64_t>(ptr), len = 1, addr = 0, requested = 0;
-  // The chunks under the whole block, from ptr on (ptr may be inside it).
-  if (g_api.block_of != nullptr && g_api.block_of(ptr, &addr, &requested) == SYMM_OK && addr + requested > p)
-    len = addr + requested - p;
-  uint64_t begin = base + (p - base) / g * g;
-  uint64_t end = std::min(base + (p + len - base + g - 1) / g * g, base + mapped);
-  TORCH_CHECK(end > begin, "libsymm: shareIpcHandle: ", ptr, " is outside its segment's mapped part");
+  uint64_t p = reinterpret_cast<uint64_t>(ptr), block = 0, requested = 0, begin = 0, end = 0;
+  check(need(g_api.block_of, "symm_pool_block_of")(ptr, &block, &requested), "shareIpcHandle");
+  TORCH_CHECK(symm_ipc::chunks_under(p, block, requested, base, mapped, g, &begin, &end), "libsymm: shareIpcHandle: ",
+              ptr, " is outside its segment's mapped part");
   ShareHeader hd{};
   hd.pid = getpid();
   hd.segment_size = g;
@@ -272,52 +274,34 @@ CCA::ShareableHandle SymmAllocator::share_expandable(void *ptr, uint64_t base, u
   s.push_back(kHandleVersion);
   s.push_back(kHandleExpandable);
   s.append(reinterpret_cast<const char *>(&hd), sizeof hd);
-  std::lock_guard<std::mutex> lk(share_mu_);
-  std::vector<uint64_t> &chunks = shared_[ptr];
-  for (uint64_t a = begin; a < end; a += g) {
-    auto it = chunk_fds_.find(a);
-    if (it == chunk_fds_.end()) {
-      CUmemGenericAllocationHandle h = 0;
-      drv_check(d.retain(&h, reinterpret_cast<void *>(a)), "cuMemRetainAllocationHandle");
-      int fd = -1;
-      CUresult r = d.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-      d.release(h);  // retain took a reference; the mapping keeps the memory
-      drv_check(r, "cuMemExportToShareableHandle");
-      // The driver's descriptor is inherited across exec: a child that
-      // execs (a compiler, a shell, a DataLoader's subprocess) would keep
-      // the chunk's memory alive for its whole life. The Go side's are
-      // close-on-exec too.
-      int fl = fcntl(fd, F_GETFD);
-      if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0) {
-        int e = errno;
-        close(fd);
-        TORCH_CHECK(false, "libsymm: shareIpcHandle: making descriptor ", fd, " close-on-exec: ", strerror(e));
-      }
-      it = chunk_fds_.emplace(a, ChunkFd{fd, 0}).first;
+  std::vector<int> fds = share_book_.share(block, begin, end, g, [&d](uint64_t a) {
+    CUmemGenericAllocationHandle h = 0;
+    drv_check(d.retain(&h, reinterpret_cast<void *>(a)), "cuMemRetainAllocationHandle");
+    int fd = -1;
+    CUresult r = d.export_fd(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    d.release(h);  // retain took a reference; the mapping keeps the memory
+    drv_check(r, "cuMemExportToShareableHandle");
+    // The driver's descriptor is inherited across exec: a child that
+    // execs (a compiler, a shell, a DataLoader's subprocess) would keep
+    // the chunk's memory alive for its whole life. The Go side's are
+    // close-on-exec too.
+    int fl = fcntl(fd, F_GETFD);
+    if (fl < 0 || fcntl(fd, F_SETFD, fl | FD_CLOEXEC) < 0) {
+      int e = errno;
+      close(fd);
+      TORCH_CHECK(false, "libsymm: shareIpcHandle: making descriptor ", fd, " close-on-exec: ", strerror(e));
     }
-    it->second.refs++;
-    chunks.push_back(a);
-    s.append(reinterpret_cast<const char *>(&it->second.fd), sizeof(int));
-  }
-  any_shared_.store(true, std::memory_order_release);
+    return fd;
+  });
+  s.append(reinterpret_cast<const char *>(fds.data()), fds.size() * sizeof(int));
   return CCA::ShareableHandle{static_cast<ptrdiff_t>(p - begin), s};
 }
 
-// Called before ptr goes back to the pool: closes the descriptors of
-// chunks no other shared block covers.
-void SymmAllocator::unshare(void *ptr) {
-  std::lock_guard<std::mutex> lk(share_mu_);
-  auto it = shared_.find(ptr);
-  if (it == shared_.end()) return;
-  for (uint64_t a : it->second) {
-    auto c = chunk_fds_.find(a);
-    if (c != chunk_fds_.end() && --c->second.refs == 0) {
-      close(c->second.fd);
-      chunk_fds_.erase(c);
-    }
-  }
-  shared_.erase(it);
-  any_shared_.store(!shared_.empty(), std::memory_order_release);
+// Called before block (a block's start: the pointer a free gives back)
+// goes back to the pool: closes the descriptors of chunks no other shared
+// block covers.
+void SymmAllocator::unshare(void *block) {
+  share_book_.unshare(reinterpret_cast<uint64_t>(block), [](int fd) { close(fd); });
 }
 
 }  // namespace

@@ -18,7 +18,10 @@ torch.multiprocessing queue to a spawned child on each allocator and back),
 mpexp (the same with expandable segments everywhere), cloexec (the
 descriptors a shared expandable segment's handle names are close-on-exec: a
 child started with exec does not inherit them and keep the memory alive;
-asserted under libsymm, reported for PyTorch's allocator), compile
+asserted under libsymm, reported for PyTorch's allocator), mpinterior (a
+storage that starts inside a block, from DLPack, crosses to a child with
+expandable segments; once it and its block are freed, the chunk descriptors
+its handle named are closed; libsymm only), compile
 (torch.compile(mode="reduce-overhead") training and inference equal
 eager; an eager tensor made between replays is never overwritten), tree
 (cudagraph trees whose path diverges: a private pool's checkpoint is restored,
@@ -29,7 +32,9 @@ come from a segment of that pool, others do not; MemPools over another
 allocator are test_torch_mempools.py's), expandable (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives
 libsymm's expandable segments), plain (PyTorch's plain recipe: a capture is
 refused with a clear error, never silent corruption), noabort (a failed
-ctypes call of symm_pool_alloc after PyTorch's init returns NULL). Results go
+ctypes call of symm_pool_alloc after PyTorch's init returns NULL), badfree
+(torch.cuda.caching_allocator_delete of a pointer inside a block, and of
+one freed already, raises as PyTorch's allocator does, and frees nothing). Results go
 to $OUT/torch_replace.json (or build/) with each child's output.
 """
 
@@ -46,8 +51,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-CHECKS = ("stats", "cudnn", "oom", "history", "mp", "mpexp", "cloexec", "compile", "tree", "graphs", "mempool", "expandable",
-          "plain", "noabort")
+CHECKS = ("stats", "cudnn", "oom", "history", "mp", "mpexp", "cloexec", "mpinterior", "compile", "tree", "graphs",
+          "mempool", "expandable", "plain", "noabort", "badfree")
 ALLOCS = ("native", "symm")
 MiB = 1 << 20
 
@@ -280,6 +285,79 @@ def check_cloexec(alloc):
     return facts
 
 
+def _handle_fds(h: bytes) -> list:
+    """The chunk descriptors an expandable-segment handle names (PyTorch's
+    ShareHeader {pid_t pid; size_t segment_size; size_t num_handles;}, then
+    one int per chunk)."""
+    import struct
+
+    assert h[:2] == b"\x02e", f"not an expandable-segment handle: {h[:2]!r}"
+    _, _, n = struct.unpack_from("@iQQ", h, 2)
+    return list(struct.unpack_from(f"@{n}i", h, 2 + struct.calcsize("@iQQ")))
+
+
+def check_mpinterior(alloc):
+    """A storage whose pointer is inside a block (torch.from_dlpack of a
+    view) goes to a child through a torch.multiprocessing queue: PyTorch
+    shares the storage's pointer, not the block's start. Once the child let
+    go and the block is freed, every chunk descriptor its handle named is
+    closed (libsymm keys them by the block's start: an interior key was
+    never found at the free, and a later share at that address sent the old
+    chunk's descriptor)."""
+    if alloc == "native":  # PyTorch refuses a pointer inside a block ("invalid device pointer")
+        return {"skipped": "libsymm only"}
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    torch = install(alloc)
+    import gc
+
+    import torch.multiprocessing as mp
+
+    sent = []
+    orig = torch.UntypedStorage._share_cuda_
+
+    def share(self, *a, **k):  # what the queue's reducer sends, seen here
+        r = orig(self, *a, **k)
+        sent.append(bytes(r[1]))
+        return r
+
+    torch.UntypedStorage._share_cuda_ = share
+    ctx = mp.get_context("spawn")
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_mp_child, args=(q_in, q_out, alloc))
+    p.start()
+    t = torch.arange(2 * MiB, dtype=torch.float32, device="cuda")
+    u = torch.from_dlpack(t[4096:])
+    interior = u.untyped_storage().data_ptr() - t.untyped_storage().data_ptr()
+    assert interior == 4096 * 4, f"the DLPack storage starts at offset {interior} of the block, not inside it"
+    want = float(u.sum().item())
+    q_in.put(u)
+    status, val = q_out.get(timeout=120)
+    assert status == "ok", val
+    assert abs(val - want) < 1e-3 * abs(want), (val, want)
+    q_in.put("done")
+    p.join(60)
+    assert p.exitcode == 0, p.exitcode
+    torch.UntypedStorage._share_cuda_ = orig
+    assert sent, "the queue sent no CUDA handle"
+    fds = _handle_fds(sent[0])
+    links = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in fds if os.path.exists(f"/proc/self/fd/{fd}")}
+    del t, u
+    open_fds = []
+    for _ in range(50):  # the sent storage waits in PyTorch's limbo until the child's counter drops
+        gc.collect()
+        torch.cuda.ipc_collect()
+        torch.cuda.synchronize()
+        open_fds = [fd for fd, ln in links.items()
+                    if os.path.exists(f"/proc/self/fd/{fd}") and os.readlink(f"/proc/self/fd/{fd}") == ln]
+        if not open_fds:
+            break
+        time.sleep(0.1)
+    facts = {"chunks": len(fds), "open_after_free": open_fds}
+    assert links, f"the handle's descriptors were not open while shared: {fds}"
+    assert not open_fds, f"chunk descriptors left open after the block was freed: {facts}"
+    return facts
+
+
 def check_compile(alloc):
     torch = install(alloc)
     torch.manual_seed(0)
@@ -475,6 +553,27 @@ def check_noabort(alloc):
     assert code == 2, (code, lib.symm_last_error())
     torch.empty(MiB, device="cuda")  # and PyTorch goes on
     return {"code": code, "msg": lib.symm_last_error().decode()[:120]}
+
+
+def check_badfree(alloc):
+    torch = install(alloc)
+    x = torch.full((MiB,), 7.0, device="cuda")
+    p = torch.cuda.caching_allocator_alloc(4 * MiB)
+    errors = {}
+    for what, ptr in (("interior", p + 512), ("twice", None)):
+        if ptr is None:
+            torch.cuda.caching_allocator_delete(p)
+            ptr = p
+        try:
+            torch.cuda.caching_allocator_delete(ptr)
+            errors[what] = None
+        except RuntimeError as e:
+            errors[what] = str(e)[:160]
+    assert all(errors.values()), f"a bad free was accepted: {errors}"
+    if alloc == "symm":
+        assert all("libsymm: raw_delete" in m for m in errors.values()), errors
+    assert float(x.sum().item()) == 7.0 * MiB, "a refused free changed another tensor"
+    return errors
 
 
 # ---- driver -------------------------------------------------------------------------
