@@ -83,8 +83,11 @@ def _resolve_group(group):
 
 def _group_state(group) -> _GroupState:
     """The state of group (a ProcessGroup, its name or None: WORLD), made at
-    its first use."""
+    its first use. Raises ValueError when there is no such group (None
+    before init_process_group, or after destroy_process_group)."""
     pg, name = _resolve_group(group)
+    if pg is None:
+        raise ValueError(f"symm: no process group {group!r}: is torch.distributed initialized?")
     st = _groups.get(id(pg))
     if st is not None:
         return st  # st.pg is pg: see the invariant above

@@ -107,6 +107,11 @@ h_old = c._allreduce_handle(t, None)
 ws_old = c.push_workspace(None, DEV)
 sc_old = c._all_reduce_scratch(None, DEV, 1 << 20)
 dist.destroy_process_group()
+try:
+    c._all_reduce_plan(T(), None, 512 * KiB, None)
+    print("between", "accepted")
+except ValueError as e:
+    print("between", "ValueError" if "initialized" in str(e) else repr(e))
 dist.group.WORLD = PG("0", 4, "gloo")
 print("plan_new", c._all_reduce_plan(T(), None, 512 * KiB, None))
 print("handle_new_world", c._allreduce_handle(t, None)[3])
@@ -164,6 +169,7 @@ def test_a_new_world_after_destroy_starts_afresh_and_the_old_buffers_go():
     assert got["scratch_new"] == "new 4", got
     assert got["freed_old"] == "1", got
     assert got["destroyed"] == "1", got  # the hook called torch's own destroy once
+    assert got["between"] == "ValueError", got  # no WORLD between destroy and init
 
 
 def test_two_threads_growing_the_scratch_buffer_free_the_old_one_once():
