@@ -12,7 +12,9 @@
 // size rules and their worst-case waste), and serves requests from them
 // (cache.go). The cached path — a free block of the right stream fits —
 // takes only that shard's mutex, finds the shard without any lock, and
-// makes no heap allocation.
+// makes no heap allocation. A free by pointer alone (AnyDevice) and the
+// lookups of pointers inside blocks find the block's segment in the pool's
+// lock-free address map (segmap.go), then lock only the shard that owns it.
 //
 // Each shard's segments come from one segment source, chosen when the
 // shard is made (source.go): fixed segments, one backend allocation each
