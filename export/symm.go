@@ -138,6 +138,8 @@ func errCodeSymm(err error) C.int {
 		return C.SYMM_ERR_UNKNOWN_POINTER
 	case errors.Is(err, symmetric.ErrInvalid):
 		return C.SYMM_ERR_INVALID
+	case errors.Is(err, symmetric.ErrMeetingMismatch):
+		return C.SYMM_ERR_MISMATCH
 	case errors.Is(err, store.ErrTimeout), errors.Is(err, symmetric.ErrSignalTimeout), errors.Is(err, os.ErrDeadlineExceeded):
 		return C.SYMM_ERR_TIMEOUT
 	case errors.Is(err, symmetric.ErrPeerFailed), errors.Is(err, store.ErrClosed):

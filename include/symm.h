@@ -42,8 +42,11 @@ enum {
   SYMM_ERR_TIMEOUT = 8,        /* a store read, rendezvous or signal wait did not complete in time */
   SYMM_ERR_PEER = 9,           /* another rank of the group failed or died, or the store server went away;
                                   the message names it */
-  SYMM_ERR_BUSY = 10           /* a private pool released while blocks of it are still allocated:
+  SYMM_ERR_BUSY = 10,          /* a private pool released while blocks of it are still allocated:
                                   nothing changed; the message says how many */
+  SYMM_ERR_MISMATCH = 11       /* the ranks of a group met in different calls (one rank's barrier or pad
+                                  reset against another's collective, or two different collectives):
+                                  the message names both; the handle has failed */
 };
 
 /* ---- library ---------------------------------------------------------- */
@@ -731,7 +734,11 @@ int symm_world_within_direct_access(symm_store_t store, const char *group, int r
  * its block's sync area (the first group rendezvoused on the block: see
  * symm_one_shot_all_reduce) meets through that area instead (one store per
  * peer, no round trip); it leaves the signal pad alone, so put_signal and
- * wait_signal on the same channel do not see it. timeout_ms > 0: the calling thread waits for the call's own
+ * wait_signal on the same channel do not see it. So does a barrier on the
+ * host backend for such a handle. A meeting there carries its kind: a
+ * barrier that meets a peer's collective (or a collective another one)
+ * fails on both ranks with SYMM_ERR_MISMATCH naming both calls, and fails
+ * the handle. timeout_ms > 0: the calling thread waits for the call's own
  * operations (not for the whole stream: work queued before or after them is
  * not a late peer) and returns SYMM_ERR_TIMEOUT, naming the rank and
  * channel, if they have not completed within timeout_ms of the stream
@@ -762,14 +769,19 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
  * the ranks agree again before any returns. On GPUs, a group that owns the
  * block's sync area (symm_one_shot_all_reduce) agrees by two of its own
  * kernel barriers, which meet through that area, with no store request
- * (tens of microseconds). Otherwise (the host backend, or a group that does
- * not own the area) the ranks agree through the group's store, and a group
- * that owns the area zeroes the area and its meeting counts as well. Every rank of the group calls it, in the same order per group,
+ * (tens of microseconds), when the kernels ran on every rank's device at
+ * the rendezvous (the ranks agree on the way there). Otherwise (the host
+ * backend, a group that does not own the area, or kernels missing on some
+ * rank) the ranks agree through the group's store, and a group that owns
+ * the area zeroes the area and its meeting counts as well. Every rank of
+ * the group calls it, in the same order per group,
  * with no signal or collective of h under way. timeout_ms bounds each wait
  * for the peers (0: SYMM_TIMEOUT_MS). Returns SYMM_OK; SYMM_ERR_INVALID for
  * a bad handle or a negative timeout_ms, SYMM_ERR_UNKNOWN_POINTER when the
  * handle's block was freed, SYMM_ERR_TIMEOUT when a rank does not come,
- * SYMM_ERR_PEER when one fails or dies (the message names it). */
+ * SYMM_ERR_PEER when one fails or dies (the message names it),
+ * SYMM_ERR_MISMATCH when, on GPUs, a peer met the reset's barriers with a
+ * collective (a reset that one rank decided alone). */
 int symm_reset_signal_pad(symm_handle_t h, int timeout_ms);
 
 /* ---- kernels -----------------------------------------------------------------
@@ -821,7 +833,9 @@ enum { SYMM_SUM = 0 };
  * host backend the calling thread does it (pointers are host memory).
  * SYMM_ERR_INVALID for a bad dtype, op, size, offset or output;
  * SYMM_ERR_NO_DEVICE when the kernels cannot run (see symm_kernels_ready);
- * SYMM_ERR_TIMEOUT when a peer does not come. count 0 does nothing. */
+ * SYMM_ERR_TIMEOUT when a peer does not come; SYMM_ERR_MISMATCH when a peer
+ * met it with another call (a barrier, a pad reset, another collective)
+ * through the sync area. count 0 does nothing. */
 int symm_one_shot_all_reduce(symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out,
                              const void *local_input, void *stream, int timeout_ms);
 

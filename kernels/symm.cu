@@ -26,6 +26,10 @@ typedef unsigned long long u64;
 #define SYMM_OP_WAIT 2       // wait_signal (or a barrier's wait): the peer's signal did not come
 #define SYMM_OP_REDUCE_IN 3  // all-reduce: a peer did not arrive before the reads
 #define SYMM_OP_REDUCE_OUT 4 // all-reduce: a peer did not finish its reads
+// (5 and 6, the push all-reduce's, are in symm_push.cu.)
+#define SYMM_OP_MISMATCH 7 // an epoch meeting met a peer's meeting of another kind: channel bits 0..15, this
+                           // rank's kind bits 16..23, the peer's bits 24..31 (SYMM_MEET_*)
+#define SYMM_OP_STOPPED 8  // an earlier meeting on the channel failed on this rank: its meetings stopped there
 
 __device__ __forceinline__ u64 now_ns() {
   u64 t;
@@ -45,8 +49,13 @@ __device__ __forceinline__ u32 cas_acquire(u32 *a, u32 cmp, u32 val) {
   return old;
 }
 
+// report keeps a report already in the word: the first failure is the
+// cause (a mismatched meeting), what follows (peers' blocks timing out, the
+// stopped meetings of kernels queued behind) its consequence. Two reports at
+// once may still race; one of them stands.
 __device__ __forceinline__ void report(u64 *status, u32 op, u32 peer, u32 channel) {
   u64 word = (1ull << 63) | ((u64)(op & 0x7f) << 56) | ((u64)(peer & 0xffffff) << 32) | (u64)channel;
+  if (*(volatile u64 *)status >> 63) return;
   __threadfence_system();
   *(volatile u64 *)status = word;
   __threadfence_system();
@@ -78,25 +87,66 @@ __device__ __forceinline__ bool take(u32 *slot, u64 start, u64 timeout_ns, u64 *
 // The collectives and the barrier of a handle that owns its block's sync
 // area (epochs != 0) meet their peers without the put/take exchange above.
 // Each rank's block has, right after its signal pad, SYMM_SYNC_SLOTS u32
-// slots: slot channel*world + src holds the number of src's latest meeting
-// on that channel, written only by src. The handle keeps its own count per
-// channel (epochs[channel], in this rank's device memory, read by no peer).
-// A meeting on channel c: e = epochs[c] + 1; thread t stores e into slot
-// (c, rank) of rank t (one store, release, system scope: what the block wrote
-// before is visible to whoever acquires it) and spins until slot (c, t) of
-// this rank holds at least e (acquire); then epochs[c] = e. No slot is ever
-// reset. A peer is at most one meeting ahead on a channel (its next meeting
-// needs our store of this one), so "at least e" in wrap-around order
-// ((int)(v - e) >= 0) is exact for 2^31 meetings of slack. The put/take
-// exchange costs a round trip to the peer (the compare-and-swap's reply)
-// before the wait; this costs one store's flight.
+// slots: slot channel*world + src holds src's latest meeting on that
+// channel, written only by src, as a word (kind << 24) | (count mod 2^24):
+// count numbers the meetings of src on the channel, kind says what the
+// meeting is (SYMM_MEET_*: a barrier, a pad reset's barrier, or which phase
+// of which collective). The handle keeps its own count per channel
+// (epochs[channel], in this rank's device memory, read by no peer). A
+// meeting of kind k on channel c: e = epochs[c] + 1; thread t stores
+// (k, e) into slot (c, rank) of rank t (one store, release, system scope:
+// what the block wrote before is visible to whoever acquires it) and spins
+// (acquire) until slot (c, t) of this rank holds a count of at least e; then
+// epochs[c] = e. No slot is ever reset. The put/take exchange costs a round
+// trip to the peer (the compare-and-swap's reply) before the wait; this
+// costs one store's flight.
+//
+// Counts: while this rank is in its meeting e, the peer's slot holds e - 1,
+// e or e + 1: the peer finished e - 1 (we did, which needed its store of
+// e - 1) and cannot be past e + 1 (its meeting e + 1 needs our store of
+// e + 1). So 24 bits, compared in wrap-around order (the sign of the 24-bit
+// difference, (int)((v - e) << 8)), are exact with 2^23 of slack. A count of
+// 0 is a slot never written (zeroed pad and counts start at 0; after 2^24
+// meetings a count of 0 is met like any other).
+//
+// Kinds: a meeting passes only when the peer's slot holds the same count
+// with the same kind, or a later count. At least one of the two ranks of a
+// meeting sees the other's store of that very meeting: the first to pass
+// meeting e saw the other's slot at e or beyond, and the other cannot be
+// beyond e before it has passed e itself. So ranks that disagree on what
+// meeting e is are caught by whichever sees the other's (k', e) with
+// k' != k: it reports SYMM_OP_MISMATCH naming both kinds, which fails the
+// handle (SYMM_ERR_MISMATCH), and stops the channel: thread 0 sets bit 31
+// of epochs[c], and every later meeting on c (kernels queued behind this one
+// before the host saw the report) stops at once with SYMM_OP_STOPPED,
+// storing nothing. So this rank's slot in the peer stays (k, e), and the
+// peer, whose meeting e cannot pass on it, reports the mismatch too (or
+// times out if it reached another meeting). Without that stop a kernel
+// queued behind would store e + 1, and the peer would pass its meeting e on
+// it, the mismatch seen on one rank only. A timed-out meeting stops its
+// channel alike: its late peer would otherwise pass on our next store.
 //
 // The area belongs to one group per block (the rendezvous agrees on it), so
 // that no other group's meetings write its slots; a handle of any other group
-// passes epochs = 0 and meets with put/take on its signal pad. Meetings on
-// one channel of a handle are ordered (one stream, or streams ordered by
-// events), as the put/take exchange also needs.
+// passes epochs = 0 and meets with put/take on its signal pad (whose 0/1
+// slots carry no kind). Meetings on one channel of a handle are ordered (one
+// stream, or streams ordered by events), as the put/take exchange also
+// needs. The host backend runs the same protocol in Go (symmetric/meeting.go).
 #define SYMM_SYNC_SLOTS 512 // after the 512 slots of the signal pad
+
+// Meeting kinds (symmetric/meeting.go's meet* values): the slot word's bits 24..31.
+#define SYMM_MEET_BARRIER 1
+#define SYMM_MEET_RESET 2 // ResetSignalPad's barriers on GPUs
+#define SYMM_MEET_ONE_SHOT_IN 3
+#define SYMM_MEET_ONE_SHOT_OUT 4
+#define SYMM_MEET_TWO_SHOT_IN 5
+#define SYMM_MEET_TWO_SHOT_OUT 6
+#define SYMM_MEET_RS_IN 7
+#define SYMM_MEET_RS_OUT 8
+#define SYMM_MEET_AG_IN 9
+#define SYMM_MEET_AG_OUT 10
+
+#define SYMM_EPOCH_STOPPED 0x80000000u // epochs[c]: a meeting on c failed here
 
 __device__ __forceinline__ void st_release(u32 *a, u32 v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
@@ -108,31 +158,58 @@ __device__ __forceinline__ u32 ld_acquire(const u32 *a) {
   return v;
 }
 
-// meet_epoch is thread t's part of meeting e with peer t on channel.
-__device__ __forceinline__ bool meet_epoch(u32 **pads, int rank, int world, int channel, int t, u32 e, u64 start,
-                                           u64 timeout_ns, u64 *status, u32 op) {
-  st_release(pads[t] + SYMM_SYNC_SLOTS + channel * world + rank, e);
+// meet_epoch is thread t's part of meeting e of kind meet with peer t on
+// channel; false, and a report (op on a timeout, SYMM_OP_MISMATCH on a peer
+// meeting of another kind), when it fails.
+__device__ __forceinline__ bool meet_epoch(u32 **pads, int rank, int world, int channel, int t, u32 e, u32 meet,
+                                           u64 start, u64 timeout_ns, u64 *status, u32 op) {
+  st_release(pads[t] + SYMM_SYNC_SLOTS + channel * world + rank, (meet << 24) | (e & 0xffffffu));
   const u32 *in = pads[rank] + SYMM_SYNC_SLOTS + channel * world + t;
-  while ((int)(ld_acquire(in) - e) < 0) {
+  u32 v;
+  while ((int)(((v = ld_acquire(in)) - e) << 8) < 0) {
     if (timeout_ns != 0 && now_ns() - start > timeout_ns) {
       report(status, op, t, channel);
       return false;
     }
   }
+  if (((v ^ e) & 0xffffffu) == 0 && (v >> 24) != meet) {
+    report(status, SYMM_OP_MISMATCH, t, (u32)channel | (meet << 16) | ((v >> 24) << 24));
+    return false;
+  }
   return true;
 }
 
+// meet_block is a block's meeting of kind meet on channel with every peer
+// (thread t with rank t): false in every thread if it failed here, or if an
+// earlier one on the channel did (SYMM_OP_STOPPED; nothing stored). Every
+// thread reads the count before the barrier inside and thread 0 writes it
+// after: the block's next meeting reads it after a barrier of its own (the
+// kernel's next sync, or a later kernel), so it sees the new count.
+__device__ __forceinline__ bool meet_block(u32 **pads, u32 *epochs, int rank, int world, int channel, u32 meet,
+                                           u64 start, u64 timeout_ns, u64 *status, u32 op) {
+  int t = threadIdx.x;
+  u32 c = epochs[channel];
+  if (c & SYMM_EPOCH_STOPPED) {
+    if (t == 0) report(status, SYMM_OP_STOPPED, rank, (u32)channel);
+    return false;
+  }
+  u32 e = c + 1;
+  bool ok = true;
+  if (t < world && t != rank) ok = meet_epoch(pads, rank, world, channel, t, e, meet, start, timeout_ns, status, op);
+  bool failed = __syncthreads_or(!ok) != 0;
+  if (t == 0) epochs[channel] = failed ? SYMM_EPOCH_STOPPED : (e & ~SYMM_EPOCH_STOPPED);
+  return !failed;
+}
+
 // One block of at least world threads: thread t meets rank t (t != rank).
-extern "C" __global__ void symm_barrier(u32 **pads, u32 *epochs, int rank, int world, int channel, u64 timeout_ns,
-                                        u64 *status) {
+// meet: SYMM_MEET_BARRIER, or SYMM_MEET_RESET for a pad reset's barriers
+// (used only with epochs != 0).
+extern "C" __global__ void symm_barrier(u32 **pads, u32 *epochs, int rank, int world, int channel, u32 meet,
+                                        u64 timeout_ns, u64 *status) {
   int t = threadIdx.x;
   u64 start = now_ns();
   if (epochs != 0) {
-    u32 e = epochs[channel] + 1;
-    bool ok = true;
-    if (t < world && t != rank) ok = meet_epoch(pads, rank, world, channel, t, e, start, timeout_ns, status, SYMM_OP_WAIT);
-    __syncthreads_or(!ok);
-    if (t == 0) epochs[channel] = e;
+    meet_block(pads, epochs, rank, world, channel, meet, start, timeout_ns, status, SYMM_OP_WAIT);
     return;
   }
   if (t >= world || t == rank) return;
@@ -260,25 +337,16 @@ __device__ __forceinline__ void accumulate(float (&acc)[2 * NW], const u32 (&v)[
 }
 
 // Block-wide synchronization with block blockIdx.x of every peer on channel
-// blockIdx.x: an epoch meeting when the handle owns its sync area (epochs !=
-// 0), else put/take on the signal pad; false in every thread of the block if
-// any of its waits timed out.
+// blockIdx.x: an epoch meeting of kind meet when the handle owns its sync
+// area (epochs != 0), else put/take on the signal pad; false in every thread
+// of the block if any of its waits failed.
 __device__ __forceinline__ bool sync_peers(u32 **pads, u32 *epochs, int rank, int world, u64 timeout_ns, u64 *status,
-                                           u32 op) {
+                                           u32 op, u32 meet) {
   __syncthreads(); // the block's writes come before the release of its store or put
   int t = threadIdx.x;
   int channel = blockIdx.x;
+  if (epochs != 0) return meet_block(pads, epochs, rank, world, channel, meet, now_ns(), timeout_ns, status, op);
   bool ok = true;
-  if (epochs != 0) {
-    // Every thread reads the count before the barrier below and thread 0
-    // advances it after: the next sync_peers reads it after its own
-    // __syncthreads, so it sees the new count.
-    u32 e = epochs[channel] + 1;
-    if (t < world && t != rank) ok = meet_epoch(pads, rank, world, channel, t, e, now_ns(), timeout_ns, status, op);
-    bool failed = __syncthreads_or(!ok) != 0;
-    if (t == 0) epochs[channel] = e;
-    return !failed;
-  }
   if (t < world && t != rank) {
     u64 start = now_ns();
     ok = put(pads[t] + channel * world + rank, start, timeout_ns, status, op, t, channel) &&
@@ -342,13 +410,13 @@ __device__ __forceinline__ void one_shot(u32 **bufs, u64 offset, u64 nwords, u32
       store<NW>(mine + i, v);
     }
   }
-  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN, SYMM_MEET_ONE_SHOT_IN)) return;
   for (u64 i = first; i < nwords; i += stride) {
     u32 o[NW];
     reduce_words<NW, DT, KW>(bufs, offset, i, world, o);
     store_own<NW>(out + i, o, vec_out);
   }
-  sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
+  sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT, SYMM_MEET_ONE_SHOT_OUT);
 }
 
 // symm_ar_<dtype>_v<words per thread>_w<world or any>: offset is in bytes,

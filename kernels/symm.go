@@ -44,20 +44,48 @@ const (
 	OpReduceOut = 4
 	OpPush      = 5 // push all-reduce: a peer's data did not come (Channel: the call's flag)
 	OpPushInit  = 6 // push all-reduce's first call: a peer did not come to set the workspace up
+	OpMismatch  = 7 // an epoch meeting met a peer's meeting of another kind (Mine, Theirs)
+	OpStopped   = 8 // an earlier meeting on the channel failed on this rank; this one did not meet
+	OpPushUnset = 9 // push all-reduce: the workspace was not set up before the call
 )
 
-// Report is a timed-out wait as a kernel wrote it into its status word.
+// Meeting kinds: what an epoch meeting is, carried in its slot word beside
+// its count (symm.cu's SYMM_MEET_*), so that ranks that disagree on what
+// they meet are caught (OpMismatch).
+const (
+	MeetBarrier       = 1
+	MeetReset         = 2 // ResetSignalPad's barriers on GPUs
+	MeetOneShotIn     = 3 // one-shot all-reduce, before the reads
+	MeetOneShotOut    = 4 // ... after them
+	MeetTwoShotIn     = 5
+	MeetTwoShotOut    = 6
+	MeetReduceScatIn  = 7
+	MeetReduceScatOut = 8
+	MeetAllGatherIn   = 9
+	MeetAllGatherOut  = 10
+)
+
+// Report is a failed wait as a kernel wrote it into its status word: the
+// op, the peer and the channel; for OpMismatch also the two meetings' kinds
+// (Mine: this rank's, Theirs: the peer's; Meet* values).
 type Report struct {
 	Op            int
 	Peer, Channel int
+	Mine, Theirs  int
 }
 
 // DecodeReport reads a status word: ok is false when nothing was reported.
+// An OpMismatch report keeps the channel in bits 0..15 and the kinds in
+// bits 16..23 (Mine) and 24..31 (Theirs).
 func DecodeReport(w uint64) (r Report, ok bool) {
 	if w>>63 == 0 {
 		return Report{}, false
 	}
-	return Report{Op: int(w>>56) & 0x7f, Peer: int(w>>32) & 0xffffff, Channel: int(uint32(w))}, true
+	r = Report{Op: int(w>>56) & 0x7f, Peer: int(w>>32) & 0xffffff, Channel: int(uint32(w))}
+	if r.Op == OpMismatch {
+		r.Channel, r.Mine, r.Theirs = int(w&0xffff), int(w>>16)&0xff, int(w>>24)&0xff
+	}
+	return r, true
 }
 
 // Dtype is an element type of the all-reduce.

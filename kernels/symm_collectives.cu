@@ -53,7 +53,7 @@ __device__ __forceinline__ void two_shot(u32 **bufs, u64 offset, u64 nwords, u32
       });
     }
   }
-  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN, SYMM_MEET_TWO_SHOT_IN)) return;
   for_share_words(share * rank, share_len(share, nwords, rank, world), first, stride, [&](u64 i) {
     u32 o[NW];
     reduce_words<NW, DT, KW>(bufs, offset, i, world, o);
@@ -62,7 +62,7 @@ __device__ __forceinline__ void two_shot(u32 **bufs, u64 offset, u64 nwords, u32
       store<NW>((u32 *)((char *)bufs[p] + offset) + i, o);
     }
   });
-  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT, SYMM_MEET_TWO_SHOT_OUT)) return;
   if (out != mine) {
     for (int s = 0; s < world; s++) {
       for_share_words(share * s, share_len(share, nwords, s, world), first, stride, [&](u64 i) {
@@ -130,13 +130,13 @@ __device__ __forceinline__ void reduce_scatter(u32 **bufs, u64 offset, u64 nword
       }
     }
   }
-  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN, SYMM_MEET_RS_IN)) return;
   for (u64 j = first; j < nwords; j += stride) {
     u32 o[NW];
     reduce_words<NW, DT, KW>(bufs, offset, nwords * rank + j, world, o);
     store_own<NW>(out + j, o, vec_out);
   }
-  sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
+  sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT, SYMM_MEET_RS_OUT);
 }
 
 // all_gather: share r of this rank's buffer is its input (local, nwords
@@ -159,7 +159,7 @@ __device__ __forceinline__ void all_gather(u32 **bufs, u64 offset, u64 nwords, u
       store<NW>(mine + nwords * rank + j, v);
     }
   }
-  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN)) return;
+  if (!sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_IN, SYMM_MEET_AG_IN)) return;
   for (int k = 0; k < world; k++) {
     int s = rank + k < world ? rank + k : rank + k - world; // this rank first, then the peers
     if (out == mine && s == rank) continue;
@@ -170,7 +170,7 @@ __device__ __forceinline__ void all_gather(u32 **bufs, u64 offset, u64 nwords, u
       store_own<NW>(out + nwords * s + j, v, vec_out);
     }
   }
-  sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT);
+  sync_peers(pads, epochs, rank, world, timeout_ns, status, SYMM_OP_REDUCE_OUT, SYMM_MEET_AG_OUT);
 }
 
 // symm_rs_<dtype>_v<words per thread>_w<world or any> and

@@ -85,6 +85,26 @@ func TestDecodeReport(t *testing.T) {
 	r, ok := DecodeReport(w)
 	require.True(t, ok)
 	require.Equal(t, Report{Op: OpWait, Peer: 70, Channel: 511}, r)
+	w = uint64(1)<<63 | uint64(OpMismatch)<<56 | uint64(3)<<32 | uint64(MeetOneShotIn)<<24 | uint64(MeetReset)<<16 | 17
+	r, ok = DecodeReport(w)
+	require.True(t, ok)
+	require.Equal(t, Report{Op: OpMismatch, Peer: 3, Channel: 17, Mine: MeetReset, Theirs: MeetOneShotIn}, r)
+}
+
+// The report ops and meeting kinds of the Go side are symm.cu's.
+func TestReportAndMeetingCodesMatchTheSource(t *testing.T) {
+	for name, v := range map[string]int{
+		"SYMM_OP_PUT": OpPut, "SYMM_OP_WAIT": OpWait, "SYMM_OP_REDUCE_IN": OpReduceIn, "SYMM_OP_REDUCE_OUT": OpReduceOut,
+		"SYMM_OP_PUSH": OpPush, "SYMM_OP_PUSH_INIT": OpPushInit, "SYMM_OP_MISMATCH": OpMismatch,
+		"SYMM_OP_STOPPED":   OpStopped,
+		"SYMM_MEET_BARRIER": MeetBarrier, "SYMM_MEET_RESET": MeetReset,
+		"SYMM_MEET_ONE_SHOT_IN": MeetOneShotIn, "SYMM_MEET_ONE_SHOT_OUT": MeetOneShotOut,
+		"SYMM_MEET_TWO_SHOT_IN": MeetTwoShotIn, "SYMM_MEET_TWO_SHOT_OUT": MeetTwoShotOut,
+		"SYMM_MEET_RS_IN": MeetReduceScatIn, "SYMM_MEET_RS_OUT": MeetReduceScatOut,
+		"SYMM_MEET_AG_IN": MeetAllGatherIn, "SYMM_MEET_AG_OUT": MeetAllGatherOut,
+	} {
+		require.Regexp(t, fmt.Sprintf(`(?m)^#define %s %d\b`, name, v), SymmSource, name)
+	}
 }
 
 func TestAllReduceLaunch(t *testing.T) {

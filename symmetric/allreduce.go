@@ -153,9 +153,8 @@ func allReduceShape(offset, nbytes uint64, world int, maxBlocks uint32) (v int, 
 	return v, blocks, threads
 }
 
-// hostAllReduce is the kernel's protocol on host memory: copy, signal every
-// peer and wait for each on channel 0 (signalPeers), sum in rank order,
-// signal again.
+// hostAllReduce is the kernel's protocol on host memory: copy, meet every
+// peer on channel 0 (hostSync), sum in rank order, meet again.
 func (h *Handle) hostAllReduce(a AllReduce, nbytes uint64) error {
 	what := fmt.Sprintf("one_shot_all_reduce of %d %s on group %q (rank %d)", a.Count, a.Dtype, h.group, h.rank)
 	timeout := h.hostBound(a.Timeout)
@@ -163,12 +162,12 @@ func (h *Handle) hostAllReduce(a AllReduce, nbytes uint64) error {
 	if a.Local != 0 && a.Local != in {
 		copy(hostBytes(in, nbytes), hostBytes(a.Local, nbytes))
 	}
-	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
+	if err := h.hostSync(kernels.MeetOneShotIn, a.Stream, timeout); err != nil {
 		return fmt.Errorf("%s, before the reads: %w", what, err)
 	}
 	n := int(nbytes / 4)
 	h.sumWords(a.Offset, n, a.Dtype, 0, n, hostWords(a.Out, n))
-	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
+	if err := h.hostSync(kernels.MeetOneShotOut, a.Stream, timeout); err != nil {
 		return fmt.Errorf("%s, after the reads: %w", what, err)
 	}
 	return nil
@@ -207,8 +206,8 @@ func (h *Handle) sumWords(offset uint64, n int, d kernels.Dtype, lo, hi int, out
 }
 
 // hostTwoShot is the two-shot kernel's protocol on host memory: copy in,
-// signal every peer and wait for each on channel 0, sum this rank's share
-// and store it into every rank's buffer, signal again, copy out.
+// meet every peer on channel 0 (hostSync), sum this rank's share and store
+// it into every rank's buffer, meet again, copy out.
 func (h *Handle) hostTwoShot(a AllReduce, nbytes uint64) error {
 	what := fmt.Sprintf("two_shot_all_reduce of %d %s on group %q (rank %d)", a.Count, a.Dtype, h.group, h.rank)
 	timeout := h.hostBound(a.Timeout)
@@ -216,7 +215,7 @@ func (h *Handle) hostTwoShot(a AllReduce, nbytes uint64) error {
 	if a.Local != 0 && a.Local != in {
 		copy(hostBytes(in, nbytes), hostBytes(a.Local, nbytes))
 	}
-	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
+	if err := h.hostSync(kernels.MeetTwoShotIn, a.Stream, timeout); err != nil {
 		return fmt.Errorf("%s, before the reads: %w", what, err)
 	}
 	n := int(nbytes / 4)
@@ -227,7 +226,7 @@ func (h *Handle) hostTwoShot(a AllReduce, nbytes uint64) error {
 	for k := 1; k <= h.world; k++ {
 		copy(hostWords(h.BufferPtr((h.rank+k)%h.world)+uintptr(a.Offset), n)[lo:hi], sum)
 	}
-	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
+	if err := h.hostSync(kernels.MeetTwoShotOut, a.Stream, timeout); err != nil {
 		return fmt.Errorf("%s, after the stores: %w", what, err)
 	}
 	if a.Out != in {

@@ -3,6 +3,8 @@ package symmetric
 import (
 	"fmt"
 	"math"
+
+	"github.com/libsymm/libsymm/kernels"
 )
 
 const (
@@ -169,8 +171,8 @@ func overlapRanges(a uintptr, an uint64, b uintptr, bn uint64) bool {
 	return uint64(b-a) < an
 }
 
-// hostCollective is the kernels' protocol on host memory: copy in, signal
-// every peer and wait for each on channel 0, read, signal again.
+// hostCollective is the kernels' protocol on host memory: copy in, meet
+// every peer on channel 0 (hostSync), read, meet again.
 func (h *Handle) hostCollective(a AllReduce, fn string, nbytes uint64) error {
 	what := fmt.Sprintf("%s of %d %s per rank on group %q (rank %d)", fn, a.Count, a.Dtype, h.group, h.rank)
 	timeout := h.hostBound(a.Timeout)
@@ -185,7 +187,11 @@ func (h *Handle) hostCollective(a AllReduce, fn string, nbytes uint64) error {
 	case !gather && a.Local != buf:
 		copy(hostBytes(buf, total), hostBytes(a.Local, total))
 	}
-	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
+	in, out := kernels.MeetReduceScatIn, kernels.MeetReduceScatOut
+	if gather {
+		in, out = kernels.MeetAllGatherIn, kernels.MeetAllGatherOut
+	}
+	if err := h.hostSync(in, a.Stream, timeout); err != nil {
 		return fmt.Errorf("%s, before the reads: %w", what, err)
 	}
 	n := int(nbytes / 4)
@@ -201,7 +207,7 @@ func (h *Handle) hostCollective(a AllReduce, fn string, nbytes uint64) error {
 	} else {
 		h.sumWords(a.Offset, n*h.world, a.Dtype, h.rank*n, (h.rank+1)*n, hostWords(a.Out, n))
 	}
-	if err := h.signalPeers(0, a.Stream, timeout); err != nil {
+	if err := h.hostSync(out, a.Stream, timeout); err != nil {
 		return fmt.Errorf("%s, after the reads: %w", what, err)
 	}
 	return nil

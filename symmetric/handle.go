@@ -61,6 +61,11 @@ type Handle struct {
 	// epochSync: the handle's group owns its block's sync area (every rank's
 	// block agreed at the rendezvous), so its kernels meet through it.
 	epochSync bool
+	// resetOnGPU: ResetSignalPad agrees by kernel barriers (resetOnDevice),
+	// not through the store; decided at the rendezvous from every rank's
+	// metadata (the group meets through the sync area and the kernels run
+	// on every rank's device), so every rank takes the same way.
+	resetOnGPU bool
 	// maxBlocks caps the blocks of the collectives that meet their peers:
 	// the smallest Config.CollectiveBlocks of the group's ranks (block b
 	// meets block b of every peer, so every rank must launch the same grid).

@@ -236,7 +236,8 @@ type kernelStatus struct {
 	watched   atomic.Bool // in the watchdog's set (changed under m.dog.mu)
 }
 
-// statusSlab hands out status words (16 bytes apart, one word used) from
+// statusSlab hands out status words (16 bytes apart: the word, then a
+// spare one, which a handle's push set-up uses as its ready word) from
 // pages of pinned, mapped host memory (cuMemHostAlloc costs about a
 // millisecond: once per 256 words, not once per handle or call). Portable
 // pinned memory: one slab serves every device. Pages stay until the process
@@ -305,6 +306,7 @@ func (h *Handle) freeStatus() error {
 		return nil
 	}
 	word(h.kstat.host).Store(0)
+	word(h.kstat.host + 8).Store(0) // the push set-up's ready word (push.go)
 	h.m.kern.slab.put(h.kstat.host, h.kstat.dev)
 	h.kstat.host, h.kstat.dev = 0, 0
 	return nil
@@ -324,10 +326,18 @@ func (h *Handle) function(id int) (uintptr, error) {
 }
 
 // reportError words a kernel's report: which peer did not come, on which
-// channel, after how long.
+// channel, after how long; or which meetings did not match.
 func (h *Handle) reportError(r kernels.Report, after time.Duration) error {
 	var what string
 	switch r.Op {
+	case kernels.OpMismatch:
+		return h.mismatchError(r.Channel, r.Peer, r.Mine, r.Theirs)
+	case kernels.OpStopped:
+		return fmt.Errorf("%w: the meetings on channel %d of group %q (rank %d) stopped at an earlier failure on this rank "+
+			"(a kernel queued before this one; the handle's first error says which)", ErrSignalTimeout, r.Channel, h.group, h.rank)
+	case kernels.OpPushUnset:
+		return fmt.Errorf("%w: push_all_reduce on group %q (rank %d): the workspace was not set up before the call "+
+			"(its set-up ran on no stream ordered before it: calls on one workspace must be ordered)", ErrInvalid, h.group, h.rank)
 	case kernels.OpPut:
 		what = fmt.Sprintf("rank %d has not taken rank %d's previous signal on channel %d", r.Peer, h.rank, r.Channel)
 	case kernels.OpWait:
@@ -558,7 +568,7 @@ func (s kernelSignals) barrier(channel int, stream uintptr, timeout time.Duratio
 	if err := h.kernelCheck(h.rank, channel); err != nil || h.world == 1 {
 		return err
 	}
-	return h.kernelBarrier(channel, stream, timeout)
+	return h.kernelBarrier(channel, kernels.MeetBarrier, stream, timeout)
 }
 
 // kernelCheck refuses a kernel call on a failed handle, or whose peer or
@@ -573,8 +583,11 @@ func (h *Handle) kernelCheck(peer, channel int) error {
 	return err
 }
 
-func (h *Handle) kernelBarrier(channel int, stream uintptr, timeout time.Duration) error {
-	words := [...]uint64{uint64(h.PadPtrsDev()), uint64(h.epochsArg()), u32(h.rank), u32(h.world), u32(channel), 0, 0}
+// kernelBarrier launches the barrier kernel; meet is the kind of its
+// meeting through the sync area (kernels.MeetBarrier, or MeetReset for
+// ResetSignalPad's), so that a peer's other meeting there is caught.
+func (h *Handle) kernelBarrier(channel, meet int, stream uintptr, timeout time.Duration) error {
+	words := [...]uint64{uint64(h.PadPtrsDev()), uint64(h.epochsArg()), u32(h.rank), u32(h.world), u32(channel), u32(meet), 0, 0}
 	return h.launch(kBarrier, 1, uint32((h.world+31)/32*32), stream, timeout, words[:], callDesc{kind: kBarrier, channel: channel})
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 	"unsafe"
+
+	"github.com/libsymm/libsymm/kernels"
 )
 
 // Resetting a handle's signal pad. A block that a caching allocator
@@ -27,7 +29,15 @@ import (
 // A rank that fails a step, or does not come by the timeout, fails every
 // rank, which names it (handshake.agree). On GPUs, a group that meets
 // through its block's sync area agrees by kernel barriers instead
-// (resetOnDevice), with no store round trip. Every rank of the group calls it,
+// (resetOnDevice), with no store round trip. Which way is agreed at the
+// rendezvous (Handle.resetOnGPU): kernel barriers only where the kernels
+// run on every rank's device, since a rank that took the store's way would
+// never meet the others' barriers, and the two ways leave the sync area
+// in different states (zeroed, or met twice more). A rank that resets while
+// its peers do not meets their next collective with barriers of kind
+// MeetReset, which they refuse (ErrMeetingMismatch), on GPUs as on the
+// host (where the reset waits in the store for peers that do not come).
+// Every rank of the group calls it,
 // in the same order per group (the keys are numbered per group, as
 // rendezvous' are), with no call of the handle's signals or collectives
 // under way.
@@ -45,13 +55,11 @@ func (h *Handle) ResetSignalPad(timeout time.Duration) error {
 	if timeout <= 0 {
 		timeout = h.m.cfg.Timeout
 	}
-	if h.epochSync {
-		if _, ok := h.m.prov.(kernelDevice); ok && h.m.KernelsReady(h.b.Dev()) == nil {
-			if err := h.resetOnDevice(timeout); err != nil {
-				return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
-			}
-			return nil
+	if h.resetOnGPU {
+		if err := h.resetOnDevice(timeout); err != nil {
+			return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
 		}
+		return nil
 	}
 	g := Group{Name: h.group, Rank: h.rank, World: h.world, Store: h.store}
 	r := &handshake{m: h.m, b: h.b, g: g, kind: "p", seq: h.m.nextSeq(h.group + "/reset"),
@@ -89,16 +97,30 @@ func (h *Handle) resetOnDevice(timeout time.Duration) error {
 	if err := h.quiesce(); err != nil {
 		return err
 	}
-	if err := h.kernelBarrier(0, 0, timeout); err != nil {
+	if err := h.kernelBarrier(0, kernels.MeetReset, 0, timeout); err != nil {
 		return fmt.Errorf("the barrier before zeroing: %w", err)
 	}
 	if err := h.zero(h.b.PadPtr(), SignalPadSize, true); err != nil {
 		return fmt.Errorf("zeroing the signal pad: %w", err)
 	}
-	if err := h.kernelBarrier(0, 0, timeout); err != nil {
+	if err := h.kernelBarrier(0, kernels.MeetReset, 0, timeout); err != nil {
 		return fmt.Errorf("the barrier after zeroing: %w", err)
 	}
 	return nil
+}
+
+// kernelsForReset is what this rank publishes at a rendezvous of b
+// (meta.Kernels): whether it could reset the pad by kernel barriers, i.e.
+// the provider runs device kernels, the block's sync area is free (only its
+// owner group meets there) and the kernels run on the block's device.
+// KernelsReady keeps its answer per device: only a device's first
+// rendezvous compiles (or reads from the disk cache) and loads them. b.mu
+// is held.
+func (m *Manager) kernelsForReset(b *Block) bool {
+	if _, ok := m.prov.(kernelDevice); !ok || b.syncOwner != "" {
+		return false
+	}
+	return m.KernelsReady(b.Dev()) == nil
 }
 
 // quiesce waits for the work queued on the handle's device.

@@ -178,3 +178,52 @@ func TestResetSignalPadOnGPU(t *testing.T) {
 	require.NoError(t, h.Barrier(0, 0, 2*time.Second))
 	require.NoError(t, h.failed())
 }
+
+// The reset's way is agreed at the rendezvous: kernel barriers only where
+// the kernels run on every rank's device. Here (two simulated devices) they
+// load on rank 0's and not on rank 1's: both ranks take the store's way and
+// meet there. (When each rank chose from its own KernelsReady, rank 0 ran
+// its barriers alone and returned, and rank 1 waited in the store for it
+// until the timeout.) Where they load on both, both take the kernels' way.
+func TestResetSignalPadPathAgreed(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		ready [2]bool
+	}{{"kernels on rank 0 only", [2]bool{true, false}}, {"kernels on both", [2]bool{true, true}}} {
+		t.Run(c.name, func(t *testing.T) {
+			gpus := [2]*simGPU{newSimGPU(t), newSimGPU(t)}
+			errs := runRanks(2, func(r int) Provider { return gpus[r] }, Config{Timeout: 5 * time.Second, AllowOverlappingDevices: true},
+				func(r int, m *Manager, st store.Store) error {
+					var why error
+					if !c.ready[r] {
+						why = errors.New("the module did not load")
+					}
+					m.kern.once.Do(func() { m.kern.ready = map[int]error{0: why} })
+					b, err := m.Alloc(0, 4096)
+					if err != nil {
+						return err
+					}
+					defer m.Free(b.Ptr())
+					h, err := m.Rendezvous(b.Ptr(), Group{Name: "agreed", Rank: r, World: 2, Store: st})
+					if err != nil {
+						return err
+					}
+					for id := range h.kstat.fns {
+						h.kstat.fns[id].Store(uintptr(id + 1))
+					}
+					if want := c.ready[0] && c.ready[1]; h.resetOnGPU != want {
+						return fmt.Errorf("rank %d: reset by kernel barriers %v, want %v", r, h.resetOnGPU, want)
+					}
+					return h.ResetSignalPad(time.Second)
+				})
+			for r, err := range errs {
+				require.NoError(t, err, "rank %d", r)
+			}
+			want := 0
+			if c.ready[1] {
+				want = 2
+			}
+			require.Equal(t, want, gpus[0].launches, "rank 0's barriers as kernels")
+		})
+	}
+}

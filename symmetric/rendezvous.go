@@ -35,6 +35,9 @@ type meta struct {
 	SyncFree bool `json:"sync_free,omitempty"`
 	// Blocks is this rank's Config.CollectiveBlocks (0: the default).
 	Blocks int `json:"blocks,omitempty"`
+	// Kernels: this rank could reset the pad by kernel barriers
+	// (Manager.kernelsForReset).
+	Kernels bool `json:"kernels,omitempty"`
 }
 
 // Rendezvous maps every rank's block of group g into this process and
@@ -111,6 +114,7 @@ type handshake struct {
 // rendezvous joins b with g. Nothing stays mapped or open after a failure
 // but the group's link.
 func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
+	kernelsReady := m.kernelsForReset(b) // before the deadline: a compile takes time
 	r := &handshake{m: m, b: b, g: g, kind: "r", deadline: time.Now().Add(m.cfg.Timeout), tr: newTracer(m.cfg.Trace, g)}
 	defer r.tr.done()
 	pm, mapped := m.prov.(PeerMapper) // peers are mapped already: nothing to export
@@ -120,6 +124,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	}
 	me.SyncFree = b.syncOwner == "" // b.mu is held (Rendezvous)
 	me.Blocks = m.cfg.CollectiveBlocks
+	me.Kernels = kernelsReady
 	r.seq = m.nextSeq(g.Name)
 	m.crashAt("publish")
 	var made bool
@@ -164,10 +169,13 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	// The group meets through the sync area only if it is free on every
 	// rank: every rank reads the same metas, so all decide alike.
 	h.epochSync, h.maxBlocks = true, uint32(SignalPadSize/4/g.World)
+	h.resetOnGPU = true
 	for _, p := range r.metas {
 		h.epochSync = h.epochSync && p.SyncFree
 		h.maxBlocks = min(h.maxBlocks, uint32(collectiveBlocks(p.Blocks)))
+		h.resetOnGPU = h.resetOnGPU && p.Kernels
 	}
+	h.resetOnGPU = h.resetOnGPU && h.epochSync
 	if h.epochSync {
 		b.syncOwner = g.Name
 	}

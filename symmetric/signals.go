@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/libsymm/libsymm/kernels"
 )
 
 // Signals. A handle's signals run one of two ways, each a signaler:
@@ -181,8 +183,16 @@ func (s memopSignals) wait(src, channel int, stream uintptr, timeout time.Durati
 	})
 }
 
+// barrier of a handle that meets through the sync area on the host
+// (hostMeets) is a meeting there, as the kernels' barrier is.
 func (s memopSignals) barrier(channel int, stream uintptr, timeout time.Duration) error {
 	h := s.h
+	if h.hostMeets() {
+		if err := h.hostMeet(channel, kernels.MeetBarrier, h.hostBound(timeout)); err != nil {
+			return fmt.Errorf("barrier: %w", err)
+		}
+		return nil
+	}
 	if timeout > 0 || h.world == 1 {
 		if err := h.signalPeers(channel, stream, timeout); err != nil {
 			return fmt.Errorf("barrier: %w", err)

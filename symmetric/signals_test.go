@@ -17,9 +17,15 @@ type kernelHost struct{ Provider }
 
 func (kernelHost) kernelDevice() {}
 
-// soloHandle is a world-of-one handle over prov with cfg.
+// soloHandle is a world-of-one handle over prov with cfg. A simulated
+// device (a kernelRunner) runs the kernels itself: its manager has no NVRTC
+// to open, and its kernels are ready from the start (the rendezvous asks,
+// Manager.kernelsForReset).
 func soloHandle(t *testing.T, prov Provider, cfg Config) *Handle {
 	m := NewManager(prov, cfg)
+	if _, ok := prov.(kernelRunner); ok {
+		m.kern.once.Do(func() { m.kern.ready = map[int]error{0: nil} })
+	}
 	st := store.NewMemory()
 	t.Cleanup(func() { st.Close() })
 	b, err := m.Alloc(0, 4096)

@@ -24,6 +24,7 @@ class ErrorCode(enum.IntEnum):
     TIMEOUT = 8
     PEER = 9
     BUSY = 10
+    MISMATCH = 11
 
 
 class SymmError(RuntimeError):

@@ -164,7 +164,9 @@ class Handle:
         Every rank calls it, in the same order per group, with no signal of
         the handle under way. timeout_ms bounds each wait for the peers (0:
         the library's, SYMM_TIMEOUT_MS); a rank that does not come raises
-        SymmError(TIMEOUT), one that fails SymmError(PEER), naming it."""
+        SymmError(TIMEOUT), one that fails SymmError(PEER), naming it; on
+        GPUs a peer that meets the reset's barriers with a collective instead
+        raises SymmError(MISMATCH) on both ranks, naming both calls."""
         _call_rc(load().symm_reset_signal_pad, self._h, int(timeout_ms))
 
     # ---- tensors (torch) ----
@@ -539,6 +541,13 @@ def rendezvous(tensor, group=None):
     if owners and not any(f.alive for f in owners.values()):
         # Every tensor rendezvoused on this block is gone: the block was
         # handed out again (or the program let go of it): start clean.
+        # This rank decides alone (a tensor in a reference cycle dies later
+        # on one rank than on another), so the ranks may disagree: then the
+        # resetting rank's barriers meet the peers' next collective, which
+        # both sides refuse (SymmError(MISMATCH) on GPUs, TIMEOUT where the
+        # reset agrees through the store), and the handle fails; no sums are
+        # read early. Dropping cycles first (gc.collect() on every rank)
+        # keeps the ranks' views alike.
         owners.clear()
         h.reset_signal_pad()
     for k in [k for k, f in owners.items() if not f.alive]:
