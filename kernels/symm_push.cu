@@ -47,9 +47,19 @@
 // per handle before it) clears both halves the same way and meets every peer
 // on channel 0 of the signal pads before any rank pushes, so no garbage left
 // in the buffer can pass for data either.
+//
+// The host queues the set-up before each call until the set-up has run:
+// once it has (or finds the workspace set up already), thread 0 writes 1
+// into the handle's ready word (host-mapped memory, read by the host with
+// no CUDA call, so also while a graph is being captured). A set-up captured
+// in a graph runs only at the replay; an eager call before it queues the
+// set-up again. A call that finds no call number (0: the set-up has not run
+// before it on this stream) reports SYMM_OP_PUSH_UNSET and stops, rather
+// than taking zeroed memory for lines of flag 0.
 
 #define SYMM_OP_PUSH 5      // push all-reduce: a peer's data did not come (channel: the call's flag)
 #define SYMM_OP_PUSH_INIT 6 // push all-reduce's first call: a peer did not come to set the workspace up
+#define SYMM_OP_PUSH_UNSET 9 // push all-reduce: the workspace was not set up before the call
 
 #define SYMM_PUSH_MAX_BLOCKS 128 // kernels.PushMaxBlocks: the most blocks of a push grid
 
@@ -188,6 +198,10 @@ __device__ __forceinline__ void push_all_reduce(u32 **bufs, u64 *state, const ch
   PushState *st = (PushState *)state;
   u64 start = now_ns();
   u64 e = *(volatile u64 *)&st->epoch[blockIdx.x];
+  if (e == 0) { // the set-up has not run (the first call's numbers start at 1)
+    if (threadIdx.x == 0) report(status, SYMM_OP_PUSH_UNSET, rank, 0);
+    return;
+  }
   int b = (int)(e & 1);
   u32 flag = (u32)e;
   u64 nlines = (nbytes + 7) / 8;
@@ -247,12 +261,16 @@ SYMM_PUSH_AR(symm_push_ar_f16, SYMM_DT_F16)
 // CUDA graph that captured it replays it harmlessly): clears both halves of
 // this rank's buffer, then, once every block has, meets every peer on
 // channel 0 of the signal pads (their halves are clear too before anyone
-// pushes), and sets the first call's number.
+// pushes), and sets the first call's number; then, or at once when the
+// workspace was set up already, writes 1 into ready (host-mapped).
 extern "C" __global__ void __launch_bounds__(512)
-    symm_push_init(u32 **bufs, u64 *state, u64 lines, u32 **pads, int rank, int world, u64 first_epoch, u64 timeout_ns,
-                   u64 *status) {
+    symm_push_init(u32 **bufs, u64 *state, u64 lines, u32 **pads, int rank, int world, u64 first_epoch, u64 *ready,
+                   u64 timeout_ns, u64 *status) {
   PushState *st = (PushState *)state;
-  if (*(volatile u64 *)&st->epoch[0] != 0) return;
+  if (*(volatile u64 *)&st->epoch[0] != 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *(volatile u64 *)ready = 1;
+    return;
+  }
   u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
   u64 stride = (u64)gridDim.x * blockDim.x;
   clear_half(bufs[rank], lines, world, 0, first, stride);
@@ -269,6 +287,7 @@ extern "C" __global__ void __launch_bounds__(512)
   if (__syncthreads_or(!ok) == 0 && threadIdx.x == 0) {
     *(volatile u32 *)&st->done = 0;
     for (int j = 0; j < SYMM_PUSH_MAX_BLOCKS; j++) *(volatile u64 *)&st->epoch[j] = first_epoch;
-    __threadfence();
+    __threadfence_system(); // the numbers are in before the host reads ready
+    *(volatile u64 *)ready = 1;
   }
 }

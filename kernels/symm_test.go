@@ -96,7 +96,7 @@ func TestReportAndMeetingCodesMatchTheSource(t *testing.T) {
 	for name, v := range map[string]int{
 		"SYMM_OP_PUT": OpPut, "SYMM_OP_WAIT": OpWait, "SYMM_OP_REDUCE_IN": OpReduceIn, "SYMM_OP_REDUCE_OUT": OpReduceOut,
 		"SYMM_OP_PUSH": OpPush, "SYMM_OP_PUSH_INIT": OpPushInit, "SYMM_OP_MISMATCH": OpMismatch,
-		"SYMM_OP_STOPPED":   OpStopped,
+		"SYMM_OP_STOPPED": OpStopped, "SYMM_OP_PUSH_UNSET": OpPushUnset,
 		"SYMM_MEET_BARRIER": MeetBarrier, "SYMM_MEET_RESET": MeetReset,
 		"SYMM_MEET_ONE_SHOT_IN": MeetOneShotIn, "SYMM_MEET_ONE_SHOT_OUT": MeetOneShotOut,
 		"SYMM_MEET_TWO_SHOT_IN": MeetTwoShotIn, "SYMM_MEET_TWO_SHOT_OUT": MeetTwoShotOut,

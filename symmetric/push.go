@@ -2,7 +2,6 @@ package symmetric
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -26,7 +25,14 @@ import (
 //
 // The first call on a handle sets the workspace up (symm_push_init: both
 // halves cleared, every peer met once on signal-pad channel 0), launched
-// once per handle before the first call's kernel and a no-op afterwards.
+// before each call's kernel until it has run, and a no-op once it has: it
+// then writes 1 into the handle's ready word (the spare half of its status
+// word, host-mapped), which the host reads with no CUDA call. A set-up
+// that is only queued does not count: a first call captured in a CUDA graph
+// runs its set-up at the graph's replay, so an eager call before that
+// replay queues the set-up again rather than reading a workspace never
+// cleared (zeroed memory would pass for lines of flag 0). A call that still
+// finds no set-up (its stream not ordered after one) fails with a report.
 // Calls on one workspace must be ordered (one stream, or streams ordered by
 // events) and every rank makes the same calls, with the same sizes, in the
 // same order. A peer that does not come gives ErrSignalTimeout naming it and
@@ -48,9 +54,9 @@ const pushStateWords = kernels.PushMaxBlocks + 1
 // flags).
 const pushLine = 16
 
-// pushSetUp is a handle's workspace set-up: ready once the set-up kernel is
-// queued (or, on the host, done); mu serializes the set-up, and each host
-// call.
+// pushSetUp is a handle's workspace set-up: ready once the set-up kernel
+// has run (its ready word reads 1; on the host, the state is set); mu
+// serializes the set-up's launch, and each host call.
 type pushSetUp struct {
 	ready atomic.Bool
 	mu    sync.Mutex
@@ -195,7 +201,7 @@ func (h *Handle) checkPushBlock() error {
 
 func (h *Handle) kernelPush(a PushAllReduce, nbytes uint64) error {
 	lines := pushSlotLines(h.b.bufSize, h.world)
-	if !h.push.ready.Load() {
+	if !h.pushReady() {
 		if err := h.kernelPushSetUp(lines, a.Stream, a.Timeout); err != nil {
 			return err
 		}
@@ -207,26 +213,40 @@ func (h *Handle) kernelPush(a PushAllReduce, nbytes uint64) error {
 		callDesc{kind: kPush, count: a.Count, dtype: a.Dtype})
 }
 
-// kernelPushSetUp queues the set-up kernel before the handle's first call.
-// It is a no-op once the workspace is set up, so queuing it again (after an
-// error that left it queued) is harmless.
+// pushReady reports whether the workspace's set-up kernel has run: its
+// ready word reads 1 (kept in push.ready once seen).
+func (h *Handle) pushReady() bool {
+	if h.push.ready.Load() {
+		return true
+	}
+	// statusWord's once orders the read of kstat.host after its write.
+	if _, err := h.statusWord(); err == nil && word(h.kstat.host+8).Load() != 0 {
+		h.push.ready.Store(true)
+		return true
+	}
+	return false
+}
+
+// kernelPushSetUp queues the set-up kernel before a call, while the set-up
+// has not run (pushReady). It is a no-op once the workspace is set up, so
+// queuing it again (behind a set-up still queued or captured in a graph) is
+// harmless: it only writes the ready word again.
 func (h *Handle) kernelPushSetUp(lines uint64, stream uintptr, timeout time.Duration) error {
 	h.push.mu.Lock()
 	defer h.push.mu.Unlock()
-	if h.push.ready.Load() {
+	if h.pushReady() {
 		return nil
 	}
 	if err := h.checkPushBlock(); err != nil {
 		return err
 	}
+	if _, err := h.statusWord(); err != nil {
+		return fmt.Errorf("%s: the status word: %w", h.describe(callDesc{kind: kPushInit}), err)
+	}
 	blocks, threads := kernels.PushInitLaunch(lines)
 	words := [...]uint64{uint64(h.BufferPtrsDev()), uint64(h.pushStateDev()), lines, uint64(h.PadPtrsDev()),
-		u32(h.rank), u32(h.world), h.pushFirstCall(), 0, 0}
-	err := h.launch(kPushInit, blocks, threads, stream, timeout, words[:], callDesc{kind: kPushInit})
-	if err == nil || errors.Is(err, ErrSignalTimeout) { // queued: a late peer has failed the handle
-		h.push.ready.Store(true)
-	}
-	return err
+		u32(h.rank), u32(h.world), h.pushFirstCall(), uint64(h.kstat.dev + 8), 0, 0}
+	return h.launch(kPushInit, blocks, threads, stream, timeout, words[:], callDesc{kind: kPushInit})
 }
 
 // hostPush is the kernel's protocol run by the calling thread on host

@@ -322,11 +322,56 @@ func TestPushAllReduceLatePeer(t *testing.T) {
 
 func errContains(err error, s string) bool { return err != nil && strings.Contains(err.Error(), s) }
 
-// pushGPU records the kernels a simulated device is asked to launch.
+// The workspace's set-up counts only once it has run: a first call captured
+// in a CUDA graph (its set-up captured, not run) leaves it pending, and the
+// eager call that follows, before any replay, queues the set-up again
+// before its own kernel; once a set-up has run, calls queue only theirs.
+// (When the set-up counted as soon as it was queued, the eager call
+// launched the push alone, which read a workspace never cleared.) A call
+// that still finds no set-up on the device fails, naming it.
+func TestPushSetUpCountsOnceItHasRun(t *testing.T) {
+	g := &pushGPU{simGPU: newSimGPU(t)}
+	h := soloHandle(t, g, Config{Timeout: time.Second, Signals: SignalsKernel})
+	m := h.m
+	m.kern.once.Do(func() { m.kern.ready = map[int]error{0: nil} })
+	for id := range h.kstat.fns {
+		h.kstat.fns[id].Store(uintptr(id + 1))
+	}
+	a := PushAllReduce{In: 0x10000, Out: 0x10000, Count: 8, Dtype: kernels.Float32, Op: "sum", Stream: simStream}
+	ids := func() (ids []int) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for _, l := range g.launched {
+			ids = append(ids, l.id)
+		}
+		g.launched = nil
+		return ids
+	}
+	g.capturing = true
+	require.NoError(t, h.PushAllReduce(a))
+	require.Equal(t, []int{kPushInit, kPush}, ids(), "the captured first call")
+	g.capturing = false
+	require.NoError(t, h.PushAllReduce(a))
+	require.Equal(t, []int{kPushInit, kPush}, ids(), "the eager call before the replay sets the workspace up again")
+	require.NoError(t, h.PushAllReduce(a))
+	require.Equal(t, []int{kPush}, ids(), "the set-up has run")
+
+	g.report = 1<<63 | uint64(kernels.OpPushUnset)<<56
+	a.Timeout = 100 * time.Millisecond
+	err := h.PushAllReduce(a)
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorContains(t, err, "the workspace was not set up before the call")
+}
+
+// pushGPU records the kernels a simulated device is asked to launch. A
+// set-up kernel launched while capturing is false runs: it writes its
+// ready word, as symm_push_init does; one launched while capturing is
+// captured into a graph that is never replayed, and does not run.
 type pushGPU struct {
 	*simGPU
-	mu       sync.Mutex
-	launched []pushLaunch
+	mu        sync.Mutex
+	launched  []pushLaunch
+	capturing bool
 }
 
 type pushLaunch struct {
@@ -339,7 +384,11 @@ type pushLaunch struct {
 func (g *pushGPU) LaunchKernel(dev int, f uintptr, grid, block uint32, stream uintptr, words []uint64) error {
 	g.mu.Lock()
 	g.launched = append(g.launched, pushLaunch{id: int(f) - 1, grid: grid, block: block, words: words, stream: stream})
+	run := int(f)-1 == kPushInit && !g.capturing
 	g.mu.Unlock()
+	if run {
+		word(uintptr(words[7])).Store(1) // device address = host address
+	}
 	return g.simGPU.LaunchKernel(dev, f, grid, block, stream, words)
 }
 
@@ -368,7 +417,7 @@ func TestPushAllReduceKernelLaunches(t *testing.T) {
 	require.Equal(t, kPushInit, init.id)
 	require.Equal(t, [2]uint32{ib, it}, [2]uint32{init.grid, init.block})
 	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), uint64(h.pushStateDev()), lines, uint64(h.PadPtrsDev()), 0, 1, 7,
-		uint64(time.Second), init.words[8]}, init.words)
+		uint64(h.kstat.dev + 8), uint64(time.Second), init.words[9]}, init.words)
 	require.Equal(t, kPush+int(kernels.Float16), call.id)
 	require.Equal(t, [2]uint32{1, 32}, [2]uint32{call.grid, call.block})
 	require.Equal(t, []uint64{uint64(h.BufferPtrsDev()), uint64(h.pushStateDev()), uint64(in), uint64(out), 6, lines, 0, 1,

@@ -18,7 +18,10 @@ against local_input refused (INVALID), out = local_input (in place) summed;
 out and local_input aligned differently on each rank, 100 rounds, sums
 bit-exact (misaligned_rounds); a rank that does not come gives
 SymmError(TIMEOUT) naming it, and the stream goes on; a barrier and the
-all-reduce captured in a CUDA graph and replayed. In symm_rounds.py (beside
+all-reduce captured in a CUDA graph and replayed; rank 0's barrier or pad
+reset against the others' all-reduce gives SymmError(MISMATCH) on every
+rank (mismatch_rounds); a push workspace's first call captured in a graph,
+then an eager call before the replay (push_capture_first). In symm_rounds.py (beside
 this file): two_shot_rounds (symm.two_shot_all_reduce, in place / out /
 local_input, bit for bit in rank order, a CUDA graph replayed), rsag_rounds
 (symm.reduce_scatter and symm.all_gather, 4 B .. 1 MiB per rank, every
@@ -99,6 +102,74 @@ def misaligned_rounds(rank, world, dev, group, check):
         check(f"one_shot_all_reduce {str(dtype)[6:]} misaligned out/local_input on one rank, 100 rounds bit-exact",
               not bad, bad or f"{time.monotonic() - t0:.2f} s")
         del x
+
+
+def mismatch_rounds(rank, world, dev, group, check):
+    """Meetings carry their kind: rank 0's barrier, or its pad reset (a reset
+    one rank decided alone), against the others' one-shot all-reduce is
+    SymmError(MISMATCH) on every rank, naming both calls; never a pass in
+    which the all-reduce reads before the inputs are in. Fresh blocks, so
+    every rank's count of meetings starts alike."""
+    import torch
+    import torch.distributed as dist
+
+    import symm
+
+    for what in ("barrier", "reset_signal_pad"):
+        x = symm.empty(1024, dtype=torch.float32, device=dev)
+        h = symm.rendezvous(x, group)
+        x.fill_(float(rank + 1))
+        name = f"rank 0's {what} against the others' one_shot_all_reduce: MISMATCH on every rank"
+        try:
+            if rank == 0 and what == "barrier":
+                h.barrier(channel=0, timeout_ms=5000)
+            elif rank == 0:
+                h.reset_signal_pad(timeout_ms=5000)
+            else:
+                symm.one_shot_all_reduce(x, group=group, timeout_ms=5000)
+            check(name, False, "no error")
+        except symm.SymmError as e:
+            check(name, e.code == symm.ErrorCode.MISMATCH and f"rank 0's {what}" in str(e)
+                  and "one_shot_all_reduce (before the reads)" in str(e), str(e)[:240])
+        torch.cuda.synchronize()
+        dist.barrier()
+        del x, h
+
+
+def push_capture_first(rank, world, dev, check):
+    """A push workspace whose first call is captured in a CUDA graph (its
+    set-up captured, not run), then an eager call before any replay: the
+    eager call sets the workspace up itself and sums right (it read a
+    workspace never cleared when a queued set-up counted as done); then the
+    replay sums right too."""
+    import torch
+    import torch.distributed as dist
+
+    import symm
+
+    g2 = dist.new_group(list(range(world)))
+    symm.push_workspace(g2, dev)  # the rendezvous, outside the capture
+    x = torch.full((4096,), float(rank + 1), device=dev)
+    out = torch.zeros_like(x)
+    want = float(sum(r + 1 for r in range(world)))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        symm.push_all_reduce(x, group=g2, out=out)
+    out.zero_()
+    try:
+        symm.push_all_reduce(x, group=g2, out=out)
+        torch.cuda.synchronize()
+        eager = bool((out == want).all())
+        detail = f"eager: {out[:4].tolist()}"
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        replay = bool((out == want).all())
+        detail += f"; replay: {out[:4].tolist()}"
+        check("push_all_reduce: first call captured, an eager call before the replay, then the replay", eager and replay, detail)
+    except symm.SymmError as e:
+        check("push_all_reduce: first call captured, an eager call before the replay, then the replay", False, str(e)[:240])
+    dist.barrier()
 
 
 def run_rank(rank, world, port, push_only=False):
@@ -232,6 +303,8 @@ def run_rank(rank, world, port, push_only=False):
         check("barrier + one_shot_all_reduce captured in a CUDA graph, replayed 3 times", ok, detail)
         dist.barrier()
 
+        mismatch_rounds(rank, world, dev, group, check)
+        push_capture_first(rank, world, dev, check)
         push_rounds(rank, world, dev, group, check)
         all_reduce_rounds(rank, world, dev, group, check)
 
