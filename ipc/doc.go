@@ -13,16 +13,15 @@
 //     Rejected, and Accept keeps waiting); Dial fails unless the listener is
 //     the expected pid with our uid. A message is one datagram: a payload of
 //     at most 64 KiB and up to 253 descriptors (SCM_RIGHTS), delivered whole.
-//   - A Mailbox is a datagram socket in the same namespace that anyone may
-//     send to: each message comes with the sender's pid and uid, attached by
-//     the kernel (SO_PASSCRED, not forgeable), and the receiver decides per
-//     message whom to trust. A message, descriptors included, stays queued
-//     after its sender closes or exits. Symmetric memory's rendezvous uses
-//     it: no connection to keep open, one system call per peer.
+//   - A connection's identity is checked once, when it is made: a pid
+//     (SO_PEERCRED) is fixed when the peer connected or listened, and a
+//     later holder of the name cannot reach into a connection made before.
+//     ProcessStart and PIDNamespace let a caller check a pid against the
+//     process it agreed on (pids are reused; start times are not).
 //   - Every call that waits has a real deadline (through Go's runtime poller):
 //     a timeout ends it with an error that wraps os.ErrDeadlineExceeded, and
-//     Close ends it at once. timeout <= 0 means: do not wait. Send, which has
-//     no timeout argument, gives up after 30 s if the peer never makes room.
+//     Close ends it at once. timeout <= 0 means: do not wait. Send gives up
+//     after 30 s if the peer never makes room; SendWithin after its timeout.
 //   - Every descriptor is close-on-exec, received ones included
 //     (MSG_CMSG_CLOEXEC). Received descriptors belong to the caller; when
 //     Recv fails after descriptors arrived (too many, truncated data or

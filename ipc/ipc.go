@@ -54,6 +54,10 @@ func pollable(fd int, name string) (*os.File, syscall.RawConn, error) {
 	return f, rc, nil
 }
 
+// ErrPeerClosed is wrapped by the error of a Send or Recv on a connection
+// whose peer has closed it (or exited): nothing more will come or go.
+var ErrPeerClosed = errors.New("the peer closed the connection")
+
 // errTimeout is a wait that ran out; it wraps os.ErrDeadlineExceeded.
 type errTimeout struct{ msg string }
 
@@ -163,6 +167,15 @@ func (l *Listener) Accept(pid int, timeout time.Duration) (*Conn, error) {
 	if pid <= 0 {
 		return nil, fmt.Errorf("ipc: accept on %s: expected pid must be positive, not %d", l.name, pid)
 	}
+	return l.AcceptFrom(func(p int) bool { return p == pid }, fmt.Sprintf("pid %d", pid), timeout)
+}
+
+// AcceptFrom waits (at most timeout) for a connection from a process of our
+// uid whose pid (as SO_PEERCRED gives it, fixed when the peer connected)
+// wanted accepts; what names the expected processes in errors. Connections
+// from any other process are closed and counted (Rejected()), and
+// AcceptFrom keeps waiting.
+func (l *Listener) AcceptFrom(wanted func(pid int) bool, what string, timeout time.Duration) (*Conn, error) {
 	l.acceptMu.Lock()
 	defer l.acceptMu.Unlock()
 	deadline := time.Now().Add(timeout)
@@ -189,26 +202,26 @@ func (l *Listener) Accept(pid int, timeout time.Duration) (*Conn, error) {
 			}
 			switch {
 			case l.closed.Load():
-				return nil, fmt.Errorf("ipc: accept on %s: listener closed while waiting for pid %d%s: %w", l.name, pid, others, os.ErrClosed)
+				return nil, fmt.Errorf("ipc: accept on %s: listener closed while waiting for %s%s: %w", l.name, what, others, os.ErrClosed)
 			case isTimeout(err):
-				return nil, &errTimeout{fmt.Sprintf("ipc: accept on %s: waited %v for pid %d, none came%s",
-					l.name, max(timeout, 0), pid, others)}
+				return nil, &errTimeout{fmt.Sprintf("ipc: accept on %s: waited %v for %s, none came%s",
+					l.name, max(timeout, 0), what, others)}
 			}
-			return nil, fmt.Errorf("ipc: accept on %s (waiting for pid %d): %w", l.name, pid, err)
+			return nil, fmt.Errorf("ipc: accept on %s (waiting for %s): %w", l.name, what, err)
 		}
 		cred, err := unix.GetsockoptUcred(nfd, unix.SOL_SOCKET, unix.SO_PEERCRED)
 		if err != nil {
 			unix.Close(nfd)
 			return nil, fmt.Errorf("ipc: accept on %s: reading the peer's credentials: %w", l.name, err)
 		}
-		if int(cred.Pid) != pid || int(cred.Uid) != l.uid {
+		if int(cred.Uid) != l.uid || cred.Pid <= 0 || !wanted(int(cred.Pid)) {
 			unix.Close(nfd)
 			l.rejected.Add(1)
 			rejected++
 			last = fmt.Sprintf("pid %d uid %d", cred.Pid, cred.Uid)
 			continue
 		}
-		return newConn(nfd, l.name, pid)
+		return newConn(nfd, l.name, int(cred.Pid))
 	}
 }
 
@@ -275,8 +288,11 @@ type Conn struct {
 	pid  int
 	f    *os.File
 	rc   syscall.RawConn
-	rmu  sync.Mutex // one Recv at a time: they share the read deadline
+	rmu  sync.Mutex // one Recv at a time: they share the read deadline and rbuf
 	wmu  sync.Mutex // one Send at a time: they share the write deadline
+	// rbuf receives every message (made at the first Recv): a message is
+	// copied out of it, so a Recv allocates only its payload.
+	rbuf []byte
 
 	closed atomic.Bool
 }
@@ -298,9 +314,13 @@ func (c *Conn) Close() error {
 	return c.f.Close()
 }
 
-// Send sends payload (<= 64 KiB) and fds in one message (SCM_RIGHTS).
-// The fds stay ours: the peer receives duplicates.
-func (c *Conn) Send(payload []byte, fds []int) error {
+// Send sends payload (<= 64 KiB) and fds in one message (SCM_RIGHTS),
+// waiting at most 30 s for the peer to make room. The fds stay ours: the
+// peer receives duplicates.
+func (c *Conn) Send(payload []byte, fds []int) error { return c.SendWithin(payload, fds, sendTimeout) }
+
+// SendWithin is Send waiting at most timeout for the peer to make room.
+func (c *Conn) SendWithin(payload []byte, fds []int, timeout time.Duration) error {
 	if len(payload) > maxPayload {
 		return fmt.Errorf("ipc: send to pid %d on %s: payload of %d bytes exceeds %d", c.pid, c.name, len(payload), maxPayload)
 	}
@@ -319,7 +339,7 @@ func (c *Conn) Send(payload []byte, fds []int) error {
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if err := c.f.SetWriteDeadline(time.Now().Add(sendTimeout)); err != nil {
+	if err := c.f.SetWriteDeadline(time.Now().Add(max(timeout, time.Nanosecond))); err != nil {
 		return fmt.Errorf("ipc: send to pid %d on %s: %w", c.pid, c.name, err)
 	}
 	var n int
@@ -339,9 +359,9 @@ func (c *Conn) Send(payload []byte, fds []int) error {
 	case err != nil && c.closed.Load():
 		return fmt.Errorf("ipc: send to pid %d on %s: connection closed: %w", c.pid, c.name, os.ErrClosed)
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return &errTimeout{fmt.Sprintf("ipc: send to pid %d on %s: the peer took nothing for %v", c.pid, c.name, sendTimeout)}
+		return &errTimeout{fmt.Sprintf("ipc: send to pid %d on %s: the peer took nothing for %v", c.pid, c.name, max(timeout, 0))}
 	case errors.Is(err, unix.EPIPE), errors.Is(err, unix.ECONNRESET):
-		return fmt.Errorf("ipc: send to pid %d on %s: the peer closed the connection: %w", c.pid, c.name, err)
+		return fmt.Errorf("ipc: send to pid %d on %s: %w: %w", c.pid, c.name, ErrPeerClosed, err)
 	case err != nil:
 		return fmt.Errorf("ipc: send to pid %d on %s: %w", c.pid, c.name, err)
 	case n != len(msg):
@@ -356,22 +376,34 @@ func (c *Conn) Recv(maxFDs int, timeout time.Duration) ([]byte, []int, error) {
 	if maxFDs < 0 || maxFDs > maxFDsPerMsg {
 		return nil, nil, fmt.Errorf("ipc: recv from pid %d on %s: maxFDs %d outside [0, %d]", c.pid, c.name, maxFDs, maxFDsPerMsg)
 	}
-	// One byte more than a message may hold, so an oversized one shows as
-	// such even where the kernel does not flag it.
-	buf := make([]byte, 1+maxPayload+1)
 	var oob []byte
 	if maxFDs > 0 {
 		oob = make([]byte, unix.CmsgSpace(4*maxFDs))
 	}
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
+	if c.rbuf == nil {
+		// One byte more than a message may hold, so an oversized one shows
+		// as such even where the kernel does not flag it.
+		c.rbuf = make([]byte, 1+maxPayload+1)
+	}
+	buf := c.rbuf
 	n, oobn, flags, err := recvmsg(c.f, c.rc, timeout, buf, oob)
+	if errors.Is(err, unix.ECONNRESET) {
+		// The peer closed with messages of ours unread. The kernel reports
+		// that once, before what the peer sent us first: read on, down to
+		// the end of the connection.
+		n, oobn, flags, err = recvmsg(c.f, c.rc, timeout, buf, oob)
+	}
 	if err != nil {
 		if c.closed.Load() {
 			return nil, nil, fmt.Errorf("ipc: recv from pid %d on %s: connection closed: %w", c.pid, c.name, os.ErrClosed)
 		}
 		if isTimeout(err) {
 			return nil, nil, &errTimeout{fmt.Sprintf("ipc: recv from pid %d on %s: nothing came within %v", c.pid, c.name, max(timeout, 0))}
+		}
+		if errors.Is(err, unix.ECONNRESET) {
+			return nil, nil, fmt.Errorf("ipc: recv from pid %d on %s: %w: %w", c.pid, c.name, ErrPeerClosed, err)
 		}
 		return nil, nil, fmt.Errorf("ipc: recv from pid %d on %s: %w", c.pid, c.name, err)
 	}
@@ -391,8 +423,8 @@ func (c *Conn) Recv(maxFDs int, timeout time.Duration) ([]byte, []int, error) {
 		return fail("the peer sent %d descriptors, more than the %d expected; all are closed", len(fds), maxFDs)
 	case flags&unix.MSG_TRUNC != 0 || n > 1+maxPayload:
 		return fail("message larger than %d bytes; its %d descriptors are closed", 1+maxPayload, len(fds))
-	case n == 0 && len(fds) == 0:
-		return nil, nil, fmt.Errorf("ipc: recv from pid %d on %s: the peer closed the connection", c.pid, c.name)
+	case n == 0 && len(fds) == 0: // every message holds at least its version byte
+		return nil, nil, fmt.Errorf("ipc: recv from pid %d on %s: %w", c.pid, c.name, ErrPeerClosed)
 	case n == 0 || buf[0] != msgVersion:
 		return fail("not a message of this package (%d bytes, first %#x); its %d descriptors are closed", n, buf[:min(n, 1)], len(fds))
 	}

@@ -470,22 +470,6 @@ func helper(mode string) int {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		return 3
 	}
-	if mode == "mailbox-send" { // send a memfd to the parent's mailbox and exit at once
-		mb, err := OpenMailbox(fmt.Sprintf("symm-test-helper-%d", os.Getpid()))
-		if err != nil {
-			return fail(err)
-		}
-		defer mb.Close()
-		fd := memfdWith(pattern(patternSize))
-		if fd < 0 {
-			return fail(errors.New("memfd"))
-		}
-		defer unix.Close(fd)
-		if err := mb.SendTo(os.Getenv(helperNameEnv), []byte(strconv.Itoa(patternSize)), []int{fd}, 5*time.Second); err != nil {
-			return fail(err)
-		}
-		return 0
-	}
 	c, err := Dial(os.Getenv(helperNameEnv), os.Getppid(), 5*time.Second)
 	if err != nil {
 		return fail(err)
@@ -591,4 +575,77 @@ func TestCrossProcessMemfd(t *testing.T) {
 	if !bytes.Equal(pattern(size), mem) {
 		t.Fatal(errors.New("the mapped memory does not hold the child's pattern"))
 	}
+}
+
+// A peer that closes with our messages unread: the kernel reports the reset
+// once, ahead of what the peer sent first. Recv reads on: the peer's last
+// message, then the end, both as such.
+func TestRecvAfterPeerClosesWithOursUnread(t *testing.T) {
+	noLeaks(t)
+	server, client := pair(t)
+	require.NoError(t, server.Send([]byte("never read"), nil))
+	require.NoError(t, client.Send([]byte("last words"), nil))
+	require.NoError(t, client.Close())
+	payload, _, err := server.Recv(0, time.Second)
+	require.NoError(t, err, "the peer's message comes before the end")
+	require.Equal(t, "last words", string(payload))
+	_, _, err = server.Recv(0, time.Second)
+	require.ErrorIs(t, err, ErrPeerClosed)
+	err = server.SendWithin([]byte("x"), nil, time.Second)
+	require.ErrorIs(t, err, ErrPeerClosed)
+}
+
+// SendWithin gives up at its timeout when the peer never reads.
+func TestSendWithinTimesOut(t *testing.T) {
+	noLeaks(t)
+	_, client := pair(t)
+	big := make([]byte, 60<<10)
+	start := time.Now()
+	var err error
+	for err == nil && time.Since(start) < 10*time.Second {
+		err = client.SendWithin(big, nil, 100*time.Millisecond)
+	}
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.ErrorContains(t, err, "the peer took nothing for 100ms")
+}
+
+// AcceptFrom takes the first process its test accepts and closes the
+// others (here: none is wanted, so it waits out its timeout, naming them).
+func TestAcceptFrom(t *testing.T) {
+	noLeaks(t)
+	l := listen(t)
+	go func() {
+		if c, err := Dial(l.Name(), os.Getpid(), 2*time.Second); err == nil {
+			defer c.Close()
+			c.Recv(0, time.Second)
+		}
+	}()
+	_, err := l.AcceptFrom(func(pid int) bool { return false }, "rank 0 (pid 1)", 300*time.Millisecond)
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.ErrorContains(t, err, "waited 300ms for rank 0 (pid 1), none came (1 other process rejected")
+	go func() {
+		if c, err := Dial(l.Name(), os.Getpid(), 2*time.Second); err == nil {
+			defer c.Close()
+			c.Recv(0, time.Second)
+		}
+	}()
+	c, err := l.AcceptFrom(func(pid int) bool { return pid == os.Getpid() }, "us", 2*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, os.Getpid(), c.PeerPID())
+	c.Close()
+}
+
+func TestProcessStart(t *testing.T) {
+	mine, err := ProcessStart(os.Getpid())
+	require.NoError(t, err)
+	require.NotZero(t, mine)
+	again, err := ProcessStart(os.Getpid())
+	require.NoError(t, err)
+	require.Equal(t, mine, again)
+	parent, err := ProcessStart(os.Getppid())
+	require.NoError(t, err)
+	require.LessOrEqual(t, parent, mine, "a parent starts before its child")
+	_, err = ProcessStart(1 << 30) // above pid_max
+	require.ErrorContains(t, err, "the start time of pid 1073741824")
+	require.Contains(t, PIDNamespace(), "pid:[")
 }

@@ -82,8 +82,8 @@ type Manager struct {
 	cfg  Config
 
 	mu     sync.RWMutex
-	blocks []*Block // sorted by address, disjoint: interval lookup by binary search
-	seq    map[string]int
+	blocks []*Block         // sorted by address, disjoint: interval lookup by binary search
+	seq    map[seqKey]int64 // handshakes numbered per group and kind (nextSeq)
 	links  map[string]*link // by group name (link.go)
 
 	dog  watchdog    // background watch of queued signals (watchdog.go)
@@ -103,7 +103,7 @@ func NewManager(prov Provider, cfg Config) *Manager {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	return &Manager{prov: prov, cfg: cfg, seq: map[string]int{}}
+	return &Manager{prov: prov, cfg: cfg, seq: map[seqKey]int64{}}
 }
 
 // Provider returns the manager's provider.

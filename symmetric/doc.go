@@ -19,18 +19,22 @@
 // # Rendezvous protocol (all ranks call it, in the same order per group)
 //
 //  1. at the group's first rendezvous in this process only, each rank opens
-//     its mailbox for the group (an abstract Unix datagram socket), then
-//     publishes its pid, uid, hostname, backend and mailbox name under
-//     symm/<group>/link<n>/<rank> and reads every peer's: one all-gather
-//     through the store (one round trip on a Client), checked (one host,
-//     one uid, one backend). The mailbox and what was gathered are the
-//     group's link (link.go), kept for later rendezvous;
-//  2. each rank sends one note to every peer's mailbox: its block's
+//     a listening socket for the group (abstract Unix seqpacket), then
+//     publishes its pid, start time, pid namespace, uid, hostname, backend
+//     and socket name under symm/<group>/link<n>/<rank> and reads every
+//     peer's: one all-gather through the store (one round trip on a
+//     Client), checked (one host, one uid, one pid namespace, one backend).
+//     Then rank i connects to every rank j > i at the name j published and
+//     accepts every rank j < i; each connection is checked, before anything
+//     is sent on it, to end at the process that published that rank (its
+//     pid and uid from SO_PEERCRED, fixed by the kernel; its start time
+//     from /proc), and the listener closes. The connections and what was
+//     gathered are the group's link (link.go), kept for later handshakes
+//     until the group's store is closed;
+//  2. each rank sends one note to every peer on its connection: its block's
 //     metadata (device, sizes, sync-area state) with the block's descriptor
 //     (SCM_RIGHTS; exported once per block, at Alloc on CUDA), and takes
-//     one from each peer, only from the pid that published that rank at
-//     step 1 and only from our uid (the kernel attaches the sender's
-//     credentials: package ipc);
+//     one from each; a note on rank j's connection must say it is rank j's;
 //  3. each rank imports and maps every peer's descriptor as it comes, in
 //     parallel, and closes it, then checks every rank's metadata (same
 //     sizes, distinct devices): every rank reads the same notes, so all
@@ -39,9 +43,14 @@
 //     waits for theirs: every rank succeeds, or every rank fails and names
 //     the rank that failed first.
 //
-// So a rendezvous after the group's first touches no store: two datagrams
-// per peer each way. A datagram stays queued with its descriptor after its
-// sender moves on, so no rank has to keep a socket open for a slow peer.
+// So a rendezvous after the group's first touches no store: two messages
+// per peer each way. A descriptor leaves this process only on a checked
+// connection: a process that takes a published name later, or that writes
+// a rank's metadata into the store first, gets nothing (docs/RELIABILITY.md:
+// untrusted peers). A connection delivers in order and keeps what a peer
+// sent after it exits, so a failing rank's cause arrives before its end;
+// notes of a handshake that has ended (failed) here are dropped as they
+// arrive, their descriptors closed.
 //
 // A peer that dies or stalls makes the others fail with an error naming its
 // rank and pid within the timeout; nothing stays mapped or open after a

@@ -5,29 +5,27 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/libsymm/libsymm/ipc"
 )
 
 // Peers' blocks, mapped during a rendezvous (rendezvous.go) in one of two
-// ways: by descriptors that change hands through the ranks' mailboxes
-// (abstract Unix datagram sockets, SCM_RIGHTS), taken only from the process
-// that published a rank's metadata and runs as our uid; or, for providers
-// that map peers themselves (PeerMapper: NVSHMEM), as views the provider
-// hands out. A mailbox also carries a failing rank's cause to its peers, so
-// that none waits for its descriptor until the timeout.
+// ways: by descriptors that change hands on the group's link (a checked
+// Unix seqpacket connection to each peer, SCM_RIGHTS: link.go), sent only
+// to the process that published a rank's metadata and taken only from it;
+// or, for providers that map peers themselves (PeerMapper: NVSHMEM), as
+// views the provider hands out. The link also carries a failing rank's
+// cause to its peers, so that none waits for its descriptor until the
+// timeout.
 
-// socketBase starts the names of the mailboxes of one rendezvous of this
+// socketBase starts the names of the listeners of one link of this
 // process: the group's name cut to 40 safe characters, within the length of
 // a socket's name.
-func socketBase(pid int, group string, seq int) string {
+func socketBase(pid int, group string, seq int64) string {
 	clean := strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
 			return r
@@ -38,25 +36,6 @@ func socketBase(pid int, group string, seq int) string {
 		clean = clean[:40]
 	}
 	return fmt.Sprintf("symm-%d-%s-%d", pid, clean, seq)
-}
-
-// openMailbox opens our mailbox and names it in me.Socket. It is opened
-// before our metadata is published, so that a peer that reads the metadata
-// can send at once. Descriptors in messages still queued when it closes
-// are closed by the kernel. The name ends in a random nonce (peers learn it
-// from the metadata), so another process cannot take it ahead of us; a
-// name taken all the same is replaced by a new one.
-func openMailbox(me *meta, g Group, seq int) (mb *ipc.Mailbox, err error) {
-	for attempt := 0; ; attempt++ {
-		me.Socket = fmt.Sprintf("%s-%d-%s", socketBase(os.Getpid(), g.Name, seq), g.Rank, mailboxNonce())
-		if mb, err = ipc.OpenMailbox(me.Socket); err == nil || !errors.Is(err, unix.EADDRINUSE) || attempt == 2 {
-			break
-		}
-	}
-	if err != nil {
-		return nil, err
-	}
-	return mb, nil
 }
 
 // exchange sends our metadata and descriptor fd (none when mapped) to
@@ -156,7 +135,7 @@ func (h *Handle) mapPeer(j int, fds []int, peer meta) error {
 	return nil
 }
 
-// mailboxNonce makes the random end of a mailbox name (a variable: tests
+// mailboxNonce makes the random end of a link's listener name (a variable: tests
 // make it predictable).
 var mailboxNonce = func() string {
 	var b [8]byte
@@ -166,6 +145,7 @@ var mailboxNonce = func() string {
 	return hex.EncodeToString(b[:])
 }
 
-// strayMessages counts mailbox messages refused over the process's life
-// (not from the expected peer process, malformed, or duplicates).
+// strayMessages counts link messages refused over the process's life
+// (malformed, from another rank than their connection's, duplicates, or
+// left over from a handshake that had ended).
 var strayMessages atomic.Int64

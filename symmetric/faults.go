@@ -15,10 +15,18 @@ import (
 // "arrays" or "register"), or nil.
 func (m *Manager) failAt(phase string) error {
 	if m.cfg.FailAt == phase {
-		return fmt.Errorf("injected failure at %s (Config.FailAt)", phase)
+		return fmt.Errorf("injected failure at %s (Config.FailAt)%s", phase, injectedDetail)
 	}
 	return nil
 }
+
+// injectedDetail ends the message of an injected failure (tests: a long
+// one, to check what a failing rank's note carries).
+var injectedDetail string
+
+// beforeLink, when set (tests), runs in a rendezvous before it takes the
+// group's link: a thread held there lets another overtake it.
+var beforeLink func(g Group)
 
 // crashAt kills this process with SIGKILL when Config.CrashAt names phase:
 // fault injection for the tests of a peer dying in the middle of a

@@ -2,6 +2,7 @@ package symmetric
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,37 +19,51 @@ import (
 	"github.com/libsymm/libsymm/store"
 )
 
-// strangerEnv makes this test binary, run as a child, send one descriptor
-// to the mailbox it names and exit: another process posing as a peer.
+// strangerEnv makes this test binary, run as a child, connect to the link
+// listener it names (held by its parent), say it is rank 0, send a
+// descriptor, and print what became of the connection: another process of
+// our uid posing as a peer.
 const strangerEnv = "SYMM_TEST_STRANGER_TO"
 
 func TestMain(m *testing.M) {
 	if to := os.Getenv(strangerEnv); to != "" {
 		os.Exit(stranger(to))
 	}
+	if name := os.Getenv(attackerEnv); name != "" {
+		os.Exit(attacker(name))
+	}
+	if spec := os.Getenv(rankEnv); spec != "" {
+		os.Exit(childRank(spec))
+	}
 	os.Exit(m.Run())
 }
 
 func stranger(to string) int {
-	mb, err := ipc.OpenMailbox(fmt.Sprintf("symm-test-stranger-%d", os.Getpid()))
+	c, err := ipc.Dial(to, os.Getppid(), 5*time.Second)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Println("dial:", err)
 		return 2
 	}
-	defer mb.Close()
+	defer c.Close()
 	fd, err := unix.MemfdCreate("stranger", unix.MFD_CLOEXEC)
 	if err != nil {
 		return 2
 	}
 	unix.Ftruncate(fd, 1<<20)
-	// Claims to be rank 1 of the group's first rendezvous and offers its
-	// own memory, in a well-formed note.
-	raw, _ := json.Marshal(note{Kind: "r", Seq: 1, Step: "block", Rank: 1,
+	hi, _ := json.Marshal(hello{Rank: 0})
+	raw, _ := json.Marshal(note{Kind: "r", Seq: 1, Step: "block", Rank: 0,
 		Meta: &meta{PID: os.Getpid(), UID: os.Getuid(), Provider: "host", Size: 4096, Block: 1 << 20}})
-	if err := mb.SendTo(to, raw, []int{fd}, time.Second); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
+	if c.Send(hi, nil) != nil || c.Send(raw, []int{fd}) != nil {
+		fmt.Println("refused at once")
+		return 0
 	}
+	// The listener closes a connection it refuses: nothing ever comes.
+	_, _, err = c.Recv(1, 5*time.Second)
+	if errors.Is(err, ipc.ErrPeerClosed) {
+		fmt.Println("refused")
+		return 0
+	}
+	fmt.Println("not refused:", err)
 	return 0
 }
 
@@ -74,16 +89,15 @@ func requireFDs(t *testing.T, want int) {
 	require.Equal(t, want, openFDs(t), "open descriptors")
 }
 
-// A process that is not the expected peer sends a descriptor to rank 0's
-// mailbox first: it is refused (and its descriptor closed), and the real
-// peer's is taken.
+// A process that is not the expected peer connects to rank 1's listener
+// first, says it is rank 0 and sends a descriptor: its connection is
+// refused (closed unread), and the real rank 0's is taken.
 func TestStrangerIsRefused(t *testing.T) {
 	nonce := make(chan string, 4)
 	old := mailboxNonce
 	mailboxNonce = func() string { n := fmt.Sprint(time.Now().UnixNano()); nonce <- n; return n }
 	defer func() { mailboxNonce = old }()
 	base := openFDs(t)
-	before := strayMessages.Load()
 
 	st := store.NewMemory()
 	defer st.Close()
@@ -99,22 +113,26 @@ func TestStrangerIsRefused(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, errs[0] = ms[0].Rendezvous(blocks[0].Ptr(), Group{Name: "s", Rank: 0, World: 2, Store: st})
+		_, errs[1] = ms[1].Rendezvous(blocks[1].Ptr(), Group{Name: "s", Rank: 1, World: 2, Store: st})
 	}()
-	name := fmt.Sprintf("%s-0-%s", socketBase(os.Getpid(), "s", 1), <-nonce)
+	name := fmt.Sprintf("%s-1-%s", socketBase(os.Getpid(), "s", 1), <-nonce)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), strangerEnv+"="+name)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "stranger: %s", out)
+	out := make(chan string, 1)
+	go func() {
+		b, err := cmd.CombinedOutput()
+		out <- fmt.Sprintf("%s%v", b, err)
+	}()
+	time.Sleep(200 * time.Millisecond) // the stranger is in the listener's queue first
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, errs[1] = ms[1].Rendezvous(blocks[1].Ptr(), Group{Name: "s", Rank: 1, World: 2, Store: st})
+		_, errs[0] = ms[0].Rendezvous(blocks[0].Ptr(), Group{Name: "s", Rank: 0, World: 2, Store: st})
 	}()
 	wg.Wait()
 	require.NoError(t, errs[0])
 	require.NoError(t, errs[1])
-	require.GreaterOrEqual(t, strayMessages.Load()-before, int64(1), "the stranger's message was refused")
+	require.Equal(t, "refused\n<nil>", <-out, "what became of the stranger's connection")
 	for r := range ms {
 		require.NoError(t, ms[r].Free(blocks[r].Ptr()))
 		ms[r].Close()
@@ -122,7 +140,7 @@ func TestStrangerIsRefused(t *testing.T) {
 	requireFDs(t, base)
 }
 
-// A mailbox name taken by someone else is replaced by a fresh one.
+// A listener name taken by someone else is replaced by a fresh one.
 func TestMailboxNameTaken(t *testing.T) {
 	var calls atomic.Int32
 	old := mailboxNonce
@@ -134,7 +152,7 @@ func TestMailboxNameTaken(t *testing.T) {
 	}
 	defer func() { mailboxNonce = old }()
 	for r := 0; r < 2; r++ {
-		squat, err := ipc.OpenMailbox(fmt.Sprintf("%s-%d-taken", socketBase(os.Getpid(), "t", 1), r))
+		squat, err := ipc.Listen(fmt.Sprintf("%s-%d-taken", socketBase(os.Getpid(), "t", 1), r))
 		require.NoError(t, err)
 		defer squat.Close()
 	}

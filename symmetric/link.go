@@ -1,13 +1,11 @@
 package symmetric
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"reflect"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -16,48 +14,110 @@ import (
 	"github.com/libsymm/libsymm/store"
 )
 
-// A group's link: the mailbox through which this process meets the other
-// ranks of one group, opened at the group's first rendezvous and kept for
-// the process's life (or until Manager.Close). Making it is the only step
-// that goes through the store: every rank publishes its pid, uid, host,
-// backend and mailbox name once, in one all-gather. Every later step of
-// every handshake of the group (a rendezvous's descriptors and outcome, a
-// pad reset's agreements) is one note from each rank to each peer's
-// mailbox: a Unix datagram, tens of microseconds, with no server between.
+// A group's link: one connection between this process and each other rank
+// of a group, made at the group's first rendezvous and kept until the
+// group's store is closed (Manager.CloseStore) or Manager.Close. Making it
+// is the only step that goes through the store: every rank publishes its
+// pid, start time, pid namespace, uid, host, backend and socket name once,
+// in one all-gather, then rank i connects to every rank j > i and accepts
+// every rank j < i. Every later step of every handshake of the group (a
+// rendezvous's descriptors and outcome, a pad reset's agreements) is one
+// note on each connection: a Unix seqpacket message, tens of microseconds,
+// with no server between.
 //
 // Invariants:
-//   - a note is taken only from the process that published that rank when
-//     the link was made, running as our uid (the kernel attaches the
-//     sender's credentials: package ipc); anything else is refused and its
-//     descriptors closed;
+//   - a connection is checked once, as it is made, and before anything is
+//     sent on it: its other end (SO_PEERCRED, fixed by the kernel when that
+//     end listened or connected) is the pid that published the rank, with
+//     that pid's published start time, in our pid namespace, as our uid.
+//     A descriptor leaves this process only on a checked connection: a
+//     process that binds a published name later (the rank's process gone,
+//     its listener closed) or that wrote a rank's metadata into the store
+//     first, reaches no connection and gets nothing. The listener closes
+//     once every peer is connected: nobody can connect to a link made.
+//   - a note on rank j's connection must say it is from rank j;
 //   - every note names its handshake (kind and number, which every rank
-//     counts alike, as the ranks join a group's blocks in the same order)
-//     and its step; one that comes for a later step or handshake waits in
-//     the stash, one for an earlier handshake (left over from a failed one)
-//     is dropped;
-//   - one handshake at a time uses a link (link.mu), so the mailbox has one
-//     reader and a group's steps stay in order.
+//     counts alike, under the link's lock, as the ranks join a group's
+//     blocks in the same order) and its step; one that comes for a later
+//     step or handshake waits in the stash, one for a handshake that has
+//     ended here (link.ended) is dropped and its descriptors closed at
+//     once, by the connection's reader: a failed handshake keeps no peer's
+//     block open;
+//   - one handshake at a time uses a link (link.mu), so a group's steps stay
+//     in order.
 
-// link is this process's standing mailbox for one group, and what every
-// rank published when it was made.
+// hsKind is what a handshake is, each kind numbered on its own per group.
+type hsKind uint8
+
+const (
+	kindLink       hsKind = iota // making a group's link (store keys symm/<group>/link<n>/)
+	kindRendezvous               // a rendezvous (notes "r")
+	kindPadReset                 // a signal pad's reset (notes "p")
+	kindAccess                   // WorldWithinDirectAccess (store keys symm/<group>/access<n>/)
+	nKinds
+)
+
+// noteKind is the kind's name in a note, "" for kinds that send none.
+func (k hsKind) noteKind() string {
+	return [nKinds]string{kindRendezvous: "r", kindPadReset: "p"}[k]
+}
+
+// kindOfNote is the kind a note names, and whether it is one.
+func kindOfNote(s string) (hsKind, bool) {
+	switch s {
+	case "r":
+		return kindRendezvous, true
+	case "p":
+		return kindPadReset, true
+	}
+	return 0, false
+}
+
+// seqKey is one counter of handshakes: a group's, of one kind.
+type seqKey struct {
+	group string
+	kind  hsKind
+}
+
+// link is this process's connections for one group, and what every rank
+// published when it was made.
 type link struct {
 	mu          sync.Mutex // held for a whole handshake
-	pid         int        // the process that opened mb: a forked child makes its own
+	pid         int        // the process that made it: a forked child makes its own
 	st          store.Store
 	rank, world int
-	mb          *ipc.Mailbox // nil until made, or after a failed making
-	peers       []meta       // every rank's pid, uid, host, backend and mailbox
-	stash       []note       // notes that came for a later step, in arrival order
+	peers       []meta      // every rank's identity, backend and socket name
+	conns       []*ipc.Conn // to every other rank (nil at ours), checked
+	inbox       chan arrival
+	quit        chan struct{} // closed when the link closes: its readers stop
+	readers     sync.WaitGroup
+	stash       []note // notes that came for a later step, in arrival order
+	// ended[k]: the highest number of a handshake of kind k that has ended
+	// here; a note of it or of an earlier one is a leftover.
+	ended [nKinds]atomic.Int64
+}
+
+// arrival is what a connection's reader passes on: a note from rank from,
+// a message refused (err, not gone), or the end of the connection (gone).
+type arrival struct {
+	from int
+	n    note
+	err  error
+	gone bool
 }
 
 // stashMax bounds the notes kept for later: a peer is at most one step
 // ahead, so more than this are strays, dropped oldest first.
 const stashMax = 256
 
+// inboxPerPeer bounds the notes read ahead of the handshake per peer: a
+// reader waits (and its peer's sends with it) when the inbox is full.
+const inboxPerPeer = 64
+
 // note is one message between the ranks of a link.
 type note struct {
-	Kind string `json:"k"` // the handshake's counter: "r" rendezvous, "p" pad reset
-	Seq  int    `json:"n"` // its number in that counter
+	Kind string `json:"k"` // the handshake's kind (hsKind.noteKind)
+	Seq  int64  `json:"n"` // its number in that kind's counter
 	Step string `json:"s"`
 	Rank int    `json:"r"`
 	Meta *meta  `json:"m,omitempty"` // the sender's block (step "block")
@@ -73,9 +133,14 @@ func (n *note) closeFDs() {
 	n.fds = nil
 }
 
-// linkFor returns g's link, making it (one all-gather through the store)
-// if this process has none that fits g (made: true), with its mutex held:
-// the caller unlocks it when its handshake ends.
+// hello is the first message on a connection: the rank that made it.
+type hello struct {
+	Rank int `json:"rank"`
+}
+
+// linkFor returns g's link, making it (one all-gather through the store,
+// then the connections) if this process has none that fits g (made: true),
+// with its mutex held: the caller unlocks it when its handshake ends.
 func (m *Manager) linkFor(g Group, deadline time.Time) (_ *link, made bool, err error) {
 	m.mu.Lock()
 	if m.links == nil {
@@ -88,10 +153,10 @@ func (m *Manager) linkFor(g Group, deadline time.Time) (_ *link, made bool, err 
 	}
 	m.mu.Unlock()
 	l.mu.Lock()
-	if l.mb != nil && !l.fits(g) {
+	if l.conns != nil && !l.fits(g) {
 		l.closeLocked()
 	}
-	if l.mb == nil {
+	if l.conns == nil {
 		if err := l.open(m, g, deadline); err != nil {
 			l.mu.Unlock()
 			return nil, false, err
@@ -114,59 +179,36 @@ func sameStore(a, b store.Store) bool {
 	return ta != nil && ta == reflect.TypeOf(b) && ta.Comparable() && a == b
 }
 
-// closeLocked closes the link's mailbox and drops its stash.
+// closeLocked closes the link's connections, stops its readers and closes
+// every descriptor that came and was not taken.
 func (l *link) closeLocked() {
-	if l.mb != nil {
-		l.mb.Close() // in a forked child: its copy of the descriptor only
+	if l.conns == nil {
+		return
+	}
+	close(l.quit)
+	for _, c := range l.conns {
+		if c != nil {
+			c.Close() // in a forked child: its copy of the descriptor only
+		}
+	}
+	l.readers.Wait()
+	for {
+		select {
+		case a := <-l.inbox:
+			a.n.closeFDs()
+			continue
+		default:
+		}
+		break
 	}
 	for i := range l.stash {
 		l.stash[i].closeFDs()
 	}
-	l.mb, l.peers, l.stash, l.st = nil, nil, nil, nil
-}
-
-// open opens our mailbox and gathers every rank's link metadata through
-// the store, then checks that the ranks can meet: one host, one uid, one
-// backend. On failure nothing stays open.
-func (l *link) open(m *Manager, g Group, deadline time.Time) error {
-	host, _ := os.Hostname()
-	me := meta{PID: os.Getpid(), UID: os.Getuid(), Host: host, Provider: m.prov.Name()}
-	seq := m.nextSeq(g.Name + "/link")
-	mb, err := openMailbox(&me, g, seq)
-	if err != nil {
-		return err
-	}
-	raw, _ := json.Marshal(me)
-	vals, err := store.AllGather(g.Store, fmt.Sprintf("symm/%s/link%d/", g.Name, seq), g.Rank, g.World, raw, time.Until(deadline))
-	if err != nil {
-		mb.Close()
-		var ge *store.GatherError
-		switch {
-		case errors.Is(err, store.ErrClosed):
-			return fmt.Errorf("the store went away while gathering the ranks' metadata: %w", err)
-		case errors.As(err, &ge):
-			return fmt.Errorf("rank %d did not publish its metadata within %v (did it die, or not call rendezvous?): %w",
-				ge.Rank, m.cfg.Timeout, ge.Err)
-		}
-		return fmt.Errorf("publishing metadata: %w", err)
-	}
-	peers := make([]meta, g.World)
-	for j, v := range vals {
-		if err := json.Unmarshal(v, &peers[j]); err != nil {
-			mb.Close()
-			return fmt.Errorf("rank %d published unreadable metadata: %w", j, err)
-		}
-	}
-	if err := sameKind(g.Rank, peers); err != nil {
-		mb.Close()
-		return err
-	}
-	l.pid, l.st, l.rank, l.world, l.mb, l.peers = os.Getpid(), g.Store, g.Rank, g.World, mb, peers
-	return nil
+	l.conns, l.peers, l.stash, l.st, l.inbox, l.quit = nil, nil, nil, nil, nil, nil
 }
 
 // sameKind refuses ranks that cannot share memory with rank me: another
-// host, another uid or another backend.
+// host, another uid, another pid namespace or another backend.
 func sameKind(me int, metas []meta) error {
 	mine := metas[me]
 	for j, p := range metas {
@@ -175,6 +217,10 @@ func sameKind(me int, metas []meta) error {
 			return fmt.Errorf("rank %d is on host %q, rank %d on %q: symmetric memory joins processes of one host", j, p.Host, me, mine.Host)
 		case p.UID != mine.UID:
 			return fmt.Errorf("rank %d runs as uid %d, rank %d as uid %d", j, p.UID, me, mine.UID)
+		case p.PIDNS != mine.PIDNS:
+			return fmt.Errorf("rank %d runs in pid namespace %q, rank %d in %q: the ranks of a group must share one "+
+				"(their processes are checked by pid; containers of one pod can share theirs, e.g. shareProcessNamespace)",
+				j, p.PIDNS, me, mine.PIDNS)
 		case p.Provider != mine.Provider:
 			return fmt.Errorf("rank %d uses the %s backend, rank %d the %s backend", j, p.Provider, me, mine.Provider)
 		}
@@ -182,295 +228,45 @@ func sameKind(me int, metas []meta) error {
 	return nil
 }
 
-// Close closes the mailboxes of the manager's groups. Handles stay usable
-// for their signals and collectives; the next rendezvous or pad reset of a
+// Close closes the links of the manager's groups. Handles stay usable for
+// their signals and collectives; the next rendezvous or pad reset of a
 // group makes its link again (every rank of the group must then do the
 // same, as at the group's first rendezvous).
-func (m *Manager) Close() { m.closeLinks(func(*link) bool { return true }) }
+func (m *Manager) Close() { m.closeLinks(func(*link) bool { return true }, false) }
 
-// CloseStore closes the mailboxes of the groups whose links were made
-// through st (symm_store_close: the store's groups go with it), as Close
-// does.
+// CloseStore closes and forgets the links of the groups made through st
+// (symm_store_close: the store's groups go with it), and their handshake
+// counters: a group of the same name made later over another store starts
+// from its first handshake on every rank.
 func (m *Manager) CloseStore(st store.Store) {
-	m.closeLinks(func(l *link) bool { return sameStore(l.st, st) })
+	m.closeLinks(func(l *link) bool { return sameStore(l.st, st) }, true)
 }
 
 // closeLinks closes the links that match, each once its handshake (if
-// any) has ended.
-func (m *Manager) closeLinks(match func(*link) bool) {
+// any) has ended; forget also drops them and their groups' counters.
+func (m *Manager) closeLinks(match func(*link) bool, forget bool) {
 	m.mu.Lock()
-	links := make([]*link, 0, len(m.links))
-	for _, l := range m.links {
-		links = append(links, l)
+	links := make(map[string]*link, len(m.links))
+	for name, l := range m.links {
+		links[name] = l
 	}
 	m.mu.Unlock()
-	for _, l := range links {
+	for name, l := range links {
 		l.mu.Lock()
-		if l.mb != nil && match(l) {
+		hit := l.conns != nil && match(l)
+		if hit {
 			l.closeLocked()
 		}
 		l.mu.Unlock()
-	}
-}
-
-// who names rank j and its process.
-func (r *handshake) who(j int) string {
-	return fmt.Sprintf("rank %d (pid %d)", j, r.ln.peers[j].PID)
-}
-
-// send gives n (and fds, which stay ours) to every peer's mailbox and
-// returns what failed; a peer whose mailbox is gone is also put in gone.
-func (r *handshake) send(n note, fds []int, gone chan<- error) error {
-	n.Kind, n.Seq, n.Rank = r.kind, r.seq, r.g.Rank
-	raw, err := json.Marshal(n)
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for j := range r.g.World {
-		if j == r.g.Rank {
-			continue
-		}
-		if err := r.ln.mb.SendTo(r.ln.peers[j].Socket, raw, fds, time.Until(r.deadline)); err != nil {
-			if errors.Is(err, ipc.ErrNoMailbox) { // its process has exited
-				err = fmt.Errorf("%w: %s is gone: %w", ErrPeerFailed, r.who(j), err)
-				if gone != nil {
-					gone <- err
-				}
-			} else {
-				err = fmt.Errorf("sending to %s: %w", r.who(j), err)
+		if hit && forget {
+			m.mu.Lock()
+			if m.links[name] == l {
+				delete(m.links, name)
 			}
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// tellFailure sends err to every peer (best effort), so that none waits for
-// this rank until the deadline.
-func (r *handshake) tellFailure(err error) {
-	if r.ln == nil {
-		return
-	}
-	msg := err.Error()
-	if len(msg) > 60<<10 {
-		msg = msg[:60<<10]
-	}
-	if soon := time.Now().Add(time.Second); soon.Before(r.deadline) {
-		r.deadline = soon // a peer's full queue delays a failing rank by a second at most
-	}
-	r.send(note{Step: "fail", Err: msg}, nil, nil)
-}
-
-// gather sends out (with fds, which stay ours) to every peer for step and
-// returns every rank's note for that step of this handshake (out at our
-// rank), calling took for each peer's as it comes. The descriptors of a
-// note given to took are took's; those of notes refused are closed. A peer
-// that reports a failure ends the wait at once, naming it; so does a peer
-// whose process has exited; otherwise the deadline does. The sending has
-// ended when gather returns.
-func (r *handshake) gather(step string, out note, fds []int, took func(j int, n note)) ([]note, error) {
-	g := r.g
-	sent := make(chan error, 1)
-	gone := make(chan error, g.World)
-	go func() {
-		sent <- r.send(note{Step: step, Meta: out.Meta, Err: out.Err}, fds, gone)
-	}()
-	notes := make([]note, g.World)
-	notes[g.Rank] = out
-	rerr := r.collect(step, notes, gone, took)
-	serr := <-sent
-	if rerr != nil {
-		return nil, r.causeOf(rerr)
-	}
-	if serr != nil {
-		return nil, r.causeOf(serr)
-	}
-	return notes, nil
-}
-
-// causeOf returns, for err saying that a peer's mailbox is gone, the
-// failure a peer reported for this handshake, if one comes within 100 ms:
-// a rank that fails tells every peer before its mailbox may close (a
-// group's first rendezvous that fails closes it), so the cause is already
-// on its way, and it says more than "gone". Any other err is returned as
-// it is.
-func (r *handshake) causeOf(err error) error {
-	if !errors.Is(err, ipc.ErrNoMailbox) {
-		return err
-	}
-	for until := time.Now().Add(100 * time.Millisecond); time.Now().Before(until); {
-		msg, rerr := r.ln.mb.Recv(maxNoteFDs, time.Until(until))
-		if errors.Is(rerr, ipc.ErrBadMessage) {
-			continue
-		} else if rerr != nil {
-			break
-		}
-		n, perr := r.parse(msg)
-		if perr != nil {
-			continue
-		}
-		n.closeFDs() // this handshake is failing: nothing it brings is mapped
-		if n.Kind == r.kind && n.Seq == r.seq && n.Err != "" {
-			return fmt.Errorf("%w: %s failed: %s", ErrPeerFailed, r.who(n.Rank), n.Err)
-		}
-	}
-	return err
-}
-
-// collect fills notes with each peer's note for step, from the stash and
-// then the mailbox (collect's loop: see gather).
-func (r *handshake) collect(step string, notes []note, gone <-chan error, took func(int, note)) error {
-	l := r.ln
-	got := make([]bool, len(notes))
-	got[r.g.Rank] = true
-	missing := len(notes) - 1
-	// take files n: nil if taken or set aside, else the failure it reports.
-	take := func(n note) error {
-		switch {
-		case n.Kind == r.kind && n.Seq == r.seq && n.Err != "":
-			n.closeFDs()
-			return fmt.Errorf("%w: %s failed: %s", ErrPeerFailed, r.who(n.Rank), n.Err)
-		case n.Kind == r.kind && n.Seq == r.seq && n.Step == step && !got[n.Rank]:
-			got[n.Rank], notes[n.Rank] = true, n
-			missing--
-			if took != nil {
-				took(n.Rank, n)
-			} else {
-				n.closeFDs()
+			for k := range nKinds {
+				delete(m.seq, seqKey{name, k})
 			}
-		case n.Kind == r.kind && n.Seq < r.seq, n.Kind == r.kind && n.Seq == r.seq && n.Step == step:
-			n.closeFDs() // left over from an earlier handshake, or a duplicate
-			strayMessages.Add(1)
-		default:
-			if len(l.stash) == stashMax {
-				l.stash[0].closeFDs()
-				l.stash = l.stash[1:]
-			}
-			l.stash = append(l.stash, n)
-		}
-		return nil
-	}
-	stash := l.stash
-	l.stash = nil
-	for i, n := range stash {
-		if err := take(n); err != nil {
-			l.stash = append(l.stash, stash[i+1:]...)
-			return err
+			m.mu.Unlock()
 		}
 	}
-	var lastStray error
-	strays := 0
-	for missing > 0 {
-		// Wait in short slices, so that a peer found gone ends the wait at
-		// once. (Polling first, yielding between polls, was no faster on a
-		// 32-core GPU host and slower on 2 cores: BenchmarkRendezvous.)
-		msg, err := l.mb.Recv(maxNoteFDs, min(time.Until(r.deadline), 50*time.Millisecond))
-		switch {
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			if time.Now().Before(r.deadline) {
-				if stop := r.peerGone(got, gone); stop != nil {
-					return stop
-				}
-				continue
-			}
-			return r.nothingCame(step, got, strays, lastStray, err)
-		case errors.Is(err, ipc.ErrBadMessage):
-			lastStray, strays = err, strays+1
-			strayMessages.Add(1)
-			continue
-		case err != nil:
-			return err
-		}
-		n, err := r.parse(msg)
-		if err != nil {
-			lastStray, strays = err, strays+1
-			strayMessages.Add(1)
-			continue
-		}
-		if err := take(n); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// maxNoteFDs is the most descriptors a note carries (a block's).
-const maxNoteFDs = 1
-
-// parse reads a note from msg, refusing (and closing the descriptors of)
-// one that is malformed, or not from the process that published the rank
-// it names, as our uid.
-func (r *handshake) parse(msg ipc.Message) (note, error) {
-	var n note
-	err := json.Unmarshal(msg.Payload, &n)
-	switch {
-	case err != nil:
-		err = fmt.Errorf("an unreadable message from pid %d: %w", msg.PID, err)
-	case n.Rank < 0 || n.Rank >= r.g.World || n.Rank == r.g.Rank:
-		err = fmt.Errorf("a message from pid %d names rank %d", msg.PID, n.Rank)
-	case msg.PID != r.ln.peers[n.Rank].PID || msg.UID != os.Getuid():
-		err = fmt.Errorf("pid %d uid %d claimed to be %s", msg.PID, msg.UID, r.who(n.Rank))
-	}
-	n.fds = msg.FDs
-	if err != nil {
-		n.closeFDs()
-	}
-	return n, err
-}
-
-// peerGone returns why a peer whose note has not come never will: the
-// sender found its mailbox gone, or its process has exited; nil if none is
-// known gone.
-func (r *handshake) peerGone(got []bool, gone <-chan error) error {
-	select {
-	case e := <-gone:
-		return e
-	default:
-	}
-	for j := range got {
-		if !got[j] && !processAlive(r.ln.peers[j].PID) {
-			return fmt.Errorf("%w: %s exited before finishing", ErrPeerFailed, r.who(j))
-		}
-	}
-	return nil
-}
-
-// nothingCame is the failure of a wait for step that reached its deadline
-// (err): it names the peers whose note did not come, and the last of the
-// stray messages refused meanwhile.
-func (r *handshake) nothingCame(step string, got []bool, strays int, lastStray, err error) error {
-	var who []string
-	for j := range got {
-		if !got[j] {
-			who = append(who, r.who(j))
-		}
-	}
-	more := ""
-	if strays > 0 {
-		more = fmt.Sprintf("; %d stray messages ignored, the last: %v", strays, lastStray)
-	}
-	what := map[string]string{"block": "no block came", "done": "no outcome of mapping came"}[step]
-	if what == "" {
-		what = fmt.Sprintf("no agreement on %s came", step)
-	}
-	return fmt.Errorf("%s from %s by the deadline (did it die?)%s: %w", what, strings.Join(who, ", "), more, err)
-}
-
-// agree all-gathers each rank's outcome of step (nil: success) and returns
-// mine, or the first other rank's failure, so that every rank succeeds or
-// every rank fails with the same named cause. A rank that failed tells its
-// peers at once and does not wait for theirs.
-func (r *handshake) agree(step string, mine error) error {
-	if mine != nil {
-		r.tellFailure(mine)
-		return mine
-	}
-	if _, err := r.gather(step, note{}, nil, nil); err != nil {
-		if !errors.Is(err, ErrPeerFailed) {
-			r.tellFailure(err)
-		}
-		return fmt.Errorf("agreeing on %s: %w", step, err)
-	}
-	return nil
 }

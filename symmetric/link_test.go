@@ -164,7 +164,7 @@ func TestLinkMadeAgain(t *testing.T) {
 			}
 			third := m.links["remade"].peers[rank].Socket
 			if first == second || second == third {
-				return fmt.Errorf("the mailbox was not opened again: %s, %s, %s", first, second, third)
+				return fmt.Errorf("the link was not made again: %s, %s, %s", first, second, third)
 			}
 			return nil
 		})
@@ -173,9 +173,8 @@ func TestLinkMadeAgain(t *testing.T) {
 	}
 }
 
-// CloseStore closes the mailboxes of the groups joined through that store
-// (symm_store_close), and only those: descriptors go back to where they
-// were before the group's first rendezvous.
+// CloseStore closes and forgets the links of the groups joined through that
+// store (symm_store_close), and only those, with their handshake counters.
 func TestCloseStoreClosesItsGroups(t *testing.T) {
 	const world = 2
 	errs := runRanks(world, func(int) Provider { return NewHostProvider() }, Config{Timeout: 5 * time.Second},
@@ -199,9 +198,15 @@ func TestCloseStoreClosesItsGroups(t *testing.T) {
 				return err
 			}
 			m.CloseStore(other)
-			if m.links["solo"].mb != nil || m.links["kept"].mb == nil {
-				return fmt.Errorf("CloseStore closed the wrong mailboxes: solo open %v, kept open %v",
-					m.links["solo"].mb != nil, m.links["kept"].mb != nil)
+			m.mu.Lock()
+			solo, kept := m.links["solo"], m.links["kept"]
+			soloSeq := m.seq[seqKey{"solo", kindRendezvous}]
+			m.mu.Unlock()
+			if solo != nil || kept == nil || kept.conns == nil {
+				return fmt.Errorf("CloseStore closed the wrong links: solo kept %v, kept open %v", solo != nil, kept != nil && kept.conns != nil)
+			}
+			if soloSeq != 0 {
+				return fmt.Errorf("CloseStore kept the closed group's counter (%d)", soloSeq)
 			}
 			return nil
 		})

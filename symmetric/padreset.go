@@ -62,12 +62,14 @@ func (h *Handle) ResetSignalPad(timeout time.Duration) error {
 		return nil
 	}
 	g := Group{Name: h.group, Rank: h.rank, World: h.world, Store: h.store}
-	r := &handshake{m: h.m, b: h.b, g: g, kind: "p", seq: h.m.nextSeq(h.group + "/reset"),
+	r := &handshake{m: h.m, b: h.b, g: g, kind: kindPadReset,
 		deadline: time.Now().Add(timeout), tr: newTracer(false, g), metas: h.metas, h: h}
 	if r.ln, _, err = h.m.linkFor(g, r.deadline); err != nil {
 		return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
 	}
 	defer r.ln.mu.Unlock()
+	r.seq = h.m.nextSeq(h.group, kindPadReset) // under the link's lock
+	defer r.end()
 	if err = r.agree("quiet", h.quiesce()); err == nil {
 		err = r.agree("zeroed", h.zeroSignals())
 	}

@@ -6,8 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/libsymm/libsymm/store"
 )
 
@@ -38,6 +36,10 @@ type meta struct {
 	// Kernels: this rank could reset the pad by kernel barriers
 	// (Manager.kernelsForReset).
 	Kernels bool `json:"kernels,omitempty"`
+	// Start and PIDNS name the process with PID (a group's link checks its
+	// connections against them): its start time, and its pid namespace.
+	Start uint64 `json:"start,omitempty"`
+	PIDNS string `json:"pidns,omitempty"`
 }
 
 // Rendezvous maps every rank's block of group g into this process and
@@ -76,14 +78,18 @@ func (m *Manager) Rendezvous(ptr uintptr, g Group) (*Handle, error) {
 	return h, nil
 }
 
-// nextSeq numbers the rendezvous of one group in this process. Every rank
-// joins a group's blocks in the same order, so the numbers agree across
-// ranks and keep one rendezvous's keys in the store apart from another's.
-func (m *Manager) nextSeq(group string) int {
+// nextSeq numbers the handshakes of one kind of one group in this
+// process. Every rank joins a group's blocks in the same order, and takes
+// the number of a handshake that uses the group's link under the link's
+// lock (so two threads number theirs in the order they run them), so the
+// numbers agree across ranks and keep one handshake's notes (or store keys)
+// apart from another's.
+func (m *Manager) nextSeq(group string, kind hsKind) int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.seq[group]++
-	return m.seq[group]
+	k := seqKey{group, kind}
+	m.seq[k]++
+	return m.seq[k]
 }
 
 // handshake is one rendezvous in progress: what its steps share. The steps,
@@ -102,8 +108,8 @@ type handshake struct {
 	m        *Manager
 	b        *Block
 	g        Group
-	kind     string // the counter that numbers the handshake: "r" rendezvous, "p" pad reset
-	seq      int    // its number, the same on every rank
+	kind     hsKind // the counter that numbers the handshake: kindRendezvous or kindPadReset
+	seq      int64  // its number, the same on every rank
 	deadline time.Time
 	tr       *tracer
 	ln       *link   // the group's link, locked for the handshake
@@ -115,7 +121,7 @@ type handshake struct {
 // but the group's link.
 func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	kernelsReady := m.kernelsForReset(b) // before the deadline: a compile takes time
-	r := &handshake{m: m, b: b, g: g, kind: "r", deadline: time.Now().Add(m.cfg.Timeout), tr: newTracer(m.cfg.Trace, g)}
+	r := &handshake{m: m, b: b, g: g, kind: kindRendezvous, deadline: time.Now().Add(m.cfg.Timeout), tr: newTracer(m.cfg.Trace, g)}
 	defer r.tr.done()
 	pm, mapped := m.prov.(PeerMapper) // peers are mapped already: nothing to export
 	me, err := m.ownMeta(b, pm, mapped)
@@ -125,13 +131,17 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	me.SyncFree = b.syncOwner == "" // b.mu is held (Rendezvous)
 	me.Blocks = m.cfg.CollectiveBlocks
 	me.Kernels = kernelsReady
-	r.seq = m.nextSeq(g.Name)
 	m.crashAt("publish")
+	if beforeLink != nil {
+		beforeLink(g)
+	}
 	var made bool
 	if r.ln, made, err = m.linkFor(g, r.deadline); err != nil {
 		return nil, err
 	}
 	defer r.ln.mu.Unlock()
+	r.seq = m.nextSeq(g.Name, kindRendezvous) // under the link's lock
+	defer r.end()
 	defer func() {
 		// A group's first rendezvous that fails leaves no link: it fails on
 		// every rank, so every rank makes the link again at the next one.
@@ -389,7 +399,7 @@ func (m *Manager) WorldWithinDirectAccess(dev int, g Group) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("naming device %d: %w", dev, err)
 	}
-	prefix := fmt.Sprintf("symm/%s/access%d/", g.Name, m.nextSeq(g.Name+"/access"))
+	prefix := fmt.Sprintf("symm/%s/access%d/", g.Name, m.nextSeq(g.Name, kindAccess))
 	ids, err := store.AllGather(g.Store, prefix+"dev/", g.Rank, g.World, []byte(id), m.cfg.Timeout)
 	if err != nil {
 		return false, fmt.Errorf("world_within_direct_access of group %q: gathering devices: %w", g.Name, err)
@@ -412,21 +422,4 @@ func (m *Manager) WorldWithinDirectAccess(dev int, g Group) (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// processAlive reports whether pid is a live process (a zombie, exited but
-// not yet reaped by its parent, counts as dead).
-func processAlive(pid int) bool {
-	if err := unix.Kill(pid, 0); err != nil && err != unix.EPERM {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// The state follows the command name, which is in parentheses and may hold anything.
-	if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) {
-		return b[i+2] != 'Z' && b[i+2] != 'X'
-	}
-	return true
 }
