@@ -676,8 +676,10 @@ int symm_store_get(symm_store_t s, const char *key, void *buf, size_t cap, size_
 int symm_store_add(symm_store_t s, const char *key, int64_t delta, int64_t *out);
 
 /* Closes a store handle (and stops the server if it was made by
- * symm_store_server), and the mailboxes of the groups joined through it
- * (symm_rendezvous). SYMM_ERR_INVALID for a bad or already closed handle. */
+ * symm_store_server), and the links of the groups joined through it
+ * (symm_rendezvous), which are forgotten with their handshake counts: a group
+ * of the same name joined later over another store starts afresh on every
+ * rank. SYMM_ERR_INVALID for a bad or already closed handle. */
 int symm_store_close(symm_store_t s);
 
 /* A block joined with a group. */
@@ -686,10 +688,13 @@ typedef int64_t symm_handle_t;
 /* Every rank of the group calls it, with the same group name, in the same
  * order for its blocks; ptr is any address inside this rank's block. Waits
  * for the peers at most SYMM_TIMEOUT_MS. The same block and group again gives
- * the same handle. A group's first rendezvous in a process opens the group's
- * mailbox (one socket descriptor, kept until symm_store_close of the store)
- * through one all-gather in the store; later ones exchange two datagrams
- * with each peer and use the store no more. Every rank succeeds or every
+ * the same handle. A group's first rendezvous in a process makes the group's
+ * link through one all-gather in the store: one Unix connection to each peer
+ * (one descriptor each, kept until symm_store_close of the store), checked to
+ * end at the process that published that rank (pid, uid, start time) before
+ * any block's descriptor is sent on it; later ones exchange two messages with
+ * each peer and use the store no more. Ranks must share a host, a uid and a
+ * pid namespace. Every rank succeeds or every
  * rank fails: SYMM_ERR_TIMEOUT (a rank did not come, named), SYMM_ERR_PEER
  * (a rank failed or died, named with its cause), SYMM_ERR_UNKNOWN_POINTER
  * (ptr is not in a live block), SYMM_ERR_INVALID (bad rank, world, group,

@@ -11,7 +11,7 @@
 //   - Both ends check the other with SO_PEERCRED: a Listener's Accept takes
 //     only the expected pid with our uid (anything else is closed, counted in
 //     Rejected, and Accept keeps waiting); Dial fails unless the listener is
-//     the expected pid with our uid. A message is one datagram: a payload of
+//     the expected pid with our uid. A message is one packet: a payload of
 //     at most 64 KiB and up to 253 descriptors (SCM_RIGHTS), delivered whole.
 //   - A connection's identity is checked once, when it is made: a pid
 //     (SO_PEERCRED) is fixed when the peer connected or listened, and a

@@ -270,3 +270,20 @@ func TestRanksInAnotherPIDNamespaceAreRefused(t *testing.T) {
 	child := <-out
 	require.Contains(t, child, "must share one", "the other rank: %s", child)
 }
+
+// A connection whose process is not the one that published the rank (its
+// pid reused: another start time) is refused, naming both start times.
+func TestStartTimeMustMatch(t *testing.T) {
+	ln, err := ipc.Listen(fmt.Sprintf("symm-test-start-%d", os.Getpid()))
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := ipc.Dial(ln.Name(), os.Getpid(), time.Second)
+	require.NoError(t, err)
+	defer c.Close()
+	start, err := ipc.ProcessStart(os.Getpid())
+	require.NoError(t, err)
+	require.NoError(t, checkPeer(c, 1, meta{PID: os.Getpid(), Start: start}))
+	err = checkPeer(c, 1, meta{PID: os.Getpid(), Start: start + 1})
+	require.ErrorContains(t, err, fmt.Sprintf("rank 1's pid %d is another process now (started at tick %d, the one that published started at %d)",
+		os.Getpid(), start, start+1))
+}

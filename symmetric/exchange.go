@@ -135,9 +135,9 @@ func (h *Handle) mapPeer(j int, fds []int, peer meta) error {
 	return nil
 }
 
-// mailboxNonce makes the random end of a link's listener name (a variable: tests
+// listenerNonce makes the random end of a link's listener name (a variable: tests
 // make it predictable).
-var mailboxNonce = func() string {
+var listenerNonce = func() string {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return fmt.Sprint(time.Now().UnixNano())

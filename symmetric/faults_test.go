@@ -69,8 +69,8 @@ func stranger(to string) int {
 
 func openFDs(t *testing.T) int {
 	t.Helper()
-	// Mailboxes of managers that earlier tests dropped without Close are
-	// closed by finalizers: let them run first, not in the middle of a count.
+	// Files that earlier tests dropped unclosed are closed by finalizers:
+	// let them run first, not in the middle of a count.
 	for range 3 {
 		runtime.GC()
 		time.Sleep(2 * time.Millisecond)
@@ -94,9 +94,9 @@ func requireFDs(t *testing.T, want int) {
 // refused (closed unread), and the real rank 0's is taken.
 func TestStrangerIsRefused(t *testing.T) {
 	nonce := make(chan string, 4)
-	old := mailboxNonce
-	mailboxNonce = func() string { n := fmt.Sprint(time.Now().UnixNano()); nonce <- n; return n }
-	defer func() { mailboxNonce = old }()
+	old := listenerNonce
+	listenerNonce = func() string { n := fmt.Sprint(time.Now().UnixNano()); nonce <- n; return n }
+	defer func() { listenerNonce = old }()
 	base := openFDs(t)
 
 	st := store.NewMemory()
@@ -141,16 +141,16 @@ func TestStrangerIsRefused(t *testing.T) {
 }
 
 // A listener name taken by someone else is replaced by a fresh one.
-func TestMailboxNameTaken(t *testing.T) {
+func TestListenerNameTaken(t *testing.T) {
 	var calls atomic.Int32
-	old := mailboxNonce
-	mailboxNonce = func() string {
+	old := listenerNonce
+	listenerNonce = func() string {
 		if calls.Add(1) <= 2 { // the first name each rank tries is taken
 			return "taken"
 		}
 		return old()
 	}
-	defer func() { mailboxNonce = old }()
+	defer func() { listenerNonce = old }()
 	for r := 0; r < 2; r++ {
 		squat, err := ipc.Listen(fmt.Sprintf("%s-%d-taken", socketBase(os.Getpid(), "t", 1), r))
 		require.NoError(t, err)

@@ -186,7 +186,7 @@ func closeAll(fds []int) {
 // taken all the same is replaced by a new one.
 func listen(me *meta, g Group, seq int64) (ln *ipc.Listener, err error) {
 	for attempt := 0; ; attempt++ {
-		me.Socket = fmt.Sprintf("%s-%d-%s", socketBase(os.Getpid(), g.Name, seq), g.Rank, mailboxNonce())
+		me.Socket = fmt.Sprintf("%s-%d-%s", socketBase(os.Getpid(), g.Name, seq), g.Rank, listenerNonce())
 		if ln, err = ipc.Listen(me.Socket); err == nil || !errors.Is(err, unix.EADDRINUSE) || attempt == 2 {
 			return ln, err
 		}

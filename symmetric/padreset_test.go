@@ -83,7 +83,7 @@ func TestResetSignalPadFailures(t *testing.T) {
 				defer m.Free(b.Ptr())
 				h, err := m.Rendezvous(b.Ptr(), Group{Name: "absent", Rank: r, World: 2, Store: st})
 				if err != nil || r == 1 {
-					// Rank 1 stays (its mailbox open) but never comes: rank 0
+					// Rank 1 stays (its link open) but never comes: rank 0
 					// waits for it until the timeout. (A rank that has gone
 					// fails the others at once: TestLink*, faults_test.go.)
 					time.Sleep(time.Second)

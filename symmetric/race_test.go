@@ -72,7 +72,7 @@ func freeRacesSignals(t *testing.T, prov Provider, stream uintptr, signals strin
 	}
 	require.NoError(t, m.Free(b.Ptr()))
 	waitWatchdogIdle(t, m)
-	m.Close() // the probe group's mailbox, not counted in the baseline
+	m.Close() // the probe group's link, not counted in the baseline
 	fds, maps := openFDs(t), blockMaps(t)
 	var devFree uint64
 	if onGPU {
@@ -183,7 +183,7 @@ func freeRacesSignals(t *testing.T, prov Provider, stream uintptr, signals strin
 	require.Less(t, refused, calls, "some calls must have won it")
 
 	// Nothing leaked: blocks, descriptors (memfds, exported block
-	// descriptors, mailboxes), host mappings, device memory.
+	// descriptors, links), host mappings, device memory.
 	require.Zero(t, m.Live())
 	m.Close()
 	requireFDs(t, fds)

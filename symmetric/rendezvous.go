@@ -101,7 +101,7 @@ func (m *Manager) nextSeq(group string, kind hsKind) int64 {
 // (agree "done"), register with the provider (register). A handle's later
 // group steps (its signal pad's reset) run as a handshake of their own over
 // the same link.
-// A rank that fails tells its peers through their mailboxes, so that none
+// A rank that fails tells its peers on the group's link, so that none
 // waits for it until the timeout; from the agreement on, every rank
 // succeeds or every rank fails, naming the rank that failed first.
 type handshake struct {

@@ -27,7 +27,7 @@ import (
 // one write and its replies), or world + 1 round trips on a store that does
 // not batch; bytes: the rank's own link record and the world+1 keys go out,
 // every rank's record comes back. Every later rendezvous of the group sends
-// nothing to the store: its steps are datagrams between the ranks' mailboxes,
+// nothing to the store: its steps are messages on the ranks' connections,
 // 2·(world−1) sent and received per rank. A rendezvous of a block already
 // joined with the group returns the handle the block holds (Rendezvous)
 // and sends nothing at all.

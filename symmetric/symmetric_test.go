@@ -26,7 +26,7 @@ func runRanks(world int, prov func(rank int) Provider, cfg Config, fn func(rank 
 		go func(r int) {
 			defer wg.Done()
 			m := NewManager(prov(r), cfg)
-			defer m.Close() // the groups' mailboxes: tests count descriptors
+			defer m.Close() // the groups' links: tests count descriptors
 			errs[r] = fn(r, m, st)
 		}(r)
 	}

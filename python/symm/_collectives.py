@@ -16,6 +16,7 @@ from typing import Any
 from ._loader import load
 from ._pool import _from_call, _last_error
 from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_stream, _ensure_backend, _fast_rc,
+                         forget_group_stores,
                          _group_store, _tensor_at, rendezvous, rendezvous_ptr, symm_alloc, symm_free)
 
 # ---- per-group state ------------------------------------------------------------
@@ -31,7 +32,7 @@ from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_strea
 # group object on every call for the same reason: they name a different
 # group after a destroy.
 #
-# destroy_process_group (wrapped once, _install_destroy_hook) drops the
+# destroy_process_group (wrapped once, install_destroy_hook) drops the
 # states of the groups it destroys and frees their buffers before torch
 # tears the group down (_on_group_destroyed). A group destroyed by a
 # destroy_process_group imported before the wrapper was installed keeps its
@@ -94,12 +95,20 @@ def _group_state(group) -> _GroupState:
     with _lock:
         st = _groups.get(id(pg))
         if st is None:
-            _install_destroy_hook()
+            install_destroy_hook()
             st = _groups[id(pg)] = _GroupState(pg, name)
         return st
 
 
-def _install_destroy_hook() -> None:
+def ensure_destroy_hook() -> None:
+    """install_destroy_hook, for a caller that does not hold _lock (a
+    group's libsymm store, made by _symmetric._group_store, goes with the
+    group too)."""
+    with _lock:
+        install_destroy_hook()
+
+
+def install_destroy_hook() -> None:
     """Wraps torch.distributed.destroy_process_group (and distributed_c10d's,
     the same function) so that it drops the state of the groups it destroys
     first. Once per process: a function already wrapped is left alone, so a
@@ -133,14 +142,18 @@ def _forget_groups(group) -> None:
         import torch.distributed as dist
 
         world = getattr(dist.group, "WORLD", None)
+        every = group is None or group is world
         with _lock:
-            if group is None or group is world:
+            if every:
                 states = list(_groups.values())
             else:
                 st = _groups.get(id(group))
                 states = [st] if st is not None and st.pg is group else []
             for st in states:
                 _on_group_destroyed(st)
+        # Last: the group's link goes with its store (after the buffers,
+        # which freeing does not meet through it).
+        forget_group_stores(None if every else [group])
     except Exception as e:  # noqa: BLE001
         warnings.warn(f"symm: forgetting the state of a destroyed process group: {e}", RuntimeWarning, stacklevel=3)
 
@@ -174,10 +187,6 @@ def _drop_state(st: _GroupState) -> None:
             torch.cuda.synchronize(dev)
         for _, ptr in bufs:
             symm_free(ptr)
-    # The rendezvous names this module used for the group (the Go side keys
-    # its links by them): torch-<name>, torch-<name>-push,
-    # torch-<name>-all_reduce. A Go-side "forget the group's link" call
-    # belongs here.
 
 
 def _torch_dtypes() -> dict:
@@ -390,7 +399,7 @@ def push_workspace(group=None, device: Any = None, max_bytes: int | None = None)
         _ensure_backend(dev.index)
         ptr = symm_alloc(size, dev.index)
         try:
-            h = rendezvous_ptr(ptr, _group_store(st.pg), f"torch-{st.name}-push", dist.get_rank(st.pg), world, dev)
+            h = rendezvous_ptr(ptr, _group_store(st.pg), f"torch-{st.name}", dist.get_rank(st.pg), world, dev)
         except BaseException:
             symm_free(ptr)
             raise
@@ -504,7 +513,7 @@ def _all_reduce_scratch(group, dev, nbytes: int) -> Handle:
         _ensure_backend(dev.index)
         ptr = symm_alloc(size, dev.index)
         try:
-            h = rendezvous_ptr(ptr, _group_store(st.pg), f"torch-{st.name}-all_reduce", dist.get_rank(st.pg),
+            h = rendezvous_ptr(ptr, _group_store(st.pg), f"torch-{st.name}", dist.get_rank(st.pg),
                                dist.get_world_size(st.pg), dev)
         except BaseException:
             symm_free(ptr)

@@ -346,7 +346,7 @@ def _workspace(fn: str, name: str, pg, rank: int, world: int, dev, nbytes: int) 
     _ensure_backend(dev.index)
     ptr = symm_alloc(size, dev.index)
     try:
-        h = rendezvous_ptr(ptr, _group_store(pg), f"torch-{name}-fused", rank, world, dev)
+        h = rendezvous_ptr(ptr, _group_store(pg), f"torch-{name}", rank, world, dev)
     except BaseException:
         symm_free(ptr)
         raise

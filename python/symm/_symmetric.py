@@ -495,9 +495,12 @@ def _group_store(group) -> Store:
     address in the group's c10d store, so torchrun users need nothing else."""
     import torch.distributed as dist
 
-    name = dist.distributed_c10d._get_group_tag(group) if hasattr(dist.distributed_c10d, "_get_group_tag") else str(group)
+    name = _group_tag(group)
     if name in _stores:
         return _stores[name]
+    from . import _collectives
+
+    _collectives.ensure_destroy_hook()  # the store goes with the group
     c10d_store = dist.distributed_c10d._get_default_store()
     key = f"symm_store_addr/{name}"
     if dist.get_rank(group) == 0:
@@ -508,6 +511,32 @@ def _group_store(group) -> Store:
         st = Store.connect(addr)
     _stores[name] = st
     return st
+
+
+def _group_tag(group) -> str:
+    import torch.distributed as dist
+
+    c10d = getattr(dist, "distributed_c10d", None)
+    return c10d._get_group_tag(group) if hasattr(c10d, "_get_group_tag") else str(group)
+
+
+def forget_group_stores(groups=None) -> None:
+    """Closes and forgets libsymm's store of each of groups (every group's
+    for None): destroy_process_group's step (_collectives' hook). Closing a
+    store closes the links of the groups joined through it and forgets
+    their handshake counts (symm_store_close), so a group made later under
+    the same tag (WORLD again after destroy_process_group and
+    init_process_group) meets its peers afresh, never through the old
+    group's connections. Handles made over it stay usable."""
+    if not _stores:
+        return
+    if groups is None:
+        stores = list(_stores.values())
+        _stores.clear()
+    else:
+        stores = [st for st in (_stores.pop(_group_tag(g), None) for g in groups) if st is not None]
+    for st in stores:
+        st.close()
 
 
 # Per block (its start on this rank): a finalizer of the tensor last

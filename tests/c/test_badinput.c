@@ -1621,7 +1621,7 @@ int main(int argc, char **argv) {
 
   test_errors();
   /* A warm-up rendezvous through a store of its own, closed before the
-   * baseline with the group's mailbox. On a machine with a driver, the
+   * baseline with the group's link. On a machine with a driver, the
    * first symm_topology opens the driver and NVML for good (their
    * descriptors stay open, as they do in any CUDA program): open them
    * before the baseline too. */
@@ -1640,7 +1640,7 @@ int main(int argc, char **argv) {
   symm_topology(NULL, NULL, 0, &warm_len);
   int fds0 = count_fds(), maps0 = count_maps();
   /* The store every symmetric area uses: closed at the end, before the
-   * count, with the mailboxes of the groups joined through it. */
+   * count, with the links of the groups joined through it. */
   if (symm_store_server("", "", &st_main, st_addr, sizeof st_addr) != SYMM_OK) {
     fprintf(stderr, "store server: %s\n", symm_last_error());
     return 2;

@@ -878,7 +878,7 @@ int main(void) {
   clock_gettime(CLOCK_MONOTONIC, &t0);
 
   /* The first successful alloc (and a rendezvous, through a store of its
-   * own, closed with the group's mailbox), then the baseline. */
+   * own, closed with the group's link), then the baseline. */
   symm_store_t st_warm;
   char warm_addr[64];
   if (symm_store_server("", "", &st_warm, warm_addr, sizeof warm_addr) != SYMM_OK) {

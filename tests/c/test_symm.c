@@ -108,12 +108,35 @@ static int child_basic(int rank, int world, symm_store_t st) {
   return 0;
 }
 
+/* Every rank sets its key under name, then waits for every rank's. */
+static int store_barrier(symm_store_t st, const char *name, int rank, int world) {
+  char key[64];
+  snprintf(key, sizeof key, "%s/%d", name, rank);
+  if (symm_store_set(st, key, "1", 1) != SYMM_OK) return 1;
+  for (int r = 0; r < world; r++) {
+    char v[8];
+    size_t n = 0;
+    snprintf(key, sizeof key, "%s/%d", name, r);
+    if (symm_store_get(st, key, v, sizeof v, &n, 10000) != SYMM_OK) return 1;
+  }
+  return 0;
+}
+
 /* 100 alloc/rendezvous/free cycles leave no descriptor and no mapping
- * beyond the first's (which opens the group's mailbox, kept for the next). */
+ * beyond the first's (which makes the group's link, kept for the next).
+ * The first count is taken before this rank lets the others begin the
+ * second cycle: a rank that runs ahead sends its next block early, and the
+ * link reads it ahead (its descriptor open) for the next rendezvous. */
 static int child_cycles(int rank, int world, symm_store_t st) {
   int fds0 = 0, maps0 = 0;
   for (int i = 0; i < 101; i++) {
-    if (i == 1) fds0 = count_fds(), maps0 = count_maps();
+    if (i == 1) {
+      fds0 = count_fds(), maps0 = count_maps();
+      if (store_barrier(st, "cycles-first", rank, world) != 0) {
+        CHECK(0, "store barrier after the first cycle");
+        return 1;
+      }
+    }
     unsigned char *p = symm_alloc(64 * 1024, 0, NULL);
     symm_handle_t h;
     if (!p || symm_rendezvous(p, st, "cycle", rank, world, &h) != SYMM_OK) {

@@ -143,6 +143,33 @@ print("frees", len(frees))
 print("double_free", int(len(frees) != len(set(frees))))
 '''
 
+# destroy_process_group closes libsymm's store of the group it destroys
+# (symm_store_close: the group's link and handshake counts go with it), and
+# every group's for WORLD.
+STORES_GO = r'''
+from symm import _symmetric as s
+dist.distributed_c10d = types.SimpleNamespace(_get_group_tag=lambda g: "tag-" + g.group_name)
+a = PG("a", 2)
+s._stores["tag-a"] = s.Store.server("127.0.0.1:0")
+s._stores["tag-0"] = s.Store.server("127.0.0.1:0")
+kept = s._stores["tag-0"]
+closed = s._stores["tag-a"]
+c.ensure_destroy_hook()
+dist.destroy_process_group(a)
+print("after_a", ",".join(sorted(s._stores)))
+def usable(st):
+    try:
+        st.set("k", b"v")
+        return "open"
+    except Exception:
+        return "closed"
+print("a_store", usable(closed))
+print("world_store", usable(kept))
+dist.destroy_process_group()
+print("after_world", ",".join(sorted(s._stores)) or "none")
+print("world_store_after", usable(kept))
+'''
+
 
 def run(script: str) -> dict:
     env = {"PYTHONPATH": str(ROOT / "python"), "PATH": "/usr/bin:/bin", "SYMM_DEVICE": "host",
@@ -175,3 +202,9 @@ def test_a_new_world_after_destroy_starts_afresh_and_the_old_buffers_go():
 def test_two_threads_growing_the_scratch_buffer_free_the_old_one_once():
     got = run(GROW_RACE)
     assert got == {"errors": "0", "allocs": "2", "frees": "1", "double_free": "0"}, got
+
+
+def test_destroy_closes_the_groups_store():
+    got = run(STORES_GO)
+    assert got == {"after_a": "tag-0", "a_store": "closed", "world_store": "open", "after_world": "none",
+                   "world_store_after": "closed"}, got

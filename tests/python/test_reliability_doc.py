@@ -24,14 +24,19 @@ REQUIRED = [
     "size 0", "SIZE_MAX and sizes over the device", "unknown or stale handles", "wrong group sizes",
     "calls before init and after shutdown", "calls from a forked child", "random arguments at every C entry point",
     "peer killed before the rendezvous", "peer killed before publishing anything",
-    "peer killed after the group's mailboxes were opened", "peer killed after sending its block's note",
+    "peer killed after the group's link was made", "peer killed after sending its block's note",
     "peer killed after mapping", "store server gone mid-rendezvous",
     "socket name already taken", "descriptor exhaustion", "backend allocation failures injected (pool)",
     "backend allocation failures injected (symmetric)", "descriptor sockets accept only the expected peer",
-    "mailboxes refuse other processes", "store binds loopback by default", "store token required",
+    "a link's connections refuse other processes", "store binds loopback by default", "store token required",
     "store bounds key and value sizes", "store protocol parser fuzzed", "10^6 random pool operations from 16 threads",
     "8 processes × 1000 alloc/rendezvous/free cycles", "memcheck", "1000 symmetric cycles on 2 GPUs",
     "DataLoader with forked workers",
+    # A local attacker of another uid, and peers that misbehave.
+    "a rank's published name taken by another uid", "a rank's link metadata forged in the store",
+    "a rank's pid reused", "ranks in another pid namespace", "a peer that sends without end",
+    "notes of a failed handshake", "a failure cause longer than a message", "two threads of one rank",
+    "a meeting of one kind against another",
 ]
 
 

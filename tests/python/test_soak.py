@@ -46,9 +46,11 @@ SOAK_RANK = textwrap.dedent(
 
     def barrier(name):
         # A rank that runs ahead sends its next rendezvous's note (with its
-        # block's descriptor) early; a rank still finishing the previous one
-        # keeps it for later. Counting after every rank has stopped counts no
-        # such descriptor.
+        # block's descriptor) early; the group's link reads it ahead and keeps
+        # it (its descriptor open) for the next rendezvous. The counts are
+        # taken where no rank can be ahead: the first before this rank has
+        # entered the first barrier (no peer has begun cycle 1), the last
+        # after every rank has stopped.
         st.set(f"{name}/{rank}", b"1")
         for r in range(world):
             st.get(f"{name}/{r}", timeout_ms=60000)
@@ -72,8 +74,8 @@ SOAK_RANK = textwrap.dedent(
             mapped = memfd_maps()  # our block and every peer's: the count sees them
         symm.symm_free(p)
         if c == 0:
-            barrier("first")
             base = {"fds": open_fds(), "memfd_maps": memfd_maps()}
+            barrier("first")
     elapsed = time.monotonic() - start
     barrier("last")
     end = {"fds": open_fds(), "memfd_maps": memfd_maps()}
