@@ -109,12 +109,15 @@ def mismatch_rounds(rank, world, dev, group, check):
     one rank decided alone), against the others' one-shot all-reduce is
     SymmError(MISMATCH) on every rank, naming both calls; never a pass in
     which the all-reduce reads before the inputs are in. Fresh blocks, so
-    every rank's count of meetings starts alike."""
+    every rank's count of meetings starts alike: each case's block is kept
+    until both have run, as a block handed out again would bring back its
+    handle, which the mismatch failed for good."""
     import torch
     import torch.distributed as dist
 
     import symm
 
+    kept = []
     for what in ("barrier", "reset_signal_pad"):
         x = symm.empty(1024, dtype=torch.float32, device=dev)
         h = symm.rendezvous(x, group)
@@ -133,7 +136,8 @@ def mismatch_rounds(rank, world, dev, group, check):
                   and "one_shot_all_reduce (before the reads)" in str(e), str(e)[:240])
         torch.cuda.synchronize()
         dist.barrier()
-        del x, h
+        kept.append((x, h))
+    del kept
 
 
 def push_capture_first(rank, world, dev, check):
