@@ -71,32 +71,44 @@ _lock = threading.Lock()
 _hooked = False  # destroy_process_group is wrapped (under _lock)
 
 
-def _resolve_group(group):
-    """(process group, its name) for a ProcessGroup, its name or None."""
-    import torch.distributed as dist
+_dist = None  # torch.distributed, once imported: no import statement per call
 
+
+def _torch_dist():
+    global _dist
+    if _dist is None:
+        import torch.distributed as dist
+
+        _dist = dist
+    return _dist
+
+
+def _resolve_group(group):
+    """The process group for a ProcessGroup, its name or None (WORLD, or
+    None before init_process_group and after destroy_process_group)."""
     if group is None:
-        group = dist.group.WORLD
+        return _torch_dist().group.WORLD
     if isinstance(group, str):
-        group = dist.distributed_c10d._resolve_process_group(group)
-    return group, getattr(group, "group_name", None) or "0"
+        return _torch_dist().distributed_c10d._resolve_process_group(group)
+    return group
 
 
 def _group_state(group) -> _GroupState:
     """The state of group (a ProcessGroup, its name or None: WORLD), made at
     its first use. Raises ValueError when there is no such group (None
-    before init_process_group, or after destroy_process_group)."""
-    pg, name = _resolve_group(group)
-    if pg is None:
-        raise ValueError(f"symm: no process group {group!r}: is torch.distributed initialized?")
+    before init_process_group, or after destroy_process_group). Every
+    collective call comes here: the path of a state made is a dict read."""
+    pg = _resolve_group(group)
     st = _groups.get(id(pg))
     if st is not None:
         return st  # st.pg is pg: see the invariant above
+    if pg is None:
+        raise ValueError(f"symm: no process group {group!r}: is torch.distributed initialized?")
     with _lock:
         st = _groups.get(id(pg))
         if st is None:
             install_destroy_hook()
-            st = _groups[id(pg)] = _GroupState(pg, name)
+            st = _groups[id(pg)] = _GroupState(pg, getattr(pg, "group_name", None) or "0")
         return st
 
 
@@ -593,7 +605,7 @@ def all_reduce(tensor, op: str = "sum", group=None, out=None, algorithm: str | N
     alg = _all_reduce_plan(tensor, group, n * es, algorithm)
     if alg == "push":
         return push_all_reduce(tensor, group=group, out=out, timeout_ms=timeout_ms)
-    pg, _ = _resolve_group(group)
+    pg = _resolve_group(group)
     if alg == "nccl":
         if out.data_ptr() != tensor.data_ptr():
             out.copy_(tensor)

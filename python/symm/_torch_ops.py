@@ -76,7 +76,7 @@ def _scratch_args(fn: str, tensor, group_name: str):
         raise ValueError(f"{fn}: the tensor is on {tensor.device}: want a CUDA tensor")
     if tensor.dtype not in _torch_dtypes():
         raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
-    pg, _ = _resolve_group(group_name)
+    pg = _resolve_group(group_name)
     return pg, str(tensor.dtype).removeprefix("torch.")
 
 
