@@ -19,18 +19,7 @@
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
-export SYMM_LIB=${SYMM_LIB:-$ROOT/build/libsymm.so}
-unset SYMM_DEVICE
-if [[ -z ${SYMM_NVRTC_LIB:-} ]]; then
-  SYMM_NVRTC_LIB=$(python3 -c 'import nvidia, os
-for p in nvidia.__path__:
-    for rel in ("cu13/lib/libnvrtc.so.13", "cuda_nvrtc/lib/libnvrtc.so.12"):
-        if os.path.exists(os.path.join(p, rel)):
-            print(os.path.join(p, rel)); raise SystemExit' 2>/dev/null)
-  [[ -n $SYMM_NVRTC_LIB ]] && export SYMM_NVRTC_LIB || unset SYMM_NVRTC_LIB
-fi
+source tests/device/gpu_env.sh
 LOGS=${OUT:-$ROOT/build/device-logs}
 mkdir -p "$LOGS/logs"
 STEPS=${*:-check torch}
@@ -43,19 +32,6 @@ SUMMARY="$LOGS/summary.md"
   echo "| --- | --- | --- | --- |"
 } > "$SUMMARY"
 FAILED=0
-
-step() {
-  local name=$1 limit=$2 start rc status tail
-  shift 2
-  start=$(date +%s)
-  echo "===== $name: $*"
-  timeout --kill-after=10 "$limit" "$@" > "$LOGS/logs/$name.log" 2>&1
-  rc=$?
-  case $rc in 0) status=PASS ;; 124 | 137) status=TIMEOUT ;; *) status="FAIL ($rc)" ;; esac
-  [[ $rc != 0 ]] && FAILED=1
-  tail=$(grep -E "passed|failed|FAIL|MISMATCH|ok$|^ok|Error|error:|Traceback" "$LOGS/logs/$name.log" | tail -3 | tr '|\n' '/ ' | cut -c1-300)
-  echo "| $name | $status | $(($(date +%s) - start)) | $tail |" | tee -a "$SUMMARY"
-}
 
 if want check; then
   step gpu_symm_2 120 build/tests/gpu_symm 2
