@@ -54,6 +54,10 @@ func (r *handshake) end() {
 	}
 }
 
+// errPeerGone is a peer failure (it wraps ErrPeerFailed) of a peer whose
+// connection has ended: its cause, if it told one, may be on its way.
+var errPeerGone = fmt.Errorf("%w", ErrPeerFailed)
+
 // goneStep marks, in the stash, a peer whose connection has ended.
 const goneStep = "\x00gone"
 
@@ -72,7 +76,7 @@ func (r *handshake) send(n note, fds []int, gone chan<- error) error {
 		}
 		if err := r.ln.conns[j].SendWithin(raw, fds, time.Until(r.deadline)); err != nil {
 			if errors.Is(err, ipc.ErrPeerClosed) || errors.Is(err, os.ErrClosed) {
-				err = fmt.Errorf("%w: %s is gone (it exited, or closed the group): %w", ErrPeerFailed, r.who(j), err)
+				err = fmt.Errorf("%w: %s is gone (it exited, or closed the group): %w", errPeerGone, r.who(j), err)
 				if gone != nil {
 					gone <- err
 				}
@@ -160,7 +164,7 @@ func (r *handshake) gather(step string, out note, fds []int, took func(j int, n 
 // order, so the cause comes before the end. It says more than "gone". Any
 // other err is returned as it is.
 func (r *handshake) causeOf(err error) error {
-	if !errors.Is(err, ErrPeerFailed) || !strings.Contains(err.Error(), "is gone") {
+	if !errors.Is(err, errPeerGone) {
 		return err
 	}
 	kind := r.kind.noteKind()
@@ -207,7 +211,7 @@ func (r *handshake) collect(step string, notes []note, gone <-chan error, took f
 		case n.Step == goneStep:
 			l.stash = append(l.stash, n) // every later handshake finds it too
 			if !got[n.Rank] {
-				return fmt.Errorf("%w: %s is gone (it exited, or closed the group): %s", ErrPeerFailed, r.who(n.Rank), n.Err)
+				return fmt.Errorf("%w: %s is gone (it exited, or closed the group): %s", errPeerGone, r.who(n.Rank), n.Err)
 			}
 		case n.Kind == kind && n.Seq == r.seq && n.Err != "":
 			n.closeFDs()
