@@ -401,6 +401,33 @@ func goResetSignalPad(hid C.int64_t, timeoutMS C.int) (code C.int) {
 	return C.SYMM_OK
 }
 
+//export goResetSignalPadIfAny
+func goResetSignalPadIfAny(hid C.int64_t, want, timeoutMS C.int, reset *C.int) (code C.int) {
+	const name = "symm_reset_signal_pad_if_any"
+	defer guard(name, &code)
+	h, code := liveHandle(name, hid)
+	if h == nil {
+		return code
+	}
+	switch {
+	case want != 0 && want != 1:
+		return failSymm(name, fmt.Errorf("%w: want %d is neither 0 nor 1", symmetric.ErrInvalid, int(want)))
+	case timeoutMS < 0:
+		return failSymm(name, fmt.Errorf("%w: timeout_ms %d is negative (0: SYMM_TIMEOUT_MS)", symmetric.ErrInvalid, int(timeoutMS)))
+	}
+	did, err := h.ResetSignalPadIfAny(want == 1, ms(timeoutMS))
+	if reset != nil {
+		*reset = 0
+		if did && err == nil {
+			*reset = 1
+		}
+	}
+	if err != nil {
+		return failSymm(name, err)
+	}
+	return C.SYMM_OK
+}
+
 //export goKernelsReady
 func goKernelsReady(device C.int) (ready C.int) {
 	const fn = "symm_kernels_ready"

@@ -179,6 +179,8 @@ SYMM_CALL(int, symm_barrier, (symm_handle_t h, int channel, void *stream, int ti
           goBarrier(h, channel, (uintptr_t)stream, timeout_ms))
 SYMM_CALL(int, symm_reset_signal_pad, (symm_handle_t h, int timeout_ms), SYMM_ERR_FORKED,
           goResetSignalPad(h, timeout_ms))
+SYMM_CALL(int, symm_reset_signal_pad_if_any, (symm_handle_t h, int want, int timeout_ms, int *reset), SYMM_ERR_FORKED,
+          goResetSignalPadIfAny(h, want, timeout_ms, reset))
 SYMM_CALL(int, symm_kernels_ready, (int device), 0, goKernelsReady(device))
 SYMM_CALL(int, symm_one_shot_all_reduce,
           (symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out, const void *local_input,

@@ -789,6 +789,20 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
  * collective (a reset that one rank decided alone). */
 int symm_reset_signal_pad(symm_handle_t h, int timeout_ms);
 
+/* symm_reset_signal_pad decided by every rank together: each rank says
+ * whether it wants the reset (want: 0 or 1), over the group's link, and if
+ * any rank does, every rank resets (as symm_reset_signal_pad) and *reset
+ * (when not NULL) is 1 on every rank; else no rank resets and *reset is 0.
+ * For a caller that decides from what only it can see (PyTorch: whether
+ * its tensors on a block handed out again are still alive, which a
+ * reference cycle can delay on one rank): calling it on every rank keeps
+ * any rank from resetting alone. Every rank of the group calls it, in the
+ * same order per group, with no signal or collective of h under way.
+ * Returns SYMM_OK; SYMM_ERR_INVALID for a bad handle, want other than 0 or
+ * 1, or a negative timeout_ms; otherwise the errors of
+ * symm_reset_signal_pad, with *reset 0. */
+int symm_reset_signal_pad_if_any(symm_handle_t h, int want, int timeout_ms, int *reset);
+
 /* ---- kernels -----------------------------------------------------------------
  *
  * On GPUs, put_signal, wait_signal and barrier are one kernel launch each

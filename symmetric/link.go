@@ -122,6 +122,7 @@ type note struct {
 	Rank int    `json:"r"`
 	Meta *meta  `json:"m,omitempty"` // the sender's block (step "block")
 	Err  string `json:"e,omitempty"` // the sender failed this handshake
+	Want bool   `json:"w,omitempty"` // the sender wants a pad reset (step "want")
 	fds  []int  // descriptors that came with it; owned by whoever takes it
 }
 

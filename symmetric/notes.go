@@ -142,7 +142,7 @@ func (r *handshake) gather(step string, out note, fds []int, took func(j int, n 
 	sent := make(chan error, 1)
 	gone := make(chan error, g.World)
 	go func() {
-		sent <- r.send(note{Step: step, Meta: out.Meta, Err: out.Err}, fds, gone)
+		sent <- r.send(note{Step: step, Meta: out.Meta, Err: out.Err, Want: out.Want}, fds, gone)
 	}()
 	notes := make([]note, g.World)
 	notes[g.Rank] = out

@@ -1,7 +1,9 @@
 package symmetric
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -47,36 +49,79 @@ import (
 // group has done the same (the steps above). timeout bounds each wait for
 // the peers (0: the manager's, SYMM_TIMEOUT_MS).
 func (h *Handle) ResetSignalPad(timeout time.Duration) error {
+	_, err := h.resetSignalPad(timeout, nil)
+	return err
+}
+
+// ResetSignalPadIfAny is ResetSignalPad decided by every rank together:
+// each says whether it wants the reset (want), over the group's link, and
+// if any does, every rank resets (and reports true); else none does. A
+// caller that decides from what only it can see (PyTorch: whether the
+// tensors it rendezvoused on the block are still alive, which a reference
+// cycle can delay on one rank) calls it on every rank where any might want
+// a reset, so that no rank resets alone: a reset decided by one rank would
+// meet a peer's next collective (ErrMeetingMismatch at best).
+func (h *Handle) ResetSignalPadIfAny(want bool, timeout time.Duration) (bool, error) {
+	return h.resetSignalPad(timeout, &want)
+}
+
+// resetSignalPad runs ResetSignalPad, first agreeing on it when want is
+// not nil.
+func (h *Handle) resetSignalPad(timeout time.Duration, want *bool) (reset bool, err error) {
 	release, err := h.Acquire()
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer release()
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
+		}
+	}()
 	if timeout <= 0 {
 		timeout = h.m.cfg.Timeout
 	}
-	if h.resetOnGPU {
-		if err := h.resetOnDevice(timeout); err != nil {
-			return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
-		}
-		return nil
+	if h.resetOnGPU && want == nil {
+		return true, h.resetOnDevice(timeout)
 	}
 	g := Group{Name: h.group, Rank: h.rank, World: h.world, Store: h.store}
 	r := &handshake{m: h.m, b: h.b, g: g, kind: kindPadReset,
 		deadline: time.Now().Add(timeout), tr: newTracer(false, g), metas: h.metas, h: h}
 	if r.ln, _, err = h.m.linkFor(g, r.deadline); err != nil {
-		return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
+		return false, err
 	}
-	defer r.ln.mu.Unlock()
 	r.seq = h.m.nextSeq(h.group, kindPadReset) // under the link's lock
-	defer r.end()
+	endHandshake := sync.OnceFunc(func() { r.end(); r.ln.mu.Unlock() })
+	defer endHandshake()
+	if want != nil {
+		if reset, err = r.anyWants(*want); err != nil || !reset {
+			return false, err
+		}
+	}
+	if h.resetOnGPU { // the kernels' barriers agree from here, not the link
+		endHandshake()
+		return true, h.resetOnDevice(timeout)
+	}
 	if err = r.agree("quiet", h.quiesce()); err == nil {
 		err = r.agree("zeroed", h.zeroSignals())
 	}
+	return err == nil, err
+}
+
+// anyWants all-gathers each rank's wish for a reset and reports whether
+// any rank wants one: every rank gets the same answer, or every rank fails.
+func (r *handshake) anyWants(want bool) (bool, error) {
+	notes, err := r.gather("want", note{Want: want}, nil, nil)
 	if err != nil {
-		return fmt.Errorf("resetting the signal pad of group %q (rank %d of %d): %w", h.group, h.rank, h.world, err)
+		if !errors.Is(err, ErrPeerFailed) {
+			r.tellFailure(err)
+		}
+		return false, fmt.Errorf("agreeing on whether to reset: %w", err)
 	}
-	return nil
+	for _, n := range notes {
+		want = want || n.Want
+	}
+	return want, nil
 }
 
 // resetOnDevice is ResetSignalPad for a group that meets through its

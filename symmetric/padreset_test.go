@@ -227,3 +227,39 @@ func TestResetSignalPadPathAgreed(t *testing.T) {
 		})
 	}
 }
+
+// A reset that only rank 1 wants (its tensors on the block are gone; rank
+// 0's still live, in a reference cycle) is agreed: every rank resets, every
+// pad is clean, and the group's barrier works after it. When no rank wants
+// one, none resets: a put left in the pad stays.
+func TestResetSignalPadIfAnyIsAgreed(t *testing.T) {
+	const world = 3
+	ranks(t, world, func(r int, m *Manager, st store.Store) error {
+		b, err := m.Alloc(0, 4096)
+		if err != nil {
+			return err
+		}
+		defer m.Free(b.Ptr())
+		h, err := m.Rendezvous(b.Ptr(), Group{Name: "agreed", Rank: r, World: world, Store: st})
+		if err != nil {
+			return err
+		}
+		pad := bytesAt(b.PadPtr(), SignalPadSize)
+		pad[4*(7*world+r)] = 1 // a signal nobody took, in every rank's pad
+		reset, err := h.ResetSignalPadIfAny(false, 0)
+		switch {
+		case err != nil:
+			return err
+		case reset || allZero(pad):
+			return fmt.Errorf("nobody wanted a reset, yet reset %v and pad clean %v", reset, allZero(pad))
+		}
+		reset, err = h.ResetSignalPadIfAny(r == 1, 0)
+		switch {
+		case err != nil:
+			return err
+		case !reset || !allZero(pad):
+			return fmt.Errorf("rank 1 wanted a reset: reset %v, pad clean %v", reset, allZero(pad))
+		}
+		return h.Barrier(0, 0, 5*time.Second)
+	})
+}

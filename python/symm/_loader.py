@@ -163,6 +163,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_wait_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p, _c_int], _c_int),
     "symm_barrier": ([ctypes.c_int64, _c_int, _c_void_p, _c_int], _c_int),
     "symm_reset_signal_pad": ([ctypes.c_int64, _c_int], _c_int),
+    "symm_reset_signal_pad_if_any": ([ctypes.c_int64, _c_int, _c_int, ctypes.POINTER(_c_int)], _c_int),
     "symm_kernels_ready": ([_c_int], _c_int),
     "symm_one_shot_all_reduce": ([ctypes.c_int64, _c_size_t, _c_size_t, _c_int, _c_int, _c_void_p, _c_void_p,
                                   _c_void_p, _c_int], _c_int),

@@ -169,6 +169,16 @@ class Handle:
         raises SymmError(MISMATCH) on both ranks, naming both calls."""
         _call_rc(load().symm_reset_signal_pad, self._h, int(timeout_ms))
 
+    def reset_signal_pad_if_any(self, want: bool, timeout_ms: int = 0) -> bool:
+        """reset_signal_pad decided by every rank together
+        (symm_reset_signal_pad_if_any): each rank says whether it wants the
+        reset; if any does, every rank resets and True is returned on every
+        rank, else nothing is reset and False is returned. Every rank calls
+        it, in the same order per group; errors as reset_signal_pad's."""
+        reset = ctypes.c_int(0)
+        _call_rc(load().symm_reset_signal_pad_if_any, self._h, 1 if want else 0, int(timeout_ms), ctypes.byref(reset))
+        return bool(reset.value)
+
     # ---- tensors (torch) ----
 
     def get_buffer(self, rank: int, sizes: Sequence[int], dtype, storage_offset: int = 0):
@@ -567,18 +577,17 @@ def rendezvous(tensor, group=None):
                        dist.get_world_size(group), tensor.device)
     base = h.buffer_ptrs[h.rank]
     owners = _block_owner.setdefault(base, {})
-    if owners and not any(f.alive for f in owners.values()):
-        # Every tensor rendezvoused on this block is gone: the block was
-        # handed out again (or the program let go of it): start clean.
-        # This rank decides alone (a tensor in a reference cycle dies later
-        # on one rank than on another), so the ranks may disagree: then the
-        # resetting rank's barriers meet the peers' next collective, which
-        # both sides refuse (SymmError(MISMATCH) on GPUs, TIMEOUT where the
-        # reset agrees through the store), and the handle fails; no sums are
-        # read early. Dropping cycles first (gc.collect() on every rank)
-        # keeps the ranks' views alike.
-        owners.clear()
-        h.reset_signal_pad()
+    if owners:
+        # The block was rendezvoused before: if every tensor this rank
+        # rendezvoused on it is gone, the block was handed out again (or the
+        # program let go of it) and its pad must start clean. What is alive
+        # differs between ranks (a tensor in a reference cycle dies later on
+        # one rank than on another), so the ranks decide together: each says
+        # whether it wants the reset, and if any does, all reset. A rank
+        # that reset alone would meet its peers' next collective with the
+        # reset's barriers.
+        if h.reset_signal_pad_if_any(not any(f.alive for f in owners.values())):
+            owners.clear()
     for k in [k for k, f in owners.items() if not f.alive]:
         del owners[k]  # some other tensor of the block still lives
     if id(tensor) not in owners:

@@ -1184,6 +1184,18 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   for (size_t i = 0; i < info.signal_pad_size / 4; i++) zero &= pad[i] == 0;
   CHECK(zero, "every slot 0 after the reset");
   NOOP(SYMM_OK, symm_reset_signal_pad(h, 1000));
+  /* symm_reset_signal_pad_if_any: a world of one resets when it wants to,
+   * and only then. */
+  int reset = 7;
+  BAD(SYMM_ERR_INVALID, "want 2 is neither 0 nor 1", symm_reset_signal_pad_if_any(h, 2, 0, &reset));
+  BAD(SYMM_ERR_INVALID, "timeout_ms -1 is negative", symm_reset_signal_pad_if_any(h, 1, -1, &reset));
+  BAD(SYMM_ERR_INVALID, "0 is not a live symmetric-memory handle", symm_reset_signal_pad_if_any(0, 1, 0, &reset));
+  NOOP(SYMM_OK, symm_put_signal(h, 0, 9, NULL));
+  NOOP(SYMM_OK, symm_reset_signal_pad_if_any(h, 0, 0, &reset));
+  CHECK(reset == 0 && pad[9] == 1, "nobody wanted a reset: reset %d, slot %u", reset, pad[9]);
+  NOOP(SYMM_OK, symm_reset_signal_pad_if_any(h, 1, 0, &reset));
+  CHECK(reset == 1 && pad[9] == 0, "a reset wanted: reset %d, slot %u", reset, pad[9]);
+  NOOP(SYMM_OK, symm_reset_signal_pad_if_any(h, 1, 0, NULL));
   NOOP(SYMM_OK, symm_put_signal(h, 0, 9, NULL));
   NOOP(SYMM_OK, symm_wait_signal(h, 0, 9, NULL, 1000));
   /* The all-reduce: every bad argument refused by name, then a world of one
@@ -1361,6 +1373,7 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   BAD(SYMM_ERR_INVALID, word, symm_wait_signal(h, 0, 0, NULL, 10));
   BAD(SYMM_ERR_INVALID, word, symm_barrier(h, 0, NULL, 10));
   BAD(SYMM_ERR_INVALID, word, symm_reset_signal_pad(h, 0));
+  BAD(SYMM_ERR_INVALID, word, symm_reset_signal_pad_if_any(h, 1, 0, NULL));
   BAD(SYMM_ERR_INVALID, word, symm_one_shot_all_reduce(h, 0, 64, SYMM_FLOAT32, SYMM_SUM, out, NULL, NULL, 0));
   symm_handle_t hout = 777;
   BAD(SYMM_ERR_UNKNOWN_POINTER, hex(p), symm_rendezvous(p, st_main, "solo", 0, 1, &hout));
@@ -1563,7 +1576,7 @@ static void check_coverage(void) {
       "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_store_server", "symm_store_connect",
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
-      "symm_wait_signal", "symm_barrier", "symm_reset_signal_pad", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
+      "symm_wait_signal", "symm_barrier", "symm_reset_signal_pad", "symm_reset_signal_pad_if_any", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
       "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm", "symm_all_reduce_setting",
       "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_segment_chunk", "symm_pool_block_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
