@@ -163,6 +163,9 @@ def _forget_groups(group) -> None:
                 states = [st] if st is not None and st.pg is group else []
             for st in states:
                 _on_group_destroyed(st)
+        from ._fused import forget_group_workspaces
+
+        forget_group_workspaces(None if every else {getattr(group, "group_name", None) or "0"})
         # Last: the group's link goes with its store (after the buffers,
         # which freeing does not meet through it).
         forget_group_stores(None if every else [group])

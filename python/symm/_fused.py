@@ -320,6 +320,26 @@ _workspaces: dict = {}  # (group name, device index) -> _Workspace
 _side_streams: dict = {}  # device index -> torch.cuda.Stream
 
 
+def forget_group_workspaces(names=None) -> None:
+    """Frees the fused workspaces of the groups named (every group's for
+    None): destroy_process_group's step (_collectives' hook), so that a
+    group made later under the same name (WORLD is "0" again) never finds
+    the old group's workspace and its peers. Every rank destroys its groups
+    in the same order, and the device's work is done first (freeing is
+    collective under the NCCL and NVSHMEM backends)."""
+    keys = [k for k in _workspaces if names is None or k[0] in names]
+    if not keys:
+        return
+    import torch
+
+    from ._symmetric import symm_free
+
+    for dev in sorted({k[1] for k in keys}):
+        torch.cuda.synchronize(dev)
+    for k in sorted(keys):
+        symm_free(_workspaces.pop(k).ptr)
+
+
 def _workspace(fn: str, name: str, pg, rank: int, world: int, dev, nbytes: int) -> _Workspace:
     """The group's fused workspace on dev, at least nbytes large: allocated
     and rendezvoused on first use, replaced when a call needs more

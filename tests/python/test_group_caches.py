@@ -144,8 +144,8 @@ print("double_free", int(len(frees) != len(set(frees))))
 '''
 
 # destroy_process_group closes libsymm's store of the group it destroys
-# (symm_store_close: the group's link and handshake counts go with it), and
-# every group's for WORLD.
+# (symm_store_close: the group's link and handshake counts go with it) and
+# frees its fused workspaces; every group's for WORLD.
 STORES_GO = r'''
 from symm import _symmetric as s
 dist.distributed_c10d = types.SimpleNamespace(_get_group_tag=lambda g: "tag-" + g.group_name)
@@ -154,9 +154,14 @@ s._stores["tag-a"] = s.Store.server("127.0.0.1:0")
 s._stores["tag-0"] = s.Store.server("127.0.0.1:0")
 kept = s._stores["tag-0"]
 closed = s._stores["tag-a"]
+from symm import _fused as fu
+s.symm_free = frees.append
+fu._workspaces[("a", 0)] = fu._Workspace(0xa000, 1 << 20, None)
+fu._workspaces[("0", 0)] = fu._Workspace(0xb000, 1 << 20, None)
 c.ensure_destroy_hook()
 dist.destroy_process_group(a)
 print("after_a", ",".join(sorted(s._stores)))
+print("fused_after_a", ",".join(k[0] for k in fu._workspaces) + " freed " + ",".join(hex(p) for p in frees))
 def usable(st):
     try:
         st.set("k", b"v")
@@ -168,6 +173,7 @@ print("world_store", usable(kept))
 dist.destroy_process_group()
 print("after_world", ",".join(sorted(s._stores)) or "none")
 print("world_store_after", usable(kept))
+print("fused_after_world", len(fu._workspaces), len(frees))
 '''
 
 
@@ -207,4 +213,4 @@ def test_two_threads_growing_the_scratch_buffer_free_the_old_one_once():
 def test_destroy_closes_the_groups_store():
     got = run(STORES_GO)
     assert got == {"after_a": "tag-0", "a_store": "closed", "world_store": "open", "after_world": "none",
-                   "world_store_after": "closed"}, got
+                   "world_store_after": "closed", "fused_after_a": "0 freed 0xa000", "fused_after_world": "0 2"}, got
