@@ -577,15 +577,19 @@ def rendezvous(tensor, group=None):
                        dist.get_world_size(group), tensor.device)
     base = h.buffer_ptrs[h.rank]
     owners = _block_owner.setdefault(base, {})
-    if owners:
-        # The block was rendezvoused before: if every tensor this rank
-        # rendezvoused on it is gone, the block was handed out again (or the
-        # program let go of it) and its pad must start clean. What is alive
-        # differs between ranks (a tensor in a reference cycle dies later on
-        # one rank than on another), so the ranks decide together: each says
-        # whether it wants the reset, and if any does, all reset. A rank
-        # that reset alone would meet its peers' next collective with the
-        # reset's barriers.
+    mine = owners.get(id(tensor))
+    if owners and (mine is None or not mine.alive):
+        # A new tensor on a block rendezvoused before: if every tensor this
+        # rank rendezvoused on it is gone, the block was handed out again
+        # (or the program let go of it) and its pad must start clean. What
+        # is alive differs between ranks (a tensor in a reference cycle dies
+        # later on one rank than on another), so the ranks decide together:
+        # each says whether it wants the reset, and if any does, all reset.
+        # A rank that reset alone would meet its peers' next collective with
+        # the reset's barriers. A new tensor is one every rank makes (the
+        # same program), so every rank asks; the same live tensor again asks
+        # nothing (a call that one rank skips, as a failed collective may,
+        # does not leave the ranks' agreements out of step).
         if h.reset_signal_pad_if_any(not any(f.alive for f in owners.values())):
             owners.clear()
     for k in [k for k, f in owners.items() if not f.alive]:
