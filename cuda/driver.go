@@ -9,12 +9,12 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"unsafe"
 
 	"github.com/libsymm/libsymm/internal/dl"
+	"github.com/libsymm/libsymm/internal/env"
 )
 
 // DefaultLibrary is the driver library opened when neither WithLibrary nor
@@ -235,7 +235,7 @@ func WithLibrary(path string) Option {
 // empty, else DefaultLibrary.
 func newConfig(opts []Option) config {
 	c := config{path: DefaultLibrary}
-	if p := os.Getenv(EnvLibrary); p != "" {
+	if p := env.Get(EnvLibrary); p != "" {
 		c.path = p
 	}
 	for _, o := range opts {

@@ -27,6 +27,7 @@ import (
 	"github.com/libsymm/libsymm/allocator"
 	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/host"
+	"github.com/libsymm/libsymm/internal/env"
 	"github.com/libsymm/libsymm/internal/version"
 )
 
@@ -168,17 +169,9 @@ func frontCacheWanted(getenv func(string) string) (on bool, maxBlock uint64, err
 	return on, maxBlock, nil
 }
 
-// getenv reads the C environment. Go's os.Getenv sees a copy made when the
-// library was loaded, which misses variables a program sets afterwards
-// (os.environ["SYMM_DEVICE"] = "host" in Python before the first allocation).
-func getenv(key string) string {
-	k := C.CString(key)
-	defer C.free(unsafe.Pointer(k))
-	if v := C.getenv(k); v != nil {
-		return C.GoString(v)
-	}
-	return ""
-}
+// getenv reads a setting through the environment's one reader (package
+// env: the C environment, which sees what a program sets after load).
+var getenv = env.Get
 
 // newBackend picks the backend SYMM_DEVICE names: "cuda" (the default) or
 // "host". There is no silent fallback from cuda to host: PyTorch would take

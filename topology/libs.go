@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/libsymm/libsymm/internal/dl"
+	"github.com/libsymm/libsymm/internal/env"
 )
 
 // libSpec is a library looked for: the files it may be (soname and where
@@ -52,7 +53,7 @@ func Candidates(name string, dirs []string) []string {
 			continue
 		}
 		var out []string
-		if p := os.Getenv(s.env); p != "" {
+		if p := env.Get(s.env); p != "" {
 			out = append(out, p)
 		}
 		for _, f := range s.files {

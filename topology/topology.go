@@ -3,10 +3,10 @@ package topology
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 
 	"github.com/libsymm/libsymm/cuda"
+	"github.com/libsymm/libsymm/internal/env"
 )
 
 // SchemaVersion is the version of the JSON form of Topology (doc.go). It
@@ -189,7 +189,7 @@ func Discover(opts Options) (*Topology, error) {
 // nvmlPath is the NVML library to open: path, else SYMM_NVML_LIB, else the soname.
 func nvmlPath(path string) string {
 	if path == "" {
-		path = os.Getenv("SYMM_NVML_LIB")
+		path = env.Get("SYMM_NVML_LIB")
 	}
 	if path == "" {
 		path = "libnvidia-ml.so.1"
@@ -220,7 +220,7 @@ func discover(cu cudaFacts, nv nvmlFacts, nvErr error) (*Topology, error) {
 		t.Driver.NVMLError = nvErr.Error()
 	}
 	cudaLib := Library{Name: "cuda", Path: cuda.DefaultLibrary}
-	if p := os.Getenv("SYMM_CUDA_LIB"); p != "" {
+	if p := env.Get(cuda.EnvLibrary); p != "" {
 		cudaLib.Path = p
 	}
 	v, err := cu.DriverVersion()
