@@ -33,27 +33,27 @@ const (
 	nobodyUID        = 65534
 )
 
-func attacker(name string) int {
-	dg, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK, 0)
-	if err != nil {
-		fmt.Println("error", err)
-		return 2
+// bindAbstract binds the abstract name as a socket of type typ.
+func bindAbstract(name string, typ int) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, typ|unix.SOCK_NONBLOCK, 0)
+	if err == nil {
+		err = unix.Bind(fd, &unix.SockaddrUnix{Name: "\x00" + name})
 	}
-	if err := unix.Bind(dg, &unix.SockaddrUnix{Name: "\x00" + name}); err != nil {
+	return fd, err
+}
+
+func attacker(name string) int {
+	dg, err := bindAbstract(name, unix.SOCK_DGRAM)
+	if err != nil {
 		fmt.Println("error binding the datagram name:", err)
 		return 2
 	}
-	sp, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_NONBLOCK, 0)
+	sp, err := bindAbstract(name, unix.SOCK_SEQPACKET)
+	if err == nil {
+		err = unix.Listen(sp, 16)
+	}
 	if err != nil {
-		fmt.Println("error", err)
-		return 2
-	}
-	if err := unix.Bind(sp, &unix.SockaddrUnix{Name: "\x00" + name}); err != nil {
 		fmt.Println("error binding the seqpacket name:", err)
-		return 2
-	}
-	if err := unix.Listen(sp, 16); err != nil {
-		fmt.Println("error", err)
 		return 2
 	}
 	if spec := os.Getenv(attackerStoreEnv); spec != "" {

@@ -106,6 +106,34 @@ type arrival struct {
 	gone bool
 }
 
+// note is what an arrival brings to the stash: its note, or for a
+// connection that ended a goneStep mark (every later handshake finds it);
+// false for a message refused (its descriptors already closed).
+func (a arrival) note() (note, bool) {
+	switch {
+	case a.gone:
+		return note{Rank: a.from, Step: goneStep, Err: a.err.Error()}, true
+	case a.err != nil:
+		return note{}, false
+	}
+	return a.n, true
+}
+
+// stashArrivals moves what the readers have passed on, without waiting, to
+// the stash (l.mu held), in arrival order.
+func (l *link) stashArrivals() {
+	for {
+		select {
+		case a := <-l.inbox:
+			if n, ok := a.note(); ok {
+				l.stash = append(l.stash, n)
+			}
+		default:
+			return
+		}
+	}
+}
+
 // stashMax bounds the notes kept for later: a peer is at most one step
 // ahead, so more than this are strays, dropped oldest first.
 const stashMax = 256
@@ -193,15 +221,7 @@ func (l *link) closeLocked() {
 		}
 	}
 	l.readers.Wait()
-	for {
-		select {
-		case a := <-l.inbox:
-			a.n.closeFDs()
-			continue
-		default:
-		}
-		break
-	}
+	l.stashArrivals()
 	for i := range l.stash {
 		l.stash[i].closeFDs()
 	}

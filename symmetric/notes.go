@@ -26,6 +26,7 @@ func (r *handshake) who(j int) string {
 func (r *handshake) end() {
 	l := r.ln
 	l.ended[r.kind].Store(r.seq)
+	l.stashArrivals()
 	keep := l.stash[:0]
 	for _, n := range l.stash {
 		if n.Kind == r.kind.noteKind() && n.Seq <= r.seq {
@@ -35,23 +36,6 @@ func (r *handshake) end() {
 		keep = append(keep, n)
 	}
 	l.stash = keep
-	for {
-		select {
-		case a := <-l.inbox:
-			if a.err == nil && a.n.Kind == r.kind.noteKind() && a.n.Seq <= r.seq {
-				a.n.closeFDs()
-				continue
-			}
-			if a.err == nil {
-				l.stash = append(l.stash, a.n)
-			} else if a.gone { // kept for the next handshake to find
-				l.stash = append(l.stash, note{Rank: a.from, Step: goneStep, Err: a.err.Error()})
-			}
-			continue
-		default:
-		}
-		return
-	}
 }
 
 // errPeerGone is a peer failure (it wraps ErrPeerFailed) of a peer whose
@@ -178,17 +162,14 @@ func (r *handshake) causeOf(err error) error {
 	for {
 		select {
 		case a := <-r.ln.inbox:
-			if a.err != nil {
-				if a.gone {
-					r.ln.stash = append(r.ln.stash, note{Rank: a.from, Step: goneStep, Err: a.err.Error()})
-				}
-				continue
+			n, ok := a.note()
+			if ok && n.Kind == kind && n.Seq == r.seq && n.Step == "fail" {
+				n.closeFDs()
+				return fmt.Errorf("%w: %s failed: %s", ErrPeerFailed, r.who(n.Rank), n.Err)
 			}
-			if a.n.Kind == kind && a.n.Seq == r.seq && a.n.Step == "fail" {
-				a.n.closeFDs()
-				return fmt.Errorf("%w: %s failed: %s", ErrPeerFailed, r.who(a.n.Rank), a.n.Err)
+			if ok {
+				r.ln.stash = append(r.ln.stash, n) // end() sorts out what stays
 			}
-			r.ln.stash = append(r.ln.stash, a.n) // end() sorts out what stays
 		case <-timer.C:
 			return err
 		}
@@ -254,18 +235,12 @@ func (r *handshake) collect(step string, notes []note, gone <-chan error, took f
 		}
 		select {
 		case a := <-l.inbox:
-			switch {
-			case a.gone:
-				if err := take(note{Rank: a.from, Step: goneStep, Err: a.err.Error()}); err != nil {
-					return err
-				}
-			case a.err != nil:
+			n, ok := a.note()
+			if !ok {
 				lastStray, strays = a.err, strays+1
 				strayMessages.Add(1)
-			default:
-				if err := take(a.n); err != nil {
-					return err
-				}
+			} else if err := take(n); err != nil {
+				return err
 			}
 		case err := <-gone:
 			return err
