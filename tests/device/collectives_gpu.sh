@@ -35,6 +35,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 source tests/device/gpu_env.sh
+export SYMM_LIB=${SYMM_LIB:-$ROOT/build/libsymm.so}
 export SYMM_COMMIT=${SYMM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 LOGS=${OUT:-$ROOT/build/device-logs}
 mkdir -p "$LOGS/logs"

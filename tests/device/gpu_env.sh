@@ -1,12 +1,12 @@
-# Sourced by the GPU scripts (collectives_gpu.sh, symm_one_gpu.sh) from the
-# repository root, with ROOT set: the environment every GPU run needs, and
-# step, which runs one check into a log and adds a row to the summary.
+# Sourced by the GPU scripts (run.sh, collectives_gpu.sh, symm_one_gpu.sh)
+# from the repository root, with ROOT set: the environment every GPU run
+# needs, and step, which runs one check into a log and adds a row to the
+# summary (run.sh keeps run_step, which also tees the output).
 
 # Never let NCCL, NVSHMEM or torch symmetric memory create multicast objects:
 # on the shared hosts that can take the GPUs out of service.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
-export SYMM_LIB=${SYMM_LIB:-$ROOT/build/libsymm.so}
 unset SYMM_DEVICE # the GPU backend, never the host one
 # libsymm's kernels are compiled with NVRTC at run time: PyTorch's wheel
 # brings it (the Python package finds it the same way).

@@ -19,23 +19,9 @@ set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 
-# Never let NCCL, NVSHMEM or torch symmetric memory create multicast objects:
-# on the shared hosts that can take the GPUs out of service.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
-unset SYMM_DEVICE  # the GPU backend, never the host fallback
+# Multicast off, the GPU backend, NVRTC from PyTorch's wheel (gpu_env.sh).
+source tests/device/gpu_env.sh
 export SYMM_TEST_DEVICE=cuda  # Go test binaries of export/ run on the CUDA backend
-
-# libsymm's kernels are compiled with NVRTC at run time: PyTorch's wheel
-# brings it (the Python package finds it the same way).
-if [[ -z ${SYMM_NVRTC_LIB:-} ]]; then
-  SYMM_NVRTC_LIB=$(python3 -c 'import nvidia, os
-for p in nvidia.__path__:
-    for rel in ("cu13/lib/libnvrtc.so.13", "cuda_nvrtc/lib/libnvrtc.so.12"):
-        if os.path.exists(os.path.join(p, rel)):
-            print(os.path.join(p, rel)); raise SystemExit' 2>/dev/null)
-  [[ -n $SYMM_NVRTC_LIB ]] && export SYMM_NVRTC_LIB || unset SYMM_NVRTC_LIB
-fi
 
 LOGS=${OUT:-$ROOT/build/device-logs}
 mkdir -p "$LOGS"

@@ -20,6 +20,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 source tests/device/gpu_env.sh
+export SYMM_LIB=${SYMM_LIB:-$ROOT/build/libsymm.so}
 LOGS=${OUT:-$ROOT/build/device-logs}
 mkdir -p "$LOGS/logs"
 STEPS=${*:-check torch}
