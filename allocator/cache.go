@@ -13,7 +13,7 @@ package allocator
 func (s *shard) alloc(n uint64, parked []Parked) (ptr uintptr, pl Placement, err error) {
 	p := s.dev.pool
 	r, k := s.src.class(n)
-	if p.gcOn && k != smallPool && s.pool == nil {
+	if p.gcOn() && k != smallPool && s.pool == nil {
 		s.dev.gcClock.Add(1) // the collector's clock: large-pool requests (gc.go)
 	}
 	s.mu.Lock()
@@ -69,7 +69,7 @@ func (s *shard) alloc(n uint64, parked []Parked) (ptr uintptr, pl Placement, err
 
 func (s *shard) findFree(r uint64, k poolKind) *block {
 	b := s.bins[k].find(r)
-	if b != nil && k == oversizePool && b.size >= r+s.dev.pool.slack {
+	if b != nil && k == oversizePool && b.size >= r+s.dev.pool.slack() {
 		return nil
 	}
 	return b
@@ -231,7 +231,7 @@ func (s *shard) removeSeg(seg *segment) {
 
 func (s *shard) addIdle(seg *segment) {
 	seg.idle = true
-	if s.dev.pool.gcOn {
+	if s.dev.pool.gcOn() {
 		seg.idleAt = s.dev.gcClock.Load()
 	}
 	seg.iprev = nil

@@ -173,9 +173,11 @@ func (c *Config) expandableFromEnv(getenv func(string) string, overrides func(en
 	default:
 		return fmt.Errorf("%w: SYMM_POOL_EXPANDABLE=%q: want 0 or 1", ErrInvalid, v)
 	}
-	if c.Expandable {
-		c.ExpandableChunk = c.DefaultExpandableChunk()
-	}
+	// The chunk and the unmapping of free pages are what expandable
+	// segments do whenever they are on: from the start, or once a program
+	// turns them on while it runs (expandable_segments:True through
+	// torch.cuda.memory._set_allocator_settings).
+	c.ExpandableChunk = c.DefaultExpandableChunk()
 	if v := getenv("SYMM_POOL_EXPANDABLE_CHUNK"); v != "" {
 		b, err := ParseSize(v)
 		if err != nil {
@@ -189,16 +191,12 @@ func (c *Config) expandableFromEnv(getenv func(string) string, overrides func(en
 	// With expandable segments, free pages are unmapped by default: with
 	// 20 MiB chunks it costs no measurable step time (bench/RESULTS.md,
 	// "expandable segments by 20 MiB chunks") and lets reserved memory
-	// follow the live blocks. Without them the fields stay zero: the pool
-	// cannot become expandable later (a run-time setting that asks raises).
-	c.UnmapFreePages = c.Expandable
+	// follow the live blocks.
+	c.UnmapFreePages = true
 	switch v := getenv("SYMM_POOL_UNMAP_FREE_PAGES"); v {
 	case "":
 	case "0", "1":
 		c.UnmapFreePages = v == "1"
-		if c.UnmapFreePages && !c.Expandable {
-			*warns = append(*warns, "SYMM_POOL_UNMAP_FREE_PAGES=1 has no effect without expandable segments (SYMM_POOL_EXPANDABLE=1 or expandable_segments:True)")
-		}
 	default:
 		return fmt.Errorf("%w: SYMM_POOL_UNMAP_FREE_PAGES=%q: want 0 or 1", ErrInvalid, v)
 	}

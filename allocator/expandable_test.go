@@ -255,10 +255,13 @@ func TestConfigFromEnvExpandable(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, c.UnmapFreePages)
 	require.Empty(t, warns)
-	c, warns, err = ConfigFromEnv(env(map[string]string{"SYMM_POOL_UNMAP_FREE_PAGES": "1"}))
+	// Without expandable segments the chunk and the unmapping are what
+	// they would do once turned on at run time.
+	c, warns, err = ConfigFromEnv(env(map[string]string{"SYMM_POOL_UNMAP_FREE_PAGES": "0", "PYTORCH_CUDA_ALLOC_CONF": "large_segment_size_mb:40"}))
 	require.NoError(t, err)
-	require.Len(t, warns, 1)
-	require.Contains(t, warns[0], "no effect without expandable segments")
+	require.Empty(t, warns)
+	require.False(t, c.UnmapFreePages)
+	require.EqualValues(t, 40*mib, c.ExpandableChunk)
 	c, _, err = ConfigFromEnv(env(map[string]string{"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "SYMM_POOL_UNMAP_FREE_PAGES": "0"}))
 	require.NoError(t, err)
 	require.True(t, c.Expandable)

@@ -142,7 +142,7 @@ func (p *Pool) RequestType(size uint64) int {
 	if len(p.devs) == 0 {
 		return statType(smallPool)
 	}
-	_, k := p.devs[0].sourceFor(nil).class(size)
+	_, k := p.devs[0].sourceFor(nil, p.Expandable()).class(size)
 	return statType(k)
 }
 
@@ -193,7 +193,7 @@ func (s *shard) belowPeaks(r, n uint64, k poolKind) bool {
 		case largePool:
 			sz += smallMax
 		case oversizePool:
-			sz += s.dev.pool.slack
+			sz += s.dev.pool.slack()
 		}
 	}
 	b, q := int64(sz), int64(n)

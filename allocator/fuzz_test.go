@@ -8,7 +8,9 @@ import (
 )
 
 // FuzzPoolOps drives random sequences of alloc, free, record_stream, stream
-// work, empty_cache and limit changes over three streams and two devices, and
+// work, empty_cache, limit changes and PyTorch's settings changed at run time
+// (expandable segments on and off among them) over three streams and two
+// devices, and
 // checks after every step that the pool's invariants hold (CheckInvariants:
 // tiling, bins, live table, statistics equal the blocks' sums, no overlapping
 // segments), that no two live blocks overlap, and that bytes written into a
@@ -222,13 +224,20 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 			case 6:
 				fb.finish(streams[next(1)%3])
 			case 7:
-				switch next(1) % 3 {
+				switch next(1) % 4 {
 				case 0:
 					if err := p.EmptyCache(); err != nil {
 						t.Fatal(err)
 					}
 				case 1:
 					_ = p.SetLimit(int(next(1)%2), next(1)%4*(16<<20))
+				case 2: // PyTorch's settings changed at run time
+					sel := next(1)
+					text := fmt.Sprintf("expandable_segments:%s,max_split_size_mb:%d,roundup_power2_divisions:%d,large_segment_size_mb:%d",
+						[]string{"False", "True"}[sel&1], []int{40, 64, 200}[sel>>1%3], []int{1, 2, 8}[sel>>3%3], []int{20, 32}[sel>>5%2])
+					if _, err := p.ApplyTorchSettings(text); err != nil {
+						t.Fatal(text, err)
+					}
 				default:
 					if err := p.Free(0, 0, 0xbad000, 7); err == nil {
 						t.Fatal("free of an unknown pointer succeeded")

@@ -32,7 +32,7 @@ import "errors"
 // (released meanwhile: the collector takes other shards' locks).
 func (s *shard) collectGarbage(r uint64, k poolKind) (*block, error) {
 	d := s.dev
-	if !d.pool.gcOn || !s.src.caches() || d.capture.routing() || d.gcLine() == 0 {
+	if !d.pool.gcOn() || !s.src.caches() || d.capture.routing() || d.gcLine() == 0 {
 		return nil, nil
 	}
 	s.mu.Unlock()
@@ -49,10 +49,10 @@ func (s *shard) collectGarbage(r uint64, k poolKind) (*block, error) {
 // when the device is not over the line.
 func (d *device) gcLine() uint64 {
 	lim := d.budget.limit.Load()
-	if !d.pool.gcOn || lim == 0 {
+	if !d.pool.gcOn() || lim == 0 {
 		return 0
 	}
-	line := uint64(d.pool.cfg.GCThreshold * float64(lim))
+	line := uint64(d.pool.gcThreshold() * float64(lim))
 	if uint64(d.reserved[stAll].cur.Load()) <= line {
 		return 0
 	}

@@ -94,7 +94,7 @@ func (d *device) oomError(held *shard, n, r uint64, k poolKind, cause, relErr er
 	}
 	msg := fmt.Sprintf("%s: out of memory: requested %d bytes (a %d-byte segment of the %s) on device %d: "+
 		"pool reserved %d bytes, allocated %d bytes; limit %s; device %s; cause: %v",
-		d.pool.backend.Name(), n, segmentSize(r, k, d.pool.largeSeg), k, d.idx,
+		d.pool.backend.Name(), n, segmentSize(r, k, d.pool.largeSegSize()), k, d.idx,
 		d.reserved[stAll].cur.Load(), d.allocatedBytes(held), lim, dev, cause)
 	if relErr != nil {
 		msg += fmt.Sprintf(" (releasing the cache also failed: %v)", relErr)

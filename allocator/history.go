@@ -291,7 +291,7 @@ type Settings struct {
 
 // Settings returns the pool's settings.
 func (p *Pool) Settings() Settings {
-	return Settings{Expandable: p.cfg.Expandable, MaxSplit: p.cfg.MaxSplit, GCThreshold: p.cfg.GCThreshold, AllocConf: p.cfg.AllocConf}
+	return Settings{Expandable: p.Expandable(), MaxSplit: p.maxSplit(), GCThreshold: p.gcThreshold(), AllocConf: *p.tun.allocConf.Load()}
 }
 
 // allocatorSettings is the snapshot's allocator_settings, with PyTorch's keys
@@ -299,15 +299,16 @@ func (p *Pool) Settings() Settings {
 // "PYTORCH_CUDA_ALLOC_CONF" whichever variable it came from, and
 // roundup_power2_divisions by interval, keyed "1", "2", … "32768" (MiB).
 func (p *Pool) allocatorSettings() map[string]any {
+	st := p.Settings()
 	roundup := make(map[string]any, RoundupIntervals)
-	for i, d := range p.cfg.RoundupPower2Divisions {
+	for i, d := range p.roundupDivisions() {
 		roundup[strconv.Itoa(1<<i)] = int64(d)
 	}
 	return map[string]any{
-		"PYTORCH_CUDA_ALLOC_CONF":      p.cfg.AllocConf,
-		"expandable_segments":          p.cfg.Expandable,
-		"max_split_size":               int64(p.cfg.MaxSplit),
-		"garbage_collection_threshold": p.cfg.GCThreshold,
+		"PYTORCH_CUDA_ALLOC_CONF":      st.AllocConf,
+		"expandable_segments":          st.Expandable,
+		"max_split_size":               int64(st.MaxSplit),
+		"garbage_collection_threshold": st.GCThreshold,
 		"roundup_power2_divisions":     roundup,
 	}
 }

@@ -41,7 +41,7 @@ func (f poolSource) cut(s *shard, b *block, r uint64) {
 }
 
 func (f poolSource) newMemory(s *shard, r uint64, k poolKind) (*block, error) {
-	size := segmentSize(r, k, s.dev.pool.largeSeg)
+	size := segmentSize(r, k, s.dev.pool.largeSegSize())
 	if f.pp.segs == nil {
 		return s.newSegment(size, k)
 	}

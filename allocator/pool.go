@@ -76,23 +76,16 @@ type Pool struct {
 	backend Backend
 	cfg     Config
 	devs    []*device
-	// exp is the backend's Expander when cfg.Expandable; nil otherwise.
+	// exp is the backend's Expander, if it is one (expandable segments can
+	// be turned on at run time: tunables.go); nil otherwise.
 	exp Expander
 	// keeper is exp's ChunkKeeper when cfg.UnmapFreePages and it has one:
 	// free pages unmapped to make room for a mapping are kept and mapped
 	// again (pages.go). nil otherwise.
 	keeper ChunkKeeper
-	// roundup: some interval of cfg.RoundupPower2Divisions rounds (d > 1);
-	// the cached path tests only this flag when none does.
-	roundup bool
-	// gcOn: cfg.GCThreshold is set and the default pool's segments are
-	// fixed (expandable ones are never collected).
-	gcOn bool
-	// slack is the oversize reuse tolerance (cfg.MaxNonSplitRounding or 20 MiB).
-	slack uint64
-	// largeSeg is the segment size of requests from 1 to 10 MiB
-	// (cfg.LargeSegment or 20 MiB).
-	largeSeg uint64
+	// tun holds the settings a program may change while it runs
+	// (tunables.go), read on every request.
+	tun tunables
 	// routes counts the open routings of every device (routes.go,
 	// OpenRoutes), outside the Go heap.
 	routes *atomic.Uint64
@@ -108,9 +101,9 @@ type device struct {
 	idx  int
 
 	// Lock order: mu, then any shard's mu, then evMu; reserveMu is a leaf.
-	mu     sync.Mutex // shard creation
-	table  atomic.Pointer[shardTable]
-	list   atomic.Pointer[[]*shard] // every shard, for whole-device walks
+	mu     sync.Mutex                    // shard creation
+	tables [2]atomic.Pointer[shardTable] // default-pool shards by stream, per segKind
+	list   atomic.Pointer[[]*shard]      // every shard, for whole-device walks
 	evMu   sync.Mutex
 	events []Event // idle events, reused; under evMu
 
@@ -246,18 +239,8 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	if cfg.LimitFraction < 0 || cfg.LimitFraction > 1 {
 		return nil, fmt.Errorf("limit fraction %g is outside (0, 1]", cfg.LimitFraction)
 	}
-	if !(cfg.GCThreshold >= 0 && cfg.GCThreshold < 1) {
-		return nil, fmt.Errorf("%w: garbage collection threshold %g is outside [0, 1)", ErrInvalid, cfg.GCThreshold)
-	}
-	if ls := cfg.LargeSegment; ls != 0 && (ls <= minLargeSeg || ls%(1<<20) != 0 || ls > maxRequest) {
-		return nil, fmt.Errorf("%w: large segment size %d is not a whole number of MiB above 10 MiB", ErrInvalid, ls)
-	}
-	roundup := false
-	for i, d := range cfg.RoundupPower2Divisions {
-		if d != 0 && !isPow2(d) {
-			return nil, fmt.Errorf("%w: roundup_power2_divisions: interval %d has %d divisions, not 0 or a power of 2", ErrInvalid, i, d)
-		}
-		roundup = roundup || d > 1
+	if err := checkTunables(cfg); err != nil {
+		return nil, err
 	}
 	n, err := b.DeviceCount()
 	if err != nil {
@@ -266,22 +249,12 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("%s backend has no devices", b.Name())
 	}
-	p := &Pool{backend: b, cfg: cfg, devs: make([]*device, n), roundup: roundup,
-		gcOn: cfg.GCThreshold > 0 && !cfg.Expandable, slack: cfg.MaxNonSplitRounding, largeSeg: cfg.LargeSegment}
-	if p.slack == 0 {
-		p.slack = largeBuffer
-	}
-	if p.largeSeg == 0 {
-		p.largeSeg = largeSeg
-	}
+	p := &Pool{backend: b, cfg: cfg, devs: make([]*device, n)}
+	p.setTunables(cfg)
 	if p.routes = newEpochCell(); p.routes == nil {
 		return nil, errors.New("cannot map a page for the count of open routings")
 	}
-	if cfg.Expandable {
-		e, ok := b.(Expander)
-		if !ok {
-			return nil, fmt.Errorf("%w: expandable segments: the %s backend cannot reserve address space and map chunks", ErrInvalid, b.Name())
-		}
+	if e, ok := b.(Expander); ok {
 		p.exp = e
 		if k, ok := e.(ChunkKeeper); ok && cfg.UnmapFreePages {
 			p.keeper = k
@@ -290,11 +263,6 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	for i := range p.devs {
 		d := &device{pool: p, idx: i}
 		d.capture.total = p.routes
-		if p.exp != nil {
-			if err := d.initExpandable(); err != nil {
-				return nil, err
-			}
-		}
 		d.list.Store(&[]*shard{})
 		p.devs[i] = d
 		switch {
@@ -306,11 +274,16 @@ func New(b Backend, cfg Config) (*Pool, error) {
 			}
 		}
 	}
+	if err := p.setExpandable(cfg.Expandable); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
-// Expandable reports whether the default pool's segments are expandable.
-func (p *Pool) Expandable() bool { return p.exp != nil }
+// Expandable reports whether the default pool's new segments are
+// expandable (the setting now: segments made before a change keep their
+// kind).
+func (p *Pool) Expandable() bool { return p.tun.expandable.Load() }
 
 // Backend returns the pool's backend.
 func (p *Pool) Backend() Backend { return p.backend }

@@ -245,7 +245,7 @@ func (d *device) poolShard(pp *privatePool, stream uintptr) *shard {
 	if s := pp.shards[stream]; s != nil {
 		return s
 	}
-	s := &shard{dev: d, stream: stream, pool: pp, src: d.sourceFor(pp)}
+	s := &shard{dev: d, stream: stream, pool: pp, src: d.sourceFor(pp, false)}
 	pp.shards[stream] = s
 	d.mu.Lock()
 	d.appendShard(s)

@@ -2,8 +2,10 @@ package allocator
 
 import "sync/atomic"
 
-// Shards: one per (device, stream) of the default pool, found without a lock
-// through a table that grows by copying (shardTable says why that is safe).
+// Shards: one per (device, stream) of the default pool and kind of segment
+// (fixed or expandable: a program may switch between them while it runs,
+// tunables.go), found without a lock through a table per kind that grows by
+// copying (shardTable says why that is safe).
 
 // shardTable is an open-addressed table from stream to shard, read without
 // locks. Slots only ever go from nil to a shard; a full table is replaced by
@@ -37,35 +39,52 @@ func (t *shardTable) insert(s *shard) {
 	t.n++
 }
 
-// lookup returns the shard of stream, or nil if the stream never allocated here.
-func (d *device) lookup(stream uintptr) *shard {
-	if t := d.table.Load(); t != nil {
+// segKind indexes device.tables: the default pool's shards of fixed
+// segments (0) and of expandable ones (1).
+func segKind(expandable bool) int {
+	if expandable {
+		return 1
+	}
+	return 0
+}
+
+// lookupKind returns the shard of stream serving segments of kind x, or nil
+// if the stream never allocated such segments here.
+func (d *device) lookupKind(stream uintptr, x int) *shard {
+	if t := d.tables[x].Load(); t != nil {
 		return t.lookup(stream)
 	}
 	return nil
 }
 
-func (d *device) shardFor(stream uintptr) *shard {
-	if s := d.lookup(stream); s != nil {
-		return s
-	}
-	return d.newShard(stream)
+// lookup returns the shard of stream that new requests go to (the kind of
+// segment the setting names now), or nil if there is none yet.
+func (d *device) lookup(stream uintptr) *shard {
+	return d.lookupKind(stream, segKind(d.pool.Expandable()))
 }
 
-func (d *device) newShard(stream uintptr) *shard {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if s := d.lookup(stream); s != nil {
+func (d *device) shardFor(stream uintptr) *shard {
+	x := segKind(d.pool.Expandable())
+	if s := d.lookupKind(stream, x); s != nil {
 		return s
 	}
-	s := &shard{dev: d, stream: stream, src: d.sourceFor(nil), epoch: newEpochCell()}
+	return d.newShard(stream, x)
+}
+
+func (d *device) newShard(stream uintptr, x int) *shard {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s := d.lookupKind(stream, x); s != nil {
+		return s
+	}
+	s := &shard{dev: d, stream: stream, src: d.sourceFor(nil, x == 1), epoch: newEpochCell()}
 	for k := range s.bins {
 		s.bins[k].highTies = s.src.grows()
 	}
 	// On the list first: at the second shard the device switches to
 	// device-wide counters, before anyone can find s in the table.
 	d.appendShard(s)
-	t := d.table.Load()
+	t := d.tables[x].Load()
 	if t == nil || 2*(t.n+1) > len(t.slots) {
 		size := 16
 		if t != nil {
@@ -73,11 +92,11 @@ func (d *device) newShard(stream uintptr) *shard {
 		}
 		nt := &shardTable{slots: make([]atomic.Pointer[shard], size)}
 		for _, o := range *d.list.Load() {
-			if o.pool == nil {
+			if o.pool == nil && segKind(o.src.grows()) == x {
 				nt.insert(o) // s among them
 			}
 		}
-		d.table.Store(nt)
+		d.tables[x].Store(nt)
 	} else {
 		t.insert(s)
 	}

@@ -3,7 +3,8 @@ package allocator
 // Segment sources: where a shard's memory comes from and where it goes back.
 //
 // Each shard has one, chosen when the shard is made and never changed
-// (sourceFor), from what the shard serves:
+// (sourceFor), from what the shard serves (a default-pool shard serves one
+// kind of segment; a stream has a shard of each kind it used: shards.go):
 //
 //	default pool, fixed segments      fixedSource       source_fixed.go
 //	default pool, expandable segments expandableSource  source_expandable.go
@@ -54,20 +55,20 @@ type segmentSource interface {
 // them (one flag test on the cached path when none does), else to 512
 // bytes (sizeclass.go).
 func (p *Pool) rounded(n uint64) uint64 {
-	if p.roundup {
-		return roundDivisions(n, &p.cfg.RoundupPower2Divisions)
+	if div := p.tun.roundup.Load(); div != nil {
+		return roundDivisions(n, div)
 	}
 	return roundSize(n)
 }
 
 // sourceFor is the segment source of a new shard of device d serving pool
-// pp (nil: the default pool).
-func (d *device) sourceFor(pp *privatePool) segmentSource {
+// pp (nil: the default pool, with expandable segments when expandable).
+func (d *device) sourceFor(pp *privatePool, expandable bool) segmentSource {
 	p := d.pool
 	switch {
 	case pp != nil && pp.direct:
 		return directSource{fixedSource{p}}
-	case pp == nil && p.exp != nil:
+	case pp == nil && expandable:
 		return expandableSource{p}
 	case pp != nil:
 		return poolSource{fixedSource{p}, pp}

@@ -12,7 +12,7 @@ type directSource struct{ fixedSource }
 
 func (f directSource) class(n uint64) (uint64, poolKind) {
 	r := roundSize(n)
-	return r, kindFor(r, f.p.cfg.MaxSplit)
+	return r, kindFor(r, f.p.maxSplit())
 }
 
 func (directSource) caches() bool { return false }

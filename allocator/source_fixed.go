@@ -15,7 +15,7 @@ type fixedSource struct{ p *Pool }
 
 func (f fixedSource) class(n uint64) (uint64, poolKind) {
 	r := f.p.rounded(n)
-	return r, kindFor(r, f.p.cfg.MaxSplit)
+	return r, kindFor(r, f.p.maxSplit())
 }
 
 func (fixedSource) caches() bool { return true }
@@ -31,7 +31,7 @@ func (fixedSource) cut(s *shard, b *block, r uint64) {
 }
 
 func (fixedSource) newMemory(s *shard, r uint64, k poolKind) (*block, error) {
-	return s.newSegment(segmentSize(r, k, s.dev.pool.largeSeg), k)
+	return s.newSegment(segmentSize(r, k, s.dev.pool.largeSegSize()), k)
 }
 
 func (fixedSource) giveBack(s *shard, seg *segment) (late, err error) {

@@ -347,7 +347,7 @@ func (p *Pool) Stats(dev int) ([]int64, error) {
 	os := &d.oversizeSegs
 	out = append(out, os.cur.Load(), os.peak.Load(), os.alloc.Load(), os.freed.Load())
 	out = append(out, d.counts.numAllocRetries.Load(), d.counts.numOOMs.Load(), d.counts.numSyncAll.Load(),
-		d.counts.numDeviceAlloc.Load(), d.counts.numDeviceFree.Load(), int64(p.cfg.MaxSplit), hits,
+		d.counts.numDeviceAlloc.Load(), d.counts.numDeviceFree.Load(), p.maxSplitStat(), hits,
 		d.counts.numChunkMaps.Load(), d.counts.numChunkUnmaps.Load(), d.counts.chunkMapNs.Load()/1000, d.counts.chunkUnmapNs.Load()/1000,
 		d.counts.numSpareReused.Load(), d.counts.numReleaseFailures.Load())
 	return out, nil
@@ -505,4 +505,15 @@ func (p *Pool) StreamUsage(dev int) ([]StreamUsage, error) {
 		out = append(out, u)
 	}
 	return out, nil
+}
+
+// maxSplitStat is the max_split_size statistic as PyTorch reports it: the
+// value when the pool was made (PyTorch's device allocators read it once,
+// in their constructor, and a run-time change leaves the statistic as it
+// was), -1 for none (its SIZE_MAX as int64).
+func (p *Pool) maxSplitStat() int64 {
+	if p.cfg.MaxSplit == 0 {
+		return -1
+	}
+	return int64(p.cfg.MaxSplit)
 }

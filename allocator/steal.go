@@ -34,18 +34,18 @@ func (s *shard) steal(r uint64, k poolKind) *block {
 	if s.pool != nil || s.src.grows() || !d.capture.hold() {
 		// Private pools take nothing from others; an expandable segment
 		// stays with its stream (as in PyTorch): it grows in place, and
-		// goes back whole at release, and every default-pool shard of an
-		// expandable Pool has only those. While a capture may be under way,
+		// goes back whole at release, and an expandable shard has only
+		// those (stealCandidate skips them too). While a capture may be under way,
 		// no event may be recorded or queried.
 		return nil
 	}
 	defer d.capture.leave()
-	most := segmentSize(r, k, d.pool.largeSeg)
+	most := segmentSize(r, k, d.pool.largeSegSize())
 	if k == oversizePool {
 		// An oversize block is never split: a segment up to the reuse
 		// tolerance larger is handed out whole, as a cached one is
 		// (findFree), and leaves no rest behind.
-		most = r + d.pool.slack - 1
+		most = r + d.pool.slack() - 1
 	}
 	// A few tries: the chosen segment's owner may use it between the
 	// choice and the move.
@@ -82,8 +82,8 @@ func (s *shard) stealCandidate(r uint64, k poolKind, most uint64) (*segment, *sh
 	var best *segment
 	var owner *shard
 	for _, o := range s.dev.shardList() {
-		if o == s || o.pool != nil || !o.mu.TryLock() {
-			continue
+		if o == s || o.pool != nil || o.src.grows() || !o.mu.TryLock() {
+			continue // expandable segments stay with their stream
 		}
 		seen := 0
 		for seg := o.idle; seg != nil && seen < 64; seg = seg.inext {

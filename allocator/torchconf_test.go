@@ -390,6 +390,10 @@ func TestConfigFromEnvTorch(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, warns, err := ConfigFromEnv(env(tc.env...))
 			require.NoError(t, err)
+			if !tc.want.cfg.Expandable {
+				// What expandable segments would do once turned on.
+				tc.want.cfg.ExpandableChunk, tc.want.cfg.UnmapFreePages = tc.want.cfg.DefaultExpandableChunk(), true
+			}
 			require.Equal(t, tc.want.cfg, c)
 			require.Len(t, warns, len(tc.want.warns), "%q", warns)
 			for i, w := range tc.want.warns {
@@ -588,9 +592,13 @@ func TestGarbageCollectionOff(t *testing.T) {
 	require.NoError(t, p.EndAllocateToPool(0, id))
 	require.NoError(t, p.ReleasePool(0, id, false))
 
-	// Nor with expandable segments (PyTorch's collector skips them too).
-	p, _ = newPool(t, Config{Limit: 400 * mib, GCThreshold: 0.25, Expandable: true})
-	require.False(t, p.gcOn)
+	// Nor expandable segments (PyTorch's collector skips them too): a new
+	// segment over the line leaves another stream's idle one mapped.
+	p, _ = expandablePool(t, 1<<30, Config{Limit: 400 * mib, GCThreshold: 0.25})
+	big := mustAlloc(t, p, 0, sA, 150*mib)
+	require.NoError(t, p.Free(0, sA, big, 150*mib))
+	mustAlloc(t, p, 0, sB, 60*mib)
+	require.GreaterOrEqual(t, stat(t, p, 0, "reserved_bytes.all.current"), int64(210*mib))
 }
 
 func TestSnapshotAllocatorSettings(t *testing.T) {

@@ -47,52 +47,100 @@ func TestMergeTorchSettings(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalid)
 }
 
-// Once the pool exists, a settings call applies the memory fraction and
-// refuses to change the pool's geometry, changing nothing then.
+// Once the pool exists, a settings call changes each of the pool's settings
+// for the requests and segments that come after it, as PyTorch's does; a
+// call that does not give max_split_size_mb, roundup_power2_divisions or
+// garbage_collection_threshold sets them back to their defaults; the memory
+// fraction of a call changes nothing; a refused call changes nothing.
 func TestApplyTorchSettings(t *testing.T) {
-	tc, _, err := ParseTorchAllocConf("max_split_size_mb:64")
+	v := NewVirtual(2, 1<<30)
+	p, err := New(v, Config{})
 	require.NoError(t, err)
-	p, err := New(newFake(2), tc.Config())
-	require.NoError(t, err)
-	frac := func(dev int) float64 {
-		f, err := p.MemoryFraction(dev)
-		require.NoError(t, err)
-		return f
+	apply := func(text string) {
+		t.Helper()
+		_, err := p.ApplyTorchSettings(text)
+		require.NoError(t, err, text)
+		require.Equal(t, text, p.Settings().AllocConf)
 	}
-	require.Equal(t, 1.0, frac(0))
+	allocated := func() int64 { return stat(t, p, 0, "allocated_bytes.all.current") }
+	reserved := func() int64 { return stat(t, p, 0, "reserved_bytes.all.current") }
+
+	// large_segment_size_mb: the next 1-10 MiB request's new segment.
+	apply("large_segment_size_mb:40")
+	r0 := reserved()
+	mustAlloc(t, p, 0, 1, 2*mib)
+	require.EqualValues(t, 40*mib, reserved()-r0)
+
+	// roundup_power2_divisions: 5 MiB + 1 is rounded to 6 MiB (4 steps
+	// between 4 and 8 MiB); a call without the key rounds to 512 bytes again.
+	apply("roundup_power2_divisions:4")
+	a0 := allocated()
+	mustAlloc(t, p, 0, 2, 5*mib+1)
+	require.EqualValues(t, 6*mib, allocated()-a0)
+	apply("large_segment_size_mb:40")
+	a0 = allocated()
+	mustAlloc(t, p, 0, 3, 5*mib+1)
+	require.EqualValues(t, 5*mib+512, allocated()-a0)
+
+	// max_split_size_mb: the next request of at least that size is
+	// oversize; a call without it makes nothing oversize again.
+	apply("max_split_size_mb:64")
+	require.EqualValues(t, 64*mib, p.Settings().MaxSplit)
+	mustAlloc(t, p, 0, 4, 80*mib)
+	require.EqualValues(t, 1, stat(t, p, 0, "oversize_allocations.current"))
+	apply("")
+	mustAlloc(t, p, 0, 4, 80*mib)
+	require.EqualValues(t, 1, stat(t, p, 0, "oversize_allocations.current"))
+
+	// expandable_segments: new default-pool segments are expandable, in a
+	// shard of their own per stream; frees find each block's own shard;
+	// turned off, new segments are fixed again and the expandable ones
+	// stay what they are.
+	apply("expandable_segments:True")
+	require.True(t, p.Expandable())
+	x := mustAlloc(t, p, 0, 5, 3*mib)
+	require.True(t, p.Settings().Expandable)
+	apply("expandable_segments:False")
+	require.False(t, p.Expandable())
+	f := mustAlloc(t, p, 0, 5, 3*mib)
+	require.NotEqual(t, x, f)
+	require.NoError(t, p.Free(0, 5, x, 3*mib))
+	require.NoError(t, p.Free(0, 5, f, 3*mib))
+	kinds := func() map[bool]int {
+		k := map[bool]int{}
+		for _, seg := range p.Snapshot().Segments {
+			k[seg.IsExpandable]++
+		}
+		return k
+	}
+	require.Equal(t, 1, kinds()[true], "the expandable segment stays")
+	segs := stat(t, p, 0, "segment.all.current")
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.EmptyCache())
+	require.Zero(t, kinds()[true], "empty_cache releases both kinds")
+	require.Equal(t, segs-2, stat(t, p, 0, "segment.all.current"))
+	require.NoError(t, p.CheckInvariants())
+
+	// A refused call changes nothing.
+	apply("max_split_size_mb:64,garbage_collection_threshold:0.5")
+	for _, text := range []string{"max_split_size_mb:1", "garbage_collection_threshold:1.5", "bogus:1", "large_segment_size_mb:5"} {
+		_, err := p.ApplyTorchSettings(text)
+		require.ErrorIs(t, err, ErrInvalid, text)
+		require.EqualValues(t, 64*mib, p.Settings().MaxSplit, text)
+		require.Equal(t, 0.5, p.Settings().GCThreshold, text)
+	}
+	q, err := New(hideExpander{v}, Config{})
+	require.NoError(t, err)
+	_, err = q.ApplyTorchSettings("expandable_segments:True,max_split_size_mb:64")
+	require.ErrorIs(t, err, ErrInvalid)
+	require.ErrorContains(t, err, "cannot reserve address space")
+	require.False(t, q.Expandable())
+	require.Zero(t, q.Settings().MaxSplit)
 
 	// As in PyTorch, the fraction of a run-time call changes nothing.
-	_, err = p.ApplyTorchSettings("max_split_size_mb:64,per_process_memory_fraction:0.5")
+	_, err = p.ApplyTorchSettings("per_process_memory_fraction:0.5")
 	require.NoError(t, err)
-	require.Equal(t, 1.0, frac(0))
-	require.Equal(t, 1.0, frac(1))
-	require.Equal(t, uint64(0), p.Limit(1))
-	require.NoError(t, p.SetMemoryFraction(0, 0.5)) // the cap the API sets; the calls below keep it
-
-	for _, c := range []struct{ text, key string }{
-		{"max_split_size_mb:128,per_process_memory_fraction:0.25", "max_split_size_mb:128"},
-		{"per_process_memory_fraction:0.25", "max_split_size_mb:unlimited"}, // reset to its default: a change
-		{"max_split_size_mb:64,expandable_segments:True", "expandable_segments:True"},
-		{"max_split_size_mb:64,large_segment_size_mb:40", "large_segment_size_mb:40"},
-		{"max_split_size_mb:64,garbage_collection_threshold:0.5", "garbage_collection_threshold:0.5"},
-		{"max_split_size_mb:64,roundup_power2_divisions:4", "roundup_power2_divisions"},
-		{"max_split_size_mb:64,max_non_split_rounding_mb:40", "max_non_split_rounding_mb:40"},
-	} {
-		_, err := p.ApplyTorchSettings(c.text)
-		require.ErrorIs(t, err, ErrBusy, c.text)
-		require.ErrorContains(t, err, c.key, c.text)
-		require.ErrorContains(t, err, "cannot change at run time", c.text)
-		require.Equal(t, 0.5, frac(0), "nothing changes: %s", c.text)
-	}
-	// The same geometry again, keys libsymm leaves to PyTorch, and a
-	// fraction (changing nothing).
-	warns, err := p.ApplyTorchSettings("max_split_size_mb:64,expandable_segments:False,large_segment_size_mb:20,backend:native," +
-		"pinned_num_register_threads:8,graph_capture_record_stream_reuse:True,per_process_memory_fraction:1")
+	fr, err := p.MemoryFraction(0)
 	require.NoError(t, err)
-	require.Len(t, warns, 1)
-	require.Equal(t, 0.5, frac(0))
-	_, err = p.ApplyTorchSettings("max_split_size_mb:64,bogus:1")
-	require.ErrorIs(t, err, ErrInvalid)
-	require.NoError(t, p.SetLimit(0, 1<<30))
-	require.Equal(t, 1.0, frac(0), "a cap in bytes is no fraction")
+	require.Equal(t, 1.0, fr)
 }

@@ -223,15 +223,18 @@ func goPoolSetExpandable(enable C.int) (code C.int) {
 		return fail("symm_pool_set_expandable", fmt.Errorf("%w: enable is %d: want 0 or 1", allocator.ErrInvalid, int(enable)))
 	}
 	lib.mu.Lock()
-	defer lib.mu.Unlock()
-	if p := lib.pool.Load(); p != nil {
-		if p.Expandable() == (enable == 1) {
-			return C.SYMM_OK
-		}
-		return fail("symm_pool_set_expandable", fmt.Errorf("%w: expandable segments are %s: the pool already exists; choose before the first allocation (or set SYMM_POOL_EXPANDABLE)",
-			allocator.ErrBusy, map[bool]string{true: "on", false: "off"}[p.Expandable()]))
+	p := lib.pool.Load()
+	if p == nil {
+		lib.expandable.Store(int32(enable) + 1)
 	}
-	lib.expandable.Store(int32(enable) + 1)
+	lib.mu.Unlock()
+	if p != nil {
+		// Once the pool exists, the choice applies to the segments made
+		// from now on, as PyTorch's expandable_segments setting does.
+		if err := p.SetExpandable(enable == 1); err != nil {
+			return fail("symm_pool_set_expandable", err)
+		}
+	}
 	return C.SYMM_OK
 }
 

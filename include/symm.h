@@ -147,15 +147,17 @@ int symm_pool_memory_fraction(int device, double *fraction);
  * roundup_power2_divisions and garbage_collection_threshold go back to their
  * defaults when the text does not give them; other keys keep their values.
  * Before the pool exists, the text is merged over the environment's settings
- * and the pool is made from the result. Once it exists,
+ * and the pool is made from the result. Once it exists, the pool's settings
+ * (expandable_segments, max_split_size_mb, max_non_split_rounding_mb,
+ * large_segment_size_mb, roundup_power2_divisions,
+ * garbage_collection_threshold) apply to the requests and segments that
+ * come after, as in PyTorch: segments made before keep their size and kind;
  * per_process_memory_fraction is accepted and changes nothing (PyTorch's
- * devices read it once; symm_pool_set_memory_fraction changes the cap), and
- * the pool's geometry (expandable_segments, max_split_size_mb,
- * max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions,
- * garbage_collection_threshold) cannot change: a call that would change one
- * returns SYMM_ERR_BUSY, the message naming the key, and changes nothing.
+ * devices read it once; symm_pool_set_memory_fraction changes the cap).
  * Returns SYMM_OK; SYMM_ERR_INVALID for a NULL or bad text (the message names
- * the key and value). Settings libsymm ignores are written to stderr. */
+ * the key and value), or expandable segments on a backend that cannot map
+ * chunks; nothing changes then. Settings libsymm ignores are written to
+ * stderr. */
 int symm_pool_set_allocator_settings(const char *settings);
 
 /* The CUDA driver function name (e.g. "cuStreamIsCapturing") of the driver
@@ -167,11 +169,13 @@ int symm_pool_set_allocator_settings(const char *settings);
 void *symm_driver_proc(const char *name);
 
 /* Chooses expandable segments (enable=1) or fixed ones (0) for the pool, as
- * SYMM_POOL_EXPANDABLE does, and wins over it. Call it before the pool
- * exists (before the first allocation or symm_pool_init). Returns SYMM_OK;
- * SYMM_ERR_INVALID when enable is not 0 or 1; SYMM_ERR_BUSY when the pool
- * already exists with the other choice (nothing changes; the same choice
- * again is SYMM_OK). Expandable segments: per device and stream, one reserved
+ * SYMM_POOL_EXPANDABLE does, and wins over it. Before the pool exists the
+ * pool is made with that choice; once it exists, the choice applies to the
+ * segments made from then on (as PyTorch's expandable_segments setting
+ * changed at run time): segments made before keep their kind, and blocks
+ * are freed into the segment they came from. Returns SYMM_OK;
+ * SYMM_ERR_INVALID when enable is not 0 or 1, or when the backend cannot
+ * map chunks (nothing changes). Expandable segments: per device and stream, one reserved
  * address range into which chunks (SYMM_POOL_EXPANDABLE_CHUNK, 20 MiB by
  * default) are mapped as the pool grows and unmapped again at
  * symm_pool_empty_cache, before an out-of-memory retry and, inside free

@@ -277,8 +277,8 @@ def set_limit(nbytes: int, device: Any = 0) -> None:
 
 def set_expandable(enabled: bool = True) -> None:
     """Chooses expandable segments for the pool (SYMM_POOL_EXPANDABLE=1 does
-    the same). Call it before the first allocation: once the pool exists, the
-    other choice raises SymmError (SYMM_ERR_BUSY)."""
+    the same). Once the pool exists, the choice applies to the segments made
+    from then on; those made before keep their kind."""
     lib = load()
     _call_rc(lib.symm_pool_set_expandable, 1 if enabled else 0)
 

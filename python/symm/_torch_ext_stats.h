@@ -146,8 +146,8 @@ double SymmAllocator::fraction_of(int dev) {
 // parser hook, CUDA's (CUDAAllocatorConfig::parseArgs). The hook is wrapped
 // once: PyTorch's parse runs first, so a text PyTorch refuses raises as
 // before and never reaches libsymm; then, while libsymm is PyTorch's
-// allocator, libsymm applies the same text, and raises for a setting it
-// cannot change now (symm_pool_set_allocator_settings says which).
+// allocator, libsymm applies the same text to what comes next, and raises
+// only for a text it refuses (symm_pool_set_allocator_settings says why).
 void forward_settings() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -488,14 +488,15 @@ static void test_pool_limits(void) {
   p = symm_pool_alloc(16 * MiB, 0, NULL);
   CHECK(p == NULL && symm_last_error_code() == SYMM_ERR_OUT_OF_MEMORY, "the 8 MiB limit held");
   CHECK(symm_pool_set_limit(0, 0) == SYMM_OK, "no limit");
-  /* Expandable segments are chosen before the pool exists; it does by now:
-   * its own choice again is SYMM_OK, the other one SYMM_ERR_BUSY. */
+  /* Expandable segments: once the pool exists, a choice applies to the
+   * segments made from then on. */
   BAD(SYMM_ERR_INVALID, "enable is 2", symm_pool_set_expandable(2));
   BAD(SYMM_ERR_INVALID, "enable is -1", symm_pool_set_expandable(-1));
   const char *exp_env = getenv("SYMM_POOL_EXPANDABLE");
   int exp_on = exp_env != NULL && !strcmp(exp_env, "1");
   CHECK(symm_pool_set_expandable(exp_on) == SYMM_OK, "the pool's own choice again");
-  BAD(SYMM_ERR_BUSY, "already exists", symm_pool_set_expandable(!exp_on));
+  CHECK(symm_pool_set_expandable(!exp_on) == SYMM_OK, "the other choice, at run time");
+  CHECK(symm_pool_set_expandable(exp_on) == SYMM_OK, "and back");
   p = symm_pool_alloc(600 * MiB, 0, NULL);
   CHECK(p != NULL, "600 MiB without a limit");
   symm_pool_free(p, 600 * MiB, 0, NULL);
@@ -777,7 +778,10 @@ static void test_pool_owners(void) {
   BAD(SYMM_ERR_INVALID, "max_split_size_mb", symm_pool_set_allocator_settings("max_split_size_mb:lots"));
   BAD(SYMM_ERR_INVALID, "per_process_memory_fraction", symm_pool_set_allocator_settings("per_process_memory_fraction:2"));
   CHECK(symm_pool_memory_fraction(0, &f) == SYMM_OK && f == 1.0, "a refused text changes nothing: %g", f);
-  BAD(SYMM_ERR_BUSY, "cannot change at run time", symm_pool_set_allocator_settings("large_segment_size_mb:64"));
+  BAD(SYMM_ERR_INVALID, "large_segment_size_mb", symm_pool_set_allocator_settings("large_segment_size_mb:5"));
+  /* The pool's settings apply to what comes next; the defaults again. */
+  NOOP(SYMM_OK, symm_pool_set_allocator_settings("large_segment_size_mb:64"));
+  NOOP(SYMM_OK, symm_pool_set_allocator_settings("large_segment_size_mb:20"));
   /* As on PyTorch's allocator, a run-time fraction changes nothing. */
   NOOP(SYMM_OK, symm_pool_set_allocator_settings("per_process_memory_fraction:0.25"));
   CHECK(symm_pool_memory_fraction(0, &f) == SYMM_OK && f == 1.0 && symm_pool_memory_fraction(1, &f) == SYMM_OK &&
@@ -1435,8 +1439,13 @@ static int child_main(const char *name) {
     CHECK(symm_pool_snapshot(json, sizeof json, &len) == SYMM_OK && strstr(json, "\"is_expandable\":true") != NULL,
           "the snapshot shows an expandable segment");
     CHECK(symm_pool_set_expandable(1) == SYMM_OK, "the same choice again");
-    CALL(F_NOSTATE, SYMM_ERR_BUSY, SYMM_ERR_BUSY, "already exists", symm_pool_set_expandable(0));
+    CHECK(symm_pool_set_expandable(0) == SYMM_OK, "fixed segments from now on");
+    void *q = symm_pool_alloc(3 << 20, 0, NULL);
+    CHECK(q != NULL && symm_pool_snapshot(json, sizeof json, &len) == SYMM_OK && strstr(json, "\"is_expandable\":false") != NULL &&
+              strstr(json, "\"is_expandable\":true") != NULL,
+          "a fixed segment beside the expandable one");
     symm_pool_free(p, 3 << 20, 0, NULL);
+    symm_pool_free(q, 3 << 20, 0, NULL);
   } else if (!strcmp(name, "bad-backend")) { /* SYMM_BACKEND=quantum: the pool still works */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_BACKEND=\"quantum\"", symm_alloc(4096, 0, NULL));
     CALL(F_NOSTATE, SYMM_ERR_INVALID, SYMM_ERR_INVALID, "SYMM_BACKEND", symm_nccl_adopt_comm(NULL, 0));

@@ -44,7 +44,7 @@ print(json.dumps([r, reserved_for(2 << 20), fraction()]))
     assert frac == [0, 0.5]
 
 
-def test_after_the_pool_geometry_is_fixed_and_the_fraction_is_left_alone():
+def test_after_the_pool_settings_apply_to_what_comes_next():
     env = child_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
     out = run_json(PRELUDE + """
 lib.symm_pool_init(0)
@@ -52,21 +52,23 @@ print(json.dumps([
     fraction(),
     settings("max_split_size_mb:64,per_process_memory_fraction:0.25"),
     fraction(),
-    settings("expandable_segments:True,max_split_size_mb:64"),
-    settings("per_process_memory_fraction:0.5"),
-    fraction(),
+    settings("large_segment_size_mb:40"),
+    reserved_for(2 << 20),
+    settings("large_segment_size_mb:20,expandable_segments:True"),
+    settings("expandable_segments:False"),
     settings("max_split_size_mb:1"),
+    lib.symm_pool_empty_cache(),
+    reserved_for(2 << 20),
     fraction(3),
 ]))
 """, env=env)
-    f0, ok, f1, exp, reset, f2, bad, f3 = out
+    f0, ok, f1, large, grown, exp_on, exp_off, bad, _, later, f3 = out
     assert f0 == [0, 1.0]
     assert ok == [0, ""] and f1 == [0, 1.0], "PyTorch's devices read the fraction once"
-    assert exp[0] == 10 and "expandable_segments:True" in exp[1] and "cannot change at run time" in exp[1]
-    # max_split_size_mb goes back to its default when not given: a change.
-    assert reset[0] == 10 and "max_split_size_mb:unlimited" in reset[1]
-    assert f2 == [0, 1.0], "a refused call changes nothing"
+    assert large == [0, ""] and grown == 40 * MiB, "the next segment has the new size"
+    assert exp_on == [0, ""] and exp_off == [0, ""]
     assert bad[0] == 1 and "max_split_size_mb:1" in bad[1]
+    assert later == 20 * MiB, "segments after empty_cache have the size of the last call"
     assert f3[0] == 1  # no device 3
 
 
