@@ -36,6 +36,10 @@ type Config struct {
 	// LimitFraction caps every device's reserved bytes at this share of its
 	// total memory (0 < f ≤ 1). 0: no cap. Limit wins when both are set.
 	LimitFraction float64
+	// LimitZero caps every device's reserved bytes at 0 (PyTorch's
+	// per_process_memory_fraction:0): every request that needs new memory
+	// fails. Limit and LimitFraction win over it.
+	LimitZero bool
 	// LargeSegment is the size of the segments that requests from 1 to 10
 	// MiB are packed into (PyTorch's large_segment_size_mb): a whole number
 	// of MiB above 10 MiB. 0: 20 MiB, PyTorch's default.
@@ -145,8 +149,9 @@ type device struct {
 type deviceBudget struct {
 	limit atomic.Uint64 // 0: none
 	total atomic.Uint64 // device memory, read once when a fraction is set
-	// fraction is the float64 bits of the share of total that limit was set
-	// from (SetMemoryFraction); 0 when the cap is none or a byte count
+	// fraction is fractionSet with the float64 bits of the share of total
+	// that limit was set from (SetMemoryFraction); 0 when the cap is none or
+	// a byte count
 	// (SetLimit). The one record of the memory fraction in the process: the
 	// PyTorch extension reads it (symm_pool_memory_fraction).
 	fraction  atomic.Uint64
@@ -237,7 +242,7 @@ type pendingFree struct {
 // New creates a pool over b, sized for b's devices.
 func New(b Backend, cfg Config) (*Pool, error) {
 	if cfg.LimitFraction < 0 || cfg.LimitFraction > 1 {
-		return nil, fmt.Errorf("limit fraction %g is outside (0, 1]", cfg.LimitFraction)
+		return nil, fmt.Errorf("%w: limit fraction %g is outside [0, 1]", ErrInvalid, cfg.LimitFraction)
 	}
 	if err := checkTunables(cfg); err != nil {
 		return nil, err
@@ -268,7 +273,7 @@ func New(b Backend, cfg Config) (*Pool, error) {
 		switch {
 		case cfg.Limit > 0:
 			d.budget.limit.Store(cfg.Limit)
-		case cfg.LimitFraction > 0:
+		case cfg.LimitFraction > 0 || cfg.LimitZero:
 			if err := p.SetMemoryFraction(i, cfg.LimitFraction); err != nil {
 				return nil, err
 			}
@@ -479,14 +484,16 @@ func (p *Pool) EmptyCache() error {
 	return errors.Join(errs...)
 }
 
-// SetMemoryFraction caps device dev's reserved bytes at fraction of its total memory.
+// SetMemoryFraction caps device dev's reserved bytes at fraction of its
+// total memory, in [0, 1] as in PyTorch: 0 is a cap of 0 bytes (every
+// request that needs new memory fails; cached blocks still serve).
 func (p *Pool) SetMemoryFraction(dev int, fraction float64) error {
 	d, err := p.device(dev)
 	if err != nil {
 		return err
 	}
-	if !(fraction > 0 && fraction <= 1) {
-		return fmt.Errorf("%w: memory fraction %g for device %d is outside (0, 1]", ErrInvalid, fraction, dev)
+	if !(fraction >= 0 && fraction <= 1) {
+		return fmt.Errorf("%w: memory fraction %g for device %d is outside [0, 1]", ErrInvalid, fraction, dev)
 	}
 	total := d.budget.total.Load()
 	if total == 0 {
@@ -497,10 +504,16 @@ func (p *Pool) SetMemoryFraction(dev int, fraction float64) error {
 		total = t
 		d.budget.total.Store(t)
 	}
-	d.budget.limit.Store(uint64(fraction * float64(total)))
-	d.budget.fraction.Store(math.Float64bits(fraction))
+	// A limit of 0 is no cap: a cap of 0 bytes is kept as 1 byte, which no
+	// segment fits in.
+	d.budget.limit.Store(max(uint64(fraction*float64(total)), 1))
+	d.budget.fraction.Store(fractionSet | math.Float64bits(fraction))
 	return nil
 }
+
+// fractionSet marks deviceBudget.fraction as set (a fraction is never
+// negative, so its sign bit is free): a fraction of 0 is a cap.
+const fractionSet = 1 << 63
 
 // MemoryFraction is the share of device dev's memory its cap was set to
 // (SetMemoryFraction, Config.LimitFraction), 1 when it has no cap or a cap
@@ -511,7 +524,7 @@ func (p *Pool) MemoryFraction(dev int) (float64, error) {
 		return 0, err
 	}
 	if f := d.budget.fraction.Load(); f != 0 {
-		return math.Float64frombits(f), nil
+		return math.Float64frombits(f &^ fractionSet), nil
 	}
 	return 1, nil
 }

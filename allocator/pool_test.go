@@ -3,6 +3,7 @@ package allocator
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"testing"
@@ -401,7 +402,7 @@ func TestMemoryFraction(t *testing.T) {
 	f.capacity = 100 << 20
 	require.NoError(t, p.SetMemoryFraction(0, 0.5))
 	require.EqualValues(t, 50<<20, p.Limit(0))
-	for _, bad := range []float64{0, -0.1, 1.01} {
+	for _, bad := range []float64{-0.1, 1.01, math.NaN()} {
 		err := p.SetMemoryFraction(0, bad)
 		require.ErrorIs(t, err, ErrInvalid, "fraction %g", bad)
 	}
@@ -409,6 +410,23 @@ func TestMemoryFraction(t *testing.T) {
 	require.EqualValues(t, 50<<20, p.Limit(0), "bad calls change nothing")
 	_, _, err := p.Alloc(0, sA, 60<<20)
 	require.ErrorIs(t, err, ErrOutOfMemory)
+
+	// 0, as in PyTorch: a cap of 0 bytes, read back as 0; cached blocks
+	// still serve.
+	a := mustAlloc(t, p, 0, sA, 1<<20)
+	require.NoError(t, p.Free(0, sA, a, 1<<20))
+	require.NoError(t, p.SetMemoryFraction(0, 0))
+	fr, err := p.MemoryFraction(0)
+	require.NoError(t, err)
+	require.Zero(t, fr)
+	require.Equal(t, a, mustAlloc(t, p, 0, sA, 1<<20))
+	_, _, err = p.Alloc(0, sA, 30<<20)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	q, err := New(f, Config{LimitZero: true})
+	require.NoError(t, err)
+	fr, err = q.MemoryFraction(1)
+	require.NoError(t, err)
+	require.Zero(t, fr)
 
 	_, err = New(f, Config{LimitFraction: 2})
 	require.Error(t, err)

@@ -98,10 +98,11 @@ type TorchConf struct {
 	// RoundupPower2Divisions is roundup_power2_divisions by interval (see
 	// RoundupIntervals): 0 or a power of two; 0 and 1 leave sizes alone.
 	RoundupPower2Divisions [RoundupIntervals]uint64
-	// PerProcessMemoryFraction is per_process_memory_fraction, in (0, 1]
-	// (PyTorch also takes 0, which refuses every allocation: libsymm refuses
-	// the setting instead).
+	// PerProcessMemoryFraction is per_process_memory_fraction, in [0, 1],
+	// when FractionGiven (0, as in PyTorch, is a cap of 0 bytes: every
+	// request that needs new memory fails).
 	PerProcessMemoryFraction float64
+	FractionGiven            bool
 	// ReleaseLockOnCudaMalloc is release_lock_on_cudamalloc.
 	ReleaseLockOnCudaMalloc bool
 	// GraphCaptureRecordStreamReuse is graph_capture_record_stream_reuse.
@@ -188,17 +189,12 @@ func (c *TorchConf) set(p torchPair, largeMB uint64) error {
 	case "per_process_memory_fraction":
 		var v float64
 		if v, err = p.float(); err == nil {
-			switch {
-			case !(v >= 0 && v <= 1):
-				err = p.errorf("must be in [0.0, 1.0], as in PyTorch")
-			case v == 0:
-				// PyTorch takes 0 as a cap of 0 bytes: every allocation fails.
-				// Nobody means that; a fraction of 0 is libsymm's "no cap",
-				// which would silently be the opposite. Refuse it.
-				err = p.errorf("a cap of 0 bytes would refuse every allocation; libsymm takes a fraction in (0.0, 1.0]")
+			if !(v >= 0 && v <= 1) {
+				// PyTorch's own words, which a program may look for.
+				err = p.errorf("per_process_memory_fraction is invalid, set it in [0.0, 1.0]")
 			}
 		}
-		c.PerProcessMemoryFraction = v
+		c.PerProcessMemoryFraction, c.FractionGiven = v, true
 	case "backend":
 		switch v := p.value(); v {
 		case "native":
@@ -300,7 +296,7 @@ func (c TorchConf) String() string {
 		}
 		add("roundup_power2_divisions", "["+strings.Join(parts, ",")+"]")
 	}
-	if c.PerProcessMemoryFraction != 0 {
+	if c.FractionGiven {
 		add("per_process_memory_fraction", f(c.PerProcessMemoryFraction))
 	}
 	if c.ReleaseLockOnCudaMalloc {
@@ -339,8 +335,12 @@ func (c TorchConf) Config() Config {
 	if c.MaxSplitSizeMB != 0 {
 		cfg.MaxSplit = roundSize(min(c.MaxSplitSizeMB<<20, maxRequest))
 	}
-	if f := c.PerProcessMemoryFraction; f < 1 {
-		cfg.LimitFraction = f // 1 is no cap, as in PyTorch (and 0 was refused)
+	switch f := c.PerProcessMemoryFraction; {
+	case !c.FractionGiven || f >= 1: // 1 is no cap, as in PyTorch
+	case f == 0:
+		cfg.LimitZero = true
+	default:
+		cfg.LimitFraction = f
 	}
 	return cfg
 }

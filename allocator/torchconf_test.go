@@ -63,8 +63,10 @@ func TestParseTorchAllocConfGood(t *testing.T) {
 		{in: "max_split_size_mb:40,large_segment_size_mb:40", want: TorchConf{LargeSegmentSizeMB: 40, MaxSplitSizeMB: 40}},
 		{in: "garbage_collection_threshold:0.6", want: TorchConf{GarbageCollectionThreshold: 0.6}},
 		{in: "garbage_collection_threshold:1e-3", want: TorchConf{GarbageCollectionThreshold: 0.001}},
-		{in: "per_process_memory_fraction:0.5", want: TorchConf{PerProcessMemoryFraction: 0.5}},
-		{in: "per_process_memory_fraction:1", want: TorchConf{PerProcessMemoryFraction: 1}},
+		{in: "per_process_memory_fraction:0.5", want: TorchConf{PerProcessMemoryFraction: 0.5, FractionGiven: true}},
+		{in: "per_process_memory_fraction:1", want: TorchConf{PerProcessMemoryFraction: 1, FractionGiven: true}},
+		// As in PyTorch: a cap of 0 bytes.
+		{in: "per_process_memory_fraction:0", want: TorchConf{FractionGiven: true}},
 		{in: "backend:native", want: TorchConf{Backend: "native"}},
 		{in: "release_lock_on_cudamalloc:False", want: TorchConf{}},
 		{in: "release_lock_on_cudamalloc:True", want: TorchConf{ReleaseLockOnCudaMalloc: true},
@@ -104,7 +106,7 @@ func TestParseTorchAllocConfGood(t *testing.T) {
 		{in: "expandable_segments:True,max_split_size_mb:200,max_non_split_rounding_mb:40,garbage_collection_threshold:0.8," +
 			"roundup_power2_divisions:[>:4],per_process_memory_fraction:0.9,backend:native,pinned_use_background_threads:True",
 			want: TorchConf{ExpandableSegments: true, MaxSplitSizeMB: 200, MaxNonSplitRoundingMB: 40, GarbageCollectionThreshold: 0.8,
-				RoundupPower2Divisions: table16([3]uint64{1, 16, 4}), PerProcessMemoryFraction: 0.9, Backend: "native", PinnedUseBackgroundThreads: true}},
+				RoundupPower2Divisions: table16([3]uint64{1, 16, 4}), PerProcessMemoryFraction: 0.9, FractionGiven: true, Backend: "native", PinnedUseBackgroundThreads: true}},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			c, warns, err := ParseTorchAllocConf(tc.in)
@@ -164,10 +166,9 @@ func TestParseTorchAllocConfBad(t *testing.T) {
 		{"garbage_collection_threshold:-0.1", []string{"garbage_collection_threshold:-0.1"}},
 		{"garbage_collection_threshold:nan", []string{"garbage_collection_threshold:nan"}},
 		{"garbage_collection_threshold:half", []string{"garbage_collection_threshold:half", "not a number"}},
-		{"per_process_memory_fraction:1.1", []string{"per_process_memory_fraction:1.1", "[0.0, 1.0]"}},
+		{"per_process_memory_fraction:1.1", []string{"per_process_memory_fraction:1.1", "per_process_memory_fraction is invalid", "[0.0, 1.0]"}},
 		{"per_process_memory_fraction:-0.5", []string{"per_process_memory_fraction:-0.5"}},
 		{"per_process_memory_fraction:NaN", []string{"per_process_memory_fraction:NaN"}},
-		{"per_process_memory_fraction:0", []string{"per_process_memory_fraction:0", "every allocation"}},
 		// The backend.
 		{"backend:cudaMallocAsync", []string{"backend:cudaMallocAsync", "cannot serve memory from cudaMallocAsync"}},
 		{"backend:hipMallocAsync", []string{"backend:hipMallocAsync", "options are native and cudaMallocAsync"}},
@@ -337,6 +338,8 @@ func TestConfigFromEnvTorch(t *testing.T) {
 					"roundup_power2_divisions:[>:4],per_process_memory_fraction:0.5"}}},
 		{"a fraction of 1 is no cap", []string{"PYTORCH_CUDA_ALLOC_CONF", "per_process_memory_fraction:1"},
 			want{cfg: Config{AllocConf: "per_process_memory_fraction:1"}}},
+		{"a fraction of 0 is a cap of 0 bytes", []string{"PYTORCH_CUDA_ALLOC_CONF", "per_process_memory_fraction:0"},
+			want{cfg: Config{LimitZero: true, AllocConf: "per_process_memory_fraction:0"}}},
 		{"ignored settings warn, naming the variable",
 			[]string{"PYTORCH_ALLOC_CONF", "release_lock_on_cudamalloc:True,pinned_num_register_threads:4"},
 			want{cfg: Config{AllocConf: "release_lock_on_cudamalloc:True,pinned_num_register_threads:4"},

@@ -73,7 +73,7 @@ func setTorchKey(dst, src *TorchConf, k string) {
 	case "roundup_power2_divisions":
 		dst.RoundupPower2Divisions = src.RoundupPower2Divisions
 	case "per_process_memory_fraction":
-		dst.PerProcessMemoryFraction = src.PerProcessMemoryFraction
+		dst.PerProcessMemoryFraction, dst.FractionGiven = src.PerProcessMemoryFraction, src.FractionGiven
 	case "release_lock_on_cudamalloc":
 		dst.ReleaseLockOnCudaMalloc = src.ReleaseLockOnCudaMalloc
 	case "graph_capture_record_stream_reuse":

@@ -126,8 +126,9 @@ void symm_torch_init(int device_count);
  * capture. The first call after the routes end releases it. */
 void symm_pool_empty_cache(void);
 
-/* Caps device's reserved memory at fraction (0 < fraction <= 1) of its total
- * memory. A bad fraction or device sets SYMM_ERR_INVALID and changes nothing. */
+/* Caps device's reserved memory at fraction (0 <= fraction <= 1) of its total
+ * memory; 0, as in PyTorch, is a cap of 0 bytes (only cached blocks serve).
+ * A bad fraction or device sets SYMM_ERR_INVALID and changes nothing. */
 void symm_pool_set_memory_fraction(double fraction, int device);
 
 /* Stores in *fraction the share of device's memory its cap was set to

@@ -29,6 +29,13 @@ Invariants:
 - A forked child (DataLoader workers, torch.multiprocessing's fork) inherits
   the installed allocator; a spawned one imports torch again and installs
   it again, as its parent did.
+- A process whose PyTorch settings name an allocator backend
+  (``backend:cudaMallocAsync`` or ``backend:native`` in the variable torch
+  reads) asked PyTorch for that allocator: it gets it, with one warning, and
+  libsymm is not installed. Such a process is typically a child that
+  inherited SYMM_TORCH_ALLOCATOR=1 and chose its own allocator (PyTorch's
+  own tests start children so); failing it would break a program that runs
+  on PyTorch's allocator.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import os
+import re
 import sys
+import warnings
 
 ENV = "SYMM_TORCH_ALLOCATOR"
 _ON = ("1", "true", "yes", "on")
@@ -54,9 +63,36 @@ def wanted() -> bool:
     raise ValueError(f"{ENV}={os.environ[ENV]!r}: expected 1 (libsymm is PyTorch's allocator) or 0")
 
 
+# The variables torch 2.11 reads its allocator settings from, the first one
+# set winning (allocator/torchconf.go reads them in the same order).
+_SETTINGS_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+_BACKEND = re.compile(r"(?:^|,)\s*backend\s*:\s*([^,\s]*)")
+
+
+def asked_backend() -> tuple[str, str] | None:
+    """(variable, backend) when PyTorch's settings name an allocator backend
+    (backend:native, backend:cudaMallocAsync), else None."""
+    for var in _SETTINGS_VARS:
+        text = os.environ.get(var, "")
+        if text:
+            m = _BACKEND.search(text)
+            return (var, m.group(1)) if m else None
+    return None
+
+
 def _install_now() -> None:
     """Makes libsymm PyTorch's current allocator; torch is imported."""
     from .torch_allocator import use_as_default
+
+    if (asked := asked_backend()) is not None:
+        var, backend = asked
+        warnings.warn(
+            f"{ENV}=1 is not applied: {var} asks for PyTorch's {backend!r} allocator backend, "
+            f"so this process uses that allocator, not libsymm's pool (remove backend:{backend} to use libsymm)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return
 
     try:
         use_as_default()

@@ -261,7 +261,8 @@ def empty_cache() -> None:
 
 
 def set_memory_fraction(fraction: float, device: Any = 0) -> None:
-    """Caps the device's reserved memory at fraction (0 < fraction <= 1) of its total."""
+    """Caps the device's reserved memory at fraction (0 <= fraction <= 1) of its
+    total; 0, as in PyTorch, is a cap of 0 bytes (only cached blocks serve)."""
     lib = load()
     _call_void(lib.symm_pool_set_memory_fraction, float(fraction), _device(device))
 

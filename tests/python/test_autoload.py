@@ -139,3 +139,22 @@ def test_symm_run_reaches_a_child_python_unchanged(stand_in):
     p = run("", stand_in, {}, boot=False, argv=[str(TOOL), "run", "--", sys.executable, str(script)])
     assert p.returncode == 0, p.stderr
     assert "installed at torch's import" in p.stdout
+
+
+@pytest.mark.parametrize("var", ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"])
+@pytest.mark.parametrize("backend", ["cudaMallocAsync", "native"])
+def test_a_child_that_names_a_backend_gets_it_with_one_warning(stand_in, var, backend):
+    """A process that inherited SYMM_TORCH_ALLOCATOR=1 and asks PyTorch for an
+    allocator backend (as PyTorch's own tests do) gets PyTorch's allocator."""
+    code = "import torch, symm; assert torch.cuda.memory.current is None; assert not symm.is_default(); print('theirs')"
+    p = run(code, stand_in, {"SYMM_TORCH_ALLOCATOR": "1", var: f"max_split_size_mb:20,backend:{backend},release_lock_on_cudamalloc:none"})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "theirs"
+    assert p.stderr.count("RuntimeWarning") == 1, p.stderr
+    assert f"asks for PyTorch's '{backend}' allocator backend" in p.stderr
+
+
+def test_settings_without_a_backend_still_get_libsymm(stand_in):
+    p = run(CHECK, stand_in, {"SYMM_TORCH_ALLOCATOR": "1", "PYTORCH_ALLOC_CONF": "max_split_size_mb:20,expandable_segments:True"})
+    assert p.returncode == 0, p.stderr
+    assert "installed at torch's import" in p.stdout

@@ -87,7 +87,7 @@ def test_error_is_not_reported_twice(symm):
     symm.free(p, 512)
 
 
-@pytest.mark.parametrize("fraction", [1.5, 0.0, -0.25, math.nan, math.inf])
+@pytest.mark.parametrize("fraction", [1.5, -0.25, math.nan, math.inf])
 def test_bad_memory_fraction(symm, fraction):
     before = stable_stats(symm)
     with pytest.raises(symm.SymmError) as info:
@@ -145,10 +145,24 @@ def test_limit_then_oversized_alloc_raises_oom_and_process_goes_on(symm):
 
 
 def test_set_memory_fraction_accepts_valid_values(symm):
-    for fraction in (1.0, 0.5, 1e-3, 1.0):
+    for fraction in (1.0, 0.5, 1e-3, 0.0, 1.0):
         symm.set_memory_fraction(fraction)
     p = symm.alloc(4096)
     symm.free(p, 4096)
+
+
+def test_memory_fraction_zero_is_a_cap_of_zero_bytes(symm):
+    """As in PyTorch: nothing new can be allocated, and the cap lifts again."""
+    symm.empty_cache()
+    symm.set_memory_fraction(0.0)
+    try:
+        with pytest.raises(symm.SymmError) as info:
+            symm.alloc(1 << 20)
+        assert info.value.code == symm.ErrorCode.OUT_OF_MEMORY
+    finally:
+        symm.set_memory_fraction(1.0)
+    p = symm.alloc(1 << 20)
+    symm.free(p, 1 << 20)
 
 
 def test_error_types():
