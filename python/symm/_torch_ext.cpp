@@ -55,6 +55,10 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
 
   // ---- PyTorch's entry points ----------------------------------------------------
   c10::DataPtr allocate(size_t size) override {
+    // PyTorch's allocator refuses such a size before anything else, in its
+    // own words (a program or test may look for them).
+    constexpr size_t kOneExaByte = 1ull << 60;
+    TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExaByte, "CUDA out of memory. Tried to allocate more than 1EB memory.");
     c10::DeviceIndex device = -1;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
@@ -113,6 +117,35 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     return g_api.last_error_code() == SYMM_OK ? "" : last_error();
   }
 
+  // ---- the caching allocator turned off (torch.cuda.caching_allocator_enable) ----
+  // As PyTorch's allocator does then, each request is a device allocation of
+  // its own (cudaMalloc), outside the pool and its statistics, given back at
+  // its free (cudaFree). uncached_ holds those pointers, so that a free finds
+  // them whatever the setting is by then.
+  void enable(bool value) override { enabled_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return enabled_.load(std::memory_order_relaxed); }
+
+  void *uncached_alloc(size_t size, int dev) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(dev));
+    void *p = nullptr;
+    C10_CUDA_CHECK(cudaMalloc(&p, size));
+    std::lock_guard<std::mutex> g(uncached_mu_);
+    uncached_.insert(p);
+    any_uncached_.store(true, std::memory_order_release);
+    return p;
+  }
+
+  // Frees p if it is an uncached allocation; reports whether it was.
+  bool uncached_free(void *p) {
+    {
+      std::lock_guard<std::mutex> g(uncached_mu_);
+      if (uncached_.erase(p) == 0) return false;
+      any_uncached_.store(!uncached_.empty(), std::memory_order_release);
+    }
+    C10_CUDA_CHECK(cudaFree(p));
+    return true;
+  }
+
   // ---- the functors ----------------------------------------------------------
   void *alloc(size_t size, int dev, cudaStream_t stream) {
     if (size == 0) return nullptr;  // PyTorch's empty tensors: no pointer
@@ -121,6 +154,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     // when PyTorch frees them (PyTorch caches above). libsymm decides
     // (export/torchmode.cpp; make_allocator named this object to it).
     bool replace = g_api.torch_mode() == kTorchReplace;
+    if (replace && __builtin_expect(!enabled_.load(std::memory_order_relaxed), 0)) return uncached_alloc(size, dev);
     void *p = replace ? g_api.try_alloc(size, dev, stream)
                       : need(g_api.alloc_segment, "symm_pool_alloc_segment")(size, dev, stream);
     if (p != nullptr) {
@@ -134,6 +168,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
 
   void release(void *p, size_t size, int dev, cudaStream_t stream) {
     if (p == nullptr) return;
+    if (__builtin_expect(any_uncached_.load(std::memory_order_acquire), 0) && uncached_free(p)) return;
     if (recording_.load(std::memory_order_relaxed)) remember_free(p, dev >= 0 ? dev : device_of(p));
     if (__builtin_expect(share_book_.any(), 0)) unshare(p);
     g_api.free(p, size, dev, stream);
@@ -284,6 +319,10 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   int64_t cleared_at_us_ = 0;
   std::mutex ipc_mu_;  // guards ipc_
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_;
+  std::atomic<bool> enabled_{true};        // torch.cuda.caching_allocator_enable
+  std::atomic<bool> any_uncached_{false};  // uncached_ is not empty
+  std::mutex uncached_mu_;                 // guards uncached_
+  std::unordered_set<void *> uncached_;    // allocations made while the caching allocator was off
 };
 
 }  // namespace
@@ -317,9 +356,16 @@ std::shared_ptr<CCA::CUDAAllocator> make_allocator(const std::string &libsymm_pa
 }
 
 // change_current installs it as PyTorch's process-wide allocator (replace
-// mode): torch's changeCurrentAllocator, which refuses once CUDA is initialized.
+// mode): torch's changeCurrentAllocator, which refuses once CUDA is
+// initialized. torch 2.11's changeCurrentAllocator sets only the CUDA
+// allocator pointer; the device-generic registry (c10::GetAllocator(kCUDA),
+// through which torch.accelerator.memory_stats and the other
+// torch.accelerator memory calls reach the allocator) would still name
+// PyTorch's own, never-initialized one. It names this one too, at the
+// highest priority, as PyTorch's own registration does for its allocator.
 void change_current(const std::shared_ptr<CCA::CUDAAllocator> &a) {
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
+  c10::SetAllocator(c10::DeviceType::CUDA, a.get(), std::numeric_limits<uint8_t>::max());
 }
 
 bool is_current() { return g_allocator && g_api.torch_mode() == kTorchReplace; }
