@@ -1,6 +1,6 @@
 """Expandable segments from Python (host backend): chosen before the pool
-exists, with set_expandable or SYMM_POOL_EXPANDABLE; memory grows in place and
-goes back at empty_cache. Each case runs a fresh interpreter (the pool is made
+exists, with set_expandable or SYMM_POOL_EXPANDABLE, or changed later for the
+segments that come after; memory grows in place and goes back at empty_cache. Each case runs a fresh interpreter (the pool is made
 once per process)."""
 
 from conftest import child_env, run_json
@@ -20,11 +20,14 @@ out = {
     "expandable": [s["is_expandable"] for s in snap["segments"]],
 }
 try:
-    symm.set_expandable(not out["expandable"][0])
+    symm.set_expandable(not out["expandable"][0])  # from now on, the other kind
     out["switch"] = "accepted"
+    q = symm.alloc(3 * MiB)
+    out["kinds_after_switch"] = sorted(s["is_expandable"] for s in symm.memory_snapshot()["segments"])
+    symm.free(q, 3 * MiB)
 except symm.SymmError as e:
     out["switch"] = e.code.name
-symm.set_expandable(out["expandable"][0])  # the pool's own choice: accepted
+symm.set_expandable(out["expandable"][0])  # the pool's own choice again
 for p in ptrs:
     symm.free(p, 3 * MiB)
 symm.empty_cache()
@@ -43,8 +46,9 @@ def test_set_expandable_before_first_allocation():
     assert out["contiguous"], "five 3 MiB blocks follow each other in one range"
     assert out["reserved"] == 20 << 20, "15 MiB mapped in one 20 MiB chunk (the default chunk)"
     assert out["segments"] == 1
-    assert out["switch"] == "BUSY", "the pool exists: the other choice is refused"
-    assert out["after_empty"] == 0
+    assert out["switch"] == "accepted", "once the pool exists, the choice applies to later segments"
+    assert out["kinds_after_switch"] == [False, True], "a fixed segment beside the expandable one"
+    assert out["after_empty"] == 0, "empty_cache releases both kinds"
 
 
 def test_chunk_size_from_the_environment():
