@@ -62,7 +62,7 @@ func (s *shard) alloc(n uint64, parked []Parked) (ptr uintptr, pl Placement, err
 		// with any pending, no placement is claimed to stay.
 		pl.Epoch, pl.Mark = s.epoch, s.changes
 	}
-	s.dev.hist.record(ActAlloc, b.ptr, b.size, s.stream)
+	s.dev.hist.record(ActAlloc, b.ptr, b.req, s.stream)
 	s.mu.Unlock()
 	return b.ptr, pl, nil
 }
@@ -105,7 +105,7 @@ func (s *shard) free(b *block) {
 	k := b.seg.kind
 	sz := int64(b.size)
 	pending := b.extraN > 0
-	s.dev.hist.record(ActFreeRequested, b.ptr, b.size, s.stream)
+	s.dev.hist.record(ActFreeRequested, b.ptr, b.req, s.stream)
 	s.stats.free(k, sz, int64(b.req))
 	if s.dev.hot.multi.Load() {
 		s.dev.hot.free(sz, int64(b.req), pending)
@@ -115,7 +115,7 @@ func (s *shard) free(b *block) {
 		return
 	}
 	s.stats.done(k, sz)
-	s.dev.hist.record(ActFreeCompleted, b.ptr, b.size, s.stream)
+	s.dev.hist.record(ActFreeCompleted, b.ptr, b.req, s.stream)
 	s.release(b)
 }
 

@@ -503,7 +503,7 @@ func (s *shard) carve(b *block, addr uintptr, size, req uint64) *block {
 		s.splitTail(b, size)
 	}
 	s.markAllocated(b, req)
-	s.dev.hist.record(ActAlloc, b.ptr, b.size, s.stream)
+	s.dev.hist.record(ActAlloc, b.ptr, b.req, s.stream)
 	return b
 }
 

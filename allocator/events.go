@@ -81,7 +81,7 @@ func (s *shard) processPending(wait bool) error {
 			if d.hot.multi.Load() {
 				d.hot.done(int64(b.size))
 			}
-			d.hist.record(ActFreeCompleted, b.ptr, b.size, s.stream)
+			d.hist.record(ActFreeCompleted, b.ptr, b.req, s.stream)
 			s.release(b)
 		}
 	}

@@ -33,9 +33,13 @@ func (a TraceAction) String() string {
 	return [...]string{"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom", "snapshot", "segment_map", "segment_unmap"}[a]
 }
 
-// TraceEntry is one event of a device's history.
+// TraceEntry is one event of a device's history. Size is, as in PyTorch's
+// history, the requested size for alloc, free_requested and free_completed
+// (a block's size may be larger), the run's size for segment events, the
+// request's (rounded) for oom, and the device's active bytes for snapshot.
 type TraceEntry struct {
 	Action TraceAction
+	Ann    uint32 // the annotation current when recorded (annotations.go)
 	Addr   uintptr
 	Size   uint64
 	Stream uintptr
@@ -46,6 +50,7 @@ type TraceEntry struct {
 // pool pays one atomic load per operation; when on, a mutex per device.
 type history struct {
 	on  atomic.Bool
+	ann *annotations // the pool's; the current index is read under mu (compaction renumbers under it)
 	mu  sync.Mutex
 	buf []TraceEntry // ring once len(buf) == max
 	pos int          // next slot to overwrite once full
@@ -60,6 +65,13 @@ func (h *history) record(a TraceAction, addr uintptr, size uint64, stream uintpt
 	}
 	e := TraceEntry{Action: a, Addr: addr, Size: size, Stream: stream, TimeUS: time.Now().UnixMicro()}
 	h.mu.Lock()
+	if !h.on.Load() { // turned off (and emptied) while this waited
+		h.mu.Unlock()
+		return
+	}
+	if h.ann != nil {
+		e.Ann = h.ann.current()
+	}
 	switch {
 	case h.max <= 0:
 	case len(h.buf) < h.max:
@@ -80,16 +92,25 @@ func (h *history) entries() []TraceEntry {
 }
 
 // RecordHistory turns the history of every device on or off. maxEntries
-// bounds each device's ring (older entries are overwritten); turning it on
-// again keeps what was recorded unless clear is set, and off keeps the
-// entries for the next snapshot, as PyTorch does.
+// bounds each device's ring (older entries are overwritten). As in
+// PyTorch's recordHistory, turning it off, or clear, empties every ring
+// (a program that records, snapshots and records again sees nothing of the
+// first round); turning it on again without clear keeps what was recorded.
 func (p *Pool) RecordHistory(enabled bool, maxEntries int, clear bool) error {
 	if enabled && maxEntries <= 0 {
 		return fmt.Errorf("%w: history of %d entries: need at least 1", ErrInvalid, maxEntries)
 	}
+	clear = clear || !enabled
+	// All rings at once, under the annotations' lock: once they are empty
+	// no entry refers to any annotation, and the table can start again.
+	p.annots.mu.Lock()
+	defer p.annots.mu.Unlock()
+	for _, d := range p.devs {
+		d.hist.mu.Lock()
+		defer d.hist.mu.Unlock()
+	}
 	for _, d := range p.devs {
 		h := &d.hist
-		h.mu.Lock()
 		if clear {
 			h.buf, h.pos = nil, 0
 		}
@@ -102,7 +123,9 @@ func (p *Pool) RecordHistory(enabled bool, maxEntries int, clear bool) error {
 			h.buf, h.pos, h.max = old, 0, maxEntries
 		}
 		h.on.Store(enabled)
-		h.mu.Unlock()
+	}
+	if clear {
+		p.annots.reset()
 	}
 	return nil
 }
@@ -163,12 +186,17 @@ type Snapshot struct {
 }
 
 // Snapshot describes every segment of every device with its blocks, sorted
-// by address, and each device's history. Blocks a cache in front of the
-// pool holds go back first (Front), so that they show as free.
+// by address, and each device's history. As in PyTorch's snapshot, each
+// device's history is taken first, and then (history on) the device records
+// a "snapshot" event whose size is its active bytes (allocated and pending
+// blocks): the event is in the next snapshot's history, not in this one, so
+// the last entry of this one is the last event before it. Blocks a cache
+// in front of the pool holds go back first (Front), so that they show as
+// free.
 func (p *Pool) Snapshot() *Snapshot { return p.snapshot(true) }
 
-// PeekSnapshot is Snapshot without its "snapshot" event: what a snapshot
-// taken now would list, less that event (one per device while HistoryOn).
+// PeekSnapshot is Snapshot without recording its "snapshot" events: the
+// same listing, and the next snapshot's history does not show this one.
 func (p *Pool) PeekSnapshot() *Snapshot { return p.snapshot(false) }
 
 // HistoryOn reports whether the devices' histories are recording.
@@ -182,9 +210,8 @@ func (p *Pool) snapshot(record bool) *Snapshot {
 		AllocatorSettings: p.allocatorSettings(),
 	}
 	for _, d := range p.devs {
-		if record {
-			d.hist.record(ActSnapshot, 0, 0, 0)
-		}
+		snap.DeviceTraces[d.idx] = p.snapshotTraces(d)
+		first := len(snap.Segments)
 		for _, s := range d.shardList() {
 			s.mu.Lock()
 			for seg := s.segs; seg != nil; seg = seg.snext {
@@ -192,19 +219,13 @@ func (p *Pool) snapshot(record bool) *Snapshot {
 			}
 			s.mu.Unlock()
 		}
-		traces := []SnapshotTrace{}
-		for _, e := range d.hist.entries() {
-			t := SnapshotTrace{Action: e.Action.String(), Size: e.Size, Stream: e.Stream, TimeUS: e.TimeUS,
-				CompileContext: "N/A", Frames: []any{}}
-			addr := e.Addr
-			if e.Action == ActOOM {
-				t.DeviceFree = &addr
-			} else {
-				t.Addr = &addr
+		if record {
+			var active uint64
+			for _, sg := range snap.Segments[first:] {
+				active += sg.ActiveSize
 			}
-			traces = append(traces, t)
+			d.hist.record(ActSnapshot, 0, active, 0)
 		}
-		snap.DeviceTraces[d.idx] = traces
 	}
 	sort.Slice(snap.Segments, func(i, j int) bool {
 		a, b := snap.Segments[i], snap.Segments[j]
@@ -214,6 +235,30 @@ func (p *Pool) snapshot(record bool) *Snapshot {
 		return a.Address < b.Address
 	})
 	return snap
+}
+
+// snapshotTraces is device d's history in PyTorch's shape, with each
+// entry's annotation resolved.
+func (p *Pool) snapshotTraces(d *device) []SnapshotTrace {
+	// Under the annotations' lock, so that no compaction renumbers the
+	// entries between their copy and the table's (annotations.go).
+	p.annots.mu.Lock()
+	entries := d.hist.entries()
+	tab := p.annots.texts
+	p.annots.mu.Unlock()
+	traces := make([]SnapshotTrace, 0, len(entries))
+	for _, e := range entries {
+		t := SnapshotTrace{Action: e.Action.String(), Size: e.Size, Stream: e.Stream, TimeUS: e.TimeUS, Frames: []any{}}
+		t.UserMetadata, t.CompileContext = textsOf(tab, e.Ann)
+		addr := e.Addr
+		if e.Action == ActOOM {
+			t.DeviceFree = &addr
+		} else {
+			t.Addr = &addr
+		}
+		traces = append(traces, t)
+	}
+	return traces
 }
 
 // SnapshotJSON is Snapshot encoded as JSON.

@@ -187,7 +187,7 @@ func (s *shard) allocCached(n uint64) (uintptr, uint64, bool) {
 		return 0, 0, false
 	}
 	s.take(b, r, n)
-	s.dev.hist.record(ActAlloc, b.ptr, b.size, s.stream)
+	s.dev.hist.record(ActAlloc, b.ptr, b.req, s.stream)
 	return b.ptr, b.size, true
 }
 

@@ -96,6 +96,8 @@ type Pool struct {
 	// byAddr finds every segment of every device by address, without a
 	// lock (segmap.go).
 	byAddr segMap
+	// annots holds the annotations of history entries (annotations.go).
+	annots annotations
 }
 
 // device is the per-GPU state. Its mutexes guard shard creation and the
@@ -267,6 +269,7 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	}
 	for i := range p.devs {
 		d := &device{pool: p, idx: i}
+		d.hist.ann = &p.annots
 		d.capture.total = p.routes
 		d.list.Store(&[]*shard{})
 		p.devs[i] = d

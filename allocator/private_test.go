@@ -211,13 +211,23 @@ func TestHistoryAndSnapshot(t *testing.T) {
 		"stream", "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks"} {
 		require.Contains(t, seg, k)
 	}
+	// As in PyTorch, a snapshot lists the history taken before its own
+	// "snapshot" event: this one shows the event of p.Snapshot() above, last,
+	// sized by the device's active bytes (a's block is free again).
 	tr := generic["device_traces"].([]any)[0].([]any)
-	require.Equal(t, "snapshot", tr[len(tr)-1].(map[string]any)["action"])
-	for _, k := range []string{"action", "addr", "size", "stream", "time_us", "frames"} {
+	last := tr[len(tr)-1].(map[string]any)
+	require.Equal(t, "snapshot", last["action"])
+	var active float64
+	for _, s := range generic["segments"].([]any) {
+		active += s.(map[string]any)["active_size"].(float64)
+	}
+	require.Equal(t, active, last["size"])
+	require.Equal(t, "alloc", tr[len(tr)-2].(map[string]any)["action"], "the event before it: g's alloc")
+	for _, k := range []string{"action", "addr", "size", "stream", "time_us", "frames", "compile_context", "user_metadata"} {
 		require.Contains(t, tr[0].(map[string]any), k)
 	}
 
-	// The ring keeps the newest entries; off keeps them for the snapshot.
+	// The ring keeps the newest entries; off empties it, as PyTorch's does.
 	require.NoError(t, p.RecordHistory(true, 3, false))
 	for i := 0; i < 10; i++ {
 		x := mustAlloc(t, p, 0, sA, 512)
@@ -227,10 +237,12 @@ func TestHistoryAndSnapshot(t *testing.T) {
 	require.Len(t, h, 3)
 	require.Equal(t, ActFreeCompleted, h[2].Action)
 	require.NoError(t, p.RecordHistory(false, 0, false))
+	h2, _ := p.History(0)
+	require.Empty(t, h2, "off empties the ring")
 	x := mustAlloc(t, p, 0, sA, 512)
 	require.NoError(t, p.Free(0, sA, x, 512))
-	h2, _ := p.History(0)
-	require.Equal(t, h, h2, "nothing recorded while off")
+	h2, _ = p.History(0)
+	require.Empty(t, h2, "nothing recorded while off")
 }
 
 // OOM is recorded with the device's free bytes, as PyTorch's trace does.

@@ -27,6 +27,9 @@ type SegmentEvent struct {
 	TraceEntry
 	Device int
 	Pool   PoolID
+	// The annotation current when it happened (SetAnnotation's texts; not
+	// TraceEntry.Ann, which a compaction may renumber while it is queued).
+	UserMetadata, CompileContext string
 }
 
 // maxQueuedSegmentEvents bounds the queue when a watcher stops taking:
@@ -94,8 +97,9 @@ func (s *shard) segmentEvent(a TraceAction, ptr uintptr, size uint64) {
 	if !w.on.Load() {
 		return
 	}
+	ann := d.pool.annots.currentPair()
 	e := SegmentEvent{TraceEntry: TraceEntry{Action: a, Addr: ptr, Size: size, Stream: s.stream, TimeUS: time.Now().UnixMicro()},
-		Device: d.idx}
+		Device: d.idx, UserMetadata: ann.meta, CompileContext: ann.compile}
 	if s.pool != nil && !s.pool.direct {
 		e.Pool = s.pool.id
 	}

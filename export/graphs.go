@@ -21,6 +21,7 @@ void symmshim_set_open_routes(const uint64_t *count);
 import "C"
 
 import (
+	"encoding/json"
 	"fmt"
 	"unsafe"
 
@@ -160,7 +161,14 @@ func goPoolSnapshot(buf *C.char, capacity C.size_t, n *C.size_t) (code C.int) {
 	if err != nil {
 		return fail("symm_pool_snapshot", err)
 	}
-	raw, err := p.SnapshotJSON()
+	// A size query records no "snapshot" event: only the snapshot that is
+	// handed out does (after taking its traces, as PyTorch's).
+	var raw []byte
+	if buf == nil || capacity == 0 {
+		raw, err = json.Marshal(p.PeekSnapshot())
+	} else {
+		raw, err = p.SnapshotJSON()
+	}
 	if err == nil {
 		err = copyOut("snapshot", raw, buf, capacity, n)
 	}

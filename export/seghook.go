@@ -101,9 +101,18 @@ func callSegmentHook(evs []allocator.SegmentEvent) {
 		out = append(out, C.symm_trace_entry_t{
 			device: C.int32_t(e.Device), action: traceActions[e.Action], address: C.uint64_t(e.Addr),
 			size: C.uint64_t(e.Size), stream: C.uintptr_t(e.Stream), time_us: C.int64_t(e.TimeUS),
-			pool_id: C.symm_pool_id_t{first: C.uint64_t(e.Pool.First), second: C.uint64_t(e.Pool.Second)},
+			pool_id:       C.symm_pool_id_t{first: C.uint64_t(e.Pool.First), second: C.uint64_t(e.Pool.Second)},
+			user_metadata: annotationCString(e.UserMetadata), compile_context: annotationCString(compileOrNA(e.CompileContext)),
 		})
 	}
 	seg.cbuf = out
 	C.symmshim_call_segment_hook(&out[0], C.int(len(out)))
+}
+
+// compileOrNA is a compile context as PyTorch reports it: "N/A" for none.
+func compileOrNA(s string) string {
+	if s == "" {
+		return "N/A"
+	}
+	return s
 }

@@ -44,6 +44,13 @@ int symm_pool_snapshot_list(symm_segment_info_t *segs, int *nsegs, symm_block_in
   return goPoolSnapshotList(segs, nsegs, blocks, nblocks, traces, ntraces);
 }
 
+int symm_pool_set_annotation(const char *user_metadata, const char *compile_context) {
+  if (forked("symm_pool_set_annotation")) return SYMM_ERR_FORKED;
+  if (user_metadata == nullptr || compile_context == nullptr)
+    return fail(SYMM_ERR_INVALID, "symm_pool_set_annotation: user_metadata or compile_context is NULL");
+  return goPoolSetAnnotation(const_cast<char *>(user_metadata), const_cast<char *>(compile_context));
+}
+
 int symm_pool_settings(symm_pool_settings_t *out) {
   if (forked("symm_pool_settings")) return SYMM_ERR_FORKED;
   if (out == nullptr) return fail(SYMM_ERR_INVALID, "symm_pool_settings: out is NULL");

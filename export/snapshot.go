@@ -1,6 +1,7 @@
 package main
 
 /*
+#include <string.h>
 #include "../include/symm.h"
 #include "shim.h"
 */
@@ -58,7 +59,7 @@ func goPoolSnapshotList(segs *C.symm_segment_info_t, nsegs *C.int, blocks *C.sym
 	if query {
 		snap = p.PeekSnapshot()
 	} else {
-		snap = p.Snapshot()
+		snap = p.Snapshot() // records its "snapshot" events after taking the traces: not listed
 	}
 	ns, nb, nt := len(snap.Segments), 0, 0
 	for _, s := range snap.Segments {
@@ -67,9 +68,6 @@ func goPoolSnapshotList(segs *C.symm_segment_info_t, nsegs *C.int, blocks *C.sym
 	if ntraces != nil {
 		for _, t := range snap.DeviceTraces {
 			nt += len(t)
-		}
-		if query && p.HistoryOn() {
-			nt += p.DeviceCount() // the "snapshot" event of each device that a listing records
 		}
 	}
 	*nsegs, *nblocks = C.int(ns), C.int(nb)
@@ -123,7 +121,8 @@ func listTraces(snap *allocator.Snapshot, out []C.symm_trace_entry_t) {
 	for dev, trace := range snap.DeviceTraces {
 		for _, t := range trace {
 			e := C.symm_trace_entry_t{device: C.int32_t(dev), size: C.uint64_t(t.Size), stream: C.uintptr_t(t.Stream),
-				time_us: C.int64_t(t.TimeUS), action: actionCodes[t.Action]}
+				time_us: C.int64_t(t.TimeUS), action: actionCodes[t.Action],
+				user_metadata: annotationCString(t.UserMetadata), compile_context: annotationCString(t.CompileContext)}
 			if t.Addr != nil {
 				e.address = C.uint64_t(*t.Addr)
 			} else if t.DeviceFree != nil {
@@ -143,6 +142,64 @@ var actionCodes = func() map[string]C.int32_t {
 	}
 	return m
 }()
+
+// goPoolSetAnnotation is symm_pool_set_annotation; snapshot.cpp checked
+// the pointers.
+//
+//export goPoolSetAnnotation
+func goPoolSetAnnotation(userMetadata, compileContext *C.char) (code C.int) {
+	const fn = "symm_pool_set_annotation"
+	defer guard(fn, &code)
+	p, err := getPool()
+	if err != nil {
+		return fail(fn, err)
+	}
+	// Measured before the copy: a text over the bound is refused without
+	// copying megabytes into Go.
+	nm, nc := C.strnlen(userMetadata, allocator.MaxAnnotationLen+1), C.strnlen(compileContext, allocator.MaxAnnotationLen+1)
+	if nm > allocator.MaxAnnotationLen || nc > allocator.MaxAnnotationLen {
+		return fail(fn, fmt.Errorf("%w: an annotation text is over %d bytes", allocator.ErrInvalid, allocator.MaxAnnotationLen))
+	}
+	if err := p.SetAnnotation(C.GoStringN(userMetadata, C.int(nm)), C.GoStringN(compileContext, C.int(nc))); err != nil {
+		return fail(fn, err)
+	}
+	return C.SYMM_OK
+}
+
+// annotations holds the C copies of the annotation texts that listings
+// and segment events have handed out: one per distinct text, never freed
+// (symm_trace_entry_t promises them for the life of the process). Texts
+// are few in practice (a program's metadata values and compiled regions);
+// "" and "N/A" are static.
+var annotations struct {
+	mu sync.Mutex
+	c  map[string]*C.char
+}
+
+var (
+	cEmpty = C.CString("")
+	cNA    = C.CString("N/A")
+)
+
+func annotationCString(s string) *C.char {
+	switch s {
+	case "":
+		return cEmpty
+	case "N/A":
+		return cNA
+	}
+	annotations.mu.Lock()
+	defer annotations.mu.Unlock()
+	c, ok := annotations.c[s]
+	if !ok {
+		if annotations.c == nil {
+			annotations.c = make(map[string]*C.char)
+		}
+		c = C.CString(s)
+		annotations.c[s] = c
+	}
+	return c
+}
 
 // allocConf holds the pool's settings text as a C string, made again
 // when the text changes (symm_pool_set_allocator_settings) and never freed:

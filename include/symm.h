@@ -308,19 +308,36 @@ int symm_pool_empty_pool(symm_pool_id_t id);
  * "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
  * "snapshot"), addr (device_free for "oom"), size, stream, time_us, frames,
  * compile_context, user_metadata}], ... one list per device],
- * "allocator_settings": {...}}. frames are empty: C has no Python stack. */
+ * "allocator_settings": {...}}. frames are empty: C has no Python stack.
+ * As in PyTorch, each device's history is taken before that device records
+ * the snapshot's own "snapshot" event (size: its active bytes), which the
+ * next snapshot lists; alloc and free entries carry the requested size. */
 
 /* Turns the recording of alloc/free/segment/oom events on (enabled != 0) or
  * off on every device. max_entries bounds each device's ring, oldest events
  * overwritten (values above 2^31 mean 2^31); 0 with enabled is
  * SYMM_ERR_INVALID. While recording, every alloc and free goes through the
  * pool (the front cache is bypassed) so that each one is seen. Turning it off
- * keeps what was recorded for the next snapshot. */
+ * empties every device's history, as PyTorch's recordHistory does; turning it
+ * on again keeps what was recorded (off, then on, clears it). */
 int symm_pool_record_history(int enabled, size_t max_entries);
 
+/* Makes user_metadata and compile_context the annotation of every history
+ * entry recorded from now on (PyTorch's torch.cuda.memory._set_memory_metadata
+ * and the compile-context region of torch.compile, with
+ * _record_memory_history(compile_context=True)): snapshots report them as
+ * each entry's "user_metadata" and "compile_context" ("N/A" for ""). One
+ * annotation per process (PyTorch keeps one per thread): the last one set by
+ * any thread. Set with history off, it applies once history is on. Costs
+ * nothing on allocations (one atomic load while history is on). Returns
+ * SYMM_OK; SYMM_ERR_INVALID (nothing changes): a NULL string, or one over
+ * 1 MiB. */
+int symm_pool_set_annotation(const char *user_metadata, const char *compile_context);
+
 /* Writes the snapshot JSON (see above) into buf with a NUL; *len receives its
- * length without the NUL. buf NULL or cap 0: a size query. A cap too small is
- * SYMM_ERR_INVALID (the snapshot may grow between two calls: retry). */
+ * length without the NUL. buf NULL or cap 0: a size query, which records no
+ * "snapshot" event. A cap too small is SYMM_ERR_INVALID (the snapshot may
+ * grow between two calls: retry). */
 int symm_pool_snapshot(char *buf, size_t cap, size_t *len);
 
 /* How PyTorch uses libsymm in this process, as symm_pool_alloc sees it:
@@ -515,13 +532,18 @@ enum {
   SYMM_TRACE_SEGMENT_UNMAP = 8   /* chunks of an expandable segment unmapped: address, size the run */
 };
 
-/* One event of a device's history, or one segment event. */
+/* One event of a device's history, or one segment event. size is, as in
+ * PyTorch's history, the requested size for alloc, free_requested and
+ * free_completed, the segment's or run's for segment events, and the
+ * device's active bytes for snapshot. */
 typedef struct {
   int32_t device, action;  /* action: SYMM_TRACE_* */
   uint64_t address, size;
   uintptr_t stream;
   int64_t time_us;         /* microseconds since the Unix epoch */
   symm_pool_id_t pool_id;  /* a segment event's private pool; (0, 0) otherwise, and in listings */
+  const char *user_metadata;   /* the annotation current when it happened (symm_pool_set_annotation), "" if none; */
+  const char *compile_context; /* "N/A" if none; libsymm's strings, valid for the life of the process */
 } symm_trace_entry_t;
 
 /* The snapshot (see symm_pool_snapshot) as listings: segments of every
@@ -532,8 +554,9 @@ typedef struct {
  * hold the capacities of the arrays on entry (an array may be NULL with
  * capacity 0) and receive the counts. Every capacity 0: a size query; it
  * records nothing, and its counts are those a listing made now would need.
- * Otherwise, when history is on, each device's history records a "snapshot"
- * event first (it is listed), as symm_pool_snapshot does.
+ * Otherwise, when history is on, each device records a "snapshot" event
+ * after its history was taken (size: the device's active bytes), as
+ * symm_pool_snapshot does: the event is in the next listing, not this one.
  * Returns SYMM_OK with everything written; SYMM_ERR_INVALID with nothing
  * written: nsegs or nblocks NULL, a negative capacity, a NULL array with a
  * capacity above 0 (counts 0), or a capacity too small (the counts needed

@@ -104,6 +104,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_pool_end_allocate_to_pool": ([_c_int, PoolId], _c_int),
     "symm_pool_release_pool": ([_c_int, PoolId], _c_int),
     "symm_pool_record_history": ([_c_int, _c_size_t], _c_int),
+    "symm_pool_set_annotation": ([ctypes.c_char_p, ctypes.c_char_p], _c_int),
     "symm_pool_snapshot": ([ctypes.c_char_p, _c_size_t, ctypes.POINTER(_c_size_t)], _c_int),
     "symm_torch_mode": ([], _c_int),
     "symm_torch_own_allocator": ([_c_void_p], None),

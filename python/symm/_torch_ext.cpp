@@ -226,11 +226,13 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   // A private pool's id (MemPool's destructor): only that pool, once its
   // last use went, as PyTorch's emptyCache(mempool_id).
   void emptyCache(MempoolId_t mempool_id) override {
+    FreeSpan span = begin_free_span();  // memory history: the stack its segment frees carry
     g_api.clear_error();
     if (mempool_id != MempoolId_t{0, 0} && g_api.empty_pool != nullptr)
       g_api.empty_pool(pool_id(mempool_id));
     else
       g_api.empty_cache();
+    end_free_span(std::move(span));
     if (g_api.last_error_code() != SYMM_OK) TORCH_WARN("libsymm: empty_cache: ", last_error());
   }
 
@@ -278,14 +280,25 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   void recordHistory(bool enabled, CCA::CreateContextFn recorder, size_t max_entries, CCA::RecordContext when,
                      bool clear_history, const std::vector<std::string> &skip_actions) override;
   CCA::SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override;
+  void pushCompileContext(std::string &md) override;
+  void popCompileContext() override;
+  void setUserMetadata(const std::string &metadata) override;
+  std::string getUserMetadata() override;
 
  private:
   static constexpr size_t kMaxContexts = 1 << 20;
+  static constexpr size_t kMaxFreeSpans = 1024;
 
   struct CtxRecord {
     int device;
     int action;  // 0 alloc, 1 free
     uint64_t addr;
+    std::shared_ptr<c10::GatheredContext> ctx;  // null: none was gathered (its entry has no stack)
+  };
+  // A call that gives segments back (emptyCache) with context "all": the
+  // segment frees libsymm recorded between t0 and t1 (µs) carry its stack.
+  struct FreeSpan {
+    int64_t t0 = 0, t1 = 0;
     std::shared_ptr<c10::GatheredContext> ctx;
   };
 
@@ -302,6 +315,9 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   static int device_of(void *p);
   void remember_free(void *p, int dev);
   void push_ctx(CtxRecord r);  // with mu_ held
+  FreeSpan begin_free_span();
+  void end_free_span(FreeSpan span);
+  void send_annotation();  // this thread's user metadata and compile context to libsymm
   static void on_segment_events(const symm_trace_entry_t *ev, int n, void *ctx) noexcept;  // trace trackers
 
   symm_ipc::ShareBook share_book_;  // descriptors of the chunks shared handles sent, by block start
@@ -309,14 +325,14 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
   std::vector<CCA::OutOfMemoryObserver> oom_observers_;
   std::vector<CCA::AllocatorTraceTracker> trace_trackers_;
   std::atomic<bool> history_{false};
-  std::atomic<bool> recording_{false};  // stacks are recorded
+  std::atomic<bool> recording_{false};  // history is on: each alloc and free is remembered (with a stack or none)
   CCA::CreateContextFn recorder_ = nullptr;
   CCA::RecordContext when_ = CCA::RecordContext::NEVER;
   size_t max_ctx_ = 0;
   std::unordered_set<std::string> skip_;
   std::unordered_map<void *, std::shared_ptr<c10::GatheredContext>> live_ctx_;
-  std::deque<CtxRecord> trace_ctx_;
-  int64_t cleared_at_us_ = 0;
+  std::deque<CtxRecord> trace_ctx_;  // one per alloc and free libsymm's history records, in its order
+  std::deque<FreeSpan> free_spans_;
   std::mutex ipc_mu_;  // guards ipc_
   std::unordered_map<std::string, std::weak_ptr<void>> ipc_;
   std::atomic<bool> enabled_{true};        // torch.cuda.caching_allocator_enable

@@ -60,6 +60,7 @@ struct Api {
   int (*segment_chunk)(const void *, uint64_t *) = nullptr;
   int (*block_of)(const void *, uint64_t *, uint64_t *) = nullptr;
   int (*record_history)(int, size_t) = nullptr;
+  int (*set_annotation)(const char *, const char *) = nullptr;
   int (*snapshot_list)(symm_segment_info_t *, int *, symm_block_info_t *, int *, symm_trace_entry_t *, int *) = nullptr;
   int (*settings)(symm_pool_settings_t *) = nullptr;
   int (*device_count)(void) = nullptr;
@@ -138,6 +139,7 @@ void load_api(const std::string &path) {
   resolve(h, "symm_pool_cache_info", g_api.cache_info, false);
   resolve(h, "symm_pool_segment_of", g_api.segment_of, false);
   resolve(h, "symm_pool_segment_chunk", g_api.segment_chunk, false);
+  resolve(h, "symm_pool_set_annotation", g_api.set_annotation, false);
   resolve(h, "symm_pool_block_of", g_api.block_of, false);
   resolve(h, "symm_pool_blocks", g_api.blocks, false);
   resolve(h, "symm_pool_restore_blocks", g_api.restore_blocks, false);

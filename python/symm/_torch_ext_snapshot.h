@@ -1,7 +1,9 @@
 // libsymm's PyTorch extension: memory history and snapshots
 // (torch.cuda.memory._record_memory_history and _snapshot). libsymm's pool
-// keeps the trace; SymmAllocator keeps the Python and C++ stacks PyTorch's
-// recorder gives for each allocation and free, and a snapshot joins the two.
+// keeps the trace and each entry's annotation (user metadata, compile
+// context, which SymmAllocator hands it); SymmAllocator keeps the Python and
+// C++ stacks PyTorch's recorder gives for each allocation, free and
+// emptyCache, and a snapshot joins the two.
 // Part of _torch_ext.cpp's one translation unit, included after
 // SymmAllocator's definition.
 #ifndef SYMM_TORCH_EXT_SNAPSHOT_H
@@ -109,27 +111,43 @@ const char *trace_action_name(int32_t a) {
   return a >= 0 && a < static_cast<int32_t>(sizeof names / sizeof names[0]) ? names[a] : "";
 }
 
-// e as PyTorch's TraceEntry, of device dev, without a stack.
+// e as PyTorch's TraceEntry, of device dev, without a stack, with the
+// annotation libsymm recorded (an older libsymm.so has none: "N/A" and "").
 TraceEntry trace_entry(const symm_trace_entry_t &e, TraceEntry::Action a, MempoolId_t pool) {
   TraceEntry t(a, static_cast<c10::DeviceIndex>(e.device), e.address, e.size, reinterpret_cast<void *>(e.stream), pool, 0);
   t.time_.t_ = static_cast<time_t>(e.time_us);
-  t.compile_context_ = "N/A";  // as libsymm's snapshot JSON has it: no compile context is known
+  bool annotated = g_api.set_annotation != nullptr;  // its symm_trace_entry_t has the two fields
+  t.compile_context_ = annotated && e.compile_context != nullptr ? e.compile_context : "N/A";
+  t.user_metadata_ = annotated && e.user_metadata != nullptr ? e.user_metadata : "";
   return t;
 }
 
+// Spans of segment-freeing calls (emptyCache with context "all").
+using FreeSpans = std::vector<std::pair<std::pair<int64_t, int64_t>, std::shared_ptr<c10::GatheredContext>>>;
+
 // The trace of each device in libsymm's listing l, in PyTorch's form, less
-// the actions in skip and the entries before cleared_at (µs). Stacks of the
-// trace: libsymm's ring and SymmAllocator's records list the same
-// allocations and frees of each address in the same order, so the newest k
-// events of an address in the ring take the newest k stacks recorded for it
-// (older ones may have left either ring); they are moved out of stacks.
-void add_device_traces(const Listing &l, const std::unordered_set<std::string> &skip, int64_t cleared_at,
-                       Stacks &stacks, CCA::SnapshotInfo &out) {
+// the actions in skip, with the stacks PyTorch's record_trace gives each
+// entry (none unless recorded with context "alloc" or "all"):
+//  - alloc: the allocation's. libsymm's ring and SymmAllocator's records
+//    list the allocations and frees of each address in the same order (a
+//    record for each, with a stack or none), so the newest k events of an
+//    address in the ring take the newest k records of it (older ones may
+//    have left either ring); they are moved out of stacks.
+//  - free_requested: the free's ("all"), else the block's allocation's
+//    ("alloc"); free_completed: the same as its free_requested.
+//  - segment_alloc, segment_map: the allocation that took the memory (the
+//    next alloc on the device inside the range), as PyTorch gives them the
+//    context of the malloc that asked for it.
+//  - segment_free, segment_unmap: the emptyCache call's ("all": the spans),
+//    else the stack of the segment's allocation (PyTorch's
+//    context_when_segment_allocated).
+void add_device_traces(const Listing &l, const std::unordered_set<std::string> &skip, Stacks &stacks,
+                       const FreeSpans &spans, CCA::SnapshotInfo &out) {
+  using Ctx = std::shared_ptr<c10::GatheredContext>;
   out.device_traces.resize(static_cast<size_t>(std::max(l.devices, 0)));
   for (const auto &e : l.traces) {
     std::string action = trace_action_name(e.action);
-    if (action.empty() || e.device < 0 || e.device >= l.devices || skip.count(action) || e.time_us < cleared_at)
-      continue;
+    if (action.empty() || e.device < 0 || e.device >= l.devices || skip.count(action)) continue;
     out.device_traces[static_cast<size_t>(e.device)].push_back(
         trace_entry(e, c10::CachingDeviceAllocator::parseTraceEntryAction(action), MempoolId_t{0, 0}));
   }
@@ -142,6 +160,54 @@ void add_device_traces(const Listing &l, const std::unordered_set<std::string> &
       if (s == stacks.end() || s->second.empty()) continue;
       it->context_ = std::move(s->second.back());
       s->second.pop_back();
+    }
+    std::unordered_map<size_t, Ctx> alloc_ctx, free_ctx;  // by block address
+    std::map<size_t, std::pair<size_t, Ctx>> seg_ctx;     // segment (or run) start: end, its allocation's stack
+    std::vector<TraceEntry *> pending;                    // segment allocs waiting for their alloc
+    for (auto &t : entries) {
+      switch (t.action_) {
+        case TraceEntry::ALLOC:
+          alloc_ctx[t.addr_] = t.context_;
+          for (auto p = pending.begin(); p != pending.end();) {
+            if (t.addr_ >= (*p)->addr_ && t.addr_ < (*p)->addr_ + (*p)->size_) {
+              (*p)->context_ = t.context_;
+              seg_ctx[(*p)->addr_] = {(*p)->addr_ + (*p)->size_, t.context_};
+              p = pending.erase(p);
+            } else {
+              ++p;
+            }
+          }
+          break;
+        case TraceEntry::FREE_REQUESTED:
+          if (!t.context_) {
+            auto a = alloc_ctx.find(t.addr_);
+            if (a != alloc_ctx.end()) t.context_ = a->second;
+          }
+          free_ctx[t.addr_] = t.context_;
+          break;
+        case TraceEntry::FREE_COMPLETED: {
+          auto f = free_ctx.find(t.addr_);
+          if (f != free_ctx.end()) t.context_ = f->second;
+          break;
+        }
+        case TraceEntry::SEGMENT_ALLOC:
+        case TraceEntry::SEGMENT_MAP:
+          pending.push_back(&t);
+          break;
+        case TraceEntry::SEGMENT_FREE:
+        case TraceEntry::SEGMENT_UNMAP: {
+          auto at = static_cast<int64_t>(t.time_.t_);
+          for (const auto &sp : spans)
+            if (at >= sp.first.first && at <= sp.first.second) t.context_ = sp.second;
+          if (!t.context_) {
+            auto s = seg_ctx.upper_bound(t.addr_);
+            if (s != seg_ctx.begin() && t.addr_ < (--s)->second.first) t.context_ = s->second.second;
+          }
+          break;
+        }
+        default:
+          break;
+      }
     }
   }
 }
@@ -214,11 +280,16 @@ void SymmAllocator::on_segment_events(const symm_trace_entry_t *ev, int n, void 
 // ---- memory history and snapshots ---------------------------------------------
 bool SymmAllocator::isHistoryEnabled() { return history_.load(); }
 
+// As PyTorch's recordHistory: off, or clear_history, empties the trace
+// (libsymm's ring: off empties it, so a clear while on is off then on) and
+// the stacks kept for it, so that what a program recorded before does not
+// reach the next round's snapshot.
 void SymmAllocator::recordHistory(bool enabled, CCA::CreateContextFn recorder, size_t max_entries,
                                   CCA::RecordContext when, bool clear_history, const std::vector<std::string> &skip_actions) {
   if (enabled && max_entries == 0) max_entries = 1;
   // libsymm's ring keeps at most 2^31 entries per device; PyTorch's default
   // is sys.maxsize.
+  if (enabled && clear_history) check(g_api.record_history(0, 0), "_record_memory_history");
   check(g_api.record_history(enabled ? 1 : 0, enabled ? max_entries : 0), "_record_memory_history");
   std::lock_guard<std::mutex> g(mu_);
   history_.store(enabled);
@@ -226,15 +297,15 @@ void SymmAllocator::recordHistory(bool enabled, CCA::CreateContextFn recorder, s
   when_ = enabled ? when : CCA::RecordContext::NEVER;
   max_ctx_ = std::min<size_t>(max_entries, kMaxContexts);
   skip_ = std::unordered_set<std::string>(skip_actions.begin(), skip_actions.end());
-  if (clear_history) {
+  if (!enabled || clear_history) {
     trace_ctx_.clear();
-    cleared_at_us_ = now_us();
+    free_spans_.clear();
   }
-  if (!enabled) {
-    // PyTorch drops stacks when history goes off; the trace stays.
-    live_ctx_.clear();
-  }
-  recording_.store(enabled && recorder != nullptr && when != CCA::RecordContext::NEVER);
+  if (!enabled) live_ctx_.clear();  // stacks of live blocks go with the history
+  while (trace_ctx_.size() > max_ctx_) trace_ctx_.pop_front();
+  // While history is on every alloc and free is remembered, with a stack or
+  // without, so that the records match libsymm's ring one for one.
+  recording_.store(enabled);
 }
 
 CCA::SnapshotInfo SymmAllocator::snapshot(MempoolId_t mempool_id, bool include_traces) {
@@ -243,21 +314,27 @@ CCA::SnapshotInfo SymmAllocator::snapshot(MempoolId_t mempool_id, bool include_t
   CCA::SnapshotInfo out;
   LiveStacks live;
   std::vector<CtxRecord> traced;
-  int64_t cleared_at = 0;
+  FreeSpans spans;
   std::unordered_set<std::string> skip;
   {
     std::lock_guard<std::mutex> g(mu_);
     live = live_ctx_;
     traced.assign(trace_ctx_.begin(), trace_ctx_.end());
-    cleared_at = cleared_at_us_;
+    for (const auto &sp : free_spans_) spans.push_back({{sp.t0, sp.t1}, sp.ctx});
     skip = skip_;
   }
   add_segments(l, mempool_id, live, out);
   Stacks stacks;
   for (auto &r : traced) stacks[{r.device, r.action, r.addr}].push_back(r.ctx);
-  if (include_traces) add_device_traces(l, skip, cleared_at, stacks, out);
+  if (include_traces) add_device_traces(l, skip, stacks, spans, out);
   add_settings(out);
   return out;
+}
+
+// The stack PyTorch's record_trace keeps for an entry: with context "alloc"
+// or "all" only (RecordContext::STATE keeps stacks for live blocks alone).
+static bool traced_stacks(CCA::RecordContext when) {
+  return when == CCA::RecordContext::ALLOC || when == CCA::RecordContext::ALL;
 }
 
 void SymmAllocator::remember_alloc(void *p, int dev) {
@@ -268,11 +345,12 @@ void SymmAllocator::remember_alloc(void *p, int dev) {
     rec = recorder_;
     when = when_;
   }
-  if (rec == nullptr || when == CCA::RecordContext::NEVER) return;
-  auto ctx = rec();  // Python and C++ stacks: outside mu_ (it may take the GIL)
+  std::shared_ptr<c10::GatheredContext> ctx;
+  if (rec != nullptr && when != CCA::RecordContext::NEVER) ctx = rec();  // outside mu_ (it may take the GIL)
   std::lock_guard<std::mutex> g(mu_);
-  live_ctx_[p] = ctx;
-  if (when == CCA::RecordContext::ALLOC || when == CCA::RecordContext::ALL) push_ctx({dev, 0, (uint64_t)p, ctx});
+  if (!history_.load()) return;  // turned off meanwhile: nothing to match
+  if (ctx) live_ctx_[p] = ctx;
+  push_ctx({dev, 0, (uint64_t)p, traced_stacks(when) ? ctx : nullptr});
 }
 
 // device_of is the device of p's memory (history records of a
@@ -295,9 +373,10 @@ void SymmAllocator::remember_free(void *p, int dev) {
     rec = recorder_;
     when = when_;
   }
-  if (rec == nullptr || when != CCA::RecordContext::ALL) return;
-  auto ctx = rec();
+  std::shared_ptr<c10::GatheredContext> ctx;
+  if (rec != nullptr && when == CCA::RecordContext::ALL) ctx = rec();
   std::lock_guard<std::mutex> g(mu_);
+  if (!history_.load()) return;
   push_ctx({dev, 1, (uint64_t)p, ctx});
 }
 
@@ -305,6 +384,76 @@ void SymmAllocator::push_ctx(CtxRecord r) {  // with mu_ held
   trace_ctx_.push_back(std::move(r));
   while (trace_ctx_.size() > max_ctx_) trace_ctx_.pop_front();
 }
+
+SymmAllocator::FreeSpan SymmAllocator::begin_free_span() {
+  CCA::CreateContextFn rec;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!history_.load() || when_ != CCA::RecordContext::ALL) return {};
+    rec = recorder_;
+  }
+  FreeSpan s;
+  if (rec != nullptr) s.ctx = rec();
+  s.t0 = now_us();
+  return s;
+}
+
+void SymmAllocator::end_free_span(FreeSpan span) {
+  if (!span.ctx) return;
+  span.t1 = now_us();
+  std::lock_guard<std::mutex> g(mu_);
+  if (!history_.load()) return;
+  free_spans_.push_back(std::move(span));
+  while (free_spans_.size() > kMaxFreeSpans) free_spans_.pop_front();
+}
+
+// ---- annotations: user metadata and compile context ---------------------------
+// PyTorch keeps both per thread (thread_local in its device allocator) and
+// records them in every trace entry. Here each thread keeps its own, for
+// getUserMetadata, and hands libsymm the pair whenever it changes: libsymm
+// records the one set last by any thread (include/symm.h).
+struct ThreadAnnotation {
+  std::string metadata;
+  std::vector<std::string> compile;  // the compile-context stack; top last
+};
+
+static ThreadAnnotation &thread_annotation() {
+  thread_local ThreadAnnotation a;
+  return a;
+}
+
+void SymmAllocator::send_annotation() {
+  if (g_api.set_annotation == nullptr) {
+    TORCH_WARN_ONCE("libsymm: this libsymm.so has no symm_pool_set_annotation: memory history has no user metadata "
+                    "or compile context");
+    return;
+  }
+  const ThreadAnnotation &a = thread_annotation();
+  check(g_api.set_annotation(a.metadata.c_str(), a.compile.empty() ? "" : a.compile.back().c_str()),
+        "memory history annotation");
+}
+
+// As PyTorch's: compile regions are tracked only while history is on.
+void SymmAllocator::pushCompileContext(std::string &md) {
+  if (!history_.load()) return;
+  thread_annotation().compile.push_back(md);
+  send_annotation();
+}
+
+void SymmAllocator::popCompileContext() {
+  if (!history_.load()) return;
+  auto &c = thread_annotation().compile;
+  if (c.empty()) return;
+  c.pop_back();
+  send_annotation();
+}
+
+void SymmAllocator::setUserMetadata(const std::string &metadata) {
+  thread_annotation().metadata = metadata;
+  send_annotation();
+}
+
+std::string SymmAllocator::getUserMetadata() { return thread_annotation().metadata; }
 
 }  // namespace
 

@@ -628,22 +628,52 @@ static void test_pool_listing(void) {
     }
   CHECK(found, "the live block is listed, allocated, on device 0");
   symm_pool_free(p, 4096, 0, NULL);
-  /* With history: each device's events, its "snapshot" event last. */
+  /* With history: each device's events, and (as in PyTorch) the listing's
+   * own "snapshot" event recorded after them, so only the next listing has
+   * it, sized by the device's active bytes. Each entry carries the
+   * annotation set when it happened. */
+  BAD(SYMM_ERR_INVALID, "is NULL", symm_pool_set_annotation(NULL, ""));
+  BAD(SYMM_ERR_INVALID, "is NULL", symm_pool_set_annotation("", NULL));
+  BAD(SYMM_ERR_INVALID, "is NULL", symm_pool_set_annotation(NULL, NULL));
   CHECK(symm_pool_record_history(1, 8) == SYMM_OK, "history on");
-  symm_pool_free(symm_pool_alloc(512, 1, NULL), 512, 1, NULL);
+  NOOP(SYMM_OK, symm_pool_set_annotation("meta", ""));
+  void *h1 = symm_pool_alloc(512, 1, NULL);
+  NOOP(SYMM_OK, symm_pool_set_annotation("", "region"));
+  symm_pool_free(h1, 512, 1, NULL);
+  NOOP(SYMM_OK, symm_pool_set_annotation("", ""));
   ns = 64, nb = 256, nt = 64;
   CHECK(symm_pool_snapshot_list(segs, &ns, blocks, &nb, traces, &nt) == SYMM_OK, "listing with traces: %s",
         symm_last_error());
-  int last1 = -1, allocs1 = 0, frees1 = 0;
-  for (int i = 0; i < nt; i++)
+  int last1 = -1, allocs1 = 0, frees1 = 0, snaps = 0;
+  for (int i = 0; i < nt; i++) {
+    snaps += traces[i].action == SYMM_TRACE_SNAPSHOT;
+    CHECK(traces[i].user_metadata != NULL && traces[i].compile_context != NULL, "entry %d: annotation texts", i);
     if (traces[i].device == 1) {
       last1 = i;
-      allocs1 += traces[i].action == SYMM_TRACE_ALLOC && traces[i].size == 512;
-      frees1 += traces[i].action == SYMM_TRACE_FREE_REQUESTED && traces[i].size == 512;
+      allocs1 += traces[i].action == SYMM_TRACE_ALLOC && traces[i].size == 512 &&
+                 strcmp(traces[i].user_metadata, "meta") == 0 && strcmp(traces[i].compile_context, "N/A") == 0;
+      frees1 += traces[i].action == SYMM_TRACE_FREE_REQUESTED && traces[i].size == 512 &&
+                strcmp(traces[i].user_metadata, "") == 0 && strcmp(traces[i].compile_context, "region") == 0;
     }
-  CHECK(last1 >= 0 && traces[last1].action == SYMM_TRACE_SNAPSHOT && allocs1 == 1 && frees1 == 1,
-        "device 1's events: its alloc and free, then the snapshot (%d entries)", nt);
+  }
+  CHECK(snaps == 0 && last1 >= 0 && traces[last1].action == SYMM_TRACE_FREE_COMPLETED && allocs1 == 1 && frees1 == 1,
+        "device 1's events: its annotated alloc and free, no snapshot event yet (%d entries)", nt);
+  ns = 64, nb = 256, nt = 64;
+  CHECK(symm_pool_snapshot_list(segs, &ns, blocks, &nb, traces, &nt) == SYMM_OK, "second listing: %s",
+        symm_last_error());
+  uint64_t active1 = 0;
+  for (int i = 0; i < ns; i++)
+    if (segs[i].device == 1) active1 += segs[i].active_size;
+  last1 = -1;
+  for (int i = 0; i < nt; i++)
+    if (traces[i].device == 1) last1 = i;
+  CHECK(last1 >= 0 && traces[last1].action == SYMM_TRACE_SNAPSHOT && traces[last1].size == active1,
+        "the next listing ends with the first one's snapshot event, sized by the active bytes (%llu)",
+        (unsigned long long)active1);
   CHECK(symm_pool_record_history(0, 0) == SYMM_OK, "history off");
+  ns = 64, nb = 256, nt = 64;
+  CHECK(symm_pool_snapshot_list(segs, &ns, blocks, &nb, traces, &nt) == SYMM_OK && nt == 0,
+        "off empties the history, as PyTorch's: %d entries", nt);
   BAD(SYMM_ERR_INVALID, "out is NULL", symm_pool_settings(NULL));
   symm_pool_settings_t st;
   NOOP(SYMM_OK, symm_pool_settings(&st));
@@ -1589,7 +1619,7 @@ static void check_coverage(void) {
       "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm", "symm_all_reduce_setting",
       "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_segment_chunk", "symm_pool_block_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
-      "symm_pool_alloc_segment", "symm_pool_snapshot_list", "symm_pool_settings", "symm_pool_set_segment_hook",
+      "symm_pool_alloc_segment", "symm_pool_snapshot_list", "symm_pool_settings", "symm_pool_set_annotation", "symm_pool_set_segment_hook",
       "symm_pool_memory_fraction", "symm_pool_set_allocator_settings", "symm_driver_proc", "symm_torch_own_allocator",
       "symm_pool_create_pool", "symm_pool_use_count", "symm_pool_set_use_on_oom", "symm_pool_set_no_split",
       "symm_pool_empty_pool"};

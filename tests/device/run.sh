@@ -185,6 +185,12 @@ if want settings; then
   run_step torch-settings "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_torch_settings.py
 fi
 
+# PyTorch's memory history (test_cuda.py's memory_plots tests, the pickled
+# C++ snapshot, compile regions), on both allocators (one GPU).
+if want history; then
+  run_step torch-history "${SYMM_TORCH_TIMEOUT:-1200}" python3 tests/device/test_torch_history.py
+fi
+
 # torch.cuda.MemPool with libsymm current: use_count, no_split, use_on_oom,
 # snapshot, release, a MemPool over another allocator and PyTorch's
 # symmetric-memory pool, on both allocators (one GPU).

@@ -34,7 +34,7 @@ class PoolID(ctypes.Structure):
 class TraceEntry(ctypes.Structure):  # symm_trace_entry_t
     _fields_ = [("device", ctypes.c_int32), ("action", ctypes.c_int32), ("address", ctypes.c_uint64),
                 ("size", ctypes.c_uint64), ("stream", ctypes.c_size_t), ("time_us", ctypes.c_int64),
-                ("pool_id", PoolID)]
+                ("pool_id", PoolID), ("user_metadata", ctypes.c_char_p), ("compile_context", ctypes.c_char_p)]
 
 HOOK = ctypes.CFUNCTYPE(None, ctypes.POINTER(TraceEntry), ctypes.c_int, ctypes.c_void_p)
 NAMES = {3: "segment_alloc", 4: "segment_free", 7: "segment_map", 8: "segment_unmap"}

@@ -25,8 +25,10 @@ def test_snapshot_structure_and_history(tmp_path):
         b = symm.alloc(3 * MiB)
         symm.free(a, 1000)
         snap = symm.memory_snapshot()
+        again = symm.memory_snapshot()
     finally:
         symm.record_memory_history(enabled=None)
+    assert symm.memory_snapshot()["device_traces"][0] == [], "off empties the history, as PyTorch's does"
     assert set(snap) >= {"segments", "device_traces", "allocator_settings"}
     mine = [s for s in snap["segments"] if any(bl["address"] == b for bl in s["blocks"])]
     assert len(mine) == 1
@@ -44,13 +46,22 @@ def test_snapshot_structure_and_history(tmp_path):
 
     trace = snap["device_traces"][0]
     acts = [e["action"] for e in trace]
-    assert "alloc" in acts and "free_requested" in acts and "free_completed" in acts and acts[-1] == "snapshot"
+    assert "alloc" in acts and "free_requested" in acts and "free_completed" in acts
+    # As in PyTorch, a snapshot's own "snapshot" event is recorded after its
+    # history was taken: the last entry is a's free, with a's requested size.
+    assert "snapshot" not in acts
+    assert trace[-1]["action"] == "free_completed" and trace[-1]["addr"] == a and trace[-1]["size"] == 1000
     for e in trace:
         assert set(e) - {"addr", "device_free"} == TRACE_KEYS
     allocs = [e for e in trace if e["action"] == "alloc" and e["addr"] == b]
     assert allocs and allocs[0]["frames"], "Python frames for an allocation through symm.alloc"
     times = [e["time_us"] for e in trace]
     assert times == sorted(times)
+
+    # The next snapshot lists that event, sized by the device's active bytes.
+    ev = again["device_traces"][0][-1]
+    assert ev["action"] == "snapshot" and ev["size"] == sum(s["active_size"] for s in snap["segments"] if s["device"] == 0)
+    assert [e["action"] for e in again["device_traces"][0]].count("snapshot") == 1, "a size query records none"
 
     path = tmp_path / "snap.pickle"
     symm.dump_snapshot(str(path))
@@ -75,3 +86,36 @@ def test_torch_mode_without_torch():
     import symm
 
     assert symm._pool.load().symm_torch_mode() == 0
+
+
+def test_annotations_in_history():
+    """symm_pool_set_annotation: each entry carries the user metadata and the
+    compile context current when it was recorded ("N/A": none), as
+    PyTorch's _set_memory_metadata and compile regions do; a NULL text is
+    refused and changes nothing."""
+    import symm
+    from symm._loader import load
+
+    lib = load()
+    symm.record_memory_history(enabled="all", max_entries=1000)
+    try:
+        assert lib.symm_pool_set_annotation(b"metadata test", b"") == 0
+        a = symm.alloc(1000)
+        assert lib.symm_pool_set_annotation(b"", b"Torch-Compiled Region: 0/0") == 0
+        symm.free(a, 1000)
+        assert lib.symm_pool_set_annotation(None, b"x") != 0
+        assert b"NULL" in lib.symm_last_error()
+        assert lib.symm_pool_set_annotation(b"x", None) != 0
+        assert lib.symm_pool_set_annotation(b"", b"") == 0
+        b = symm.alloc(1000)
+        trace = symm.memory_snapshot()["device_traces"][0]
+        symm.free(b, 1000)
+    finally:
+        symm.record_memory_history(enabled=None)
+    got = [(e["action"], e["user_metadata"], e["compile_context"]) for e in trace if e.get("addr") in (a, b)]
+    allocs = [g for g in got if g[0] == "alloc"]
+    assert allocs[0] == ("alloc", "metadata test", "N/A")
+    assert allocs[-1] == ("alloc", "", "N/A")
+    frees = [g for g in got if g[0].startswith("free")]
+    assert frees == [("free_requested", "", "Torch-Compiled Region: 0/0"),
+                     ("free_completed", "", "Torch-Compiled Region: 0/0")]

@@ -163,11 +163,12 @@ def test_libsymm_snapshot_converts(symm, tmp_path):
     mine = [(act, addr, size) for act, addr, size, _ in rows if addr in (a, b) and act in ("alloc", "free_completed")]
     assert [(act, addr) for act, addr, _ in mine] == [("alloc", a), ("alloc", b), ("free_completed", a),
                                                       ("free_completed", b)]
-    # libsymm's history records block sizes (1000 -> 1024), PyTorch's the sizes asked for.
+    # libsymm's history records the sizes asked for, as PyTorch's does.
     sizes = {addr: size for act, addr, size in mine if act == "alloc"}
-    assert 1000 <= sizes[a] < 1000 + 512 and sizes[b] == 3 * MiB
+    assert sizes[a] == 1000 and sizes[b] == 3 * MiB
     assert all(size == sizes[addr] for act, addr, size in mine)
-    assert rows[-1][0] == "snapshot"
+    # The dump's own "snapshot" event comes after its history was taken.
+    assert rows[-1][:2] == ("free_completed", b) or list(rows[-1][:2]) == ["free_completed", b]
 
 
 def symm_tool():

@@ -1,0 +1,329 @@
+"""PyTorch's memory history on PyTorch's allocator and on libsymm: the
+behaviour PyTorch's test/test_cuda.py checks in test_memory_plots,
+test_memory_plots_free_stack, test_memory_plots_metadata,
+test_memory_plots_history_context, test_memory_plots_free_segment_stack,
+test_cpp_memory_snapshot_pickle and test_memory_compile_regions.
+
+    python3 tests/device/test_torch_history.py            # every case, a PASS/FAIL table
+    python3 tests/device/test_torch_history.py --cases plots,metadata
+
+Each case runs the same script twice, each time in a fresh interpreter (the
+allocator is swapped once per process): under PyTorch's own allocator
+(native, the reference) and under symm.use_as_default() (libsymm's
+extension). A case passes when libsymm observes what PyTorch does: the same
+facts (which stacks, annotations and events a snapshot shows) from both. The
+rows are written to $OUT/torch_history.json (or build/).
+
+The names of this file's functions are what the checks look for in the
+snapshots' stacks; none of them, nor this file's name, contains
+"empty_cache", which only torch.cuda.memory.empty_cache's own frame may
+bring (the free_segment_stack case).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+SCRIPT_NAME = Path(__file__).name
+torch = None  # the child's torch (child() sets it): TorchScript resolves hist_script_fn's `torch` here
+
+CASES = {
+    "plots": "test_memory_plots: stacks by context and stacks, a round's stacks gone with the round",
+    "free_stack": "test_memory_plots_free_stack: a free's stack only with context 'all'",
+    "metadata": "test_memory_plots_metadata: every event carries the metadata set when it happened",
+    "history_context": "test_memory_plots_history_context: context=None in between records no stack",
+    "free_segment_stack": "test_memory_plots_free_segment_stack: empty_cache's stack only with context 'all'",
+    "cpp_pickle": "test_cpp_memory_snapshot_pickle: the pickled snapshot's last event is the last alloc",
+    "compile_regions": "test_memory_compile_regions: each event's compile region",
+}
+
+
+# ---- the cases: each returns the facts a snapshot shows ------------------------------------------------------------
+def hist_plots_run(torch):
+    x = torch.rand(128, 128, device="cuda")
+    return x * x + x * x
+
+
+def case_plots(torch) -> dict:
+    from torch.cuda._memory_viz import segment_plot, trace_plot
+
+    facts = {}
+    # As PyTorch's test: C++ stacks ("all") on Linux, then Python only, then
+    # no context; each round ends with history off.
+    for i, (context, stacks) in enumerate((("all", "all"), ("all", "python"), (None, "python"))):
+        try:
+            torch.cuda.memory.empty_cache()
+            torch.cuda.memory._record_memory_history("all", context=context, stacks=stacks)
+            hist_plots_run(torch)
+            ss = torch.cuda.memory._snapshot()
+            plots = [len(trace_plot(ss)) > 0, len(trace_plot(ss, filter_freed=True)) > 0, len(segment_plot(ss)) > 0]
+            text = json.dumps(ss)
+            facts[f"round{i}"] = {"context": context, "stacks": stacks, "plots": plots,
+                                  "python_frame": "hist_plots_run" in text, "cpp_frame": "::rand" in text,
+                                  "size": str(128 * 128 * 4) in text}
+        finally:
+            torch.cuda.memory._record_memory_history(None)
+    return facts
+
+
+def hist_the_alloc(box, torch):
+    box.append(torch.rand(3, 4, device="cuda"))
+
+
+def hist_the_free(box):
+    box.clear()
+
+
+def case_free_stack(torch) -> dict:
+    facts = {}
+    for context in ("alloc", "all", "state"):
+        try:
+            torch.cuda.memory.empty_cache()
+            torch.cuda.memory._record_memory_history(context=context)
+            box = []
+            hist_the_alloc(box, torch)
+            hist_the_free(box)
+            ss = json.dumps(torch.cuda.memory._snapshot())
+            facts[context] = {"free_frame": "hist_the_free" in ss, "alloc_frame": "hist_the_alloc" in ss}
+        finally:
+            torch.cuda.memory._record_memory_history(None)
+    return facts
+
+
+def case_metadata(torch) -> dict:
+    facts = {}
+    for context in ("alloc", "all", "state"):
+        try:
+            torch._C._cuda_clearCublasWorkspaces()
+            torch.cuda.memory.empty_cache()
+            torch.cuda.memory._set_memory_metadata("metadata test")
+            torch.cuda.memory._record_memory_history(context=context)
+            x = torch.rand(3, 4, device="cuda")
+            del x
+            torch.cuda.memory.empty_cache()
+            torch.cuda.memory._set_memory_metadata("")
+            ss = torch.cuda.memory._snapshot()
+            events = ss["device_traces"][0]
+            facts[context] = {"events": len(events) > 0,
+                              "all_annotated": all(e["user_metadata"] == "metadata test" for e in events)}
+        finally:
+            torch.cuda.memory._record_memory_history(None)
+    facts["read_back"] = torch._C._cuda_getMemoryMetadata() if hasattr(torch._C, "_cuda_getMemoryMetadata") else None
+    return facts
+
+
+def hist_capture_one(box, torch):
+    box[0] = torch.rand(4, 4, device="cuda")
+
+
+def hist_not_captured(box, torch):
+    box[0] = torch.rand(3, 4, device="cuda")
+
+
+def hist_capture_two(box, torch):
+    box[0] = torch.rand(4, 4, device="cuda")
+
+
+def case_history_context(torch) -> dict:
+    try:
+        torch.cuda.memory.empty_cache()
+        box = [None]
+        torch.cuda.memory._record_memory_history(context="all", stacks="python")
+        hist_capture_one(box, torch)
+        torch.cuda.memory._record_memory_history(context=None)
+        hist_not_captured(box, torch)
+        torch.cuda.memory._record_memory_history(context="all", stacks="python")
+        hist_capture_two(box, torch)
+        ss = json.dumps(torch.cuda.memory._snapshot())
+        return {name: name in ss for name in ("hist_capture_one", "hist_not_captured", "hist_capture_two")}
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+
+
+def case_free_segment_stack(torch) -> dict:
+    facts = {}
+    for context in ("alloc", "all", "state"):
+        try:
+            torch._C._cuda_clearCublasWorkspaces()
+            torch.cuda.memory.empty_cache()
+            torch.cuda.memory._record_memory_history(context=context)
+            x = torch.rand(3, 4, device="cuda")
+            del x
+            torch.cuda.memory.empty_cache()
+            ss = torch.cuda.memory._snapshot()
+            text = json.dumps(ss)
+            facts[context] = {"empty_cache_frame": "empty_cache" in text,
+                              "segment_free": any(e["action"] == "segment_free" for e in ss["device_traces"][0])}
+        finally:
+            torch.cuda.memory._record_memory_history(None)
+    return facts
+
+
+def case_cpp_pickle(_torch) -> dict:
+    import pickle
+
+    from torch.utils.cpp_extension import load_inline
+
+    source = """
+    #include <torch/csrc/cuda/memory_snapshot.h>
+    py::object hist_pickled() { return py::bytes(torch::cuda::_memory_snapshot_pickled()); }
+    void hist_record(bool e, bool ctx) { torch::cuda::_record_memory_history(e, ctx, 10, ctx, ctx); }
+    """
+    m = load_inline(name="symm_hist_snapshot", cpp_sources=[source], functions=["hist_pickled", "hist_record"])
+    facts = {}
+    for ctx in (False, True):
+        try:
+            m.hist_record(True, ctx)
+
+            @torch.jit.script
+            def hist_script_fn():
+                return torch.rand(311, 411, device="cuda")
+
+            t = hist_script_fn()
+            mem = pickle.loads(m.hist_pickled())
+            found, frames = False, {}
+            for s in mem["segments"]:
+                for b in s["blocks"]:
+                    if b["state"] == "active_allocated" and b["requested_size"] == 311 * 411 * 4:
+                        found = True
+                        text = str(b["frames"])
+                        frames = {"cpp": "::rand" in text, "script": "hist_script_fn" in text,
+                                  "python": SCRIPT_NAME in text}
+            last = mem["device_traces"][0][-1]
+            facts[str(ctx)] = {"found": found, "frames": frames if ctx else None, "last_action": last["action"],
+                               "last_size_is_request": last["size"] == 311 * 411 * 4,
+                               "entries_at_most_10": len(mem["device_traces"][0]) <= 10}
+            del t
+        finally:
+            m.hist_record(False, False)
+    return facts
+
+
+def case_compile_regions(torch) -> dict:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return {"skipped": "no triton"}
+    from torch import nn
+
+    class HistModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear1 = nn.Linear(10, 10)
+            self.linear2 = nn.Linear(10, 10)
+
+        def forward(self, x):
+            x = self.linear1(x)
+            x = x + 1 if x.sum() > 0 else x - 1  # a graph break: two compiled regions
+            return self.linear2(x)
+
+    try:
+        torch.cuda.memory.empty_cache()
+        inp = torch.randn(1, 10, device="cuda")
+        model = HistModel().to("cuda")
+        compiled = torch.compile(model)
+        torch.cuda.memory._record_memory_history(context="all", compile_context=True)
+        compiled(inp)
+        traces = torch.cuda.memory._snapshot()["device_traces"]
+        dev = next((i for i, t in enumerate(traces) if t), 0)
+        seq = []
+        for e in traces[dev]:
+            c = e["compile_context"]
+            if c != "N/A" and (not seq or seq[-1] != c):
+                seq.append(c)
+        return {"sequence": seq, "raised": None}
+    except RuntimeError as e:  # PyTorch's test accepts a RuntimeError; the type must match
+        return {"raised": type(e).__name__}
+    finally:
+        torch.cuda.memory._record_memory_history(None)
+
+
+def run_case(case: str, torch) -> dict:
+    return globals()["case_" + case](torch)
+
+
+# ---- the harness (as tests/device/test_torch_settings.py) ----------------------------------------------------------
+def child(case: str, alloc: str) -> int:
+    t0 = time.monotonic()
+    try:
+        global torch
+        import torch
+
+        if alloc == "symm":
+            import symm
+
+            symm.use_as_default()
+            st = symm.extension_status()
+            assert st["extension"], f"libsymm's PyTorch extension is not in use: {st['reason']}"
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # the allocator is up
+        res = {"ok": True, "facts": run_case(case, torch)}
+    except Exception as e:  # noqa: BLE001
+        res = {"ok": False, "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
+    res["seconds"] = round(time.monotonic() - t0, 2)
+    print("RESULT " + json.dumps(res), flush=True)
+    return 0
+
+
+def run_child(case: str, alloc: str, env: dict, timeout: float) -> dict:
+    try:
+        r = subprocess.run([sys.executable, __file__, "--child", case, alloc], env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+        res = json.loads(lines[-1][7:]) if lines else {"ok": False, "error": f"exit {r.returncode}"}
+        res["log"] = (r.stdout + r.stderr)[-4000:]
+    except subprocess.TimeoutExpired:
+        res = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    return res
+
+
+def judge(native: dict, mine: dict) -> tuple[bool, str]:
+    if not native.get("ok"):
+        return False, "reference failed: " + native.get("error", "")[:200]
+    if not mine.get("ok"):
+        return False, "libsymm's run failed: " + mine.get("error", "")[:200]
+    n, m = native["facts"], mine["facts"]
+    return n == m, f"native {json.dumps(n)} | symm {json.dumps(m)}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--timeout", type=float, default=400, help="seconds per run (C++ stacks are symbolized slowly)")
+    ap.add_argument("--child", nargs=2, metavar=("CASE", "ALLOC"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(*a.child)
+    out = Path(os.environ.get("OUT") or ROOT / "build")
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, **SAFE_ENV, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(ROOT / "python") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    rows, failed = [], 0
+    for case in a.cases.split(","):
+        native = run_child(case, "native", env, a.timeout)
+        mine = run_child(case, "symm", env, a.timeout)
+        ok, why = judge(native, mine)
+        rows.append({"case": case, "ok": ok, "why": why, "native": native, "symm": mine})
+        failed += not ok
+        print(f"{case:<20} {'PASS' if ok else 'FAIL'}  {why[:240]}", flush=True)
+    (out / "torch_history.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n{'case':<20} result")
+    for r in rows:
+        print(f"{r['case']:<20} {'PASS' if r['ok'] else 'FAIL'}")
+    print(f"{len(rows) - failed}/{len(rows)} passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
