@@ -135,3 +135,34 @@ func IsOutOfMemory(err error) bool {
 	var o interface{ OutOfMemory() bool }
 	return errors.As(err, &o) && o.OutOfMemory()
 }
+
+// GraphNode is a node of a CUDA graph under capture (a CUgraphNode for
+// CUDA); 0 is no node.
+type GraphNode uintptr
+
+// CaptureGrapher is the optional part of a Backend that can see the graph a
+// stream is capturing into (CUDA's stream capture). With it and
+// Config.CaptureReuse, a block freed during a capture after record_stream
+// can serve the capture again once the graph proves its uses are over
+// (capture_reuse.go). The pool calls it only while a capture may be under
+// way, on the slow paths of a free with record_stream streams and of an
+// allocation that finds such frees pending; never an event call.
+//
+// A capture is named by an id that no other capture of the process shares
+// (CUDA's capture id); nodes are compared only within one capture.
+type CaptureGrapher interface {
+	// MarkFree adds an empty node to the graph stream is capturing into,
+	// after the stream's current capture dependencies, and makes it the
+	// stream's only dependency: work the stream captures later follows it,
+	// and it follows everything the stream captured so far. capturing is
+	// false (and nothing is added) when the stream is not capturing, or
+	// its capture is no longer valid.
+	MarkFree(dev int, stream uintptr) (node GraphNode, capture uint64, capturing bool, err error)
+	// CaptureDeps appends to deps the stream's current capture
+	// dependencies (the nodes its next captured work will follow) and
+	// returns them with the capture's id; capturing false when the stream
+	// is not capturing.
+	CaptureDeps(dev int, stream uintptr, deps []GraphNode) (out []GraphNode, capture uint64, capturing bool, err error)
+	// NodeDeps appends to deps the nodes node depends on directly.
+	NodeDeps(dev int, node GraphNode, deps []GraphNode) ([]GraphNode, error)
+}

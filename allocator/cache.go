@@ -20,6 +20,8 @@ func (s *shard) alloc(n uint64, parked []Parked) (ptr uintptr, pl Placement, err
 	if len(s.pending) > 0 && s.dev.capture.hold() {
 		s.processPending(false)
 		s.dev.capture.leave()
+	} else if len(s.marked) > 0 && p.tun.captureReuse.Load() {
+		s.reuseMarked() // a capture may be under way (capture_reuse.go)
 	}
 	if parked != nil && !s.belowPeaks(r, n, k) && s.dev.holdsParked(parked) {
 		s.mu.Unlock()

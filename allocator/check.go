@@ -327,6 +327,18 @@ func (s *shard) checkPending(nPending int) error {
 			return fmt.Errorf("pending block %#x waits for %d events, has %d entries", b.ptr, b.waiting, n)
 		}
 	}
+	// Marked blocks (capture_reuse.go): pending here, once each, with a
+	// marker per stream.
+	seen := map[*block]bool{}
+	for _, m := range s.marked {
+		if pend[m.b] == 0 || seen[m.b] {
+			return fmt.Errorf("marked block %#x is not pending on its shard, or marked twice", m.b.ptr)
+		}
+		seen[m.b] = true
+		if len(m.marks) != 1+m.b.extraN {
+			return fmt.Errorf("marked block %#x has %d markers for %d streams", m.b.ptr, len(m.marks), 1+m.b.extraN)
+		}
+	}
 	return nil
 }
 

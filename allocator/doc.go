@@ -74,7 +74,10 @@
 // any of its streams) the device records and queries no event: no segment
 // moves across streams, pending record_stream frees wait, and event recording
 // for new ones is deferred until no route is open, as PyTorch's allocator
-// defers it while captures are under way.
+// defers it while captures are under way. With graph_capture_record_stream_reuse
+// (Config.CaptureReuse) and a backend that sees capture graphs
+// (CaptureGrapher), such a block serves its stream again during the capture
+// once the graph orders all its uses first (capture_reuse.go).
 //
 // AllocSegment serves torch.cuda.MemPool: each request is a segment of its
 // own, exactly the size asked, returned to the backend when freed.

@@ -37,6 +37,9 @@ func (s *shard) deferFree(b *block) {
 		b.waiting++
 		s.pending = append(s.pending, pendingFree{b: b, ev: ev, stream: st})
 	})
+	if capturing {
+		s.markFree(b) // graph_capture_record_stream_reuse (capture_reuse.go)
+	}
 }
 
 // processPending releases the pending blocks whose events have all
@@ -44,6 +47,7 @@ func (s *shard) deferFree(b *block) {
 // and the capture gate held (gate.hold).
 func (s *shard) processPending(wait bool) error {
 	d := s.dev
+	s.dropMarks()
 	var errs []error
 	keep := s.pending[:0]
 	for _, pf := range s.pending {
@@ -77,17 +81,24 @@ func (s *shard) processPending(wait bool) error {
 		d.putEvent(pf.ev)
 		b := pf.b
 		if b.waiting--; b.waiting == 0 {
-			s.stats.done(b.seg.kind, int64(b.size))
-			if d.hot.multi.Load() {
-				d.hot.done(int64(b.size))
-			}
-			d.hist.record(ActFreeCompleted, b.ptr, b.req, s.stream)
-			s.release(b)
+			s.completePending(b)
 		}
 	}
 	clear(s.pending[len(keep):])
 	s.pending = keep
 	return errors.Join(errs...)
+}
+
+// completePending puts pending block b, off the pending list, in the bins:
+// its free is complete. s.mu held.
+func (s *shard) completePending(b *block) {
+	d := s.dev
+	s.stats.done(b.seg.kind, int64(b.size))
+	if d.hot.multi.Load() {
+		d.hot.done(int64(b.size))
+	}
+	d.hist.record(ActFreeCompleted, b.ptr, b.req, s.stream)
+	s.release(b)
 }
 
 // getEvent returns an idle event of the device, creating one if needed.

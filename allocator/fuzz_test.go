@@ -48,15 +48,34 @@ func FuzzPoolOpsFreePages(f *testing.F) {
 	})
 }
 
+// FuzzPoolOpsCaptureReuse is FuzzPoolOps with graph_capture_record_stream_reuse
+// over a backend that models capture graphs (fakeGraph): while any route is
+// open two of the streams capture, their work adds nodes, and forks and
+// joins between them let blocks freed after record_stream be reused in the
+// capture (capture_reuse.go); the checks are FuzzPoolOps's.
+func FuzzPoolOpsCaptureReuse(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+	f.Add([]byte("\x08\x00\x00\x00\x00\x01\x00\x00\x01\x05\x00\x00\x02\x05\x01\x03\x00\x01\x06\x00\x01\x00\x00\x01\x00\x00"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fuzzPoolOpsWith(t, data, Config{MaxSplit: 40 << 20, CaptureReuse: true})
+	})
+}
+
 func fuzzPoolOps(t *testing.T, data []byte, expandable bool) {
 	fuzzPoolOpsWith(t, data, Config{MaxSplit: 40 << 20, Expandable: expandable})
 }
 
 func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 	{
-		fb := newFake(2)
+		g := newFakeGraph(2)
+		fb := g.fakeBackend
 		fb.capacity = 96 << 20
-		p, err := New(fb, cfg)
+		var be Backend = fb
+		if cfg.CaptureReuse {
+			be = g // streams 0x1000 and 0x2000 capture while any route is open
+		}
+		capturing := false
+		p, err := New(be, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,6 +141,9 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 				}
 				dev := int(sel/4) % 2
 				st := streams[(sel/8)%3]
+				if capturing && st == 0 {
+					st = streams[1] // the legacy stream cannot capture
+				}
 				var id PoolID
 				var ptr uintptr
 				var pl Placement
@@ -215,14 +237,26 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 				if len(live) > 0 && next(1)%2 == 0 {
 					j := int(next(1)) % len(live)
 					live[j].rs = true
-					if err := p.RecordStream(live[j].ptr, streams[next(1)%3]); err != nil {
+					st := streams[next(1)%3]
+					if capturing && live[j].stream != 0 {
+						st = streams[3-live[j].stream>>12] // the other capturing stream
+					}
+					if err := p.RecordStream(live[j].ptr, st); err != nil {
 						t.Fatal(err)
 					}
 				} else {
-					fb.launch(streams[next(1)%3])
+					st := streams[next(1)%3]
+					fb.launch(st)
+					if capturing && st != 0 {
+						g.kernel(st)
+					}
 				}
 			case 6:
-				fb.finish(streams[next(1)%3])
+				if capturing && next(1)%2 == 0 { // a fork or join inside the capture
+					g.wait(streams[1+next(1)%2], streams[1+next(1)%2])
+				} else {
+					fb.finish(streams[next(1)%3])
+				}
 			case 7:
 				switch next(1) % 4 {
 				case 0:
@@ -270,6 +304,14 @@ func fuzzPoolOpsWith(t *testing.T, data []byte, cfg Config) {
 							routes[k] = 0
 						}
 					}
+				}
+			}
+			if open := p.OpenRoutes().Load() > 0; open != capturing && cfg.CaptureReuse {
+				if capturing = open; open {
+					g.begin(streams[1], 1+uint64(steps))
+					g.wait(streams[2], streams[1])
+				} else {
+					g.end(g.capture[streams[1]])
 				}
 			}
 			if err := p.CheckInvariants(); err != nil {

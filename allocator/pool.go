@@ -65,6 +65,13 @@ type Config struct {
 	// bytes are back under that line (gc.go). Expandable segments are not
 	// collected, as in PyTorch.
 	GCThreshold float64
+	// CaptureReuse is PyTorch's graph_capture_record_stream_reuse: a block
+	// freed during a CUDA graph capture after record_stream may serve the
+	// capture again once the capture graph orders every use of it before
+	// the allocation (capture_reuse.go). It needs a backend that is a
+	// CaptureGrapher; without one, or off, such a block waits until no
+	// capture is under way.
+	CaptureReuse bool
 	// AllocConf is the text of PyTorch's allocator settings this Config was
 	// read from (ConfigFromEnv), reported by Snapshot as PyTorch does.
 	AllocConf string
@@ -87,6 +94,9 @@ type Pool struct {
 	// free pages unmapped to make room for a mapping are kept and mapped
 	// again (pages.go). nil otherwise.
 	keeper ChunkKeeper
+	// grapher is the backend's CaptureGrapher, if it is one; nil otherwise
+	// (capture_reuse.go).
+	grapher CaptureGrapher
 	// tun holds the settings a program may change while it runs
 	// (tunables.go), read on every request.
 	tun tunables
@@ -200,6 +210,15 @@ type shard struct {
 	spare   *block   // recycled block structs
 	pending []pendingFree
 	stats   shardStats
+	// marked are the pending blocks freed during a CUDA graph capture with
+	// a free marker on each of their streams (capture_reuse.go); each is
+	// also on pending. Empty whenever processPending has run since: it
+	// runs only while no capture can be under way, when markers mean
+	// nothing any more.
+	marked []markedFree
+	// reuse caches, for the capture s.stream is in, the graph nodes known
+	// to precede the stream's work (capture_reuse.go); nil when none.
+	reuse *graphReuse
 
 	pool *privatePool // nil: the default pool
 	// src is where the shard's segments come from and go back (source.go),
@@ -260,6 +279,9 @@ func New(b Backend, cfg Config) (*Pool, error) {
 	p.setTunables(cfg)
 	if p.routes = newEpochCell(); p.routes == nil {
 		return nil, errors.New("cannot map a page for the count of open routings")
+	}
+	if g, ok := b.(CaptureGrapher); ok {
+		p.grapher = g
 	}
 	if e, ok := b.(Expander); ok {
 		p.exp = e

@@ -43,7 +43,8 @@ import (
 //	backend                        native: accepted; cudaMallocAsync: refused
 //	large_segment_size_mb          honoured (Config.LargeSegment)
 //	release_lock_on_cudamalloc     validated; warned when True
-//	graph_capture_record_stream_reuse  validated; warned when True
+//	graph_capture_record_stream_reuse  honoured (Config.CaptureReuse; a backend
+//	                               that is a CaptureGrapher: CUDA)
 //	pinned_use_cuda_host_register, pinned_num_register_threads,
 //	pinned_use_background_threads, pinned_reserve_segment_size_mb
 //	                               validated only: PyTorch's pinned host
@@ -252,9 +253,6 @@ func (c *TorchConf) warnings() []string {
 	if c.ReleaseLockOnCudaMalloc {
 		w = append(w, "release_lock_on_cudamalloc:True is ignored: libsymm's pool holds only the requesting stream's lock, never a device-wide one, while the driver allocates")
 	}
-	if c.GraphCaptureRecordStreamReuse {
-		w = append(w, "graph_capture_record_stream_reuse:True is ignored: a block freed during a CUDA graph capture after record_stream is reused only once no capture is under way")
-	}
 	return w
 }
 
@@ -331,6 +329,7 @@ func (c TorchConf) Config() Config {
 		RoundupPower2Divisions: c.RoundupPower2Divisions,
 		GCThreshold:            c.GarbageCollectionThreshold,
 		LargeSegment:           c.LargeSegmentSizeMB << 20,
+		CaptureReuse:           c.GraphCaptureRecordStreamReuse,
 	}
 	if c.MaxSplitSizeMB != 0 {
 		cfg.MaxSplit = roundSize(min(c.MaxSplitSizeMB<<20, maxRequest))

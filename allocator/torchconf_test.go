@@ -73,8 +73,7 @@ func TestParseTorchAllocConfGood(t *testing.T) {
 			warns: []string{"release_lock_on_cudamalloc:True is ignored"}},
 		{in: "release_lock_on_hipmalloc:True", want: TorchConf{ReleaseLockOnCudaMalloc: true},
 			warns: []string{"release_lock_on_cudamalloc:True"}},
-		{in: "graph_capture_record_stream_reuse:True", want: TorchConf{GraphCaptureRecordStreamReuse: true},
-			warns: []string{"graph_capture_record_stream_reuse:True is ignored"}},
+		{in: "graph_capture_record_stream_reuse:True", want: TorchConf{GraphCaptureRecordStreamReuse: true}},
 		{in: "graph_capture_record_stream_reuse:False", want: TorchConf{}},
 		// The pinned host allocator's keys: PyTorch's; no warning.
 		{in: "pinned_use_cuda_host_register:True,pinned_num_register_threads:8", want: TorchConf{PinnedUseCudaHostRegister: true, PinnedNumRegisterThreads: 8}},

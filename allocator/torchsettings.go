@@ -20,13 +20,13 @@ package allocator
 //   - once the pool exists (ApplyTorchSettings), the pool's geometry
 //     (expandable_segments, max_split_size_mb, max_non_split_rounding_mb,
 //     large_segment_size_mb, roundup_power2_divisions,
-//     garbage_collection_threshold) changes for what comes next, as in
+//     garbage_collection_threshold) and graph_capture_record_stream_reuse
+//     change for what comes next, as in
 //     PyTorch (tunables.go); per_process_memory_fraction is accepted and
 //     changes nothing, as in PyTorch, whose devices read it once
 //     (torch.cuda.set_per_process_memory_fraction changes the cap); the
 //     keys libsymm leaves to PyTorch or ignores are accepted (backend
-//     native, the pinned host allocator's, release_lock_on_cudamalloc,
-//     graph_capture_record_stream_reuse).
+//     native, the pinned host allocator's, release_lock_on_cudamalloc).
 
 // torchResetKeys are the keys a settings call sets back to their defaults
 // when it does not give them, as torch 2.11 does.
@@ -110,6 +110,9 @@ func (p *Pool) ApplyTorchSettings(s string) ([]string, error) {
 	}
 	if !keys["large_segment_size_mb"] {
 		want.LargeSegment = p.largeSegSize()
+	}
+	if !keys["graph_capture_record_stream_reuse"] {
+		want.CaptureReuse = p.CaptureReuse()
 	}
 	if err := checkTunables(want); err != nil {
 		return nil, err

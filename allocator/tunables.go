@@ -28,6 +28,10 @@ import (
 //     retry and empty_cache release both kinds. Expandable segments made
 //     while it was on stay expandable, fixed ones fixed (PyTorch: "someone
 //     might temporarily disable it"; its free lists skip the other kind).
+//   - graph_capture_record_stream_reuse: blocks freed from then on during a
+//     capture get free markers; allocations scan for reusable ones only while
+//     it is on (capture_reuse.go). Blocks freed with it off wait until no
+//     capture is under way, even if it is turned on later, as in PyTorch.
 type tunables struct {
 	maxSplit atomic.Uint64 // 0: nothing is oversize
 	slack    atomic.Uint64 // oversize reuse tolerance (max_non_split_rounding_mb or 20 MiB)
@@ -42,7 +46,9 @@ type tunables struct {
 	// expandable: new default-pool segments are expandable. Set only once
 	// the backend's Expander is ready on every device (expandMu).
 	expandable atomic.Bool
-	allocConf  atomic.Pointer[string] // the settings text last applied, reported by snapshots
+	// captureReuse is graph_capture_record_stream_reuse (Config.CaptureReuse).
+	captureReuse atomic.Bool
+	allocConf    atomic.Pointer[string] // the settings text last applied, reported by snapshots
 
 	// mu serializes changes (ApplyTorchSettings, setExpandable): each
 	// device's expandable geometry is read from the backend once
@@ -85,6 +91,7 @@ func (p *Pool) setTunables(cfg Config) {
 	}
 	t.roundup.Store(div)
 	t.gcBits.Store(math.Float64bits(cfg.GCThreshold))
+	t.captureReuse.Store(cfg.CaptureReuse)
 	text := cfg.AllocConf
 	t.allocConf.Store(&text)
 }
@@ -186,3 +193,6 @@ func (p *Pool) settingsChanged() {
 		}
 	}
 }
+
+// CaptureReuse reports graph_capture_record_stream_reuse as set now.
+func (p *Pool) CaptureReuse() bool { return p.tun.captureReuse.Load() }

@@ -101,6 +101,20 @@ const (
 	fnMemHostAlloc
 	fnMemHostGetDevicePointer
 	fnMemFreeHost
+	fnStreamGetCaptureInfo
+	fnGraphNodeGetDependencies
+	fnStreamUpdateCaptureDependencies
+	fnGraphAddEmptyNode
+	fnStreamBeginCapture
+	fnStreamEndCapture
+	fnGraphDestroy
+	fnStreamWaitEvent
+	// The same functions at CUDA 12.3's ABI, with edge data (symbol.ver);
+	// after the 12.0 ones, so that Proc, which returns the first entry of a
+	// name, answers at the table's ABI.
+	fnStreamGetCaptureInfoEdges
+	fnGraphNodeGetDependenciesEdges
+	fnStreamUpdateCaptureDependenciesEdges
 
 	numFns
 )
@@ -112,6 +126,14 @@ type symbol struct {
 	purpose  string // for MissingSymbolError
 }
 
+// symbolVersion is, for the entries that need a newer prototype than the
+// table's ABI, the CUDA version to ask for; nil on drivers that lack it.
+var symbolVersion = map[fnID]int{
+	fnStreamGetCaptureInfoEdges:            abiEdges,
+	fnGraphNodeGetDependenciesEdges:        abiEdges,
+	fnStreamUpdateCaptureDependenciesEdges: abiEdges,
+}
+
 const (
 	purposeCore    = "every CUDA backend operation"
 	purposeErrors  = "error messages"
@@ -121,6 +143,7 @@ const (
 	purposePeer    = "peer access queries (symmetric memory)"
 	purposeCapture = "relaxed capture mode around allocations (CUDA graph capture)"
 	purposeKernels = "kernels compiled at run time (package kernels)"
+	purposeGraphs  = "reuse of record_stream blocks during CUDA graph capture (graph_capture_record_stream_reuse)"
 )
 
 // symbols is the complete list of driver functions this package may resolve.
@@ -186,7 +209,27 @@ var symbols = [numFns]symbol{
 	fnMemHostAlloc:                    {"cuMemHostAlloc", false, purposeKernels},
 	fnMemHostGetDevicePointer:         {"cuMemHostGetDevicePointer", false, purposeKernels},
 	fnMemFreeHost:                     {"cuMemFreeHost", false, purposeKernels},
+	// Capture graphs (graphs.go). cuStreamGetCaptureInfo at 12.0 is _v2;
+	// CUDA 13 declares only the edge-data prototypes, but its driver still
+	// serves the 12.0 ones to programs built for 12.x; the Edges entries are
+	// preferred where the driver has them.
+	fnStreamGetCaptureInfo:                 {"cuStreamGetCaptureInfo", false, purposeGraphs},
+	fnGraphNodeGetDependencies:             {"cuGraphNodeGetDependencies", false, purposeGraphs},
+	fnStreamUpdateCaptureDependencies:      {"cuStreamUpdateCaptureDependencies", false, purposeGraphs},
+	fnGraphAddEmptyNode:                    {"cuGraphAddEmptyNode", false, purposeGraphs},
+	fnStreamBeginCapture:                   {"cuStreamBeginCapture", false, purposeGraphs},
+	fnStreamEndCapture:                     {"cuStreamEndCapture", false, purposeGraphs},
+	fnGraphDestroy:                         {"cuGraphDestroy", false, purposeGraphs},
+	fnStreamWaitEvent:                      {"cuStreamWaitEvent", false, purposeGraphs},
+	fnStreamGetCaptureInfoEdges:            {"cuStreamGetCaptureInfo", false, purposeGraphs},
+	fnGraphNodeGetDependenciesEdges:        {"cuGraphNodeGetDependencies", false, purposeGraphs},
+	fnStreamUpdateCaptureDependenciesEdges: {"cuStreamUpdateCaptureDependencies", false, purposeGraphs},
 }
+
+// abiEdges is the CUDA version whose graph functions take edge data
+// (cuStreamGetCaptureInfo_v3, cuGraphNodeGetDependencies_v2,
+// cuStreamUpdateCaptureDependencies_v2).
+const abiEdges = 12030
 
 // driver is an opened libcuda with its function table filled.
 //
@@ -365,7 +408,19 @@ func (d *driver) init() (called bool, err error) {
 
 	called = true
 	for id := range numFns {
-		p, err := d.procAddress(gpa, symbols[id].name)
+		ver := d.abi
+		if v := symbolVersion[id]; v != 0 {
+			if !d.getProc { // an 11.x driver has no newer prototype
+				continue
+			}
+			ver = v
+		}
+		p, err := d.procAddress(gpa, symbols[id].name, ver)
+		if err != nil && ver != d.abi {
+			// A newer prototype the driver will not give: the table's
+			// own entry of that name serves instead.
+			p, err = nil, nil
+		}
 		if err != nil {
 			return called, err
 		}
@@ -400,10 +455,10 @@ func (d *driver) init() (called bool, err error) {
 	return called, nil
 }
 
-// procAddress asks the driver for name at d.abi. It returns nil without an
+// procAddress asks the driver for name at CUDA version ver. It returns nil without an
 // error when the driver does not have the function (too old, or not on this
 // platform); an error means the query itself failed.
-func (d *driver) procAddress(gpa unsafe.Pointer, name string) (unsafe.Pointer, error) {
+func (d *driver) procAddress(gpa unsafe.Pointer, name string, ver int) (unsafe.Pointer, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	var o C.symm_res_fn
@@ -413,9 +468,9 @@ func (d *driver) procAddress(gpa unsafe.Pointer, name string) (unsafe.Pointer, e
 		// way the function is unavailable at our ABI; the NULL pointer is the
 		// answer that matters.
 		var status C.int
-		o = C.symm_getproc_v2(gpa, cname, C.int(d.abi), getProcDefault, &status)
+		o = C.symm_getproc_v2(gpa, cname, C.int(ver), getProcDefault, &status)
 	} else {
-		o = C.symm_getproc_v1(gpa, cname, C.int(d.abi), getProcDefault)
+		o = C.symm_getproc_v1(gpa, cname, C.int(ver), getProcDefault)
 	}
 	if r := Result(o.r); r != Success {
 		// CUDA 11.x drivers report an unknown symbol as CUDA_ERROR_NOT_FOUND;
@@ -423,7 +478,7 @@ func (d *driver) procAddress(gpa unsafe.Pointer, name string) (unsafe.Pointer, e
 		if r == ErrorNotFound {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("cuGetProcAddress(%s, %d): %w", name, d.abi, r)
+		return nil, fmt.Errorf("cuGetProcAddress(%s, %d): %w", name, ver, r)
 	}
 	return o.p, nil
 }
@@ -449,7 +504,7 @@ func Proc(name string) (unsafe.Pointer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %w", err)
 	}
-	return d.procAddress(gpa, name)
+	return d.procAddress(gpa, name, d.abi)
 }
 
 // close releases the primary contexts this driver retained and drops its

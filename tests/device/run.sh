@@ -183,6 +183,8 @@ fi
 # PyTorch's run-time allocator settings, on both allocators (one GPU).
 if want settings; then
   run_step torch-settings "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_torch_settings.py
+  # graph_capture_record_stream_reuse: reuse in a capture after the join.
+  run_step torch-graph-reuse "${SYMM_TORCH_TIMEOUT:-480}" python3 tests/device/test_torch_graph_reuse.py
 fi
 
 # PyTorch's memory history (test_cuda.py's memory_plots tests, the pickled
