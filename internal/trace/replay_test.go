@@ -170,7 +170,7 @@ func TestReplayEmpty(t *testing.T) {
 
 func TestReplayBadConfig(t *testing.T) {
 	_, err := Replay(mustParse(t, Header+"\n"), allocator.Config{LimitFraction: 2}, 0)
-	require.ErrorContains(t, err, "limit fraction 2 is outside (0, 1]")
+	require.ErrorContains(t, err, "limit fraction 2 is outside [0, 1]")
 }
 
 // The real trace replays cleanly, near PyTorch's native ratio (1.052).
