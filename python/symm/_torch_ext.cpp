@@ -221,6 +221,14 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
       TORCH_CHECK(false, "libsymm could not start its pool for PyTorch: ", last_error());
     }
     Base::init(device_count);  // no init_fn_ is set: only marks initialized
+    // PyTorch initializes only its current allocator, so this object is it
+    // (replace mode). torch 2.11's changeCurrentAllocator sets only the CUDA
+    // allocator pointer; the device-generic registry (c10::GetAllocator(kCUDA),
+    // through which torch.accelerator's memory calls reach the allocator)
+    // would still name PyTorch's own, never initialized one, and
+    // torch.accelerator.memory_stats() would answer {}. It names this one too,
+    // at the highest priority (PyTorch registers its own at 0).
+    c10::SetAllocator(c10::DeviceType::CUDA, this, std::numeric_limits<uint8_t>::max());
   }
 
   // A private pool's id (MemPool's destructor): only that pool, once its
@@ -372,16 +380,9 @@ std::shared_ptr<CCA::CUDAAllocator> make_allocator(const std::string &libsymm_pa
 }
 
 // change_current installs it as PyTorch's process-wide allocator (replace
-// mode): torch's changeCurrentAllocator, which refuses once CUDA is
-// initialized. torch 2.11's changeCurrentAllocator sets only the CUDA
-// allocator pointer; the device-generic registry (c10::GetAllocator(kCUDA),
-// through which torch.accelerator.memory_stats and the other
-// torch.accelerator memory calls reach the allocator) would still name
-// PyTorch's own, never-initialized one. It names this one too, at the
-// highest priority, as PyTorch's own registration does for its allocator.
+// mode): torch's changeCurrentAllocator, which refuses once CUDA is initialized.
 void change_current(const std::shared_ptr<CCA::CUDAAllocator> &a) {
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(a);
-  c10::SetAllocator(c10::DeviceType::CUDA, a.get(), std::numeric_limits<uint8_t>::max());
 }
 
 bool is_current() { return g_allocator && g_api.torch_mode() == kTorchReplace; }

@@ -582,7 +582,7 @@ static void op_limits(void) {
     symm_clear_error();
     symm_pool_set_memory_fraction(f, dev);
     int code = answer(op);
-    EXPECT(op, code, dev_ok(dev) && f > 0 && f <= 1 ? SYMM_OK : SYMM_ERR_INVALID);
+    EXPECT(op, code, dev_ok(dev) && f >= 0 && f <= 1 ? SYMM_OK : SYMM_ERR_INVALID); /* 0: a cap of 0 bytes, as in PyTorch */
   } else {
     op = "symm_pool_set_limit";
     static const uint64_t lim[] = {0, 0, MiB, 64 * MiB, 512 * MiB, UINT64_MAX};

@@ -67,6 +67,9 @@ def case_plots(torch) -> dict:
             ss = torch.cuda.memory._snapshot()
             plots = [len(trace_plot(ss)) > 0, len(trace_plot(ss, filter_freed=True)) > 0, len(segment_plot(ss)) > 0]
             text = json.dumps(ss)
+            if str(128 * 128 * 4) not in text:  # what the trace holds instead, for the log
+                print(f"plots round {i}:", sorted({(e["action"], e["size"]) for e in ss["device_traces"][0]})[:40],
+                      file=sys.stderr)
             facts[f"round{i}"] = {"context": context, "stacks": stacks, "plots": plots,
                                   "python_frame": "hist_plots_run" in text, "cpp_frame": "::rand" in text,
                                   "size": str(128 * 128 * 4) in text}
@@ -189,7 +192,12 @@ def case_cpp_pickle(_torch) -> dict:
                 return torch.rand(311, 411, device="cuda")
 
             t = hist_script_fn()
-            mem = pickle.loads(m.hist_pickled())
+            data = m.hist_pickled()
+            try:
+                mem = pickle.loads(data)
+            except Exception:
+                print(f"cpp_pickle: {len(data)} bytes, starting {data[:24]!r}", file=sys.stderr)
+                raise
             found, frames = False, {}
             for s in mem["segments"]:
                 for b in s["blocks"]:
