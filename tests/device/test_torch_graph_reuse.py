@@ -19,15 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
-import traceback
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from sides import base_env, child_result, judge, out_dir, run_side, start  # noqa: E402
 
 # case -> (readers of the freed tensor, how the setting is given: "call",
 # "env" or "off")
@@ -98,55 +92,25 @@ def scenario(torch, readers: int) -> dict:
 
 
 def child(case: str, alloc: str) -> int:
-    t0 = time.monotonic()
-    try:
-        import torch
-
-        if alloc == "symm":
-            import symm
-
-            symm.use_as_default()
-            st = symm.extension_status()
-            assert st["extension"], f"libsymm's PyTorch extension is not in use: {st['reason']}"
-        torch.cuda.init()
-        torch.empty(1, device="cuda")  # the allocator is up
+    def facts():
+        torch = start(alloc)
         readers, how = CASES[case]
         if how == "call":
             torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:True")
-        facts = scenario(torch, readers)
+        out = scenario(torch, readers)
         if how == "call":
             torch.cuda.memory._set_allocator_settings("graph_capture_record_stream_reuse:False")
-            facts["second_off"] = scenario(torch, readers)  # turned off at run time
-        res = {"ok": True, "facts": facts}
-    except Exception as e:  # noqa: BLE001
-        res = {"ok": False, "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
-    res["seconds"] = round(time.monotonic() - t0, 2)
-    print("RESULT " + json.dumps(res), flush=True)
-    return 0
+            out["second_off"] = scenario(torch, readers)  # turned off at run time
+        return out
+
+    return child_result(facts)
 
 
 def run_child(case: str, alloc: str, env: dict, timeout: float) -> dict:
     env = dict(env)
     if CASES[case][1] == "env":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "graph_capture_record_stream_reuse:True"
-    try:
-        r = subprocess.run([sys.executable, __file__, "--child", case, alloc], env=env, capture_output=True, text=True,
-                           timeout=timeout)
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        res = json.loads(lines[-1][7:]) if lines else {"ok": False, "error": f"exit {r.returncode}"}
-        res["log"] = (r.stdout + r.stderr)[-4000:]
-    except subprocess.TimeoutExpired:
-        res = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-    return res
-
-
-def judge(native: dict, mine: dict) -> tuple[bool, str]:
-    if not native.get("ok"):
-        return False, "reference failed: " + native.get("error", "")[:200]
-    if not mine.get("ok"):
-        return False, "libsymm's run failed: " + mine.get("error", "")[:200]
-    n, m = native["facts"], mine["facts"]
-    return n == m, f"native {json.dumps(n)} | symm {json.dumps(m)}"
+    return run_side(__file__, case, alloc, env, timeout)
 
 
 def main() -> int:
@@ -157,12 +121,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.child:
         return child(*a.child)
-    out = Path(os.environ.get("OUT") or ROOT / "build")
-    out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, **SAFE_ENV, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(ROOT / "python") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    env.pop("PYTORCH_ALLOC_CONF", None)
+    out = out_dir()
+    env = base_env()
     rows, failed = [], 0
     for case in a.cases.split(","):
         native = run_child(case, "native", env, a.timeout)

@@ -24,15 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from sides import base_env, child_result, judge, out_dir, run_side, start  # noqa: E402
 SCRIPT_NAME = Path(__file__).name
 torch = None  # the child's torch (child() sets it): TorchScript resolves hist_script_fn's `torch` here
 
@@ -259,48 +254,14 @@ def run_case(case: str, torch) -> dict:
     return globals()["case_" + case](torch)
 
 
-# ---- the harness (as tests/device/test_torch_settings.py) ----------------------------------------------------------
+# ---- the harness (sides.py) ------------------------------------------------------------------------------------------
 def child(case: str, alloc: str) -> int:
-    t0 = time.monotonic()
-    try:
+    def facts():
         global torch
-        import torch
+        torch = start(alloc)
+        return run_case(case, torch)
 
-        if alloc == "symm":
-            import symm
-
-            symm.use_as_default()
-            st = symm.extension_status()
-            assert st["extension"], f"libsymm's PyTorch extension is not in use: {st['reason']}"
-        torch.cuda.init()
-        torch.empty(1, device="cuda")  # the allocator is up
-        res = {"ok": True, "facts": run_case(case, torch)}
-    except Exception as e:  # noqa: BLE001
-        res = {"ok": False, "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
-    res["seconds"] = round(time.monotonic() - t0, 2)
-    print("RESULT " + json.dumps(res), flush=True)
-    return 0
-
-
-def run_child(case: str, alloc: str, env: dict, timeout: float) -> dict:
-    try:
-        r = subprocess.run([sys.executable, __file__, "--child", case, alloc], env=env, capture_output=True, text=True,
-                           timeout=timeout)
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        res = json.loads(lines[-1][7:]) if lines else {"ok": False, "error": f"exit {r.returncode}"}
-        res["log"] = (r.stdout + r.stderr)[-4000:]
-    except subprocess.TimeoutExpired:
-        res = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-    return res
-
-
-def judge(native: dict, mine: dict) -> tuple[bool, str]:
-    if not native.get("ok"):
-        return False, "reference failed: " + native.get("error", "")[:200]
-    if not mine.get("ok"):
-        return False, "libsymm's run failed: " + mine.get("error", "")[:200]
-    n, m = native["facts"], mine["facts"]
-    return n == m, f"native {json.dumps(n)} | symm {json.dumps(m)}"
+    return child_result(facts)
 
 
 def main() -> int:
@@ -311,16 +272,12 @@ def main() -> int:
     a = ap.parse_args()
     if a.child:
         return child(*a.child)
-    out = Path(os.environ.get("OUT") or ROOT / "build")
-    out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, **SAFE_ENV, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(ROOT / "python") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    env.pop("PYTORCH_ALLOC_CONF", None)
+    out = out_dir()
+    env = base_env()
     rows, failed = [], 0
     for case in a.cases.split(","):
-        native = run_child(case, "native", env, a.timeout)
-        mine = run_child(case, "symm", env, a.timeout)
+        native = run_side(__file__, case, "native", env, a.timeout)
+        mine = run_side(__file__, case, "symm", env, a.timeout)
         ok, why = judge(native, mine)
         rows.append({"case": case, "ok": ok, "why": why, "native": native, "symm": mine})
         failed += not ok

@@ -47,13 +47,8 @@ import json
 import os
 import subprocess
 import sys
-import time
-import traceback
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from sides import autoload_env, base_env, child_result, judge, out_dir, run_side, start  # noqa: E402
 CONFIGS = {"default": "", "expandable": "expandable_segments:True"}
 MiB = 1 << 20
 
@@ -336,46 +331,16 @@ CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.start
 
 
 def child(case: str, alloc: str) -> int:
-    t0 = time.monotonic()
-    try:
-        import torch
-
-        if alloc == "symm":
-            import symm
-
-            assert symm.is_default(), "SYMM_TORCH_ALLOCATOR=1 did not install libsymm"
-            st = symm.extension_status()
-            assert st["extension"], f"libsymm's PyTorch extension is not in use: {st['reason']}"
-        torch.cuda.init()
-        res = {"ok": True, "facts": CASES[case](torch)}
-    except Exception as e:  # noqa: BLE001
-        res = {"ok": False, "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
-    res["seconds"] = round(time.monotonic() - t0, 2)
-    print("RESULT " + json.dumps(res), flush=True)
-    return 0
+    return child_result(lambda: CASES[case](start(alloc, autoloaded=True)))
 
 
 def run_child(case: str, alloc: str, config: str, timeout: float) -> dict:
-    env = dict(os.environ, **SAFE_ENV, PYTHONUNBUFFERED="1")
-    for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF", "SYMM_TORCH_ALLOCATOR"):
-        env.pop(var, None)
+    env = base_env()
     if CONFIGS[config]:
         env["PYTORCH_CUDA_ALLOC_CONF"] = CONFIGS[config]
-    paths = [str(ROOT / "python")] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if alloc == "symm":
-        env["SYMM_TORCH_ALLOCATOR"] = "1"
-        paths.insert(0, str(ROOT / "python" / "symm" / "_boot"))
-        env.setdefault("SYMM_LIB", str(ROOT / "build" / "libsymm.so"))
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    try:
-        r = subprocess.run([sys.executable, __file__, "--child", case, alloc], env=env, capture_output=True, text=True,
-                           timeout=timeout)
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        res = json.loads(lines[-1][7:]) if lines else {"ok": False, "error": f"exit {r.returncode}"}
-        res["log"] = (r.stdout + r.stderr)[-4000:]
-    except subprocess.TimeoutExpired:
-        res = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-    return res
+        env = autoload_env(env)
+    return run_side(__file__, case, alloc, env, timeout)
 
 
 def main() -> int:
@@ -387,20 +352,13 @@ def main() -> int:
     a = ap.parse_args()
     if a.child:
         return child(*a.child)
-    out = Path(os.environ.get("OUT") or ROOT / "build")
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir()
     rows, failed = [], 0
     for config in a.configs.split(","):
         for case in a.cases.split(","):
             native = run_child(case, "native", config, a.timeout)
             mine = run_child(case, "symm", config, a.timeout)
-            if not native.get("ok"):
-                ok, why = False, "reference failed: " + native.get("error", "")[:200]
-            elif not mine.get("ok"):
-                ok, why = False, "libsymm's run failed: " + mine.get("error", "")[:200]
-            else:
-                ok = native["facts"] == mine["facts"]
-                why = f"native {json.dumps(native['facts'])} | symm {json.dumps(mine['facts'])}"
+            ok, why = judge(native, mine)
             rows.append({"case": case, "config": config, "ok": ok, "why": why, "native": native, "symm": mine})
             failed += not ok
             print(f"{case:<20} {config:<11} {'PASS' if ok else 'FAIL'}  {why[:300]}", flush=True)

@@ -15,15 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
-import traceback
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from sides import base_env, child_result, judge, out_dir, run_side, start  # noqa: E402
 MiB = 1 << 20
 
 # case -> (environment's settings, what libsymm must do: "same" as PyTorch)
@@ -121,49 +115,14 @@ def run_case(case: str, torch) -> dict:
 
 
 def child(case: str, alloc: str) -> int:
-    t0 = time.monotonic()
-    try:
-        import torch
-
-        if alloc == "symm":
-            import symm
-
-            symm.use_as_default()
-            st = symm.extension_status()
-            assert st["extension"], f"libsymm's PyTorch extension is not in use: {st['reason']}"
-        torch.cuda.init()
-        torch.empty(1, device="cuda")  # the allocator is up
-        res = {"ok": True, "facts": run_case(case, torch)}
-    except Exception as e:  # noqa: BLE001
-        res = {"ok": False, "error": f"{type(e).__name__}: {e}", "tb": traceback.format_exc()[-3000:]}
-    res["seconds"] = round(time.monotonic() - t0, 2)
-    print("RESULT " + json.dumps(res), flush=True)
-    return 0
+    return child_result(lambda: run_case(case, start(alloc)))
 
 
 def run_child(case: str, alloc: str, env: dict, timeout: float) -> dict:
     env = dict(env)
     if CASES[case][0]:
         env["PYTORCH_CUDA_ALLOC_CONF"] = CASES[case][0]
-    try:
-        r = subprocess.run([sys.executable, __file__, "--child", case, alloc], env=env, capture_output=True, text=True,
-                           timeout=timeout)
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        res = json.loads(lines[-1][7:]) if lines else {"ok": False, "error": f"exit {r.returncode}"}
-        res["log"] = (r.stdout + r.stderr)[-4000:]
-    except subprocess.TimeoutExpired:
-        res = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-    return res
-
-
-def judge(case: str, native: dict, mine: dict) -> tuple[bool, str]:
-    if not native.get("ok"):
-        return False, "reference failed: " + native.get("error", "")[:200]
-    if not mine.get("ok"):
-        return False, "libsymm's run failed: " + mine.get("error", "")[:200]
-    n, m = native["facts"], mine["facts"]
-    strip = lambda f: {k: v for k, v in f.items() if k != "message"}  # noqa: E731
-    return strip(n) == strip(m), f"native {json.dumps(strip(n))} | symm {json.dumps(strip(m))}"
+    return run_side(__file__, case, alloc, env, timeout)
 
 
 def main() -> int:
@@ -174,17 +133,13 @@ def main() -> int:
     a = ap.parse_args()
     if a.child:
         return child(*a.child)
-    out = Path(os.environ.get("OUT") or ROOT / "build")
-    out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, **SAFE_ENV, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = str(ROOT / "python") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    env.pop("PYTORCH_ALLOC_CONF", None)
+    out = out_dir()
+    env = base_env()
     rows, failed = [], 0
     for case in a.cases.split(","):
         native = run_child(case, "native", env, a.timeout)
         mine = run_child(case, "symm", env, a.timeout)
-        ok, why = judge(case, native, mine)
+        ok, why = judge(native, mine, drop=("message",))
         rows.append({"case": case, "ok": ok, "why": why, "native": native, "symm": mine})
         failed += not ok
         print(f"{case:<20} {'PASS' if ok else 'FAIL'}  {why[:240]}", flush=True)
