@@ -83,25 +83,19 @@ func (b *Backend) CaptureDeps(dev int, stream uintptr, deps []allocator.GraphNod
 	if err != nil {
 		return deps, 0, false, err
 	}
-	base := len(deps)
-	for {
-		buf := deps[base:cap(deps)]
-		var p *C.uintptr_t
-		if len(buf) > 0 {
-			p = (*C.uintptr_t)(unsafe.Pointer(&buf[0]))
-		}
-		o := C.symm_cuStreamGetCaptureInfo(fn, edges, C.uintptr_t(stream), p, C.size_t(len(buf)))
+	var id uint64
+	deps, capturing, err := appendNodes(deps, func(buf []allocator.GraphNode) (int, bool, error) {
+		o := C.symm_cuStreamGetCaptureInfo(fn, edges, C.uintptr_t(stream), nodePtr(buf), C.size_t(len(buf)))
 		if r := Result(o.r); r != Success {
-			return deps, 0, false, s.leave(fmt.Errorf("cuStreamGetCaptureInfo(stream %#x) on device %d: %w", stream, dev, r))
+			return 0, false, fmt.Errorf("cuStreamGetCaptureInfo(stream %#x) on device %d: %w", stream, dev, r)
 		}
-		if o.status != captureActive {
-			return deps, 0, false, s.leave(nil)
-		}
-		if n := int(o.n); n <= len(buf) {
-			return deps[:base+n], uint64(o.id), true, s.leave(nil)
-		}
-		deps = append(deps[:cap(deps)], make([]allocator.GraphNode, int(o.n)-len(buf))...)[:base]
+		id = uint64(o.id)
+		return int(o.n), o.status == captureActive, nil
+	})
+	if !capturing {
+		id = 0
 	}
+	return deps, id, capturing, s.leave(err)
 }
 
 // NodeDeps appends the nodes node depends on to deps
@@ -112,22 +106,41 @@ func (b *Backend) NodeDeps(dev int, node allocator.GraphNode, deps []allocator.G
 	if err != nil {
 		return deps, err
 	}
+	deps, _, err = appendNodes(deps, func(buf []allocator.GraphNode) (int, bool, error) {
+		o := C.symm_cuGraphNodeGetDependencies(fn, edges, C.uintptr_t(node), nodePtr(buf), C.size_t(len(buf)))
+		if r := Result(o.r); r != Success {
+			return 0, false, fmt.Errorf("cuGraphNodeGetDependencies(node %#x) on device %d: %w", node, dev, r)
+		}
+		return int(o.n), true, nil
+	})
+	return deps, err
+}
+
+// appendNodes appends to deps the nodes query writes into buf (the room
+// deps has left): query returns how many there are, or ok false when there
+// is no list (a stream not capturing). When they did not fit, deps grows to
+// hold them and query runs again. On error or !ok deps comes back as given.
+func appendNodes(deps []allocator.GraphNode, query func(buf []allocator.GraphNode) (n int, ok bool, err error)) ([]allocator.GraphNode, bool, error) {
 	base := len(deps)
 	for {
 		buf := deps[base:cap(deps)]
-		var p *C.uintptr_t
-		if len(buf) > 0 {
-			p = (*C.uintptr_t)(unsafe.Pointer(&buf[0]))
+		n, ok, err := query(buf)
+		if err != nil || !ok {
+			return deps, false, err
 		}
-		o := C.symm_cuGraphNodeGetDependencies(fn, edges, C.uintptr_t(node), p, C.size_t(len(buf)))
-		if r := Result(o.r); r != Success {
-			return deps, fmt.Errorf("cuGraphNodeGetDependencies(node %#x) on device %d: %w", node, dev, r)
+		if n <= len(buf) {
+			return deps[:base+n], true, nil
 		}
-		if n := int(o.n); n <= len(buf) {
-			return deps[:base+n], nil
-		}
-		deps = append(deps[:cap(deps)], make([]allocator.GraphNode, int(o.n)-len(buf))...)[:base]
+		deps = append(deps[:cap(deps)], make([]allocator.GraphNode, n-len(buf))...)[:base]
 	}
+}
+
+// nodePtr is buf's first element as the driver's array, nil when empty.
+func nodePtr(buf []allocator.GraphNode) *C.uintptr_t {
+	if len(buf) == 0 {
+		return nil
+	}
+	return (*C.uintptr_t)(unsafe.Pointer(&buf[0]))
 }
 
 // ---- for tests on a GPU ---------------------------------------------------

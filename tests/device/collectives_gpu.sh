@@ -37,19 +37,10 @@ ROOT=$(pwd)
 source tests/device/gpu_env.sh
 export SYMM_LIB=${SYMM_LIB:-$ROOT/build/libsymm.so}
 export SYMM_COMMIT=${SYMM_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-LOGS=${OUT:-$ROOT/build/device-logs}
-mkdir -p "$LOGS/logs"
 N=$(nvidia-smi -L | wc -l)
 STEPS=${*:-check bench}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-SUMMARY="$LOGS/summary.md"
-{
-  echo "# collectives on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) × $N, commit $SYMM_COMMIT, $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo
-  echo "| step | result | seconds | last lines |"
-  echo "| --- | --- | --- | --- |"
-} > "$SUMMARY"
-FAILED=0
+start_summary "$ROOT/build/device-logs" "collectives on $N GPUs, commit $SYMM_COMMIT"
 
 if want check; then
   step gpu_collectives_$N 240 build/tests/gpu_collectives "$N"

@@ -34,3 +34,19 @@ step() {
   tail=$(grep -E "passed|failed|FAIL|MISMATCH|SKIP|ok$|Error|error:|ERROR SUMMARY|Traceback" "$LOGS/logs/$name.log" | tail -3 | tr '|\n' '/ ' | cut -c1-300)
   echo "| $name | $status | $(($(date +%s) - start)) | $tail |" | tee -a "$SUMMARY"
 }
+
+# start_summary DIR TITLE: logs go to $OUT (else DIR), steps' rows to the
+# table $SUMMARY ($LOGS/summary.md), headed by TITLE, the GPU and the time;
+# FAILED starts at 0.
+start_summary() {
+  LOGS=${OUT:-$1}
+  mkdir -p "$LOGS/logs"
+  SUMMARY="$LOGS/summary.md"
+  FAILED=0
+  {
+    echo "# $2, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "| step | result | seconds | last lines |"
+    echo "| --- | --- | --- | --- |"
+  } > "$SUMMARY"
+}

@@ -16,11 +16,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 source tests/device/gpu_env.sh
 export SYMM_LIB=${SYMM_LIB:-$ROOT/build/libsymm.so}
-LOGS=${OUT:-$ROOT/build/parity-logs}
-mkdir -p "$LOGS/logs"
-SUMMARY="$LOGS/summary.md"
-echo "| step | result | seconds | last lines |" > "$SUMMARY"
-FAILED=0
+start_summary "$ROOT/build/parity-logs" "libsymm against PyTorch's allocator"
 PYTORCH_FILE=${1:-}
 # The tests of PyTorch's file that differed under libsymm.
 SELECT="test_allocator_settings or test_max_split_expandable or test_garbage_collect_expandable or test_raises_oom \

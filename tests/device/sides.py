@@ -111,3 +111,23 @@ def out_dir() -> Path:
     out = Path(os.environ.get("OUT") or ROOT / "build")
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def compare(cases: list[str], run: Callable[[str, str], dict], rows_file: str,
+            judge_case: Callable[[str, dict, dict], tuple[bool, str]] | None = None) -> int:
+    """Runs each case on both sides (run(case, alloc) -> RESULT), judges it
+    (judge_case, else judge), prints a line per case and a table, and writes
+    the rows to rows_file under out_dir(). Returns the exit status."""
+    rows, failed = [], 0
+    for case in cases:
+        native, mine = run(case, "native"), run(case, "symm")
+        ok, why = judge_case(case, native, mine) if judge_case else judge(native, mine)
+        rows.append({"case": case, "ok": ok, "why": why, "native": native, "symm": mine})
+        failed += not ok
+        print(f"{case:<20} {'PASS' if ok else 'FAIL'}  {why[:240]}", flush=True)
+    (out_dir() / rows_file).write_text(json.dumps(rows, indent=1))
+    print(f"\n{'case':<20} result")
+    for r in rows:
+        print(f"{r['case']:<20} {'PASS' if r['ok'] else 'FAIL'}")
+    print(f"{len(rows) - failed}/{len(rows)} passed")
+    return 1 if failed else 0

@@ -21,18 +21,9 @@ cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 source tests/device/gpu_env.sh
 export SYMM_LIB=${SYMM_LIB:-$ROOT/build/libsymm.so}
-LOGS=${OUT:-$ROOT/build/device-logs}
-mkdir -p "$LOGS/logs"
 STEPS=${*:-check torch}
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-SUMMARY="$LOGS/summary.md"
-{
-  echo "# symmetric memory on one $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo
-  echo "| step | result | seconds | last lines |"
-  echo "| --- | --- | --- | --- |"
-} > "$SUMMARY"
-FAILED=0
+start_summary "$ROOT/build/device-logs" "symmetric memory on one GPU"
 
 if want check; then
   step gpu_symm_2 120 build/tests/gpu_symm 2

@@ -18,10 +18,9 @@ $OUT/torch_graph_reuse.json (or build/).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from sides import base_env, child_result, judge, out_dir, run_side, start  # noqa: E402
+from sides import base_env, child_result, compare, judge, run_side, start  # noqa: E402
 
 # case -> (readers of the freed tensor, how the setting is given: "call",
 # "env" or "off")
@@ -121,25 +120,19 @@ def main() -> int:
     a = ap.parse_args()
     if a.child:
         return child(*a.child)
-    out = out_dir()
     env = base_env()
-    rows, failed = [], 0
-    for case in a.cases.split(","):
-        native = run_child(case, "native", env, a.timeout)
-        mine = run_child(case, "symm", env, a.timeout)
+
+    def judge_case(case: str, native: dict, mine: dict) -> tuple[bool, str]:
         ok, why = judge(native, mine)
         # The reference itself must show the feature, or the case proves
         # nothing (a torch without the setting reuses nothing in capture).
         nf = native.get("facts") or {}
         if ok and CASES[case][1] != "off" and not nf.get("all_joined"):
             ok, why = False, "PyTorch itself did not reuse after the join (torch too old?): " + why
-        rows.append({"case": case, "ok": ok, "why": why, "native": native, "symm": mine})
-        failed += not ok
-        print(f"{case:<12} {'PASS' if ok else 'FAIL'}  {why[:240]}", flush=True)
-    (out / "torch_graph_reuse.json").write_text(json.dumps(rows, indent=1))
-    print(f"{len(rows) - failed}/{len(rows)} passed")
-    return 1 if failed else 0
+        return ok, why
 
+    return compare(a.cases.split(","), lambda case, alloc: run_child(case, alloc, env, a.timeout),
+                   "torch_graph_reuse.json", judge_case)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,7 +27,7 @@ import json
 import sys
 from pathlib import Path
 
-from sides import base_env, child_result, judge, out_dir, run_side, start  # noqa: E402
+from sides import base_env, child_result, compare, run_side, start  # noqa: E402
 SCRIPT_NAME = Path(__file__).name
 torch = None  # the child's torch (child() sets it): TorchScript resolves hist_script_fn's `torch` here
 
@@ -272,23 +272,9 @@ def main() -> int:
     a = ap.parse_args()
     if a.child:
         return child(*a.child)
-    out = out_dir()
     env = base_env()
-    rows, failed = [], 0
-    for case in a.cases.split(","):
-        native = run_side(__file__, case, "native", env, a.timeout)
-        mine = run_side(__file__, case, "symm", env, a.timeout)
-        ok, why = judge(native, mine)
-        rows.append({"case": case, "ok": ok, "why": why, "native": native, "symm": mine})
-        failed += not ok
-        print(f"{case:<20} {'PASS' if ok else 'FAIL'}  {why[:240]}", flush=True)
-    (out / "torch_history.json").write_text(json.dumps(rows, indent=1))
-    print(f"\n{'case':<20} result")
-    for r in rows:
-        print(f"{r['case']:<20} {'PASS' if r['ok'] else 'FAIL'}")
-    print(f"{len(rows) - failed}/{len(rows)} passed")
-    return 1 if failed else 0
-
+    return compare(a.cases.split(","), lambda case, alloc: run_side(__file__, case, alloc, env, a.timeout),
+                   "torch_history.json")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,10 +14,9 @@ build/).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from sides import base_env, child_result, judge, out_dir, run_side, start  # noqa: E402
+from sides import base_env, child_result, compare, judge, run_side, start  # noqa: E402
 MiB = 1 << 20
 
 # case -> (environment's settings, what libsymm must do: "same" as PyTorch)
@@ -133,23 +132,9 @@ def main() -> int:
     a = ap.parse_args()
     if a.child:
         return child(*a.child)
-    out = out_dir()
     env = base_env()
-    rows, failed = [], 0
-    for case in a.cases.split(","):
-        native = run_child(case, "native", env, a.timeout)
-        mine = run_child(case, "symm", env, a.timeout)
-        ok, why = judge(native, mine, drop=("message",))
-        rows.append({"case": case, "ok": ok, "why": why, "native": native, "symm": mine})
-        failed += not ok
-        print(f"{case:<20} {'PASS' if ok else 'FAIL'}  {why[:240]}", flush=True)
-    (out / "torch_settings.json").write_text(json.dumps(rows, indent=1))
-    print(f"\n{'case':<20} {'expect':<7} result")
-    for r in rows:
-        print(f"{r['case']:<20} {CASES[r['case']][1]:<7} {'PASS' if r['ok'] else 'FAIL'}")
-    print(f"{len(rows) - failed}/{len(rows)} passed")
-    return 1 if failed else 0
-
+    return compare(a.cases.split(","), lambda case, alloc: run_child(case, alloc, env, a.timeout), "torch_settings.json",
+                   lambda case, native, mine: judge(native, mine, drop=("message",)))
 
 if __name__ == "__main__":
     sys.exit(main())
