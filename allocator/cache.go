@@ -124,12 +124,15 @@ func (s *shard) free(b *block) {
 // release puts block b (allocated or pending, already out of every table)
 // back in the bins, merged with free neighbours.
 func (s *shard) release(b *block) {
+	// b.req stays: a free block reports the request of the allocation
+	// freed into it last, as PyTorch's snapshot does (its freed block
+	// absorbs its free neighbours, so theirs are forgotten).
 	b.state = blockFree
-	b.req = 0
 	b.extraN = 0
 	b.extraMore = nil
 	if p := b.prev; p != nil && p.state == blockFree {
 		s.removeFree(p)
+		p.req = b.req
 		p.size += b.size
 		p.next = b.next
 		if b.next != nil {

@@ -285,16 +285,20 @@ func (s *shard) snapshotSegments(seg *segment, out []SnapshotSegment) []Snapshot
 				cur.PoolID = [2]uint64{s.pool.id.First, s.pool.id.Second}
 			}
 		}
-		sb := SnapshotBlock{Address: ptr, Size: size, State: "inactive", Frames: []any{}}
+		// A free block's requested size is that of its last allocation (0
+		// if it never had one); a segment's counts its active blocks', as
+		// PyTorch's snapshot has them.
+		sb := SnapshotBlock{Address: ptr, Size: size, RequestedSize: b.req, State: "inactive", Frames: []any{}}
 		switch b.state {
 		case blockAllocated:
-			sb.State, sb.RequestedSize = "active_allocated", b.req
+			sb.State = "active_allocated"
 			cur.AllocatedSize += size
 			cur.ActiveSize += size
 			cur.RequestedSize += b.req
 		case blockPending:
-			sb.State, sb.RequestedSize = "active_pending_free", b.req
+			sb.State = "active_pending_free"
 			cur.ActiveSize += size
+			cur.RequestedSize += b.req
 		}
 		cur.TotalSize += size
 		cur.Blocks = append(cur.Blocks, sb)

@@ -175,3 +175,40 @@ func TestHistoryRecordAllocs(t *testing.T) {
 	}
 	require.Zero(t, testing.AllocsPerRun(100, func() { h.record(ActAlloc, 1, 2, 3) }))
 }
+
+// As in PyTorch's snapshot: a free block reports the request of the
+// allocation freed into it last (the freed block absorbs its free
+// neighbours, and their requests are forgotten), a block never handed out
+// 0, and a segment's requested size counts its active blocks, pending ones
+// too.
+func TestSnapshotRequestedSizes(t *testing.T) {
+	p, _ := newPool(t, Config{})
+	blocks := func() []SnapshotBlock {
+		s := p.Snapshot()
+		require.Len(t, s.Segments, 1)
+		return s.Segments[0].Blocks
+	}
+	a := mustAlloc(t, p, 0, sA, 1000) // 1024 bytes
+	b := mustAlloc(t, p, 0, sA, 3000) // 3072 bytes
+	c := mustAlloc(t, p, 0, sA, 512)
+	require.NoError(t, p.Free(0, sA, a, 1000))
+	bl := blocks()
+	require.Equal(t, []string{"inactive", "active_allocated", "active_allocated", "inactive"},
+		[]string{bl[0].State, bl[1].State, bl[2].State, bl[3].State})
+	require.Equal(t, []uint64{1000, 3000, 512, 0},
+		[]uint64{bl[0].RequestedSize, bl[1].RequestedSize, bl[2].RequestedSize, bl[3].RequestedSize})
+
+	require.NoError(t, p.Free(0, sA, b, 3000)) // merges into a's block
+	bl = blocks()
+	require.Len(t, bl, 3)
+	require.Equal(t, uint64(1024+3072), bl[0].Size)
+	require.Equal(t, uint64(3000), bl[0].RequestedSize, "the freed block's request, not its neighbour's")
+
+	require.NoError(t, p.RecordStream(c, sB)) // its free waits for sB
+	require.NoError(t, p.Free(0, sA, c, 512))
+	s := p.Snapshot()
+	require.Equal(t, "active_pending_free", s.Segments[0].Blocks[1].State)
+	require.Equal(t, uint64(512), s.Segments[0].RequestedSize, "a pending block's request counts")
+	require.Equal(t, uint64(0), s.Segments[0].AllocatedSize)
+	check(t, p)
+}

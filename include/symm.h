@@ -397,7 +397,9 @@ enum {
 /* One block of a pool. */
 typedef struct {
   uint64_t address, size;   /* a multiple of 512 each */
-  uint64_t requested_size;  /* bytes asked for (allocated and pending blocks); 0 when free */
+  uint64_t requested_size;  /* bytes asked for (allocated and pending blocks); a free block: 0 in
+                               symm_pool_blocks, and in symm_pool_snapshot_list the request of the
+                               allocation freed into it last, as PyTorch's snapshot reports it */
   uintptr_t stream;         /* the stream the block's segment serves */
   uint64_t segment_address; /* the segment it lies in */
   int32_t state;            /* SYMM_BLOCK_* */
