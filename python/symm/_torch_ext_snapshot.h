@@ -9,8 +9,12 @@
 #ifndef SYMM_TORCH_EXT_SNAPSHOT_H
 #define SYMM_TORCH_EXT_SNAPSHOT_H
 
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
+
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <tuple>
 
 #include "_torch_ext_api.h"
@@ -213,14 +217,26 @@ void add_device_traces(const Listing &l, const std::unordered_set<std::string> &
 }
 
 // The allocator settings of libsymm's pool, where PyTorch reports its own.
+// Every field is set: PyTorch's struct has no initializers, and its pickler
+// (torch::cuda::_memory_snapshot_pickled) writes a bool that is neither 0
+// nor 1 as a byte that is no pickle opcode.
 void add_settings(CCA::SnapshotInfo &out) {
   symm_pool_settings_t st{};
   check(need(g_api.settings, "symm_pool_settings")(&st), "snapshot: settings");
   auto &cm = out.config_metadata;
+  cm = {};  // fields this torch has that are set nowhere below read as 0 and false
   cm.expandable_segments = st.expandable_segments != 0;
-  cm.max_split_size = st.max_split_size;
+  // No max_split_size is SIZE_MAX in PyTorch's (-1 once pickled).
+  cm.max_split_size = st.max_split_size != 0 ? st.max_split_size : std::numeric_limits<size_t>::max();
   cm.garbage_collection_threshold = st.garbage_collection_threshold;
   cm.last_allocator_settings = st.alloc_conf != nullptr ? st.alloc_conf : "";
+  // Pinned host memory and the rounding table are PyTorch's own settings,
+  // parsed by PyTorch from the same text (libsymm reads the rounding too).
+  using CUDAConfig = c10::cuda::CUDACachingAllocator::CUDAAllocatorConfig;
+  cm.pinned_num_register_threads = CUDAConfig::pinned_num_register_threads();
+  cm.pinned_use_host_register = CUDAConfig::pinned_use_cuda_host_register();
+  cm.release_lock_on_malloc = CUDAConfig::release_lock_on_cudamalloc();
+  cm.roundup_power2_divisions = c10::CachingAllocator::AcceleratorAllocatorConfig::roundup_power2_divisions();
 }
 
 // ---- allocator trace trackers ------------------------------------------------

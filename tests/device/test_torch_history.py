@@ -37,7 +37,7 @@ CASES = {
     "metadata": "test_memory_plots_metadata: every event carries the metadata set when it happened",
     "history_context": "test_memory_plots_history_context: context=None in between records no stack",
     "free_segment_stack": "test_memory_plots_free_segment_stack: empty_cache's stack only with context 'all'",
-    "cpp_pickle": "test_cpp_memory_snapshot_pickle: the pickled snapshot's last event is the last alloc",
+    "cpp_pickle": "test_cpp_memory_snapshot_pickle: the pickled snapshot's last event is the last alloc, its settings PyTorch's",
     "compile_regions": "test_memory_compile_regions: each event's compile region",
 }
 
@@ -60,10 +60,14 @@ def case_plots(torch) -> dict:
             torch.cuda.memory._record_memory_history("all", context=context, stacks=stacks)
             hist_plots_run(torch)
             ss = torch.cuda.memory._snapshot()
+            trace = [(e["action"], e["size"]) for e in ss["device_traces"][0]]
+            # The plot with filter_freed drops the trace's freed pairs from ss
+            # itself: the size is left in the inactive block's requested size.
             plots = [len(trace_plot(ss)) > 0, len(trace_plot(ss, filter_freed=True)) > 0, len(segment_plot(ss)) > 0]
             text = json.dumps(ss)
-            if str(128 * 128 * 4) not in text:  # what the trace holds instead, for the log
-                print(f"plots round {i}:", sorted({(e["action"], e["size"]) for e in ss["device_traces"][0]})[:40],
+            if str(128 * 128 * 4) not in text:  # what the snapshot held, for the log
+                print(f"plots round {i}: trace {trace[:40]}, blocks",
+                      [(b["state"], b["size"], b["requested_size"]) for s in ss["segments"] for b in s["blocks"]][:20],
                       file=sys.stderr)
             facts[f"round{i}"] = {"context": context, "stacks": stacks, "plots": plots,
                                   "python_frame": "hist_plots_run" in text, "cpp_frame": "::rand" in text,
@@ -191,7 +195,15 @@ def case_cpp_pickle(_torch) -> dict:
             try:
                 mem = pickle.loads(data)
             except Exception:
-                print(f"cpp_pickle: {len(data)} bytes, starting {data[:24]!r}", file=sys.stderr)
+                import io
+                import pickletools
+                listing = io.StringIO()
+                try:
+                    pickletools.dis(data, listing)
+                except Exception as e:  # noqa: BLE001
+                    listing.write(f"{e}")
+                print(f"cpp_pickle: {len(data)} bytes, starting {data[:64]!r}, where it breaks:",
+                      listing.getvalue()[-1500:], file=sys.stderr)
                 raise
             found, frames = False, {}
             for s in mem["segments"]:
@@ -204,7 +216,8 @@ def case_cpp_pickle(_torch) -> dict:
             last = mem["device_traces"][0][-1]
             facts[str(ctx)] = {"found": found, "frames": frames if ctx else None, "last_action": last["action"],
                                "last_size_is_request": last["size"] == 311 * 411 * 4,
-                               "entries_at_most_10": len(mem["device_traces"][0]) <= 10}
+                               "entries_at_most_10": len(mem["device_traces"][0]) <= 10,
+                               "settings": mem["allocator_settings"]}
             del t
         finally:
             m.hist_record(False, False)
