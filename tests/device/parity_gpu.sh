@@ -24,11 +24,15 @@ or test_mempool_expandable or test_get_per_process_memory_fraction or test_alloc
 or test_allocator_backend or test_memory_stats or (test_out_of_memory and not retry) or test_cachingAllocator_raw_alloc \
 or test_memory_plots or test_cpp_memory_snapshot_pickle or test_memory_compile_regions or test_graph_capture_reclaim"
 
+# libsymm's PyTorch extension is compiled on first use: once, here, not
+# inside a case's time limit (the history cases would race the parity ones).
+step extension 300 python3 -c "import symm, torch; symm.use_as_default(); torch.empty(1, device='cuda'); \
+st = symm.extension_status(); print(st); assert st['extension'], st['reason']; print('ok')"
 step history 300 env OUT="$LOGS/history" python3 tests/device/test_torch_history.py --timeout 140 &
 HIST=$!
 step graph_reuse 240 env OUT="$LOGS/reuse" python3 tests/device/test_torch_graph_reuse.py --timeout 60 &
 REUSE=$!
-step parity 250 env OUT="$LOGS" python3 tests/device/test_torch_parity.py --timeout 45
+step parity 360 env OUT="$LOGS" python3 tests/device/test_torch_parity.py --timeout 45
 if [[ -n $PYTORCH_FILE ]]; then
   step pytorch_file 290 env OUT="$LOGS/pytorch" python3 tests/device/pytorch_test_cuda.py "$PYTORCH_FILE" \
     -k "$SELECT" --timeout 70

@@ -25,8 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -68,16 +71,26 @@ def run(test_file: Path, alloc: str, config: str, select: str, out: Path, timeou
         env.setdefault("SYMM_LIB", str(ROOT / "build" / "libsymm.so"))
     env["PYTHONPATH"] = os.pathsep.join(paths)
     tag = f"{alloc}_{config}"
+    # A fresh directory for the tests' own extensions (load_inline): torch's
+    # build lock is a file, left behind when a run is stopped mid-build, and
+    # every later run would wait on it for good.
+    env["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix=f"torch_ext_{tag}_")
     junit = out / f"junit_{tag}.xml"
+    junit.unlink(missing_ok=True)  # an earlier run's outcomes are not this one's
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file), "-k", select,
            f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     t0 = time.monotonic()
     with open(out / f"pytest_{tag}.log", "w") as log:
+        # In a session of its own, so that a timeout stops its compilers too.
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(test_file.parent),
+                                start_new_session=True)
         try:
-            rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                                cwd=str(test_file.parent)).returncode
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             rc = "timeout"
+    shutil.rmtree(env["TORCH_EXTENSIONS_DIR"], ignore_errors=True)
     return {"alloc": alloc, "config": config, "rc": rc, "seconds": round(time.monotonic() - t0, 1),
             "tests": outcomes(junit)}
 
@@ -100,7 +113,9 @@ def main() -> int:
             print(f"{alloc:<7} {config:<11} rc={r['rc']} {r['seconds']:>6} s  {n}", flush=True)
             runs.append(r)
     (out / "pytorch_test_cuda.json").write_text(json.dumps(runs, indent=1))
-    worse = 0
+    # A run that was stopped or reported no test proves nothing: a failure.
+    unfinished = [f"{r['alloc']}/{r['config']}" for r in runs if r["rc"] == "timeout" or not r["tests"]]
+    worse = len(unfinished)
     print(f"\n{'setting':<11} {'native pass':>11} {'symm pass':>9}  passes on PyTorch's allocator, not under libsymm")
     for config in a.configs.split(","):
         by = {r["alloc"]: r["tests"] for r in runs if r["config"] == config}
@@ -112,6 +127,8 @@ def main() -> int:
               f"{len(lost)}: {' '.join(lost) or '-'}")
         if gained:
             print(f"{'':<33}passes only under libsymm: {' '.join(gained)}")
+    if unfinished:
+        print(f"no result (stopped, or no test reported): {' '.join(unfinished)}")
     return 1 if worse else 0
 
 
