@@ -40,6 +40,9 @@ def test_snapshot_structure_and_history(tmp_path):
         for bl in seg["blocks"]:
             assert set(bl) == BLOCK_KEYS
             assert bl["state"] in ("active_allocated", "active_pending_free", "inactive")
+    freed = next(bl for s in snap["segments"] for bl in s["blocks"] if bl["address"] == a)
+    # As PyTorch's: a free block keeps the request of the allocation freed into it last.
+    assert freed["state"] == "inactive" and freed["requested_size"] == 1000
     live = next(bl for bl in mine[0]["blocks"] if bl["address"] == b)
     assert live["state"] == "active_allocated" and live["requested_size"] == 3 * MiB
     assert live["frames"] and live["frames"][0]["name"] == "test_snapshot_structure_and_history"
