@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,14 +82,20 @@ def child_result(facts: Callable[[], object]) -> int:
 def run_side(script: str, case: str, alloc: str, env: dict, timeout: float) -> dict:
     """Runs `script --child case alloc` and returns its RESULT, with the
     end of its output under "log"."""
+    # In a session of its own, so that a timeout stops what it started too (a
+    # compiler of torch's load_inline, whose build lock, a plain file, would
+    # be left behind for every later case to wait on).
+    proc = subprocess.Popen([sys.executable, script, "--child", case, alloc], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        r = subprocess.run([sys.executable, script, "--child", case, alloc], env=env, capture_output=True, text=True,
-                           timeout=timeout)
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-        res = json.loads(lines[-1][7:]) if lines else {"ok": False, "error": f"exit {r.returncode}"}
-        res["log"] = (r.stdout + r.stderr)[-4000:]
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        res = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    res = json.loads(lines[-1][7:]) if lines else {"ok": False, "error": f"exit {proc.returncode}"}
+    res["log"] = (stdout + stderr)[-4000:]
     return res
 
 
