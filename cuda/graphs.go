@@ -49,11 +49,7 @@ func (b *Backend) MarkFree(dev int, stream uintptr) (allocator.GraphNode, uint64
 	if err != nil {
 		return 0, 0, false, err
 	}
-	add, err := d.need(fnGraphAddEmptyNode)
-	if err != nil {
-		return 0, 0, false, err
-	}
-	s, err := d.enter(dev)
+	add, s, err := d.enterFor(fnGraphAddEmptyNode, dev)
 	if err != nil {
 		return 0, 0, false, err
 	}
@@ -147,11 +143,7 @@ func nodePtr(buf []allocator.GraphNode) *C.uintptr_t {
 
 // beginCapture starts a relaxed-mode capture on stream.
 func (d *driver) beginCapture(dev int, stream uintptr) error {
-	fn, err := d.need(fnStreamBeginCapture)
-	if err != nil {
-		return err
-	}
-	s, err := d.enter(dev)
+	fn, s, err := d.enterFor(fnStreamBeginCapture, dev)
 	if err != nil {
 		return err
 	}
@@ -187,11 +179,7 @@ func (d *driver) endCapture(dev int, stream uintptr) error {
 // streamWait makes stream wait for ev (cuStreamWaitEvent): during a capture,
 // a fork or a join.
 func (d *driver) streamWait(dev int, stream, ev uintptr) error {
-	fn, err := d.need(fnStreamWaitEvent)
-	if err != nil {
-		return err
-	}
-	s, err := d.enter(dev)
+	fn, s, err := d.enterFor(fnStreamWaitEvent, dev)
 	if err != nil {
 		return err
 	}

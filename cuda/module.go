@@ -38,6 +38,11 @@ func enterFor(id fnID, dev int) (unsafe.Pointer, ctxScope, error) {
 	if err != nil {
 		return nil, ctxScope{}, err
 	}
+	return d.enterFor(id, dev)
+}
+
+// enterFor is the package's enterFor on driver d.
+func (d *driver) enterFor(id fnID, dev int) (unsafe.Pointer, ctxScope, error) {
 	fn, err := d.need(id)
 	if err != nil {
 		return nil, ctxScope{}, err

@@ -138,3 +138,30 @@ def compare(cases: list[str], run: Callable[[str, str], dict], rows_file: str,
         print(f"{r['case']:<20} {'PASS' if r['ok'] else 'FAIL'}")
     print(f"{len(rows) - failed}/{len(rows)} passed")
     return 1 if failed else 0
+
+
+def main(script: str, doc: str, cases: dict, child: Callable[[str, str], int], rows_file: str, timeout: float,
+         conf: Callable[[str], str] | None = None,
+         judge_case: Callable[[str, dict, dict], tuple[bool, str]] | None = None) -> int:
+    """The command line of a script whose cases run once per side: --cases,
+    --timeout (seconds per side), and the hidden --child CASE ALLOC that
+    run_side starts. conf(case), if given, is the PYTORCH_CUDA_ALLOC_CONF a
+    case's children start with ("" for none)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--cases", default=",".join(cases))
+    ap.add_argument("--timeout", type=float, default=timeout, help="seconds per side")
+    ap.add_argument("--child", nargs=2, metavar=("CASE", "ALLOC"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return child(*a.child)
+    env = base_env()
+
+    def run(case: str, alloc: str) -> dict:
+        e = dict(env)
+        if conf is not None and conf(case):
+            e["PYTORCH_CUDA_ALLOC_CONF"] = conf(case)
+        return run_side(script, case, alloc, e, a.timeout)
+
+    return compare(a.cases.split(","), run, rows_file, judge_case)

@@ -17,10 +17,10 @@ $OUT/torch_graph_reuse.json (or build/).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from sides import base_env, child_result, compare, judge, run_side, start  # noqa: E402
+from sides import child_result, judge, start  # noqa: E402
+from sides import main as sides_main  # noqa: E402
 
 # case -> (readers of the freed tensor, how the setting is given: "call",
 # "env" or "off")
@@ -105,34 +105,17 @@ def child(case: str, alloc: str) -> int:
     return child_result(facts)
 
 
-def run_child(case: str, alloc: str, env: dict, timeout: float) -> dict:
-    env = dict(env)
-    if CASES[case][1] == "env":
-        env["PYTORCH_CUDA_ALLOC_CONF"] = "graph_capture_record_stream_reuse:True"
-    return run_side(__file__, case, alloc, env, timeout)
+def judge_case(case: str, native: dict, mine: dict) -> tuple[bool, str]:
+    ok, why = judge(native, mine)
+    # The reference itself must show the feature, or the case proves
+    # nothing (a torch without the setting reuses nothing in capture).
+    nf = native.get("facts") or {}
+    if ok and CASES[case][1] != "off" and not nf.get("all_joined"):
+        ok, why = False, "PyTorch itself did not reuse after the join (torch too old?): " + why
+    return ok, why
 
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--timeout", type=float, default=180)
-    ap.add_argument("--child", nargs=2, metavar=("CASE", "ALLOC"), help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        return child(*a.child)
-    env = base_env()
-
-    def judge_case(case: str, native: dict, mine: dict) -> tuple[bool, str]:
-        ok, why = judge(native, mine)
-        # The reference itself must show the feature, or the case proves
-        # nothing (a torch without the setting reuses nothing in capture).
-        nf = native.get("facts") or {}
-        if ok and CASES[case][1] != "off" and not nf.get("all_joined"):
-            ok, why = False, "PyTorch itself did not reuse after the join (torch too old?): " + why
-        return ok, why
-
-    return compare(a.cases.split(","), lambda case, alloc: run_child(case, alloc, env, a.timeout),
-                   "torch_graph_reuse.json", judge_case)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sides_main(__file__, __doc__, CASES, child, "torch_graph_reuse.json", 180,
+                        conf=lambda case: "graph_capture_record_stream_reuse:True" if CASES[case][1] == "env" else "",
+                        judge_case=judge_case))

@@ -22,12 +22,12 @@ bring (the free_segment_stack case).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from sides import base_env, child_result, compare, run_side, start  # noqa: E402
+from sides import child_result, start  # noqa: E402
+from sides import main as sides_main  # noqa: E402
 SCRIPT_NAME = Path(__file__).name
 torch = None  # the child's torch (child() sets it): TorchScript resolves hist_script_fn's `torch` here
 
@@ -277,17 +277,6 @@ def child(case: str, alloc: str) -> int:
     return child_result(facts)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--timeout", type=float, default=400, help="seconds per run (C++ stacks are symbolized slowly)")
-    ap.add_argument("--child", nargs=2, metavar=("CASE", "ALLOC"), help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        return child(*a.child)
-    env = base_env()
-    return compare(a.cases.split(","), lambda case, alloc: run_side(__file__, case, alloc, env, a.timeout),
-                   "torch_history.json")
-
+# C++ stacks are symbolized slowly: 400 s a side.
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sides_main(__file__, __doc__, CASES, child, "torch_history.json", 400))

@@ -13,10 +13,10 @@ build/).
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from sides import base_env, child_result, compare, judge, run_side, start  # noqa: E402
+from sides import child_result, judge, start  # noqa: E402
+from sides import main as sides_main  # noqa: E402
 MiB = 1 << 20
 
 # case -> (environment's settings, what libsymm must do: "same" as PyTorch)
@@ -117,24 +117,6 @@ def child(case: str, alloc: str) -> int:
     return child_result(lambda: run_case(case, start(alloc)))
 
 
-def run_child(case: str, alloc: str, env: dict, timeout: float) -> dict:
-    env = dict(env)
-    if CASES[case][0]:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = CASES[case][0]
-    return run_side(__file__, case, alloc, env, timeout)
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--timeout", type=float, default=180)
-    ap.add_argument("--child", nargs=2, metavar=("CASE", "ALLOC"), help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        return child(*a.child)
-    env = base_env()
-    return compare(a.cases.split(","), lambda case, alloc: run_child(case, alloc, env, a.timeout), "torch_settings.json",
-                   lambda case, native, mine: judge(native, mine, drop=("message",)))
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sides_main(__file__, __doc__, CASES, child, "torch_settings.json", 180, conf=lambda case: CASES[case][0],
+                        judge_case=lambda case, native, mine: judge(native, mine, drop=("message",))))
