@@ -162,6 +162,7 @@ fuzz:
 	@bash tests/fuzz.sh ./store FuzzDecodeFrame $(FUZZTIME)
 	@bash tests/fuzz.sh ./topology FuzzNormalizeBusID $(FUZZTIME)
 	@bash tests/fuzz.sh ./symmetric FuzzConfigFromEnv $(FUZZTIME)
+	@bash tests/fuzz.sh ./export FuzzPlanCollective $(FUZZTIME)
 
 # The demo: on a machine with an NVIDIA GPU and PyTorch it trains a small
 # model on the pool; otherwise it runs on the host backend.
@@ -174,7 +175,7 @@ run: all
 	fi
 
 # Test binaries for the GPU machine (it has no Go): bash tests/device/run.sh there.
-device: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_trace $(BUILD)/tests/gpu_symm $(BUILD)/tests/gpu_collectives
+device: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_launch $(BUILD)/bench/bench_trace $(BUILD)/tests/gpu_symm $(BUILD)/tests/gpu_collectives
 	@mkdir -p $(BUILD)/device
 	$(GO) test -c -o $(BUILD)/device/cuda.test ./cuda
 	$(GO) test -c -o $(BUILD)/device/export.test ./export
@@ -195,6 +196,10 @@ $(BUILD)/tests/gpu_collectives: tests/c/test_collectives.c tests/device/cudadrv.
 $(BUILD)/bench/bench_threads: bench/c/bench_threads.c include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/bench
 	$(CC) -O2 -Wall -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -lpthread -o $@
+
+$(BUILD)/bench/bench_launch: bench/c/bench_launch.c tests/device/cudadrv.h include/symm.h $(LIB)
+	@mkdir -p $(BUILD)/bench
+	$(CC) -O2 -Wall -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -ldl -o $@
 
 $(BUILD)/bench/bench_trace: bench/c/bench_trace.c include/symm.h $(LIB)
 	@mkdir -p $(BUILD)/bench

@@ -46,6 +46,7 @@ func collective(fn string, hid C.int64_t, offset, count C.size_t, dtype, op C.in
 	if err := run(h, a); err != nil {
 		return failSymm(fn, err)
 	}
+	offerPlan(int64(hid), h)
 	return C.SYMM_OK
 }
 

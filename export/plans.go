@@ -1,45 +1,73 @@
 package main
 
 /*
+#include <stdint.h>
+#include <stdlib.h>
 #include "plans.h"
 */
 import "C"
 
-import "sync"
+import (
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/libsymm/libsymm/cuda"
+	"github.com/libsymm/libsymm/symmetric"
+)
 
 // Launch plans (plans.h): Go makes and withdraws them, C reads them.
 // planMu makes Go the table's one writer: publish and retire of a slot
 // never run at the same time.
 var planMu sync.Mutex
 
-// launchPlan is symm_plan_t in Go's words.
+// launchPlan is symm_plan_t in Go's words: the handle's plan, its id and
+// the context its kernels were loaded into.
 type launchPlan struct {
-	HID                           int64
-	Device, Rank, World, Channels int32
-	Pads, Epochs, Status, Timeout uint64 // device addresses; the kernels' deadline in ns
-	Ctx                           uint64
-	Barrier, Put, Wait            uint64 // the kernels' function handles
-	BarrierThreads                uint32
+	HID int64
+	Ctx uint64
+	symmetric.Plan
 }
 
 func (p launchPlan) c() C.symm_plan_t {
 	var c C.symm_plan_t
-	c.hid = C.int64_t(p.HID)
+	c.hid, c.ctx = C.int64_t(p.HID), C.uint64_t(p.Ctx)
 	c.device, c.rank, c.world, c.channels = C.int32_t(p.Device), C.int32_t(p.Rank), C.int32_t(p.World), C.int32_t(p.Channels)
-	c.pads, c.epochs, c.status, c.timeout_ns = C.uint64_t(p.Pads), C.uint64_t(p.Epochs), C.uint64_t(p.Status), C.uint64_t(p.Timeout)
-	c.ctx = C.uint64_t(p.Ctx)
-	c.fn[C.SYMM_PLAN_BARRIER], c.fn[C.SYMM_PLAN_PUT], c.fn[C.SYMM_PLAN_WAIT] = C.uint64_t(p.Barrier), C.uint64_t(p.Put), C.uint64_t(p.Wait)
-	c.barrier_threads = C.uint32_t(p.BarrierThreads)
+	c.max_blocks, c.meet_barrier = C.uint32_t(p.MaxBlocks), C.int32_t(p.MeetBarrier)
+	c.buffers, c.pads, c.epochs, c.status = C.uint64_t(p.Buffers), C.uint64_t(p.Pads), C.uint64_t(p.Epochs), C.uint64_t(p.Status)
+	c.buffer, c.buffer_size, c.timeout_ns = C.uint64_t(p.Buffer), C.uint64_t(p.BufferSize), C.uint64_t(p.Timeout.Nanoseconds())
+	for i, f := range p.fns() {
+		c.fn[i] = C.uint64_t(*f)
+	}
 	return c
 }
 
-func planOf(c *C.symm_plan_t) launchPlan {
-	return launchPlan{
-		HID: int64(c.hid), Device: int32(c.device), Rank: int32(c.rank), World: int32(c.world), Channels: int32(c.channels),
-		Pads: uint64(c.pads), Epochs: uint64(c.epochs), Status: uint64(c.status), Timeout: uint64(c.timeout_ns),
-		Ctx: uint64(c.ctx), Barrier: uint64(c.fn[C.SYMM_PLAN_BARRIER]), Put: uint64(c.fn[C.SYMM_PLAN_PUT]),
-		Wait: uint64(c.fn[C.SYMM_PLAN_WAIT]), BarrierThreads: uint32(c.barrier_threads),
+// fns are the plan's kernels in symm_plan_t.fn's order.
+func (p *launchPlan) fns() [C.SYMM_PLAN_KERNELS]*uintptr {
+	var f [C.SYMM_PLAN_KERNELS]*uintptr
+	f[C.SYMM_PLAN_BARRIER], f[C.SYMM_PLAN_PUT], f[C.SYMM_PLAN_WAIT] = &p.Barrier, &p.Put, &p.Wait
+	for d := range 3 {
+		for v := range 2 {
+			f[C.SYMM_PLAN_ONE_SHOT+2*d+v] = &p.OneShot[d][v]
+			f[C.SYMM_PLAN_TWO_SHOT+2*d+v] = &p.TwoShot[d][v]
+			f[C.SYMM_PLAN_REDUCE_SCATTER+2*d+v] = &p.ReduceScatter[d][v]
+		}
 	}
+	f[C.SYMM_PLAN_ALL_GATHER], f[C.SYMM_PLAN_ALL_GATHER+1] = &p.AllGather[0], &p.AllGather[1]
+	return f
+}
+
+func planOf(c *C.symm_plan_t) launchPlan {
+	p := launchPlan{HID: int64(c.hid), Ctx: uint64(c.ctx), Plan: symmetric.Plan{
+		Device: int(c.device), Rank: int(c.rank), World: int(c.world), Channels: int(c.channels),
+		MaxBlocks: uint32(c.max_blocks), MeetBarrier: int(c.meet_barrier),
+		Buffers: uintptr(c.buffers), Pads: uintptr(c.pads), Epochs: uintptr(c.epochs), Status: uintptr(c.status),
+		Buffer: uintptr(c.buffer), BufferSize: uint64(c.buffer_size), Timeout: time.Duration(c.timeout_ns),
+	}}
+	for i, f := range p.fns() {
+		*f = uintptr(c.fn[i])
+	}
+	return p
 }
 
 // publishPlan makes p its handle's plan; false when the handle's slot
@@ -68,4 +96,49 @@ func holdPlan(hid int64) (p launchPlan, release func(), ok bool) {
 		return launchPlan{}, nil, false
 	}
 	return planOf(c), func() { C.libsymm_plan_leave(c) }, true
+}
+
+// planDriver gives the launches the driver's functions, once; false where
+// the driver lacks one (no plan is published then).
+var planDriver = sync.OnceValue(func() bool {
+	var f [5]unsafe.Pointer
+	for i, name := range []string{"cuLaunchKernel", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent"} {
+		p, err := cuda.Proc(name)
+		if err != nil || p == nil {
+			return false
+		}
+		f[i] = p
+	}
+	C.libsymm_plan_set_driver(f[0], f[1], f[2], f[3], f[4])
+	return true
+})
+
+// offerPlan publishes handle hid's launch plan after a call that went
+// through Go, if the handle can have one (symmetric.Handle.PublishPlan:
+// once per handle). A handle without one keeps going through Go; so does
+// one whose plan could not be made (the reason is left to its calls).
+func offerPlan(hid int64, h *symmetric.Handle) {
+	if h.PlanOffered() {
+		return // no closures made: the calls through Go allocate nothing
+	}
+	h.PublishPlan(func(p symmetric.Plan) bool {
+		if !planDriver() {
+			return false
+		}
+		ctx, err := cuda.PrimaryContext(p.Device)
+		if err != nil {
+			return false
+		}
+		return publishPlan(launchPlan{HID: hid, Ctx: uint64(ctx), Plan: p})
+	}, func() { retirePlan(hid) })
+}
+
+// ---- for tests: the launches with a recording driver --------------------------
+
+// planLaunch is what the recording driver saw of one launch.
+type planLaunch struct {
+	Fn, Stream     uint64
+	Grid, Block    uint32
+	Words          []uint64
+	CtxSet, Pushed bool // the context bound to the thread, or pushed and popped
 }

@@ -1,7 +1,9 @@
 // Launch plans: what a symmetric-memory call needs to launch its kernel
-// (the handle's device and context, its pads and status word, the kernels'
-// function handles), made by Go once per handle and read by C, so that a
-// per-call entry point can launch without entering Go.
+// (the handle's device and context, its arrays and status word, the
+// kernels' function handles), made by Go once per handle
+// (symmetric.Handle.PublishPlan) and read by C, so that a per-call entry
+// point (symm_barrier, symm_put_signal, symm_wait_signal and the
+// collectives, without a timeout) launches without entering Go.
 //
 // The table is a fixed array of slots that is never freed; a slot holds at
 // most one handle's plan at a time. Its state is one 64-bit word: the
@@ -32,19 +34,35 @@
 extern "C" {
 #endif
 
-// Kernels a plan holds, by index into symm_plan_t.fn.
-enum { SYMM_PLAN_BARRIER = 0, SYMM_PLAN_PUT = 1, SYMM_PLAN_WAIT = 2, SYMM_PLAN_KERNELS = 3 };
+// Kernels a plan holds, by index into symm_plan_t.fn. The reducing families
+// hold 6 each: + 2 × dtype (SYMM_FLOAT32, _BFLOAT16, _FLOAT16) + (0 for 4
+// words per thread, 1 for one); the all-gather 2 (4 words, one).
+enum {
+  SYMM_PLAN_BARRIER = 0,
+  SYMM_PLAN_PUT = 1,
+  SYMM_PLAN_WAIT = 2,
+  SYMM_PLAN_ONE_SHOT = 3,
+  SYMM_PLAN_TWO_SHOT = 9,
+  SYMM_PLAN_REDUCE_SCATTER = 15,
+  SYMM_PLAN_ALL_GATHER = 21,
+  SYMM_PLAN_KERNELS = 23
+};
+
+// The collectives a plan launches (libsymm_plan_collective's kind).
+enum { SYMM_PLAN_COLL_ONE_SHOT = 0, SYMM_PLAN_COLL_TWO_SHOT = 1, SYMM_PLAN_COLL_REDUCE_SCATTER = 2, SYMM_PLAN_COLL_ALL_GATHER = 3 };
 
 typedef struct {
   int64_t hid;                         // the handle's id, as the C API names it
-  int32_t device, rank, world, channels;
-  uint64_t pads;                       // the device array of the peers' signal pads
-  uint64_t epochs;                     // the epochs argument of the barrier (0: none)
+  int32_t device, rank, world, channels;  // channels: signal-pad channels per rank
+  uint32_t max_blocks;                 // the collectives' grid cap
+  int32_t meet_barrier;                // the barrier kernel's meeting kind
+  uint64_t buffers, pads;              // device arrays of the peers' buffers and signal pads
+  uint64_t epochs;                     // the kernels' epochs argument (0: none)
   uint64_t status;                     // the handle's status word (device address)
+  uint64_t buffer, buffer_size;        // this rank's buffer as mapped here, its size
   uint64_t timeout_ns;                 // the kernels' deadline (SYMM_TIMEOUT_MS)
-  uint64_t ctx;                        // the device's CUcontext
+  uint64_t ctx;                        // the CUcontext the kernels were loaded into
   uint64_t fn[SYMM_PLAN_KERNELS];      // CUfunction of each kernel
-  uint32_t barrier_threads, reserved;  // the barrier's block size
 } symm_plan_t;
 
 // Slots in the table: handle ids that agree modulo this share a slot.
@@ -61,6 +79,33 @@ int libsymm_plan_retire(int64_t hid);
 // libsymm_plan_leave, or NULL when it has none (the caller goes through Go).
 const symm_plan_t *libsymm_plan_enter(int64_t hid);
 void libsymm_plan_leave(const symm_plan_t *p);
+
+// The driver functions the launches call (cuLaunchKernel, cuCtxGetCurrent,
+// cuCtxSetCurrent, cuCtxPushCurrent, cuCtxPopCurrent), set by Go before it
+// publishes the first plan.
+void libsymm_plan_set_driver(void *launch, void *ctx_get, void *ctx_set, void *ctx_push, void *ctx_pop);
+
+// The per-call launches. Each returns SYMM_PLAN_DONE when it queued the
+// kernel (or, for a barrier in a world of one, had nothing to queue), else
+// SYMM_PLAN_PASS and queued nothing: the handle has no plan, or an
+// argument is one the plan does not take (Go checks it and words the
+// error), or the launch failed (Go launches again and reports). A call with
+// a timeout always goes through Go. The checks are Go's (symmetric's
+// kernelCheck, checkAllReduce, checkCollective); where they pass here they
+// pass there.
+enum { SYMM_PLAN_DONE = 0, SYMM_PLAN_PASS = 1 };
+int libsymm_plan_barrier(int64_t hid, int channel, void *stream);
+int libsymm_plan_put(int64_t hid, int dst, int channel, void *stream);
+int libsymm_plan_wait(int64_t hid, int src, int channel, void *stream);
+// op: SYMM_SUM (0), or -1 for the all-gather, which has none.
+int libsymm_plan_collective(int kind, int64_t hid, uint64_t offset, uint64_t count, int dtype, int op, uint64_t out,
+                            uint64_t local, void *stream);
+
+// libsymm_plan_shape is the collectives' launch shape for nbytes at offset
+// in a world of world ranks with grid cap max_blocks (Go's allReduceShape):
+// v is the words per thread, 4 or 1.
+void libsymm_plan_shape(uint64_t offset, uint64_t nbytes, int world, uint32_t max_blocks, int *v, uint32_t *blocks,
+                        uint32_t *threads);
 
 #ifdef __cplusplus
 }

@@ -7,17 +7,23 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/symmetric"
 )
 
 // planFor is a plan whose every field is derived from hid, so that a reader
 // can tell a plan torn between two handles from a whole one.
 func planFor(hid int64) launchPlan {
-	u := uint64(hid)
-	return launchPlan{
-		HID: hid, Device: int32(hid % 8), Rank: int32(hid % 3), World: 4, Channels: int32(hid % 512),
-		Pads: u * 3, Epochs: u * 5, Status: u * 7, Timeout: u * 11, Ctx: u * 13,
-		Barrier: u + 1, Put: u + 2, Wait: u + 3, BarrierThreads: uint32(hid%4+1) * 32,
+	u := uintptr(hid)
+	p := launchPlan{HID: hid, Ctx: uint64(u * 13), Plan: symmetric.Plan{
+		Device: int(hid % 8), Rank: int(hid % 3), World: 4, Channels: int(hid % 512), MaxBlocks: uint32(hid % 96),
+		MeetBarrier: int(hid % 5), Buffers: u * 2, Pads: u * 3, Epochs: u * 5, Status: u * 7, Buffer: u * 17,
+		BufferSize: uint64(u * 19), Timeout: time.Duration(hid * 11),
+	}}
+	for i, f := range p.fns() {
+		*f = u*100 + uintptr(i)
 	}
+	return p
 }
 
 const planBase = 0x5180_0000 // the symmetric-memory handles' ids start there

@@ -350,6 +350,7 @@ func goPutSignal(hid C.int64_t, dst, channel C.int, stream C.uintptr_t) (code C.
 	if err := h.PutSignal(int(dst), int(channel), uintptr(stream), 0); err != nil {
 		return failSymm("symm_put_signal", err)
 	}
+	offerPlan(int64(hid), h)
 	return C.SYMM_OK
 }
 
@@ -366,6 +367,7 @@ func goWaitSignal(hid C.int64_t, src, channel C.int, stream C.uintptr_t, timeout
 	if err := h.WaitSignal(int(src), int(channel), uintptr(stream), ms(timeoutMS)); err != nil {
 		return failSymm("symm_wait_signal", err)
 	}
+	offerPlan(int64(hid), h)
 	return C.SYMM_OK
 }
 
@@ -382,6 +384,7 @@ func goBarrier(hid C.int64_t, channel C.int, stream C.uintptr_t, timeoutMS C.int
 	if err := h.Barrier(int(channel), uintptr(stream), ms(timeoutMS)); err != nil {
 		return failSymm("symm_barrier", err)
 	}
+	offerPlan(int64(hid), h)
 	return C.SYMM_OK
 }
 

@@ -6,6 +6,7 @@
 #include "../include/symm.h"
 #include "_cgo_export.h"
 #include "front.h"
+#include "plans.h"
 #include "shim_internal.h"
 
 using namespace symmshim;
@@ -171,40 +172,51 @@ SYMM_CHECKED(symm_world_within_direct_access,
              (symm_store_t store, const char *group, int rank, int world_size, int device, int *out),
              group == nullptr || out == nullptr, "group or out is NULL",
              goWorldWithinDirectAccess(store, (char *)group, rank, world_size, device, out))
-SYMM_CALL(int, symm_put_signal, (symm_handle_t h, int dst_rank, int channel, void *stream), SYMM_ERR_FORKED,
-          goPutSignal(h, dst_rank, channel, (uintptr_t)stream))
-SYMM_CALL(int, symm_wait_signal, (symm_handle_t h, int src_rank, int channel, void *stream, int timeout_ms),
-          SYMM_ERR_FORKED, goWaitSignal(h, src_rank, channel, (uintptr_t)stream, timeout_ms))
-SYMM_CALL(int, symm_barrier, (symm_handle_t h, int channel, void *stream, int timeout_ms), SYMM_ERR_FORKED,
-          goBarrier(h, channel, (uintptr_t)stream, timeout_ms))
+// The signals and the collectives without a timeout launch from the
+// handle's plan when it has one (plans.h): no Go on the way. Every other
+// call, and one the plan passes on, goes through Go.
+int symm_put_signal(symm_handle_t h, int dst_rank, int channel, void *stream) {
+  if (forked("symm_put_signal")) return SYMM_ERR_FORKED;
+  if (libsymm_plan_put(h, dst_rank, channel, stream) == SYMM_PLAN_DONE) return SYMM_OK;
+  return goPutSignal(h, dst_rank, channel, (uintptr_t)stream);
+}
+int symm_wait_signal(symm_handle_t h, int src_rank, int channel, void *stream, int timeout_ms) {
+  if (forked("symm_wait_signal")) return SYMM_ERR_FORKED;
+  if (timeout_ms == 0 && libsymm_plan_wait(h, src_rank, channel, stream) == SYMM_PLAN_DONE) return SYMM_OK;
+  return goWaitSignal(h, src_rank, channel, (uintptr_t)stream, timeout_ms);
+}
+int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms) {
+  if (forked("symm_barrier")) return SYMM_ERR_FORKED;
+  if (timeout_ms == 0 && libsymm_plan_barrier(h, channel, stream) == SYMM_PLAN_DONE) return SYMM_OK;
+  return goBarrier(h, channel, (uintptr_t)stream, timeout_ms);
+}
 SYMM_CALL(int, symm_reset_signal_pad, (symm_handle_t h, int timeout_ms), SYMM_ERR_FORKED,
           goResetSignalPad(h, timeout_ms))
 SYMM_CALL(int, symm_reset_signal_pad_if_any, (symm_handle_t h, int want, int timeout_ms, int *reset), SYMM_ERR_FORKED,
           goResetSignalPadIfAny(h, want, timeout_ms, reset))
 SYMM_CALL(int, symm_kernels_ready, (int device), 0, goKernelsReady(device))
-SYMM_CALL(int, symm_one_shot_all_reduce,
-          (symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out, const void *local_input,
-           void *stream, int timeout_ms),
-          SYMM_ERR_FORKED,
-          goOneShotAllReduce(h, offset, count, dtype, op, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream,
-                             timeout_ms))
-SYMM_CALL(int, symm_two_shot_all_reduce,
-          (symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out, const void *local_input,
-           void *stream, int timeout_ms),
-          SYMM_ERR_FORKED,
-          goTwoShotAllReduce(h, offset, count, dtype, op, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream,
-                             timeout_ms))
-SYMM_CALL(int, symm_reduce_scatter,
-          (symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out, const void *local_input,
-           void *stream, int timeout_ms),
-          SYMM_ERR_FORKED,
-          goReduceScatter(h, offset, count, dtype, op, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream,
-                          timeout_ms))
-SYMM_CALL(int, symm_all_gather,
-          (symm_handle_t h, size_t offset, size_t count, int dtype, void *out, const void *local_input, void *stream,
-           int timeout_ms),
-          SYMM_ERR_FORKED,
-          goAllGather(h, offset, count, dtype, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream, timeout_ms))
+// SYMM_COLLECTIVE defines collective name (kind: SYMM_PLAN_COLL_*), which
+// launches from the plan without a timeout and otherwise calls go.
+#define SYMM_COLLECTIVE(name, kind, go)                                                                         \
+  int name(symm_handle_t h, size_t offset, size_t count, int dtype, int op, void *out, const void *local_input, \
+           void *stream, int timeout_ms) {                                                                      \
+    if (forked(#name)) return SYMM_ERR_FORKED;                                                                  \
+    if (timeout_ms == 0 && libsymm_plan_collective(kind, h, offset, count, dtype, op, (uintptr_t)out,          \
+                                                   (uintptr_t)local_input, stream) == SYMM_PLAN_DONE)           \
+      return SYMM_OK;                                                                                           \
+    return go(h, offset, count, dtype, op, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream, timeout_ms); \
+  }
+SYMM_COLLECTIVE(symm_one_shot_all_reduce, SYMM_PLAN_COLL_ONE_SHOT, goOneShotAllReduce)
+SYMM_COLLECTIVE(symm_two_shot_all_reduce, SYMM_PLAN_COLL_TWO_SHOT, goTwoShotAllReduce)
+SYMM_COLLECTIVE(symm_reduce_scatter, SYMM_PLAN_COLL_REDUCE_SCATTER, goReduceScatter)
+int symm_all_gather(symm_handle_t h, size_t offset, size_t count, int dtype, void *out, const void *local_input,
+                    void *stream, int timeout_ms) {
+  if (forked("symm_all_gather")) return SYMM_ERR_FORKED;
+  if (timeout_ms == 0 && libsymm_plan_collective(SYMM_PLAN_COLL_ALL_GATHER, h, offset, count, dtype, -1,
+                                                 (uintptr_t)out, (uintptr_t)local_input, stream) == SYMM_PLAN_DONE)
+    return SYMM_OK;
+  return goAllGather(h, offset, count, dtype, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream, timeout_ms);
+}
 SYMM_CALL(int, symm_push_all_reduce,
           (symm_handle_t workspace, const void *in, void *out, size_t count, int dtype, int op, void *stream,
            int timeout_ms),

@@ -797,6 +797,21 @@ int symm_put_signal(symm_handle_t h, int dst_rank, int channel, void *stream);
 int symm_wait_signal(symm_handle_t h, int src_rank, int channel, void *stream, int timeout_ms);
 int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
 
+/* The launch path. On GPUs with the kernels, after a handle's first call
+ * succeeds, the signals and the one-shot, two-shot, reduce-scatter and
+ * all-gather below, called with timeout_ms 0 (put_signal has none), launch
+ * their kernel from the handle's launch plan, in C (no Go runtime on
+ * the way, no lock): the same kernel, arguments and checks as the first
+ * call's path, which every other call (a timeout, an argument refused, a
+ * failed handle) still takes and which words the errors. The kernel is
+ * launched in the primary context of the handle's device: where it is
+ * current already nothing changes; a thread with no current context gets it
+ * bound (as cudaSetDevice would, once: its later calls find it current);
+ * over another context it is pushed and popped. A handle's plan is
+ * withdrawn when the handle fails and before its block is freed; a call
+ * that began before that ends before the block's memory goes.
+ * SYMM_LAUNCH_THROUGH_GO=1 keeps every call on the first call's path. */
+
 /* Starts h's signals over on every rank of its group, as a block handed out
  * again by a caching allocator (PyTorch's MemPool) needs before its next
  * use: each rank waits for the work queued on its device, the ranks agree

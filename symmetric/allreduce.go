@@ -66,7 +66,7 @@ func (h *Handle) TwoShotAllReduce(a AllReduce) error {
 
 // checkAllReduce validates a for fn (one_shot_all_reduce or
 // two_shot_all_reduce) and returns its size in bytes.
-func (h *Handle) checkAllReduce(a AllReduce, fn string) (uint64, error) {
+func (g geometry) checkAllReduce(a AllReduce, fn string) (uint64, error) {
 	size := uint64(a.Dtype.Size())
 	switch {
 	case size == 0:
@@ -85,15 +85,15 @@ func (h *Handle) checkAllReduce(a AllReduce, fn string) (uint64, error) {
 	case a.Offset%4 != 0 || nbytes%4 != 0:
 		return 0, fmt.Errorf("%w: %s: offset %d and size %d bytes (%d %s) must be multiples of 4",
 			ErrInvalid, fn, a.Offset, nbytes, a.Count, a.Dtype)
-	case a.Offset > h.b.bufSize || nbytes > h.b.bufSize-a.Offset:
+	case a.Offset > g.bufSize || nbytes > g.bufSize-a.Offset:
 		return 0, fmt.Errorf("%w: %s: %d bytes at offset %d do not fit the %d-byte buffer",
-			ErrInvalid, fn, nbytes, a.Offset, h.b.bufSize)
+			ErrInvalid, fn, nbytes, a.Offset, g.bufSize)
 	case a.Out == 0:
 		return 0, fmt.Errorf("%w: %s: output is NULL", ErrInvalid, fn)
 	case a.Out%4 != 0 || a.Local%4 != 0:
 		return 0, fmt.Errorf("%w: %s: output %#x and local input %#x must be 4-byte aligned", ErrInvalid, fn, a.Out, a.Local)
 	}
-	in := h.BufferPtr(h.rank) + uintptr(a.Offset)
+	in := g.buf + uintptr(a.Offset)
 	twoShot := fn == twoShotName
 	switch {
 	case twoShot && a.Out != in && overlap(a.Out, in, nbytes):

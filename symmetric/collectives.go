@@ -63,9 +63,9 @@ func (h *Handle) collective(a AllReduce, fn string) error {
 	reduce := fn == oneShotName || fn == twoShotName
 	var nbytes uint64
 	if reduce {
-		nbytes, err = h.checkAllReduce(a, fn)
+		nbytes, err = h.geometry().checkAllReduce(a, fn)
 	} else {
-		nbytes, err = h.checkCollective(a, fn)
+		nbytes, err = h.geometry().checkCollective(a, fn)
 	}
 	if err != nil || nbytes == 0 {
 		return err
@@ -104,7 +104,7 @@ func (h *Handle) collective(a AllReduce, fn string) error {
 
 // checkCollective validates a for reduce_scatter or all_gather and returns
 // the size of one share in bytes.
-func (h *Handle) checkCollective(a AllReduce, fn string) (uint64, error) {
+func (g geometry) checkCollective(a AllReduce, fn string) (uint64, error) {
 	size := uint64(a.Dtype.Size())
 	gather := fn == allGatherName
 	switch {
@@ -116,34 +116,34 @@ func (h *Handle) checkCollective(a AllReduce, fn string) (uint64, error) {
 		return 0, fmt.Errorf("%w: %s: timeout %v is negative (0: no timeout)", ErrInvalid, fn, a.Timeout)
 	case a.Count == 0:
 		return 0, nil
-	case a.Count > math.MaxUint64/size/uint64(h.world):
+	case a.Count > math.MaxUint64/size/uint64(g.world):
 		return 0, fmt.Errorf("%w: %s: %d elements per rank overflow", ErrInvalid, fn, a.Count)
 	}
 	nbytes := a.Count * size
-	total := nbytes * uint64(h.world)
+	total := nbytes * uint64(g.world)
 	switch {
 	case a.Offset%4 != 0 || nbytes%4 != 0:
 		return 0, fmt.Errorf("%w: %s: offset %d and size per rank %d bytes (%d %s) must be multiples of 4",
 			ErrInvalid, fn, a.Offset, nbytes, a.Count, a.Dtype)
-	case a.Offset > h.b.bufSize || total > h.b.bufSize-a.Offset:
+	case a.Offset > g.bufSize || total > g.bufSize-a.Offset:
 		return 0, fmt.Errorf("%w: %s: %d ranks × %d bytes at offset %d do not fit the %d-byte buffer",
-			ErrInvalid, fn, h.world, nbytes, a.Offset, h.b.bufSize)
+			ErrInvalid, fn, g.world, nbytes, a.Offset, g.bufSize)
 	case a.Out == 0:
 		return 0, fmt.Errorf("%w: %s: output is NULL", ErrInvalid, fn)
 	case a.Out%4 != 0 || a.Local%4 != 0:
 		return 0, fmt.Errorf("%w: %s: output %#x and local input %#x must be 4-byte aligned", ErrInvalid, fn, a.Out, a.Local)
 	}
-	buf := h.BufferPtr(h.rank) + uintptr(a.Offset)
-	share := buf + uintptr(uint64(h.rank)*nbytes) // this rank's share of its buffer
+	buf := g.buf + uintptr(a.Offset)
+	share := buf + uintptr(uint64(g.rank)*nbytes) // this rank's share of its buffer
 	outBytes, localBytes, inPlace, localOK := nbytes, total, share, buf
 	if gather {
 		outBytes, localBytes, inPlace, localOK = total, nbytes, buf, share
 	}
 	// In place in out: reduce_scatter's out at local's share r; all_gather's
 	// local at out's share r (NCCL's in-place calls).
-	outInLocal := a.Out == a.Local+uintptr(uint64(h.rank)*nbytes)
+	outInLocal := a.Out == a.Local+uintptr(uint64(g.rank)*nbytes)
 	if gather {
-		outInLocal = a.Local == a.Out+uintptr(uint64(h.rank)*nbytes)
+		outInLocal = a.Local == a.Out+uintptr(uint64(g.rank)*nbytes)
 	}
 	switch {
 	case a.Out != inPlace && overlapRanges(a.Out, outBytes, buf, total):

@@ -69,6 +69,11 @@ type Config struct {
 	// AllReduce forces the algorithm of AllReduceAlgorithm when not
 	// AllReduceAuto (SYMM_ALL_REDUCE=auto, push, two_shot or one_shot).
 	AllReduce Algorithm
+	// LaunchThroughGo keeps every call of the C API in Go: no handle is
+	// given a launch plan (plan.go; SYMM_LAUNCH_THROUGH_GO=1, for
+	// comparison and as a way around a fault in the plans).
+	LaunchThroughGo bool
+
 	// CollectiveBlocks caps the blocks of the collectives that meet their
 	// peers (SYMM_COLLECTIVE_BLOCKS; 0: kernels.DefaultCollectiveBlocks).
 	// A group uses the smallest cap of its ranks, and never more blocks than
@@ -140,7 +145,8 @@ func BackendFromEnv(getenv func(string) string) (string, error) {
 // (BackendFromEnv), SYMM_HOST_FAULTS (host backend only), SYMM_SIGNALS,
 // SYMM_FAULT_CRASH_AT, SYMM_TIMEOUT_MS (else SYMM_RENDEZVOUS_TIMEOUT),
 // SYMM_PUSH_FIRST_CALL, SYMM_COLLECTIVE_BLOCKS, SYMM_ALL_REDUCE,
-// SYMM_ALLOW_OVERLAPPING_DEVICES, SYMM_TRACE_RENDEZVOUS and the kernel
+// SYMM_ALLOW_OVERLAPPING_DEVICES, SYMM_LAUNCH_THROUGH_GO,
+// SYMM_TRACE_RENDEZVOUS and the kernel
 // cache (kernels.CacheDir). The first bad value is an error wrapping
 // ErrInvalid that names the variable, its value and what it accepts. Unset
 // variables take their defaults: the timeout DefaultTimeout, signals
@@ -194,6 +200,9 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 	}
 	if c.AllowOverlappingDevices, err = flagFromEnv(getenv, "SYMM_ALLOW_OVERLAPPING_DEVICES"); err != nil {
+		return Config{}, err
+	}
+	if c.LaunchThroughGo, err = flagFromEnv(getenv, "SYMM_LAUNCH_THROUGH_GO"); err != nil {
 		return Config{}, err
 	}
 	if c.Trace, err = flagFromEnv(getenv, "SYMM_TRACE_RENDEZVOUS"); err != nil {

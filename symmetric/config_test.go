@@ -73,6 +73,7 @@ func TestConfigFromEnv(t *testing.T) {
 		{map[string]string{"SYMM_ALLOW_OVERLAPPING_DEVICES": "1"}, with(func(c *Config) { c.AllowOverlappingDevices = true })},
 		{map[string]string{"SYMM_ALLOW_OVERLAPPING_DEVICES": "0"}, defaults},
 		{map[string]string{"SYMM_TRACE_RENDEZVOUS": "1"}, with(func(c *Config) { c.Trace = true })},
+		{map[string]string{"SYMM_LAUNCH_THROUGH_GO": "1"}, with(func(c *Config) { c.LaunchThroughGo = true })},
 		// The kernel cache (kernels.CacheDir).
 		{map[string]string{"SYMM_KERNEL_CACHE": "/tmp/k"}, with(func(c *Config) { c.KernelCache = "/tmp/k" })},
 		{map[string]string{"SYMM_KERNEL_CACHE": "off", "HOME": "/home/u"}, defaults},
@@ -120,6 +121,7 @@ func TestConfigFromEnvRefuses(t *testing.T) {
 		{map[string]string{"SYMM_ALL_REDUCE": "fastest"}, `SYMM_ALL_REDUCE="fastest": want auto, push, two_shot or one_shot`},
 		{map[string]string{"SYMM_ALLOW_OVERLAPPING_DEVICES": "yes"}, `SYMM_ALLOW_OVERLAPPING_DEVICES="yes": want 1 (on) or 0 (off)`},
 		{map[string]string{"SYMM_TRACE_RENDEZVOUS": "true"}, `SYMM_TRACE_RENDEZVOUS="true": want 1 (on) or 0 (off)`},
+		{map[string]string{"SYMM_LAUNCH_THROUGH_GO": "yes"}, `SYMM_LAUNCH_THROUGH_GO="yes": want 1 (on) or 0 (off)`},
 	} {
 		c, err := ConfigFromEnv(envMap(tc.env))
 		require.ErrorIs(t, err, ErrInvalid, "%v", tc.env)
@@ -205,6 +207,7 @@ func envOf(c Config) map[string]string {
 	e["SYMM_ALL_REDUCE"] = c.AllReduce.String()
 	e["SYMM_ALLOW_OVERLAPPING_DEVICES"] = map[bool]string{true: "1", false: "0"}[c.AllowOverlappingDevices]
 	e["SYMM_TRACE_RENDEZVOUS"] = map[bool]string{true: "1", false: "0"}[c.Trace]
+	e["SYMM_LAUNCH_THROUGH_GO"] = map[bool]string{true: "1", false: "0"}[c.LaunchThroughGo]
 	return e
 }
 

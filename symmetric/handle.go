@@ -56,6 +56,8 @@ type Handle struct {
 
 	kstat kernelStatus // its kernels' function handles and status word (kernelsig.go)
 
+	plan planState // its launch plan for C callers (plan.go)
+
 	push pushSetUp // the push all-reduce's workspace set-up (push.go)
 
 	// epochSync: the handle's group owns its block's sync area (every rank's
@@ -207,6 +209,8 @@ func (h *Handle) buildArrays() error {
 
 // release unmaps every peer and frees the arrays. Called with b.mu held.
 func (h *Handle) release() error {
+	// First: no C caller may launch on what goes below.
+	h.retirePlan()
 	var errs []error
 	if h.unregister != nil {
 		errs = append(errs, h.unregister())

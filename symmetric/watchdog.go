@@ -246,10 +246,13 @@ func (m *Manager) runWatchdog(sm streamMarker) {
 	}
 }
 
-// fail records the handle's first asynchronous failure and prints it once.
+// fail records the handle's first asynchronous failure and prints it once,
+// and withdraws the handle's launch plan: its later calls go through Go,
+// which returns the failure.
 func (h *Handle) fail(err error) {
 	if h.asyncErr.CompareAndSwap(nil, &err) {
 		fmt.Fprintf(os.Stderr, "symm: %v\n", err)
+		h.retirePlan()
 	}
 }
 
