@@ -91,7 +91,7 @@ def build(lib: Path, tool: Path, out: Path) -> Path:
             files.append((f"symm/{f.name}", f.read_bytes(), False))
         # The PyTorch extension is compiled where it runs, against that torch:
         # its source and libsymm's header travel (python/symm/_torch_ext.py).
-        for src in ("_torch_ext.cpp", "_torch_ext_api.h", "_torch_ext_stats.h", "_torch_ext_graphs.h", "_torch_ext_cuda_ipc.h", "_torch_ext_ipc.h", "_torch_ext_snapshot.h"):
+        for src in ("_torch_ext.cpp", "_torch_ext_api.h", "_torch_ext_stats.h", "_torch_ext_graphs.h", "_torch_ext_cuda_ipc.h", "_torch_ext_ipc.h", "_torch_ext_snapshot.h", "_torch_ext_ops.h"):
             files.append((f"symm/{src}", (PKG / src).read_bytes(), False))
         # SYMM_TORCH_ALLOCATOR=1: the .pth line at site-packages' top runs at
         # Python's start-up (symm/_autoload.py); _boot is what `symm run` uses.

@@ -13,9 +13,10 @@ import threading
 import warnings
 from typing import Any
 
+from . import _ops_ext
 from ._loader import load
 from ._pool import _from_call, _last_error
-from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_stream, _ensure_backend, _fast_rc,
+from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_stream, _ensure_backend, _fast_rc, _raise_rc,
                          forget_group_stores,
                          _group_store, _tensor_at, rendezvous, rendezvous_ptr, symm_alloc, symm_free)
 
@@ -244,10 +245,49 @@ def one_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     kernels cannot run, TIMEOUT naming a rank that did not come)."""
     import torch
 
+    if op == "sum" and tensor.is_cuda:
+        if out is None:
+            out = torch.empty_like(local_input if local_input is not None else tensor)
+        if _ext_collective(0, tensor, group, out, local_input, timeout_ms):
+            return out
     code, n, local = _all_reduce_args("one_shot_all_reduce", tensor, op, local_input)
     if out is None:
         out = torch.empty_like(local_input if local_input is not None else tensor)
     return _run_all_reduce("one_shot_all_reduce", tensor, group, out, n, code, local, timeout_ms)
+
+
+_EXT_NAMES = ("symm_one_shot_all_reduce", "symm_two_shot_all_reduce", "symm_reduce_scatter", "symm_all_gather")
+
+
+def _ext_collective(kind: int, tensor, group, out, local_input, timeout_ms) -> bool:
+    """Collective kind (0 one-shot, 1 two-shot, 2 reduce-scatter, 3
+    all-gather) through the extension (_ops_ext) when tensor is a CUDA
+    tensor whose handle in group is known (a call on it went the ctypes way
+    before): True when done; False when the caller must take the ctypes
+    way, which checks and words every error (nothing was done); a failure
+    of the C call raises, as the ctypes way does."""
+    m = _ops_ext.loaded
+    if m is None:  # not tried yet: only a CUDA tensor builds the extension
+        if not tensor.is_cuda:
+            return False
+        m = _ops_ext.ops()
+    if not m:
+        return False
+    st = _groups.get(id(group if group is not None and not isinstance(group, str) else _resolve_group(group)))
+    if st is None:
+        return False
+    hit = st.handles.get(tensor.data_ptr())
+    if hit is None or hit[0]() is not tensor:
+        return False
+    try:
+        rc = m.collective(kind, tensor, out, local_input, hit[1], hit[2], hit[3], timeout_ms, -1)
+    except TypeError:  # an argument pybind11 does not convert (a float timeout): the ctypes way takes it
+        return False
+    if rc == 0:
+        return True
+    if rc > 0:
+        _raise_rc(rc, _EXT_NAMES[kind])
+    return False
 
 
 def _run_all_reduce(fn: str, tensor, group, out, n: int, code: int, local: int, timeout_ms: int):
@@ -292,6 +332,9 @@ def two_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
     same bits as one_shot_all_reduce. Raises SymmError (INVALID,
     NO_DEVICE when the kernels cannot run, TIMEOUT naming a rank that did
     not come)."""
+    dst = tensor if out is None else out
+    if op == "sum" and _ext_collective(1, tensor, group, dst, local_input, timeout_ms):
+        return dst
     code, n, local = _all_reduce_args("two_shot_all_reduce", tensor, op, local_input)
     return _run_all_reduce("two_shot_all_reduce", tensor, group, tensor if out is None else out, n, code, local,
                            timeout_ms)
@@ -327,6 +370,8 @@ def reduce_scatter(tensor, op: str = "sum", group=None, out=None, local_input=No
     (INVALID, NO_DEVICE, TIMEOUT naming a rank that did not come)."""
     if op != "sum":
         raise ValueError(f"reduce_scatter: op {op!r}: only 'sum' is supported")
+    if out is not None and _ext_collective(2, tensor, group, out, local_input, timeout_ms):
+        return out
     hit = _allreduce_handle(tensor, group)
     world, rank = hit[3], hit[4]
     if tensor.numel() % world:
@@ -355,6 +400,9 @@ def all_gather(tensor, group=None, out=None, local_input=None, timeout_ms: int =
     float32, bfloat16 and float16 (a copy), n's bytes a multiple of 4; in
     stream order on the current stream; every rank calls it with the same
     shape. Raises ValueError or SymmError (INVALID, NO_DEVICE, TIMEOUT)."""
+    dst = tensor if out is None else out
+    if _ext_collective(3, tensor, group, dst, local_input, timeout_ms):
+        return dst
     hit = _allreduce_handle(tensor, group)
     world = hit[3]
     if tensor.numel() % world:

@@ -13,6 +13,7 @@ import ctypes
 import os
 from typing import Any, Sequence
 
+from . import _ops_ext
 from ._errors import ErrorCode, SymmError
 from ._loader import HandleInfo, load, library_path
 from ._backends import _ensure_backend
@@ -109,6 +110,9 @@ class Handle:
     def __init__(self, handle: int, device: Any = None):
         self._h = handle
         self._device = device
+        # The device's index for the extension's signals (None: the ctypes way).
+        index = getattr(device, "index", None) if getattr(device, "type", None) == "cuda" else None
+        self._cuda_index = index if isinstance(index, int) else None
         self.device = device  # PyTorch's handle has .device too
         info = HandleInfo()
         _call_rc(load().symm_handle_info, handle, ctypes.byref(info))
@@ -147,14 +151,40 @@ class Handle:
         checks it in the background for SYMM_TIMEOUT_MS; a barrier that never
         completes fails the handle, and its next call raises SymmError(TIMEOUT).
         With the signal kernels a timeout fails the handle in both cases."""
+        if stream is None and self._cuda_index is not None and self._ext_signal(2, 0, channel, timeout_ms):
+            return
         _fast_rc(load().symm_barrier, self._h, int(channel), self._stream(stream), int(timeout_ms))
 
     def put_signal(self, dst_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
-        del timeout_ms  # the C call has none: on GPUs the put is queued on the stream; on host it waits at most SYMM_TIMEOUT_MS
+        # The C call has no timeout: on GPUs the put is queued on the stream; on host it waits at most SYMM_TIMEOUT_MS.
+        if stream is None and self._cuda_index is not None and self._ext_signal(0, dst_rank, channel, 0):
+            return
         _fast_rc(load().symm_put_signal, self._h, int(dst_rank), int(channel), self._stream(stream))
 
     def wait_signal(self, src_rank: int, channel: int = 0, timeout_ms: int = 0, stream=None) -> None:
+        if stream is None and self._cuda_index is not None and self._ext_signal(1, src_rank, channel, timeout_ms):
+            return
         _fast_rc(load().symm_wait_signal, self._h, int(src_rank), int(channel), self._stream(stream), int(timeout_ms))
+
+    def _ext_signal(self, kind: int, peer, channel, timeout_ms) -> bool:
+        """A put (kind 0), wait (1) or barrier (2) on the current stream
+        through the extension (_ops_ext): True when done, False when it
+        is not there or passed the call on (the ctypes way then checks and
+        runs it); a failure raises, as the ctypes way does."""
+        m = _ops_ext.loaded
+        if m is None:
+            m = _ops_ext.ops()
+        if not m:
+            return False
+        try:
+            rc = m.signal(kind, self._h, peer, channel, self._cuda_index, timeout_ms, -1)
+        except TypeError:  # an argument pybind11 does not convert (a float): the ctypes way takes it
+            return False
+        if rc == 0:
+            return True
+        if rc > 0:
+            _raise_rc(rc, ("symm_put_signal", "symm_wait_signal", "symm_barrier")[kind])
+        return False
 
     def reset_signal_pad(self, timeout_ms: int = 0) -> None:
         """Zeroes this rank's signal pad once no peer can still be signalling
@@ -308,12 +338,18 @@ def _fast_rc(fn, *args) -> None:
     succeeds (the library sets the last error whenever it fails)."""
     rc = fn(*args)
     if rc:
-        err = _last_error(load())
-        if err.code == ErrorCode.OK:
-            from ._errors import make_error
+        _raise_rc(rc, fn.__name__)
 
-            err = make_error(rc, f"{fn.__name__} failed with code {rc}")
-        raise _from_call(err, _python_call(), fn.__name__)
+
+def _raise_rc(rc: int, name: str) -> None:
+    """Raises what C function name's failure rc (not 0) means: the
+    library's last error, set by the failed call."""
+    err = _last_error(load())
+    if err.code == ErrorCode.OK:
+        from ._errors import make_error
+
+        err = make_error(rc, f"{name} failed with code {rc}")
+    raise _from_call(err, _python_call(), name)
 
 
 def _current_raw_stream(device) -> int:

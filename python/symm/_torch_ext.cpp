@@ -356,6 +356,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
 #include "_torch_ext_graphs.h"
 #include "_torch_ext_cuda_ipc.h"
 #include "_torch_ext_snapshot.h"
+#include "_torch_ext_ops.h"
 
 namespace {
 
@@ -395,4 +396,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("change_current", &change_current);
   m.def("is_current", &is_current);
   m.def("missing", []() { return g_missing; });
+  m.def("ops_init", &ops_init, py::arg("libsymm_path"));
+  m.def("collective", &run_collective, py::arg("kind"), py::arg("tensor"), py::arg("out"), py::arg("local"), py::arg("hid"),
+        py::arg("offset"), py::arg("world"), py::arg("timeout_ms"), py::arg("stream"));
+  m.def("signal", &run_signal, py::arg("kind"), py::arg("hid"), py::arg("peer"), py::arg("channel"), py::arg("device"),
+        py::arg("timeout_ms"), py::arg("stream"));
 }

@@ -67,7 +67,7 @@ SOURCE = Path(__file__).resolve().parent / "_torch_ext.cpp"
 # key, so that an upgrade that changes only a header rebuilds.
 HEADERS = tuple(SOURCE.parent / h for h in (
     "_torch_ext_api.h", "_torch_ext_stats.h", "_torch_ext_graphs.h", "_torch_ext_cuda_ipc.h", "_torch_ext_ipc.h",
-    "_torch_ext_snapshot.h"))
+    "_torch_ext_snapshot.h", "_torch_ext_ops.h"))
 
 # A compiler that failed with one of these did not find an error in the
 # source: the machine was short of something. Such a failure is not remembered.

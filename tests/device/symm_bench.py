@@ -26,7 +26,9 @@ then ×4): the default 4K..256M is 4 KiB .. 1 MiB, 4, 16, 64 and 256 MiB.
   share.
 - barrier: Handle.barrier beside PyTorch's symm_mem barrier (channel 0),
   200 back to back (CUDA events and host time per call) and 20 captured in
-  a CUDA graph, replayed 50 times.
+  a CUDA graph, replayed 50 times. With --shared (and --what barrier),
+  WORLD ranks share fewer GPUs over a gloo group: the host's costs where
+  one GPU is all there is.
 Symmetric tensors are allocated once at the largest size; each size views
 their start. A call that fails puts its error in the cell (notes under the
 table give it in full). Rank 0's figures are shown; an error on any rank
@@ -52,7 +54,7 @@ os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
 os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
 
 from symm_bench_cells import (  # noqa: E402 - beside this file
-    Bench, KiB, MiB, Table, _graph_time, _host_time, parse_list, parse_sizes, plan_text, size_name, git_commit)
+    Bench, KiB, MiB, Table, _graph_time, _host_time, _queue_time, parse_list, parse_sizes, plan_text, size_name, git_commit)
 
 WHAT, MODES, DTYPES = ("allreduce", "rsag", "barrier"), ("graph", "eager"), ("bfloat16", "float32")
 BENCH1_SIZES = [4 * KiB << k for k in range(11)]  # 4 KiB .. 4 MiB
@@ -212,6 +214,10 @@ def bench_barrier(b):
                      [p[0] if isinstance(p, tuple) else p for p in pair], None))
         rows.append(("200 back to back: host µs per call, until the GPU is done",
                      [p[1] if isinstance(p, tuple) else p for p in pair], None))
+        rows.append(("200 back to back: host µs per call to queue it (the GPU not waited for)",
+                     [b.cell("barrier queue libsymm", ours, lambda fn: _queue_time(fn, 200)),
+                      b.cell("barrier queue torch", theirs, lambda fn: _queue_time(fn, 200)) if ht is not None else t_err],
+                     None))
     if "graph" in b.opts.mode:
         g = [b.cell("barrier graph libsymm", ours, lambda fn: _graph_time(b.dev, fn, replays=50, calls=20))]
         g.append(b.cell("barrier graph torch", theirs, lambda fn: _graph_time(b.dev, fn, replays=50, calls=20))
@@ -221,7 +227,11 @@ def bench_barrier(b):
     if merged is None:
         return
     tab = Table()
-    lines = [f"## barrier, {b.world} GPUs", "", "libsymm: Handle.barrier(channel=0); PyTorch: "
+    import torch
+
+    ngpu = min(torch.cuda.device_count(), b.world)
+    where = f"{b.world} GPUs" if ngpu == b.world else f"{b.world} ranks sharing {ngpu} GPU(s)"
+    lines = [f"## barrier, {where}", "", "libsymm: Handle.barrier(channel=0); PyTorch: "
              "symm_mem.rendezvous(t, group).barrier(channel=0), CUDA backend; ratio below 1: libsymm faster.", "",
              "| how | libsymm | torch symm_mem | libsymm / torch |", "| --- | --- | --- | --- |"]
     for label, (x, y), _ in merged:
@@ -284,10 +294,14 @@ def run_rank(rank, world, port, opts, info):
 
     import symm
 
-    dev = torch.device("cuda", rank)
+    ngpu = torch.cuda.device_count()
+    dev = torch.device("cuda", rank % ngpu)
     torch.cuda.set_device(dev)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    if world <= ngpu:
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    else:  # --shared: NCCL refuses two ranks on one GPU
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     b = Bench(rank, world, dev, dist.group.WORLD, opts, info)
     ready = symm.kernels_ready(dev.index)
     try:
@@ -354,7 +368,11 @@ def parse_args(argv):
     p.add_argument("--dtypes", default=",".join(DTYPES), help="bfloat16,float32")
     p.add_argument("--timeout", type=float, default=540, help="seconds before the ranks are stopped (540)")
     p.add_argument("--bench1", action="store_true", help="one GPU, world 1: launch costs beside PyTorch's")
+    p.add_argument("--shared", action="store_true",
+                   help="with --what barrier: WORLD ranks on fewer GPUs, sharing them (gloo group; host costs)")
     opts = p.parse_args(argv)
+    if opts.shared and (opts.bench1 or opts.what != "barrier"):
+        p.error("--shared measures the barrier alone: use it with --what barrier")
     try:
         opts.sizes = parse_sizes(opts.sizes) if opts.sizes else (BENCH1_SIZES if opts.bench1 else parse_sizes("4K..256M"))
         opts.what = parse_list(opts.what, WHAT, "what")
@@ -375,9 +393,12 @@ def main():
 
     ngpu = torch.cuda.device_count()
     world = 1 if opts.bench1 else opts.world if opts.world is not None else ngpu
-    if world > ngpu or (world < 2 and not opts.bench1):
-        print(f"symm_bench: {world} ranks need 2 or more GPUs, one per rank ({ngpu} here)", file=sys.stderr)
+    if (world > ngpu and not (opts.shared and ngpu >= 1)) or (world < 2 and not opts.bench1):
+        print(f"symm_bench: {world} ranks need 2 or more GPUs, one per rank ({ngpu} here; "
+              f"--shared --what barrier lets ranks share them)", file=sys.stderr)
         return 2
+    if world > ngpu:
+        os.environ["SYMM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     if os.environ.get("OUT"):
         os.makedirs(os.environ["OUT"], exist_ok=True)
     info = {"commit": git_commit(), "argv": " ".join(["symm_bench.py"] + sys.argv[1:])}

@@ -123,6 +123,25 @@ def _host_time(fn, reps, warm=10):
     return a.elapsed_time(b) * 1e3 / reps, host * 1e6
 
 
+def _queue_time(fn, reps, warm=10):
+    """Host µs per call to queue reps back-to-back fn() on the current
+    stream, the GPU not waited for (then it is): the host's part alone,
+    which ranks sharing a GPU can measure (their kernels take turns on it)."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host = (time.perf_counter() - t0) / reps
+    torch.cuda.synchronize()
+    return host * 1e6
+
+
 class Bench:
     """One rank's side: cells timed in the same order on every rank."""
 
