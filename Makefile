@@ -163,6 +163,7 @@ fuzz:
 	@bash tests/fuzz.sh ./topology FuzzNormalizeBusID $(FUZZTIME)
 	@bash tests/fuzz.sh ./symmetric FuzzConfigFromEnv $(FUZZTIME)
 	@bash tests/fuzz.sh ./export FuzzPlanCollective $(FUZZTIME)
+	@bash tests/fuzz.sh ./export FuzzPlanPush $(FUZZTIME)
 
 # The demo: on a machine with an NVIDIA GPU and PyTorch it trains a small
 # model on the pool; otherwise it runs on the host backend.

@@ -99,6 +99,7 @@ func goPushAllReduce(hid C.int64_t, in, out C.uintptr_t, count C.size_t, dtype, 
 	if err != nil {
 		return failSymm(fn, err)
 	}
+	offerPlan(int64(hid), h)
 	return C.SYMM_OK
 }
 

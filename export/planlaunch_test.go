@@ -26,6 +26,7 @@ func launchTestPlan(hid int64) launchPlan {
 	p := planFor(hid)
 	p.World, p.Rank, p.Channels, p.MaxBlocks, p.MeetBarrier = 4, 1, symmetric.SignalPadSize/4/4, 96, kernels.MeetBarrier
 	p.Buffer, p.BufferSize = lpBuffer, lpSize
+	p.PushLines, p.PushMaxBlocks, p.PushReady = lpSize/(2*16*4), kernels.PushMaxBlocks, recordReady(1)
 	return p
 }
 
@@ -250,5 +251,87 @@ func TestPlanShapeIsGos(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// expectPush is the launch Go makes for a push all-reduce a on plan p.
+func expectPush(t *testing.T, p launchPlan, a symmetric.PushAllReduce) planLaunch {
+	nbytes, err := symmetric.CheckPlanPush(p.Plan, a)
+	require.NoError(t, err)
+	blocks, threads := kernels.PushLaunch((nbytes + 7) / 8)
+	stream := uint64(a.Stream)
+	if stream == 0 {
+		stream = 1
+	}
+	return planLaunch{Fn: uint64(p.Push[a.Dtype]), Stream: stream, Grid: blocks, Block: threads, Words: []uint64{
+		uint64(p.Buffers), uint64(p.PushState), uint64(a.In), uint64(a.Out), nbytes, p.PushLines, 1, 4,
+		uint64(p.Timeout.Nanoseconds()), uint64(p.Status)}}
+}
+
+// The push all-reduce launches from the plan once its workspace is set up
+// (the ready word its set-up kernel writes); before, it goes to Go, which
+// queues the set-up.
+func TestPlanPushLaunch(t *testing.T) {
+	p := launchTestPlan(planBase + 507)
+	withPlan(t, p)
+	in, out := uintptr(0x9000_0000_0000), uintptr(0x9100_0000_0000)
+	recordReady(0)
+	recordReset(10, uintptr(p.Ctx), false)
+	require.Equal(t, 1, planPush(p.HID, in, out, 1000, int(kernels.Float32), 0, 0), "not set up yet")
+	_, n, _ := recorded()
+	require.Zero(t, n)
+	recordReady(1)
+	for _, a := range []symmetric.PushAllReduce{
+		{In: in, Out: out, Count: 1000, Dtype: kernels.Float32, Stream: 5},
+		{In: in, Out: in, Count: 3, Dtype: kernels.BFloat16},
+		{In: in + 2, Out: out + 6, Count: 30000, Dtype: kernels.Float16},
+	} {
+		a.Op = "sum"
+		recordReset(10, uintptr(p.Ctx), false)
+		require.Equal(t, 0, planPush(p.HID, a.In, a.Out, a.Count, int(a.Dtype), 0, a.Stream))
+		l, _, _ := recorded()
+		require.Equal(t, expectPush(t, p, a), l)
+	}
+}
+
+// FuzzPlanPush: the plan takes exactly the push all-reduces Go's checks
+// take (symmetric.CheckPlanPush), and launches them as Go would.
+func FuzzPlanPush(f *testing.F) {
+	f.Add(int64(1<<30), int64(1<<31), uint64(256), uint8(0), int8(0))
+	f.Add(int64(1<<30), int64(1<<30), uint64(3), uint8(1), int8(0))
+	f.Add(int64(8), int64(1<<30), uint64(100), uint8(2), int8(0))
+	f.Add(int64(1<<30), int64(1<<30+2), uint64(100), uint8(2), int8(1))
+	f.Add(int64(-64), int64(1<<30), uint64(1<<20), uint8(0), int8(0))
+	p := launchTestPlan(planBase + 508)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	recordLaunches()
+	recordReady(1)
+	require.True(f, publishPlan(p))
+	defer retirePlan(p.HID)
+	f.Fuzz(func(t *testing.T, inAt, outAt int64, count uint64, dtype uint8, op int8) {
+		a := symmetric.PushAllReduce{In: lpBuffer + uintptr(inAt), Out: lpBuffer + uintptr(outAt), Count: count,
+			Dtype: kernels.Dtype(dtype % 4), Op: "sum"}
+		recordReset(10, uintptr(p.Ctx), false)
+		got := planPush(p.HID, a.In, a.Out, a.Count, int(a.Dtype), int(op), 0)
+		nbytes, err := symmetric.CheckPlanPush(p.Plan, a)
+		if op != 0 || err != nil || nbytes == 0 {
+			require.Equal(t, 1, got, "passed on to Go (op %d, Go's check: %v, %d bytes)", op, err, nbytes)
+			_, n, _ := recorded()
+			require.Zero(t, n)
+			return
+		}
+		require.Equal(t, 0, got, "Go takes %+v", a)
+		l, _, _ := recorded()
+		require.Equal(t, expectPush(t, p, a), l)
+	})
+}
+
+// The plan's push launch shape is Go's.
+func TestPlanPushShapeIsGos(t *testing.T) {
+	for nbytes := uint64(1); nbytes < 1<<32; nbytes = nbytes*3 + 1 {
+		b, th := kernels.PushLaunch((nbytes + 7) / 8)
+		cb, cth := planPushShape(nbytes, kernels.PushMaxBlocks)
+		require.Equal(t, [2]uint32{b, th}, [2]uint32{cb, cth}, "%d bytes", nbytes)
 	}
 }

@@ -310,4 +310,40 @@ int libsymm_plan_collective(int kind, int64_t hid, uint64_t offset, uint64_t cou
   return launch(p, fi, blocks, threads, stream, w, 11);
 }
 
+void libsymm_plan_push_shape(uint64_t nbytes, uint32_t max_blocks, uint32_t *blocks, uint32_t *threads) {
+  // A thread per 8-byte line, blocks of 256 threads.
+  constexpr uint64_t kPerBlock = 256;
+  uint64_t lines = (nbytes + 7) / 8;
+  if (lines <= kPerBlock) {
+    uint64_t t = (lines + 31) / 32 * 32;
+    *blocks = 1;
+    *threads = static_cast<uint32_t>(t < 32 ? 32 : t);
+    return;
+  }
+  uint64_t b = (lines + kPerBlock - 1) / kPerBlock;
+  *blocks = static_cast<uint32_t>(b < max_blocks ? b : max_blocks);
+  *threads = kPerBlock;
+}
+
+int libsymm_plan_push(int64_t hid, uint64_t in, uint64_t out, uint64_t count, int dtype, int op, void *stream) {
+  uint64_t size = dtype_size(dtype);
+  if (size == 0 || count == 0 || op != SYMM_SUM || count > UINT64_MAX / size) return SYMM_PLAN_PASS;
+  Plan e(hid);
+  const symm_plan_t *p = e.p;
+  if (p == nullptr || p->push_lines == 0) return SYMM_PLAN_PASS;
+  // symmetric's checkPush.
+  uint64_t nbytes = count * size;
+  if (nbytes > 8 * p->push_lines || in == 0 || out == 0 || in % size != 0 || out % size != 0) return SYMM_PLAN_PASS;
+  if (in != out && overlap(in, out, nbytes)) return SYMM_PLAN_PASS;
+  if (overlap_ranges(in, nbytes, p->buffer, p->buffer_size) || overlap_ranges(out, nbytes, p->buffer, p->buffer_size))
+    return SYMM_PLAN_PASS;
+  // Set up (its set-up kernel has run): else Go queues the set-up first.
+  if (p->push_ready == 0 || __atomic_load_n(reinterpret_cast<const uint64_t *>(p->push_ready), __ATOMIC_ACQUIRE) == 0)
+    return SYMM_PLAN_PASS;
+  uint32_t blocks, threads;
+  libsymm_plan_push_shape(nbytes, p->push_max_blocks, &blocks, &threads);
+  uint64_t w[] = {p->buffers, p->push_state, in, out, nbytes, p->push_lines, u32(p->rank), u32(p->world), 0, 0};
+  return launch(p, SYMM_PLAN_PUSH + dtype, blocks, threads, stream, w, 10);
+}
+
 }  // extern "C"

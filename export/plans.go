@@ -36,6 +36,8 @@ func (p launchPlan) c() C.symm_plan_t {
 	c.max_blocks, c.meet_barrier = C.uint32_t(p.MaxBlocks), C.int32_t(p.MeetBarrier)
 	c.buffers, c.pads, c.epochs, c.status = C.uint64_t(p.Buffers), C.uint64_t(p.Pads), C.uint64_t(p.Epochs), C.uint64_t(p.Status)
 	c.buffer, c.buffer_size, c.timeout_ns = C.uint64_t(p.Buffer), C.uint64_t(p.BufferSize), C.uint64_t(p.Timeout.Nanoseconds())
+	c.push_state, c.push_lines, c.push_ready = C.uint64_t(p.PushState), C.uint64_t(p.PushLines), C.uint64_t(p.PushReady)
+	c.push_max_blocks = C.uint32_t(p.PushMaxBlocks)
 	for i, f := range p.fns() {
 		c.fn[i] = C.uint64_t(*f)
 	}
@@ -54,6 +56,9 @@ func (p *launchPlan) fns() [C.SYMM_PLAN_KERNELS]*uintptr {
 		}
 	}
 	f[C.SYMM_PLAN_ALL_GATHER], f[C.SYMM_PLAN_ALL_GATHER+1] = &p.AllGather[0], &p.AllGather[1]
+	for d := range 3 {
+		f[C.SYMM_PLAN_PUSH+d] = &p.Push[d]
+	}
 	return f
 }
 
@@ -63,6 +68,8 @@ func planOf(c *C.symm_plan_t) launchPlan {
 		MaxBlocks: uint32(c.max_blocks), MeetBarrier: int(c.meet_barrier),
 		Buffers: uintptr(c.buffers), Pads: uintptr(c.pads), Epochs: uintptr(c.epochs), Status: uintptr(c.status),
 		Buffer: uintptr(c.buffer), BufferSize: uint64(c.buffer_size), Timeout: time.Duration(c.timeout_ns),
+		PushState: uintptr(c.push_state), PushLines: uint64(c.push_lines), PushReady: uintptr(c.push_ready),
+		PushMaxBlocks: uint32(c.push_max_blocks),
 	}}
 	for i, f := range p.fns() {
 		*f = uintptr(c.fn[i])

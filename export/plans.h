@@ -36,7 +36,8 @@ extern "C" {
 
 // Kernels a plan holds, by index into symm_plan_t.fn. The reducing families
 // hold 6 each: + 2 × dtype (SYMM_FLOAT32, _BFLOAT16, _FLOAT16) + (0 for 4
-// words per thread, 1 for one); the all-gather 2 (4 words, one).
+// words per thread, 1 for one); the all-gather 2 (4 words, one); the push
+// all-reduce 3, by dtype.
 enum {
   SYMM_PLAN_BARRIER = 0,
   SYMM_PLAN_PUT = 1,
@@ -45,7 +46,8 @@ enum {
   SYMM_PLAN_TWO_SHOT = 9,
   SYMM_PLAN_REDUCE_SCATTER = 15,
   SYMM_PLAN_ALL_GATHER = 21,
-  SYMM_PLAN_KERNELS = 23
+  SYMM_PLAN_PUSH = 23,  // 3: + dtype
+  SYMM_PLAN_KERNELS = 26
 };
 
 // The collectives a plan launches (libsymm_plan_collective's kind).
@@ -62,6 +64,9 @@ typedef struct {
   uint64_t buffer, buffer_size;        // this rank's buffer as mapped here, its size
   uint64_t timeout_ns;                 // the kernels' deadline (SYMM_TIMEOUT_MS)
   uint64_t ctx;                        // the CUcontext the kernels were loaded into
+  uint64_t push_state, push_lines;     // a push workspace's state (device) and slot lines
+  uint64_t push_ready;                 // host address of its ready word (non-zero once set up)
+  uint32_t push_max_blocks, reserved;  // the push kernel's grid cap
   uint64_t fn[SYMM_PLAN_KERNELS];      // CUfunction of each kernel
 } symm_plan_t;
 
@@ -100,12 +105,19 @@ int libsymm_plan_wait(int64_t hid, int src, int channel, void *stream);
 // op: SYMM_SUM (0), or -1 for the all-gather, which has none.
 int libsymm_plan_collective(int kind, int64_t hid, uint64_t offset, uint64_t count, int dtype, int op, uint64_t out,
                             uint64_t local, void *stream);
+// The push all-reduce on workspace hid, once the workspace is set up (its
+// first call, through Go, sets it up; until its set-up kernel has run the
+// calls pass).
+int libsymm_plan_push(int64_t hid, uint64_t in, uint64_t out, uint64_t count, int dtype, int op, void *stream);
 
 // libsymm_plan_shape is the collectives' launch shape for nbytes at offset
 // in a world of world ranks with grid cap max_blocks (Go's allReduceShape):
 // v is the words per thread, 4 or 1.
 void libsymm_plan_shape(uint64_t offset, uint64_t nbytes, int world, uint32_t max_blocks, int *v, uint32_t *blocks,
                         uint32_t *threads);
+// libsymm_plan_push_shape is the push kernel's (kernels.PushLaunch) over
+// nbytes, at most max_blocks blocks.
+void libsymm_plan_push_shape(uint64_t nbytes, uint32_t max_blocks, uint32_t *blocks, uint32_t *threads);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,7 @@ typedef struct {
   int ctx_set, pushed, popped, launches, nwords;
 } rec_t;
 static rec_t rec;
+static uint64_t rec_ready_word; // a push workspace's ready word, for the tests' plans
 
 static int rec_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                       unsigned shmem, void *stream, void **params, void **extra) {
@@ -44,6 +45,7 @@ static void rec_reset(int words, uintptr_t cur, int fail) {
   rec_fail_launch = fail;
 }
 static rec_t rec_get(void) { rec_t r = rec; r.nwords = rec_words; return r; }
+static uintptr_t rec_ready(uint64_t v) { __atomic_store_n(&rec_ready_word, v, __ATOMIC_RELEASE); return (uintptr_t)&rec_ready_word; }
 static uintptr_t rec_current(void) { return (uintptr_t)rec_cur; }
 
 // The launches with the stream as an integer (Go passes no pointers it made up).
@@ -53,6 +55,9 @@ static int rec_wait(int64_t hid, int src, int channel, uintptr_t s) { return lib
 static int rec_collective(int kind, int64_t hid, uint64_t offset, uint64_t count, int dtype, int op, uint64_t out,
                           uint64_t local, uintptr_t s) {
   return libsymm_plan_collective(kind, hid, offset, count, dtype, op, out, local, (void *)s);
+}
+static int rec_push(int64_t hid, uint64_t in, uint64_t out, uint64_t count, int dtype, int op, uintptr_t s) {
+  return libsymm_plan_push(hid, in, out, count, dtype, op, (void *)s);
 }
 */
 import "C"
@@ -83,10 +88,14 @@ func recorded() (planLaunch, int, int) {
 	return l, int(r.launches), int(r.pushed)
 }
 
+// recordReady sets the tests' push ready word to v and returns its
+// address (C memory: a plan may hold it).
+func recordReady(v uint64) uintptr { return uintptr(C.rec_ready(C.uint64_t(v))) }
+
 // recordCurrent is the calling thread's context in the test driver.
 func recordCurrent() uintptr { return uintptr(C.rec_current()) }
 
-// planBarrier, planPut, planWait and planCollective run the per-call
+// planBarrier, planPut, planWait, planCollective and planPush run the per-call
 // launches from C as the entry points do (SYMM_PLAN_DONE or _PASS).
 func planBarrier(hid int64, channel int, stream uintptr) int {
 	return int(C.rec_barrier(C.int64_t(hid), C.int(channel), C.uintptr_t(stream)))
@@ -103,6 +112,18 @@ func planWait(hid int64, src, channel int, stream uintptr) int {
 func planCollective(kind int, hid int64, offset, count uint64, dtype, op int, out, local, stream uintptr) int {
 	return int(C.rec_collective(C.int(kind), C.int64_t(hid), C.uint64_t(offset), C.uint64_t(count), C.int(dtype),
 		C.int(op), C.uint64_t(out), C.uint64_t(local), C.uintptr_t(stream)))
+}
+
+func planPush(hid int64, in, out uintptr, count uint64, dtype, op int, stream uintptr) int {
+	return int(C.rec_push(C.int64_t(hid), C.uint64_t(in), C.uint64_t(out), C.uint64_t(count), C.int(dtype), C.int(op),
+		C.uintptr_t(stream)))
+}
+
+// planPushShape is libsymm_plan_push_shape.
+func planPushShape(nbytes uint64, maxBlocks uint32) (blocks, threads uint32) {
+	var cb, ct C.uint32_t
+	C.libsymm_plan_push_shape(C.uint64_t(nbytes), C.uint32_t(maxBlocks), &cb, &ct)
+	return uint32(cb), uint32(ct)
 }
 
 // planShape is libsymm_plan_shape.

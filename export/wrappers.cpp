@@ -217,11 +217,14 @@ int symm_all_gather(symm_handle_t h, size_t offset, size_t count, int dtype, voi
     return SYMM_OK;
   return goAllGather(h, offset, count, dtype, (uintptr_t)out, (uintptr_t)local_input, (uintptr_t)stream, timeout_ms);
 }
-SYMM_CALL(int, symm_push_all_reduce,
-          (symm_handle_t workspace, const void *in, void *out, size_t count, int dtype, int op, void *stream,
-           int timeout_ms),
-          SYMM_ERR_FORKED,
-          goPushAllReduce(workspace, (uintptr_t)in, (uintptr_t)out, count, dtype, op, (uintptr_t)stream, timeout_ms))
+int symm_push_all_reduce(symm_handle_t workspace, const void *in, void *out, size_t count, int dtype, int op,
+                         void *stream, int timeout_ms) {
+  if (forked("symm_push_all_reduce")) return SYMM_ERR_FORKED;
+  if (timeout_ms == 0 && libsymm_plan_push(workspace, (uintptr_t)in, (uintptr_t)out, count, dtype, op, stream) ==
+                             SYMM_PLAN_DONE)
+    return SYMM_OK;
+  return goPushAllReduce(workspace, (uintptr_t)in, (uintptr_t)out, count, dtype, op, (uintptr_t)stream, timeout_ms);
+}
 SYMM_CHECKED(symm_all_reduce_algorithm,
              (int world_size, size_t nbytes, size_t push_max_bytes, int algorithm, int *chosen), chosen == nullptr,
              "chosen is NULL", goAllReduceAlgorithm(world_size, nbytes, push_max_bytes, algorithm, chosen))

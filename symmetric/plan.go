@@ -43,6 +43,13 @@ type Plan struct {
 	// [dtype][0: 4 words per thread, 1: one word]
 	OneShot, TwoShot, ReduceScatter [3][2]uintptr
 	AllGather                       [2]uintptr
+	// The push all-reduce, where the handle serves as its workspace: the
+	// state, the slot lines, the host address of the ready word its set-up
+	// kernel writes (push.go), the grid cap, the kernels by dtype.
+	PushState, PushReady uintptr
+	PushLines            uint64
+	PushMaxBlocks        uint32
+	Push                 [3]uintptr
 }
 
 // planState is a handle's part in the plans: whether it was offered one,
@@ -126,10 +133,13 @@ func (h *Handle) makePlan() (Plan, error) {
 		Buffers: h.BufferPtrsDev(), Pads: h.PadPtrsDev(), Epochs: h.epochsArg(), Status: st,
 		Buffer: h.BufferPtr(h.rank), BufferSize: h.b.bufSize, Timeout: h.kernelTimeout(0),
 		MeetBarrier: kernels.MeetBarrier,
+		PushState:   h.pushStateDev(), PushReady: h.kstat.host + 8, PushLines: pushSlotLines(h.b.bufSize, h.world),
+		PushMaxBlocks: kernels.PushMaxBlocks,
 	}
 	fns := []planFn{{&p.Barrier, kBarrier}, {&p.Put, kPut}, {&p.Wait, kWait},
 		{&p.AllGather[0], allGatherIndex(4)}, {&p.AllGather[1], allGatherIndex(1)}}
 	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16, kernels.Float16} {
+		fns = append(fns, planFn{&p.Push[d], kPush + int(d)})
 		for i, v := range []int{4, 1} {
 			fns = append(fns, planFn{&p.OneShot[d][i], allReduceIndex(d, v, h.world)},
 				planFn{&p.TwoShot[d][i], twoShotIndex(d, v, h.world)},
@@ -188,6 +198,13 @@ func CheckPlanCall(p Plan, fn string, a AllReduce) (uint64, error) {
 		return g.checkAllReduce(a, fn)
 	}
 	return g.checkCollective(a, fn)
+}
+
+// CheckPlanPush is the check a push all-reduce makes of a on a workspace
+// with plan p: its size in bytes, or why it is refused (what a plan's C
+// caller must agree with).
+func CheckPlanPush(p Plan, a PushAllReduce) (uint64, error) {
+	return geometry{rank: p.Rank, world: p.World, buf: p.Buffer, bufSize: p.BufferSize}.checkPush(a)
 }
 
 // LaunchShape is the collectives' launch shape (words per thread, blocks,

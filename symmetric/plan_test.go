@@ -60,6 +60,9 @@ func TestPublishPlanFields(t *testing.T) {
 			{uintptr(reduceScatterIndex(kernels.BFloat16, 4, 1) + 1), uintptr(reduceScatterIndex(kernels.BFloat16, 1, 1) + 1)},
 			{uintptr(reduceScatterIndex(kernels.Float16, 4, 1) + 1), uintptr(reduceScatterIndex(kernels.Float16, 1, 1) + 1)}},
 		AllGather: [2]uintptr{uintptr(allGatherIndex(4) + 1), uintptr(allGatherIndex(1) + 1)},
+		PushState: h.pushStateDev(), PushReady: h.kstat.host + 8, PushLines: pushSlotLines(4096, 1),
+		PushMaxBlocks: kernels.PushMaxBlocks,
+		Push:          [3]uintptr{kPush + 1, kPush + 2, kPush + 3},
 	}, p)
 	require.True(t, h.kstat.watched.Load(), "its kernels are watched before C launches any")
 	require.True(t, h.PlanOffered())

@@ -120,7 +120,7 @@ func (h *Handle) PushAllReduce(a PushAllReduce) error {
 		return err
 	}
 	defer release()
-	nbytes, err := h.checkPush(a)
+	nbytes, err := h.geometry().checkPush(a)
 	if err != nil || nbytes == 0 {
 		return err
 	}
@@ -137,7 +137,7 @@ func (h *Handle) PushAllReduce(a PushAllReduce) error {
 }
 
 // checkPush validates a and returns its size in bytes (0: nothing to do).
-func (h *Handle) checkPush(a PushAllReduce) (uint64, error) {
+func (g geometry) checkPush(a PushAllReduce) (uint64, error) {
 	size := uint64(a.Dtype.Size())
 	switch {
 	case size == 0:
@@ -152,13 +152,13 @@ func (h *Handle) checkPush(a PushAllReduce) (uint64, error) {
 		return 0, fmt.Errorf("%w: push_all_reduce: %d elements overflow", ErrInvalid, a.Count)
 	}
 	nbytes := a.Count * size
-	limit := h.PushMaxBytes()
+	limit := 8 * pushSlotLines(g.bufSize, g.world)
 	switch {
 	case nbytes > limit:
-		need, _ := PushWorkspaceSize(h.world, nbytes)
+		need, _ := PushWorkspaceSize(g.world, nbytes)
 		return 0, fmt.Errorf("%w: push_all_reduce: %d bytes (%d %s) exceed the workspace's limit of %d bytes per call "+
 			"(a %d-byte buffer for %d ranks); a workspace of %d bytes takes them (symm_push_all_reduce_workspace_size)",
-			ErrInvalid, nbytes, a.Count, a.Dtype, limit, h.b.bufSize, h.world, need)
+			ErrInvalid, nbytes, a.Count, a.Dtype, limit, g.bufSize, g.world, need)
 	case a.In == 0 || a.Out == 0:
 		return 0, fmt.Errorf("%w: push_all_reduce: the input %#x or the output %#x is NULL", ErrInvalid, a.In, a.Out)
 	case uint64(a.In)%size != 0 || uint64(a.Out)%size != 0:
@@ -170,7 +170,7 @@ func (h *Handle) checkPush(a PushAllReduce) (uint64, error) {
 		return 0, fmt.Errorf("%w: push_all_reduce: the output %#x overlaps the input %#x (%d bytes each) at a shift of %+d bytes; "+
 			"pass the same pointer (in place) or disjoint buffers", ErrInvalid, a.Out, a.In, nbytes, int64(a.Out-a.In))
 	}
-	ws, n := h.BufferPtr(h.rank), h.b.bufSize
+	ws, n := g.buf, g.bufSize
 	if intersects(a.In, nbytes, ws, n) || intersects(a.Out, nbytes, ws, n) {
 		return 0, fmt.Errorf("%w: push_all_reduce: the input %#x or the output %#x (%d bytes) lies in the workspace's own buffer "+
 			"(%#x, %d bytes), which the call overwrites", ErrInvalid, a.In, a.Out, nbytes, ws, n)

@@ -486,6 +486,11 @@ def push_all_reduce(tensor, op: str = "sum", group=None, out=None, timeout_ms: i
     come, after which the group's workspace has failed)."""
     import torch
 
+    if op == "sum" and tensor.is_cuda:
+        if out is None:
+            out = torch.empty_like(tensor)
+        if _ext_push(tensor, group, out, timeout_ms):
+            return out
     code, n, _ = _all_reduce_args("push_all_reduce", tensor, op, None)
     if out is None:
         out = torch.empty_like(tensor)
@@ -498,6 +503,29 @@ def push_all_reduce(tensor, op: str = "sum", group=None, out=None, timeout_ms: i
     _fast_rc(load().symm_push_all_reduce, hid, tensor.data_ptr(), out.data_ptr(), n, code, 0, _current_raw_stream(dev),
              int(timeout_ms))
     return out
+
+
+def _ext_push(tensor, group, out, timeout_ms) -> bool:
+    """push_all_reduce through the extension (_ops_ext) once the group has
+    a workspace on tensor's device: as _ext_collective."""
+    m = _ops_ext.loaded
+    if m is None:
+        m = _ops_ext.ops()
+    if not m:
+        return False
+    st = _groups.get(id(group if group is not None and not isinstance(group, str) else _resolve_group(group)))
+    hit = st.workspaces.get(tensor.get_device()) if st is not None else None
+    if hit is None:
+        return False
+    try:
+        rc = m.push(tensor, out, hit[1].handle, timeout_ms, -1)
+    except TypeError:  # an argument pybind11 does not convert: the ctypes way takes it
+        return False
+    if rc == 0:
+        return True
+    if rc > 0:
+        _raise_rc(rc, "symm_push_all_reduce")
+    return False
 
 
 ALL_REDUCE_ALGORITHMS = ("auto", "push", "two_shot", "one_shot")  # SYMM_ALL_REDUCE_AUTO, _PUSH, ...

@@ -399,6 +399,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ops_init", &ops_init, py::arg("libsymm_path"));
   m.def("collective", &run_collective, py::arg("kind"), py::arg("tensor"), py::arg("out"), py::arg("local"), py::arg("hid"),
         py::arg("offset"), py::arg("world"), py::arg("timeout_ms"), py::arg("stream"));
+  m.def("push", &run_push, py::arg("tensor"), py::arg("out"), py::arg("hid"), py::arg("timeout_ms"), py::arg("stream"));
   m.def("signal", &run_signal, py::arg("kind"), py::arg("hid"), py::arg("peer"), py::arg("channel"), py::arg("device"),
         py::arg("timeout_ms"), py::arg("stream"));
 }

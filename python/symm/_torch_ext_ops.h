@@ -1,6 +1,7 @@
 // libsymm's collectives and signals for Python without ctypes: the checks
 // of symm.one_shot_all_reduce, two_shot_all_reduce, reduce_scatter,
-// all_gather and Handle.put_signal / wait_signal / barrier in C++, then
+// all_gather, push_all_reduce and Handle.put_signal / wait_signal /
+// barrier in C++, then
 // one call of the C API, which launches from the handle's plan (no Go on
 // the way). Also registered as PyTorch operators (torch.ops.symm.*_handle),
 // so that graphs hold them without Python.
@@ -34,6 +35,7 @@ typedef int (*reduce_fn)(symm_handle_t, size_t, size_t, int, int, void *, const 
 struct OpsApi {
   reduce_fn reduce[3] = {nullptr, nullptr, nullptr};  // one-shot, two-shot, reduce-scatter
   int (*all_gather)(symm_handle_t, size_t, size_t, int, void *, const void *, void *, int) = nullptr;
+  int (*push)(symm_handle_t, const void *, void *, size_t, int, int, void *, int) = nullptr;
   int (*put)(symm_handle_t, int, int, void *) = nullptr;
   int (*wait)(symm_handle_t, int, int, void *, int) = nullptr;
   int (*barrier)(symm_handle_t, int, void *, int) = nullptr;
@@ -56,6 +58,7 @@ void ops_init(const std::string &path) {
   resolve(h, "symm_two_shot_all_reduce", a.reduce[kTwoShot], true);
   resolve(h, "symm_reduce_scatter", a.reduce[kReduceScatter], true);
   resolve(h, "symm_all_gather", a.all_gather, true);
+  resolve(h, "symm_push_all_reduce", a.push, true);
   resolve(h, "symm_put_signal", a.put, true);
   resolve(h, "symm_wait_signal", a.wait, true);
   resolve(h, "symm_barrier", a.barrier, true);
@@ -115,6 +118,16 @@ int64_t run_collective(int64_t kind, const at::Tensor &tensor, const at::Tensor 
                             static_cast<int>(timeout_ms));
   return g_ops.reduce[kind](hid, static_cast<size_t>(offset), static_cast<size_t>(n), code, SYMM_SUM, out.data_ptr(), lp,
                             s, static_cast<int>(timeout_ms));
+}
+
+// run_push runs the push all-reduce of tensor into out (the same size; it
+// may be tensor) on workspace hid. Returns kPass or the C call's code.
+int64_t run_push(const at::Tensor &tensor, const at::Tensor &out, int64_t hid, int64_t timeout_ms, int64_t stream) {
+  if (!g_ops_ready.load(std::memory_order_acquire) || timeout_ms < 0 || timeout_ms > INT32_MAX) return kPass;
+  int code = dtype_code(tensor.scalar_type());
+  if (code < 0 || !plain(tensor, tensor) || !plain(out, tensor) || out.numel() != tensor.numel()) return kPass;
+  return g_ops.push(hid, tensor.data_ptr(), out.data_ptr(), static_cast<size_t>(tensor.numel()), code, SYMM_SUM,
+                    stream_of(tensor, stream), static_cast<int>(timeout_ms));
 }
 
 // run_signal runs a put (kind 0), a wait (1) or a barrier (2) of handle hid

@@ -9,7 +9,8 @@ extension once the tensor's handle is known), the C++ operators
 graph and replayed. The C API launches from the handle's plan (no Go) when
 a call has no timeout, through Go when it has one: both are used. For each
 of one-shot, two-shot, reduce-scatter and all-gather, float32, bfloat16 and
-float16, sizes from 4 KiB to 1 MiB, every result equals the float32 sum in
+float16, sizes from 4 KiB to 1 MiB (the push all-reduce: with a timeout,
+without, in a graph; 4 and 64 KiB), every result equals the float32 sum in
 rank order (rounded once to the dtype: what the kernels compute) in every
 bit. Also: the extension is what the Python functions used (its operators
 are loaded), torch.compile(fullgraph=True) of a function that calls an
@@ -150,6 +151,40 @@ def run_rank(rank, world, port):
                 torch.cuda.synchronize()
                 dist.barrier()
     check("the extension's operators are loaded", bool(_ops_ext.ops()), "the Python functions used ctypes")
+
+    # The push all-reduce: with a timeout (through Go), without (the plan,
+    # once the workspace is set up), and captured in a graph.
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for nbytes in (4 * KiB, 64 * KiB):
+            seed += 1
+            n = nbytes // torch.tensor([], dtype=dtype).element_size()
+            parts = inputs(torch, world, n, dtype, seed)
+            want = rank_sum(torch, parts, dtype).to(dev)
+            mine = parts[rank].to(dev)
+            outs = {}
+            for way, timeout in (("timeout", 5000), ("plan", 0), ("plan again", 0)):
+                o = torch.full((n,), float("nan"), dtype=dtype, device=dev)
+                dist.barrier()
+                symm.push_all_reduce(mine, group=group, out=o, timeout_ms=timeout)
+                torch.cuda.synchronize()
+                outs[way] = o
+            og = torch.full((n,), float("nan"), dtype=dtype, device=dev)
+            s = torch.cuda.Stream(device=dev)
+            s.wait_stream(torch.cuda.current_stream())
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(s):
+                with torch.cuda.graph(g, stream=s):
+                    symm.push_all_reduce(mine, group=group, out=og)
+            torch.cuda.synchronize()
+            for _ in range(3):
+                dist.barrier()
+                g.replay()
+                torch.cuda.synchronize()
+            outs["graph"] = og
+            bad = [w for w, o in outs.items() if not same(o, want)]
+            check(f"push_all_reduce {dtype} {nbytes} B", not bad, f"wrong in {bad}" if bad else "")
+            del g
+            dist.barrier()
 
     # torch.compile, fullgraph, of a function that calls an operator and
     # uses what it wrote.
