@@ -817,9 +817,9 @@ int symm_barrier(symm_handle_t h, int channel, void *stream, int timeout_ms);
  * use: each rank waits for the work queued on its device, the ranks agree
  * (no peer can still be signalling), each zeroes its own signal pad, and
  * the ranks agree again before any returns. On GPUs, a group that owns the
- * block's sync area (symm_one_shot_all_reduce) agrees by two of its own
- * kernel barriers, which meet through that area, with no store request
- * (tens of microseconds), when the kernels ran on every rank's device at
+ * block's sync area (symm_one_shot_all_reduce) does it in one kernel that
+ * meets its peers through that area, zeroes the pad and meets them again,
+ * waited for once, with no store request, when the kernels ran on every rank's device at
  * the rendezvous (the ranks agree on the way there). Otherwise (the host
  * backend, a group that does not own the area, or kernels missing on some
  * rank) the ranks agree through the group's store, and a group that owns

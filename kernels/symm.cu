@@ -217,6 +217,27 @@ extern "C" __global__ void symm_barrier(u32 **pads, u32 *epochs, int rank, int w
   take(pads[rank] + channel * world + t, start, timeout_ns, status, SYMM_OP_WAIT, t, channel);
 }
 
+// A signal pad's reset on GPUs (symmetric/padreset.go's resetOnDevice),
+// in one block of at least world threads, once every rank's host has
+// waited for its device: meet every peer (kind SYMM_MEET_RESET, channel 0 of
+// the sync area): every peer's device was idle before its meeting, so none
+// of its signals is still on the way into this rank's pad; zero this rank's
+// pad (its 512 slots; the sync area and the counts stay: every rank met as
+// often); meet again: no rank goes on before every pad is clean. The zeroing
+// stores are ordered before the second meeting's release by each thread's
+// system fence and the block's barrier (release is cumulative), so a peer
+// that passes the meeting sees the pad zeroed. The block's barrier also
+// orders thread 0's count from the first meeting before the second reads it.
+extern "C" __global__ void symm_pad_reset(u32 **pads, u32 *epochs, int rank, int world, u64 timeout_ns, u64 *status) {
+  u64 start = now_ns();
+  if (!meet_block(pads, epochs, rank, world, 0, SYMM_MEET_RESET, start, timeout_ns, status, SYMM_OP_WAIT)) return;
+  volatile u32 *pad = pads[rank];
+  for (int i = threadIdx.x; i < SYMM_SYNC_SLOTS; i += blockDim.x) pad[i] = 0;  // the pad's slots, before the sync area
+  __threadfence_system();
+  __syncthreads();
+  meet_block(pads, epochs, rank, world, 0, SYMM_MEET_RESET, start, timeout_ns, status, SYMM_OP_WAIT);
+}
+
 extern "C" __global__ void symm_put_signal(u32 **pads, int rank, int world, int dst, int channel, u64 timeout_ns,
                                            u64 *status) {
   if (threadIdx.x != 0) return;

@@ -33,6 +33,7 @@ const (
 	PutSignal  = "symm_put_signal"
 	WaitSignal = "symm_wait_signal"
 	PushInit   = "symm_push_init"
+	PadReset   = "symm_pad_reset" // a signal pad's reset: meet, zero, meet
 )
 
 // Report operations: what a kernel was doing when its wait timed out (the

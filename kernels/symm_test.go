@@ -21,7 +21,7 @@ func TestSymmSourceHasNoMulticast(t *testing.T) {
 }
 
 func symmKernels() []string {
-	ks := []string{Barrier, PutSignal, WaitSignal, PushInit}
+	ks := []string{Barrier, PutSignal, WaitSignal, PushInit, PadReset}
 	for _, d := range []Dtype{Float32, BFloat16, Float16} {
 		ks = append(ks, PushAllReduceKernel(d))
 	}

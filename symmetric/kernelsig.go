@@ -102,11 +102,13 @@ const (
 	kTwoShot       = kPush + 3                  // arKernels of them: twoShotIndex
 	kReduceScatter = kTwoShot + arKernels       // arKernels of them: reduceScatterIndex
 	kAllGather     = kReduceScatter + arKernels // 2 of them: kAllGather (4 words per thread), kAllGather + 1 (1)
-	numKernels     = kAllGather + 2
+	kPadReset      = kAllGather + 2             // ResetSignalPad's kernel (padreset.go)
+	numKernels     = kPadReset + 1
 )
 
 var kernelNames = func() (n [numKernels]string) {
 	n[kBarrier], n[kPut], n[kWait], n[kPushInit] = kernels.Barrier, kernels.PutSignal, kernels.WaitSignal, kernels.PushInit
+	n[kPadReset] = kernels.PadReset
 	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16, kernels.Float16} {
 		n[kPush+int(d)] = kernels.PushAllReduceKernel(d)
 	}
@@ -368,7 +370,7 @@ func (h *Handle) kernelTimeout(timeout time.Duration) time.Duration {
 
 // callDesc names a call in error messages, which are built only when needed.
 type callDesc struct {
-	kind          int // kBarrier, kPut, kWait, kAllReduce, kTwoShot, kReduceScatter, kAllGather, kPushInit or kPush
+	kind          int // kBarrier, kPut, kWait, kAllReduce, kTwoShot, kReduceScatter, kAllGather, kPushInit, kPush or kPadReset
 	peer, channel int
 	count         uint64
 	dtype         kernels.Dtype
@@ -384,6 +386,8 @@ func (h *Handle) describe(c callDesc) string {
 		return fmt.Sprintf("wait_signal from rank %d on channel %d of group %q (rank %d)", c.peer, c.channel, h.group, h.rank)
 	case kPushInit:
 		return fmt.Sprintf("push_all_reduce's workspace set-up on group %q (rank %d)", h.group, h.rank)
+	case kPadReset:
+		return fmt.Sprintf("the signal pad's reset kernel on group %q (rank %d)", h.group, h.rank)
 	case kPush:
 		return fmt.Sprintf("push_all_reduce of %d %s on group %q (rank %d)", c.count, c.dtype, h.group, h.rank)
 	case kTwoShot:

@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 	"unsafe"
-
-	"github.com/libsymm/libsymm/kernels"
 )
 
 // Resetting a handle's signal pad. A block that a caching allocator
@@ -30,7 +28,7 @@ import (
 //
 // A rank that fails a step, or does not come by the timeout, fails every
 // rank, which names it (handshake.agree). On GPUs, a group that meets
-// through its block's sync area agrees by kernel barriers instead
+// through its block's sync area agrees by the meetings of one kernel instead
 // (resetOnDevice), with no store round trip. Which way is agreed at the
 // rendezvous (Handle.resetOnGPU): kernel barriers only where the kernels
 // run on every rank's device, since a rank that took the store's way would
@@ -125,33 +123,31 @@ func (r *handshake) anyWants(want bool) (bool, error) {
 }
 
 // resetOnDevice is ResetSignalPad for a group that meets through its
-// block's sync area on GPUs: the two agreements are kernel barriers of the
-// handle, which meet through the sync area (one store per peer over NVLink,
-// a few microseconds) and never read the signal pad being reset; the store
-// is not used. Step by step:
+// block's sync area on GPUs: one kernel (kernels.PadReset) agrees, zeroes
+// and agrees again, meeting through the sync area (one store per peer over
+// NVLink, a few microseconds), which the reset never touches; the store is
+// not used. Step by step:
 //
 //  1. quiesce: every stream of this device is idle;
-//  2. a barrier on channel 0, waited for: when it passes here, every peer
-//     has reached it on its GPU, after its own step 1, so no signal of a
-//     peer is on the way into this rank's pad;
-//  3. zero this rank's signal pad (the sync area and the epoch counts stay:
-//     the meetings never need a reset, every rank having met as often);
-//  4. a second barrier, waited for: every rank's pad is clean before any
-//     returns.
+//  2. the kernel meets every peer on channel 0: when it passes here, every
+//     peer has reached it on its GPU, after its own step 1, so no signal of
+//     a peer is on the way into this rank's pad;
+//  3. it zeroes this rank's signal pad (the sync area and the epoch counts
+//     stay: the meetings never need a reset, every rank having met as
+//     often);
+//  4. it meets every peer again: every rank's pad is clean before any
+//     returns;
+//  5. the host waits for the kernel (one wait, with the timeout).
 //
 // A peer that does not come fails the handle, as a barrier's timeout does.
 func (h *Handle) resetOnDevice(timeout time.Duration) error {
 	if err := h.quiesce(); err != nil {
 		return err
 	}
-	if err := h.kernelBarrier(0, kernels.MeetReset, 0, timeout); err != nil {
-		return fmt.Errorf("the barrier before zeroing: %w", err)
-	}
-	if err := h.zero(h.b.PadPtr(), SignalPadSize, true); err != nil {
-		return fmt.Errorf("zeroing the signal pad: %w", err)
-	}
-	if err := h.kernelBarrier(0, kernels.MeetReset, 0, timeout); err != nil {
-		return fmt.Errorf("the barrier after zeroing: %w", err)
+	words := [...]uint64{uint64(h.PadPtrsDev()), uint64(h.epochsArg()), u32(h.rank), u32(h.world), 0, 0}
+	threads := uint32(max((h.world+31)/32*32, 128)) // a thread per peer; the pad's 512 slots zeroed 4 at a time
+	if err := h.launch(kPadReset, 1, threads, 0, timeout, words[:], callDesc{kind: kPadReset}); err != nil {
+		return fmt.Errorf("the reset kernel (meet, zero, meet): %w", err)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ static CUresult (*cuInit)(unsigned);
 static CUresult (*cuDeviceGetCount)(int *);
 static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
 static CUresult (*cuCtxSetCurrent)(CUcontext);
+static CUresult (*cuCtxGetCurrent)(CUcontext *);
 static CUresult (*cuCtxSynchronize)(void);
 static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
 static CUresult (*cuMemFree)(CUdeviceptr);
@@ -37,6 +38,7 @@ static inline int load_driver(void) {
   SYM(cuDeviceGetCount, "cuDeviceGetCount");
   SYM(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
   SYM(cuCtxSetCurrent, "cuCtxSetCurrent");
+  SYM(cuCtxGetCurrent, "cuCtxGetCurrent");
   SYM(cuCtxSynchronize, "cuCtxSynchronize");
   SYM(cuMemAlloc, "cuMemAlloc_v2");
   SYM(cuMemFree, "cuMemFree_v2");

@@ -7,12 +7,15 @@
  * built-in store; writes a pattern with the driver; every rank reads every
  * peer's buffer through the peer mapping; one GPU writes into the next rank's
  * buffer and that rank reads it back; put/wait signals around the ring with
- * the pads zero afterwards; 20 alloc/rendezvous/free cycles leave the
+ * the pads zero afterwards, from the main thread and from a thread with no
+ * current context (launched from the handle's plan, they bind the device's
+ * context to it); 20 alloc/rendezvous/free cycles leave the
  * descriptor count unchanged. The driver is opened with dlopen, as libsymm
  * does: no CUDA toolkit is needed to build this.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <pthread.h>
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,6 +40,28 @@ static int all_equal(CUdeviceptr p, size_t n, uint32_t want, uint32_t *host) {
       return 0;
     }
   return 1;
+}
+
+/* ring_thread runs put/wait signals around the ring from a thread that has
+ * no current context: they launch from the handle's plan, which binds the
+ * handle's context to the thread (once: it stays current afterwards). */
+struct ring_args {
+  symm_handle_t h;
+  int next, prev, rc;
+  CUcontext before, after;
+};
+
+static void *ring_thread(void *p) {
+  struct ring_args *a = p;
+  a->before = (CUcontext)1;
+  if (cuCtxGetCurrent(&a->before) != 0) a->rc = -1;
+  for (int i = 0; i < 5 && a->rc == 0; i++) {
+    a->rc = symm_put_signal(a->h, a->next, 2, NULL);
+    if (a->rc == 0) a->rc = symm_wait_signal(a->h, a->prev, 2, NULL, 0);
+  }
+  if (cuCtxGetCurrent(&a->after) != 0 && a->rc == 0) a->rc = -2;
+  if (a->rc == 0 && a->after != NULL && cuCtxSynchronize() != 0) a->rc = -3; /* in the bound context */
+  return NULL;
 }
 
 static int child(int rank, int world, int dev, const char *addr) {
@@ -80,6 +105,20 @@ static int child(int rank, int world, int dev, const char *addr) {
     CHECK(symm_wait_signal(h, prev, 1, NULL, 10000) == SYMM_OK, "wait_signal");
   }
   CHECK(cuCtxSynchronize() == 0, "sync");
+  /* The same from a thread without a context (the plan's launches bind it). */
+  struct ring_args ra = {h, next, prev, 0, NULL, NULL};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, ring_thread, &ra) == 0 && pthread_join(th, NULL) == 0, "ring thread");
+  CHECK(ra.rc == 0, "put/wait from a thread with no context: %d %s", ra.rc, symm_last_error());
+  CHECK(cuCtxSynchronize() == 0, "sync after the thread's signals");
+  /* Stream memory operations (SYMM_SIGNALS=memop), or every call through Go
+   * (SYMM_LAUNCH_THROUGH_GO=1): pushed and popped, the thread keeps none. */
+  const char *sig = getenv("SYMM_SIGNALS"), *thru = getenv("SYMM_LAUNCH_THROUGH_GO");
+  int plans = symm_kernels_ready(dev) && !(sig && !strcmp(sig, "memop")) && !(thru && !strcmp(thru, "1"));
+  CHECK(ra.before == NULL && ra.after == (plans ? ctx : NULL),
+        "the thread had no context (%p) and has %s afterwards (%p, want %p)", ra.before,
+        plans ? "the device's" : "none", ra.after, plans ? ctx : NULL);
+  CHECK(all_equal(pads[rank] + 4 * 2 * world, world, 0, host), "channel 2's slots zero after the thread's signals");
   /* Channel 1's slots only: a faster peer may already be in the next barrier (channel 0). */
   CHECK(all_equal(pads[rank] + 4 * world, world, 0, host), "channel 1's slots zero after the signals");
   CHECK(symm_has_multicast_support(dev) == 0, "never multicast");
