@@ -62,10 +62,13 @@ $(BUILD)/tests/test_torch_ext_ipc: python/symm/_torch_ext_ipc.h
 
 # Every step, then no statistics page (symm top's, /dev/shm/libsymm-*) of a
 # process that is gone may be left: tests/check_pages.sh names and removes them.
+TEST_STEPS := all test-go test-kernels test-torch-ext test-c test-python test-packaging cross-arm64 fuzz
+
 test:
 	@bash tests/check_pages.sh $(MAKE) --no-print-directory test-steps
+	@echo "make test: passed: $(TEST_STEPS); no statistics page left behind"
 
-test-steps: all test-go test-kernels test-torch-ext test-c test-python test-packaging cross-arm64 fuzz
+test-steps: $(TEST_STEPS)
 
 test-go:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
@@ -149,21 +152,9 @@ set-version:
 	echo "$(V)" > internal/version/VERSION
 	sed -i 's/^#define SYMM_VERSION ".*"/#define SYMM_VERSION "$(V)"/' include/symm.h
 
-# Short fuzzing of every fuzz target (longer: make fuzz FUZZTIME=10m).
+# Short fuzzing of every fuzz target, found in the _test.go files (longer: make fuzz FUZZTIME=10m).
 fuzz:
-	@bash tests/fuzz.sh ./allocator FuzzPoolOps $(FUZZTIME)
-	@bash tests/fuzz.sh ./allocator FuzzPoolOpsExpandable $(FUZZTIME)
-	@bash tests/fuzz.sh ./allocator FuzzPoolOpsFreePages $(FUZZTIME)
-	@bash tests/fuzz.sh ./allocator FuzzHostFreePages $(FUZZTIME)
-	@bash tests/fuzz.sh ./allocator FuzzRestoreBlocks $(FUZZTIME)
-	@bash tests/fuzz.sh ./internal/trace FuzzParse $(FUZZTIME)
-	@bash tests/fuzz.sh ./allocator FuzzParseSize $(FUZZTIME)
-	@bash tests/fuzz.sh ./allocator FuzzParseTorchAllocConf $(FUZZTIME)
-	@bash tests/fuzz.sh ./store FuzzDecodeFrame $(FUZZTIME)
-	@bash tests/fuzz.sh ./topology FuzzNormalizeBusID $(FUZZTIME)
-	@bash tests/fuzz.sh ./symmetric FuzzConfigFromEnv $(FUZZTIME)
-	@bash tests/fuzz.sh ./export FuzzPlanCollective $(FUZZTIME)
-	@bash tests/fuzz.sh ./export FuzzPlanPush $(FUZZTIME)
+	@bash tests/fuzz_all.sh $(FUZZTIME)
 
 # The demo: on a machine with an NVIDIA GPU and PyTorch it trains a small
 # model on the pool; otherwise it runs on the host backend.
