@@ -14,6 +14,7 @@ import warnings
 from typing import Any
 
 from . import _ops_ext
+from ._groups import resolve_group as _resolve_group
 from ._loader import load
 from ._pool import _from_call, _last_error
 from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_stream, _ensure_backend, _fast_rc, _raise_rc,
@@ -70,28 +71,6 @@ class _GroupState:
 _groups: dict = {}  # id(group) -> _GroupState, under _lock
 _lock = threading.Lock()
 _hooked = False  # destroy_process_group is wrapped (under _lock)
-
-
-_dist = None  # torch.distributed, once imported: no import statement per call
-
-
-def _torch_dist():
-    global _dist
-    if _dist is None:
-        import torch.distributed as dist
-
-        _dist = dist
-    return _dist
-
-
-def _resolve_group(group):
-    """The process group for a ProcessGroup, its name or None (WORLD, or
-    None before init_process_group and after destroy_process_group)."""
-    if group is None:
-        return _torch_dist().group.WORLD
-    if isinstance(group, str):
-        return _torch_dist().distributed_c10d._resolve_process_group(group)
-    return group
 
 
 def _group_state(group) -> _GroupState:

@@ -277,9 +277,9 @@ def check_matmul_reduce_scatter_args(fn: str, torch, A, B, group_name) -> str:
 
 def _group(name: str):
     """(process group, rank, world size) of a group name."""
-    import torch.distributed as dist
+    from ._groups import resolve_group
 
-    pg = dist.distributed_c10d._resolve_process_group(name)
+    pg = resolve_group(name)
     return pg, pg.rank(), pg.size()
 
 

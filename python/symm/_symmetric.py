@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from . import _ops_ext
 from ._errors import ErrorCode, SymmError
+from ._groups import resolve_group as _resolve_group
 from ._loader import HandleInfo, load, library_path
 from ._backends import _ensure_backend
 from ._pool import _call_rc, _call_void, _device, _from_call, _last_error, _nbytes, _python_call
@@ -438,9 +439,7 @@ def world_within_direct_access(group=None, device: Any = None) -> bool:
     import torch
     import torch.distributed as dist
 
-    group = group or dist.group.WORLD
-    if isinstance(group, str):
-        group = dist.distributed_c10d._resolve_process_group(group)
+    group = _resolve_group(group)
     dev = torch.cuda.current_device() if device is None else _device(device)
     name = getattr(group, "group_name", None) or "0"
     return world_within_direct_access_store(_group_store(group), f"torch-{name}", dist.get_rank(group),
@@ -603,10 +602,7 @@ def rendezvous(tensor, group=None):
 
     import torch.distributed as dist
 
-    if group is None:
-        group = dist.group.WORLD
-    if isinstance(group, str):
-        group = dist.distributed_c10d._resolve_process_group(group)
+    group = _resolve_group(group)
     st = _group_store(group)
     name = getattr(group, "group_name", None) or "0"
     h = rendezvous_ptr(tensor.data_ptr(), st, f"torch-{name}", dist.get_rank(group),
