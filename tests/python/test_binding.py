@@ -1,6 +1,7 @@
 """The ctypes binding against the contract: every function declared in
-include/symm.h is typed in symm._loader and exported by the built library,
-and the error codes match the header's enum."""
+include/symm.h is typed in symm._loader, with the header's parameter and
+result types (parsed from the header, mapped to ctypes), and exported by
+the built library, and the error codes match the header's enum."""
 
 from __future__ import annotations
 
@@ -96,3 +97,100 @@ def test_every_function_states_its_error_returns():
     assert set(docs) == header_functions()
     silent = sorted(f for f, c in docs.items() if not ERROR_WORDS.search(c))
     assert not silent, f"functions whose comment says nothing of their errors: {silent}"
+
+
+def header_prototypes() -> dict[str, tuple[str, list[str]]]:
+    """name -> (return type, [parameter types]) of every C function of the
+    header, as written there (comments dropped, whitespace normalized,
+    parameter names removed)."""
+    text = HEADER.read_text().split('} /* extern "C" */')[0]
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    text = re.sub(r"^\s*#.*$", "", text, flags=re.M)
+    out = {}
+    for stmt in text.split(";"):
+        s = " ".join(stmt.split())
+        if s.startswith("typedef") or "symm_" not in s:
+            continue
+        m = re.search(r"([\w\s\*]+?)\s*\b(symm_\w+)\s*\(([^()]*)\)$", s)
+        if not m:
+            continue
+        ret, name, params = m.group(1).strip(), m.group(2), m.group(3).strip()
+        ret = ret.split("}")[-1].replace('extern "C"', "").strip()
+        types = []
+        if params and params != "void":
+            for p in params.split(","):
+                p = p.strip()
+                # Drop the parameter's name: the last identifier, unless the whole is a type.
+                pm = re.match(r"^(.*?[\s\*])(\w+)$", p)
+                types.append(" ".join((pm.group(1) if pm else p).replace("*", " * ").split()))
+        out[name] = (" ".join(ret.replace("*", " * ").split()), types)
+    return out
+
+
+def c_to_ctypes(t: str):
+    """The ctypes type the binding must use for C type t (as
+    header_prototypes writes it): the header's own types, with the
+    structs the binding defines by name and the others as void *."""
+    import ctypes
+
+    from symm import _loader
+
+    structs = {"symm_stat_t": _loader.Stat, "symm_handle_info_t": _loader.HandleInfo,
+               "symm_block_info_t": _loader.BlockInfo}
+    scalars = {"int": ctypes.c_int, "size_t": ctypes.c_size_t, "uint64_t": ctypes.c_uint64,
+               "int64_t": ctypes.c_int64, "uint32_t": ctypes.c_uint32, "int32_t": ctypes.c_int32,
+               "double": ctypes.c_double, "symm_handle_t": ctypes.c_int64, "symm_store_t": ctypes.c_int64,
+               "symm_pool_id_t": _loader.PoolId, "symm_segment_hook_fn": ctypes.c_void_p}
+    base = t.replace("const ", "").strip()
+    if base == "void":
+        return None
+    if base in ("char *",):
+        return ctypes.c_char_p
+    if base.endswith("*"):
+        inner = base[:-1].strip()
+        if inner in ("void", "char") or inner.endswith("*"):
+            return ctypes.c_void_p
+        if inner in structs:
+            return ctypes.POINTER(structs[inner])
+        if inner in scalars and scalars[inner] is not ctypes.c_void_p and inner != "symm_pool_id_t":
+            return ctypes.POINTER(scalars[inner])
+        return ctypes.c_void_p
+    assert base in scalars, f"a C type this test does not map: {t!r}"
+    return scalars[base]
+
+
+# Where the binding types a pointer otherwise than the header's type maps
+# to, on purpose (a pointer either way, the same in the ABI): (function,
+# parameter index) -> the binding's type, and why.
+POINTER_CHOICES = {
+    ("symm_store_set", 2): ("c_char_p", "the value is Python bytes, passed as they are"),
+    ("symm_store_get", 2): ("c_char_p", "the buffer is a ctypes string buffer"),
+    ("symm_pool_snapshot_list", 2): ("c_void_p", "the caller passes an array's address"),
+}
+
+
+def test_binding_types_are_the_headers():
+    """Each ctypes prototype is the header's: every parameter and the result
+    have the ctypes type of the C type the header declares (a binding typed
+    from itself would agree with anything), but for the pointers listed in
+    POINTER_CHOICES."""
+    import ctypes
+
+    from symm._loader import PROTOTYPES
+
+    protos = header_prototypes()
+    assert protos.keys() == header_functions(), sorted(protos.keys() ^ header_functions())
+    wrong = []
+    for name, (ret, params) in sorted(protos.items()):
+        argtypes, restype = PROTOTYPES[name]
+        want_args = [c_to_ctypes(p) for p in params]
+        for i in range(len(want_args)):
+            if (name, i) in POINTER_CHOICES:
+                assert params[i].endswith("*"), (name, i)
+                want_args[i] = getattr(ctypes, POINTER_CHOICES[(name, i)][0])
+        want_ret = c_to_ctypes(ret)
+        if list(argtypes) != want_args or restype != want_ret:
+            wrong.append(f"{name}: header ({ret}; {', '.join(params)}) wants {want_args} -> {want_ret}, "
+                         f"the binding has {list(argtypes)} -> {restype}")
+    assert not wrong, "\n".join(wrong)
