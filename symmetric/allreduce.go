@@ -148,7 +148,7 @@ func allReduceShape(offset, nbytes uint64, world int, maxBlocks uint32) (v int, 
 	blocks, threads = kernels.AllReduceLaunch(nbytes/4, v, maxBlocks)
 	// Block b uses channel b: no more blocks than channels; enough threads
 	// for one per peer.
-	blocks = min(blocks, uint32(SignalPadSize/4/world))
+	blocks = min(blocks, uint32(padChannels(world)))
 	threads = max(threads, uint32((world+31)/32*32))
 	return v, blocks, threads
 }

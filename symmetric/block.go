@@ -15,6 +15,11 @@ import (
 // so channels × world size ≤ 512 (PyTorch uses the same size).
 const SignalPadSize = 2048
 
+// padChannels is the number of signal-pad channels of a group of world
+// ranks: a channel holds one uint32 slot per rank. Block b of a collective
+// meets on channel b, so it also caps the collectives' grids.
+func padChannels(world int) int { return SignalPadSize / 4 / world }
+
 // SyncAreaSize is the size of the sync area that follows each block's
 // signal pad: 512 uint32 slots of the epoch meetings of the block's
 // collectives and barrier (kernels/symm.cu: epoch sync), slot

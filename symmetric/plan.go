@@ -31,7 +31,7 @@ import (
 // (loaded on its device). Sized and indexed as export/plans.h.
 type Plan struct {
 	Device, Rank, World int
-	Channels            int    // signal-pad channels: SignalPadSize/4/World
+	Channels            int    // signal-pad channels: padChannels(World)
 	MaxBlocks           uint32 // the collectives' grid cap (maxBlocks)
 	Buffers, Pads       uintptr
 	Epochs, Status      uintptr
@@ -129,7 +129,7 @@ func (h *Handle) makePlan() (Plan, error) {
 	}
 	dev := h.b.Dev()
 	p := Plan{
-		Device: dev, Rank: h.rank, World: h.world, Channels: SignalPadSize / 4 / h.world, MaxBlocks: h.maxBlocks,
+		Device: dev, Rank: h.rank, World: h.world, Channels: padChannels(h.world), MaxBlocks: h.maxBlocks,
 		Buffers: h.BufferPtrsDev(), Pads: h.PadPtrsDev(), Epochs: h.epochsArg(), Status: st,
 		Buffer: h.BufferPtr(h.rank), BufferSize: h.b.bufSize, Timeout: h.kernelTimeout(0),
 		MeetBarrier: kernels.MeetBarrier,

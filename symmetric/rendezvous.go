@@ -178,7 +178,7 @@ func (m *Manager) rendezvous(b *Block, g Group) (_ *Handle, err error) {
 	}
 	// The group meets through the sync area only if it is free on every
 	// rank: every rank reads the same metas, so all decide alike.
-	h.epochSync, h.maxBlocks = true, uint32(SignalPadSize/4/g.World)
+	h.epochSync, h.maxBlocks = true, uint32(padChannels(g.World))
 	h.resetOnGPU = true
 	for _, p := range r.metas {
 		h.epochSync = h.epochSync && p.SyncFree

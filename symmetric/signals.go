@@ -144,7 +144,7 @@ func (h *Handle) slotAddr(dst, src, channel int) (uintptr, error) {
 // every rank src) do not all fit in the signal pad: the channels of a world
 // are [0, SignalPadSize/4/world).
 func (h *Handle) checkChannel(channel int) error {
-	if n := SignalPadSize / 4 / h.world; channel < 0 || channel >= n {
+	if n := padChannels(h.world); channel < 0 || channel >= n {
 		return fmt.Errorf("%w: channel %d outside [0, %d) for world size %d", ErrInvalid, channel, n, h.world)
 	}
 	return nil
