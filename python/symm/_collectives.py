@@ -194,12 +194,20 @@ def _torch_dtypes() -> dict:
         _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
     return _TORCH_DTYPES
 
+def _torch_dtype_code(fn: str, dtype, how: str = "") -> int:
+    """The C code of torch dtype for fn's call (how: what the call does
+    with it, for the message), or ValueError naming it: the one check of a
+    tensor's dtype."""
+    code = _torch_dtypes().get(dtype)
+    if code is None:
+        raise ValueError(f"{fn}: dtype {dtype}{how}: want torch.float32, torch.bfloat16 or torch.float16")
+    return code
+
+
 def _all_reduce_args(fn: str, tensor, op: str, local_input):
     """The checks the one-shot, two-shot and push all-reduce share: the
     dtype code, the element count and the local input's address (0: none)."""
-    code = _torch_dtypes().get(tensor.dtype)
-    if code is None:
-        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
+    code = _torch_dtype_code(fn, tensor.dtype)
     if op != "sum":
         raise ValueError(f"{fn}: op {op!r}: only 'sum' is supported")
     if not tensor.is_contiguous():
@@ -319,12 +327,10 @@ def two_shot_all_reduce(tensor, op: str = "sum", group=None, out=None, local_inp
                            timeout_ms)
 
 
-def _collective_args(fn: str, tensor, dtypes: dict, local_input, local_numel: int):
+def _collective_args(fn: str, tensor, local_input, local_numel: int):
     """Checks of reduce_scatter and all_gather: the dtype code and the
     local input's address (0: none)."""
-    code = dtypes.get(tensor.dtype)
-    if code is None:
-        raise ValueError(f"{fn}: dtype {tensor.dtype}: want one of " + ", ".join(str(d) for d in dtypes))
+    code = _torch_dtype_code(fn, tensor.dtype)
     if not tensor.is_contiguous():
         raise ValueError(f"{fn}: the tensor must be contiguous")
     if local_input is None:
@@ -356,7 +362,7 @@ def reduce_scatter(tensor, op: str = "sum", group=None, out=None, local_input=No
     if tensor.numel() % world:
         raise ValueError(f"reduce_scatter: the tensor's {tensor.numel()} elements do not split into {world} shares")
     n = tensor.numel() // world
-    code, local = _collective_args("reduce_scatter", tensor, _torch_dtypes(), local_input, world * n)
+    code, local = _collective_args("reduce_scatter", tensor, local_input, world * n)
     if out is None:
         out = tensor.view(-1)[rank * n:(rank + 1) * n]
     elif out.dtype != tensor.dtype or out.numel() != n or not out.is_contiguous():
@@ -387,7 +393,7 @@ def all_gather(tensor, group=None, out=None, local_input=None, timeout_ms: int =
     if tensor.numel() % world:
         raise ValueError(f"all_gather: the tensor's {tensor.numel()} elements do not split into {world} shares")
     n = tensor.numel() // world
-    code, local = _collective_args("all_gather", tensor, _torch_dtypes(), local_input, n)
+    code, local = _collective_args("all_gather", tensor, local_input, n)
     if out is None:
         out = tensor
     elif out.dtype != tensor.dtype or out.numel() != world * n or not out.is_contiguous():
@@ -669,10 +675,7 @@ def all_reduce(tensor, op: str = "sum", group=None, out=None, algorithm: str | N
             out.copy_(tensor)
         dist.all_reduce(out, group=pg)
         return out
-    code = _torch_dtypes().get(tensor.dtype)
-    if code is None:
-        raise ValueError(f"all_reduce: dtype {tensor.dtype} with the {alg} all-reduce: want torch.float32, "
-                         "torch.bfloat16 or torch.float16")
+    code = _torch_dtype_code("all_reduce", tensor.dtype, f" with the {alg} all-reduce")
     if n == 0:
         return out
     count = n + (n * es) % 4 // es  # an odd bfloat16 count: one element more, summed and dropped

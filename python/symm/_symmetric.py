@@ -255,12 +255,9 @@ class Handle:
         elements of dtype ("float32", "bfloat16" or "float16") at byte offset of every
         rank's buffer (from the handle's own start, self.offset included),
         summed into out."""
-        if dtype not in _DTYPES:
-            raise ValueError(f"one_shot_all_reduce: dtype {dtype!r}: want float32, bfloat16 or float16")
-        if op not in _OPS:
-            raise ValueError(f"one_shot_all_reduce: op {op!r}: only 'sum' is supported")
-        _fast_rc(load().symm_one_shot_all_reduce, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
-                 _OPS[op], int(out), int(local_input), self._stream(stream), int(timeout_ms))
+        dcode, ocode = _arg_codes("one_shot_all_reduce", dtype, op)
+        _fast_rc(load().symm_one_shot_all_reduce, self._h, int(self.offset + offset), int(count), dcode,
+                 ocode, int(out), int(local_input), self._stream(stream), int(timeout_ms))
 
     def two_shot_all_reduce_ptr(self, offset: int, count: int, dtype: str, out: int = 0, local_input: int = 0,
                                 op: str = "sum", timeout_ms: int = 0, stream=None) -> None:
@@ -269,14 +266,11 @@ class Handle:
         rank's buffer (from the handle's own start, self.offset included)
         are summed into every rank's buffer there (in place; out 0 means
         that address) and, when out is another address, copied into out."""
-        if dtype not in _DTYPES:
-            raise ValueError(f"two_shot_all_reduce: dtype {dtype!r}: want float32, bfloat16 or float16")
-        if op not in _OPS:
-            raise ValueError(f"two_shot_all_reduce: op {op!r}: only 'sum' is supported")
+        dcode, ocode = _arg_codes("two_shot_all_reduce", dtype, op)
         at = int(self.offset + offset)
         if not out:
             out = self.buffer_ptrs[self.rank] + int(offset)
-        _fast_rc(load().symm_two_shot_all_reduce, self._h, at, int(count), _DTYPES[dtype], _OPS[op], int(out),
+        _fast_rc(load().symm_two_shot_all_reduce, self._h, at, int(count), dcode, ocode, int(out),
                  int(local_input), self._stream(stream), int(timeout_ms))
 
     def reduce_scatter_ptr(self, offset: int, count: int, dtype: str, out: int = 0, local_input: int = 0,
@@ -287,14 +281,11 @@ class Handle:
         self.offset included); the rank-order sum of share rank of every
         rank's buffer goes to out (0: that share of this rank's buffer, in
         place). local_input (world × count elements) is copied in first."""
-        if dtype not in _DTYPES:
-            raise ValueError(f"reduce_scatter: dtype {dtype!r}: want float32, bfloat16 or float16")
-        if op not in _OPS:
-            raise ValueError(f"reduce_scatter: op {op!r}: only 'sum' is supported")
+        dcode, ocode = _arg_codes("reduce_scatter", dtype, op)
         if not out:
             out = self.buffer_ptrs[self.rank] + int(offset) + self.rank * int(count) * (4 if dtype == "float32" else 2)
-        _fast_rc(load().symm_reduce_scatter, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
-                 _OPS[op], int(out), int(local_input), self._stream(stream), int(timeout_ms))
+        _fast_rc(load().symm_reduce_scatter, self._h, int(self.offset + offset), int(count), dcode,
+                 ocode, int(out), int(local_input), self._stream(stream), int(timeout_ms))
 
     def all_gather_ptr(self, offset: int, count: int, dtype: str, out: int = 0, local_input: int = 0,
                        timeout_ms: int = 0, stream=None) -> None:
@@ -304,11 +295,10 @@ class Handle:
         rank's input (copied there first from local_input when given); out
         (0: this rank's buffer there, in place) receives every rank's share
         at its place."""
-        if dtype not in _DTYPES:
-            raise ValueError(f"all_gather: dtype {dtype!r}: want float32, bfloat16 or float16")
+        dcode, _ = _arg_codes("all_gather", dtype, None)
         if not out:
             out = self.buffer_ptrs[self.rank] + int(offset)
-        _fast_rc(load().symm_all_gather, self._h, int(self.offset + offset), int(count), _DTYPES[dtype],
+        _fast_rc(load().symm_all_gather, self._h, int(self.offset + offset), int(count), dcode,
                  int(out), int(local_input), self._stream(stream), int(timeout_ms))
 
     def push_all_reduce_ptr(self, in_ptr: int, out_ptr: int, count: int, dtype: str = "float32", op: str = "sum",
@@ -317,12 +307,9 @@ class Handle:
         being a push workspace (see :func:`push_all_reduce_workspace_size`):
         count elements of dtype ("float32", "bfloat16" or "float16") at
         in_ptr of every rank, summed into out_ptr (which may be in_ptr)."""
-        if dtype not in _DTYPES:
-            raise ValueError(f"push_all_reduce: dtype {dtype!r}: want float32, bfloat16 or float16")
-        if op not in _OPS:
-            raise ValueError(f"push_all_reduce: op {op!r}: only 'sum' is supported")
-        _fast_rc(load().symm_push_all_reduce, self._h, int(in_ptr), int(out_ptr), int(count), _DTYPES[dtype],
-                 _OPS[op], self._stream(stream), int(timeout_ms))
+        dcode, ocode = _arg_codes("push_all_reduce", dtype, op)
+        _fast_rc(load().symm_push_all_reduce, self._h, int(in_ptr), int(out_ptr), int(count), dcode,
+                 ocode, self._stream(stream), int(timeout_ms))
 
     @property
     def push_max_bytes(self) -> int:
@@ -366,6 +353,17 @@ def _current_raw_stream(device) -> int:
         return get(idx)
     return torch.cuda.current_stream(idx).cuda_stream
 _OPS = {"sum": 0}
+
+
+def _arg_codes(fn: str, dtype: str, op: str | None = "sum") -> tuple[int, int]:
+    """The C codes of dtype and op (None: the call has no op) for fn's
+    call, or ValueError naming what is wrong: the one check of the *_ptr
+    calls' names."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"{fn}: dtype {dtype!r}: want float32, bfloat16 or float16")
+    if op is not None and op not in _OPS:
+        raise ValueError(f"{fn}: op {op!r}: only 'sum' is supported")
+    return _DTYPES[dtype], _OPS[op] if op is not None else 0
 
 
 def kernels_ready(device: Any = 0) -> bool:

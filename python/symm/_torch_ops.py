@@ -70,12 +70,11 @@ def _scratch_args(fn: str, tensor, group_name: str):
     """The checks torch.ops.symm.reduce_scatter and all_gather share: a CUDA
     tensor of a dtype the kernels take. Returns the group's ProcessGroup and
     the dtype's name as the handle's calls take it ("bfloat16")."""
-    from ._collectives import _resolve_group, _torch_dtypes
+    from ._collectives import _resolve_group, _torch_dtype_code
 
     if tensor.device.type != "cuda":
         raise ValueError(f"{fn}: the tensor is on {tensor.device}: want a CUDA tensor")
-    if tensor.dtype not in _torch_dtypes():
-        raise ValueError(f"{fn}: dtype {tensor.dtype}: want torch.float32, torch.bfloat16 or torch.float16")
+    _torch_dtype_code(fn, tensor.dtype)
     pg = _resolve_group(group_name)
     return pg, str(tensor.dtype).removeprefix("torch.")
 
