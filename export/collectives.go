@@ -143,3 +143,15 @@ func goAllReduceSetting(algorithm *C.int) (code C.int) {
 	*algorithm = C.int(m.Config().AllReduce)
 	return C.SYMM_OK
 }
+
+//export goPushMaxBytesSetting
+func goPushMaxBytesSetting(bytes *C.size_t) (code C.int) {
+	const fn = "symm_push_max_bytes_setting"
+	defer guard(fn, &code)
+	n, err := symmetric.PushMaxBytesFromEnv(getenv)
+	if err != nil {
+		return failSymm(fn, err)
+	}
+	*bytes = C.size_t(n)
+	return C.SYMM_OK
+}

@@ -230,6 +230,8 @@ SYMM_CHECKED(symm_all_reduce_algorithm,
              "chosen is NULL", goAllReduceAlgorithm(world_size, nbytes, push_max_bytes, algorithm, chosen))
 SYMM_CHECKED(symm_all_reduce_setting, (int *algorithm), algorithm == nullptr, "algorithm is NULL",
              goAllReduceSetting(algorithm))
+SYMM_CHECKED(symm_push_max_bytes_setting, (size_t *bytes), bytes == nullptr, "bytes is NULL",
+             goPushMaxBytesSetting(bytes))
 SYMM_CALL(size_t, symm_push_all_reduce_workspace_size, (int world_size, size_t max_bytes), 0,
           goPushWorkspaceSize(world_size, max_bytes))
 

@@ -1055,6 +1055,15 @@ int symm_all_reduce_algorithm(int world_size, size_t nbytes, size_t push_max_byt
  * the symmetric backend cannot start (as for symm_alloc). */
 int symm_all_reduce_setting(int *algorithm);
 
+/* Writes into *bytes the largest message of a push workspace made now:
+ * SYMM_PUSH_MAX_BYTES (a positive number of bytes, read at each call),
+ * else 1 MiB, rounded up to 8 as the workspace takes it, so that a caller
+ * sizing workspaces (Python's symm.push_workspace) reads the setting from
+ * the library. Returns SYMM_OK; SYMM_ERR_INVALID (nothing written) when
+ * bytes is NULL or the variable holds anything else (the message names
+ * it). */
+int symm_push_max_bytes_setting(size_t *bytes);
+
 #ifdef __cplusplus
 } /* extern "C" */
 

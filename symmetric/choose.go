@@ -121,7 +121,7 @@ func chooseAllReduce(world int, nbytes, pushMax uint64, force, cfg Algorithm) (A
 	case AllReducePush:
 		if nbytes > pushMax {
 			return 0, fmt.Errorf("%w: the push all-reduce (%s) of %d bytes: over the push workspace's limit of %d bytes "+
-				"(a larger workspace, e.g. SYMM_PUSH_MAX_BYTES in Python, takes it)", ErrInvalid, why, nbytes, pushMax)
+				"(a larger workspace takes it: SYMM_PUSH_MAX_BYTES sizes the ones made from Python)", ErrInvalid, why, nbytes, pushMax)
 		}
 	}
 	return force, nil

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,6 +91,26 @@ func PushWorkspaceSize(world int, maxBytes uint64) (uint64, error) {
 		return 0, fmt.Errorf("%w: push all-reduce workspace for %d ranks and messages of up to %d bytes overflows", ErrInvalid, world, maxBytes)
 	}
 	return lines * per, nil
+}
+
+// DefaultPushMaxBytes is a push workspace's largest message when
+// SYMM_PUSH_MAX_BYTES is unset.
+const DefaultPushMaxBytes = 1 << 20
+
+// PushMaxBytesFromEnv is the largest message of a push workspace made now:
+// SYMM_PUSH_MAX_BYTES (a positive number of bytes), else
+// DefaultPushMaxBytes, rounded up to 8 as the workspace takes it. A bad
+// value is ErrInvalid naming the variable. It is read at each call (a
+// workspace is sized when it is made), through getenv.
+func PushMaxBytesFromEnv(getenv func(string) string) (uint64, error) {
+	n := uint64(DefaultPushMaxBytes)
+	if v := getenv("SYMM_PUSH_MAX_BYTES"); v != "" {
+		var err error
+		if n, err = strconv.ParseUint(v, 10, 64); err != nil || n == 0 || n > math.MaxUint64-7 {
+			return 0, fmt.Errorf("%w: SYMM_PUSH_MAX_BYTES=%q: want a positive number of bytes", ErrInvalid, v)
+		}
+	}
+	return (n + 7) / 8 * 8, nil
 }
 
 // pushSlotLines is the lines per slot of a workspace buffer of bufSize bytes.

@@ -500,3 +500,18 @@ func TestPushAllReduceOnGPU(t *testing.T) {
 	require.NoError(t, cuda.StreamSynchronize(0, 0))
 	require.NoError(t, h.failed())
 }
+
+// SYMM_PUSH_MAX_BYTES: a positive number of bytes, rounded up to 8, else
+// 1 MiB; anything else is refused naming the variable.
+func TestPushMaxBytesFromEnv(t *testing.T) {
+	for v, want := range map[string]uint64{"": 1 << 20, "65536": 65536, "100": 104, "1": 8, "8": 8} {
+		got, err := PushMaxBytesFromEnv(envMap(map[string]string{"SYMM_PUSH_MAX_BYTES": v}))
+		require.NoError(t, err, v)
+		require.Equal(t, want, got, v)
+	}
+	for _, v := range []string{"0", "-1", "1M", "0x10", "abc", " 64", "18446744073709551615"} {
+		_, err := PushMaxBytesFromEnv(envMap(map[string]string{"SYMM_PUSH_MAX_BYTES": v}))
+		require.ErrorIs(t, err, ErrInvalid, v)
+		require.ErrorContains(t, err, "SYMM_PUSH_MAX_BYTES", v)
+	}
+}

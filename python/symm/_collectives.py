@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import threading
 import warnings
 from typing import Any
@@ -417,8 +416,6 @@ def push_all_reduce_workspace_size(world_size: int, max_bytes: int) -> int:
     return n
 
 
-PUSH_MAX_BYTES = 1 << 20
-
 
 def push_workspace(group=None, device: Any = None, max_bytes: int | None = None) -> Handle:
     """The push all-reduce workspace of group on device: a symmetric block
@@ -442,7 +439,7 @@ def push_workspace(group=None, device: Any = None, max_bytes: int | None = None)
             return hit[1]
         world = dist.get_world_size(st.pg)
         if max_bytes is None:
-            max_bytes = int(os.environ.get("SYMM_PUSH_MAX_BYTES", PUSH_MAX_BYTES))
+            max_bytes = _push_max_bytes_setting()
         size = push_all_reduce_workspace_size(world, max_bytes)
         _ensure_backend(dev.index)
         ptr = symm_alloc(size, dev.index)
@@ -517,10 +514,13 @@ ALL_REDUCE_ALGORITHMS = ("auto", "push", "two_shot", "one_shot")  # SYMM_ALL_RED
 
 
 def _push_max_bytes_setting() -> int:
-    """The largest message of a push workspace made now (SYMM_PUSH_MAX_BYTES,
-    else 1 MiB), as the workspace takes it (rounded up to 8)."""
-    n = int(os.environ.get("SYMM_PUSH_MAX_BYTES", PUSH_MAX_BYTES))
-    return (n + 7) // 8 * 8
+    """The largest message of a push workspace made now: the library's
+    SYMM_PUSH_MAX_BYTES, else 1 MiB, as the workspace takes it (rounded up
+    to 8; symm_push_max_bytes_setting). Raises SymmError (INVALID) naming a
+    bad value."""
+    got = ctypes.c_size_t(0)
+    _fast_rc(load().symm_push_max_bytes_setting, ctypes.byref(got))
+    return got.value
 
 
 def _all_reduce_setting() -> str:

@@ -176,6 +176,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_push_all_reduce_workspace_size": ([_c_int, _c_size_t], _c_size_t),
     "symm_all_reduce_algorithm": ([_c_int, _c_size_t, _c_size_t, _c_int, ctypes.POINTER(_c_int)], _c_int),
     "symm_all_reduce_setting": ([ctypes.POINTER(_c_int)], _c_int),
+    "symm_push_max_bytes_setting": ([ctypes.POINTER(_c_size_t)], _c_int),
     "symm_push_all_reduce": ([ctypes.c_int64, _c_void_p, _c_void_p, _c_size_t, _c_int, _c_int, _c_void_p, _c_int],
                              _c_int),
 }

@@ -1380,6 +1380,20 @@ static void test_signals(unsigned char *p, symm_handle_t h) {
   BAD(SYMM_ERR_INVALID, "algorithm is NULL", symm_all_reduce_setting(NULL));
   NOOP(SYMM_OK, symm_all_reduce_setting(&chosen));
   CHECK(chosen == SYMM_ALL_REDUCE_AUTO, "SYMM_ALL_REDUCE unset: auto (got %d)", chosen);
+  /* The push workspace's limit: read at each call, so a value set after the
+   * library loaded is seen; a bad one is refused by name, nothing written. */
+  size_t push_max = 0;
+  BAD(SYMM_ERR_INVALID, "bytes is NULL", symm_push_max_bytes_setting(NULL));
+  NOOP(SYMM_OK, symm_push_max_bytes_setting(&push_max));
+  CHECK(push_max == 1 << 20, "SYMM_PUSH_MAX_BYTES unset: 1 MiB (got %zu)", push_max);
+  setenv("SYMM_PUSH_MAX_BYTES", "100", 1);
+  NOOP(SYMM_OK, symm_push_max_bytes_setting(&push_max));
+  CHECK(push_max == 104, "SYMM_PUSH_MAX_BYTES=100, set after load: 104, rounded up to 8 (got %zu)", push_max);
+  setenv("SYMM_PUSH_MAX_BYTES", "1M", 1);
+  push_max = 7;
+  BAD(SYMM_ERR_INVALID, "SYMM_PUSH_MAX_BYTES=\"1M\": want a positive number of bytes", symm_push_max_bytes_setting(&push_max));
+  CHECK(push_max == 7, "a refused setting writes nothing");
+  unsetenv("SYMM_PUSH_MAX_BYTES");
   chosen = -1;
   BAD(SYMM_ERR_INVALID, "chosen is NULL", symm_all_reduce_algorithm(4, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, NULL));
   BAD(SYMM_ERR_INVALID, "all-reduce over 0 ranks", symm_all_reduce_algorithm(0, 4096, 1 << 20, SYMM_ALL_REDUCE_AUTO, &chosen));
@@ -1617,6 +1631,7 @@ static void check_coverage(void) {
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
       "symm_wait_signal", "symm_barrier", "symm_reset_signal_pad", "symm_reset_signal_pad_if_any", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
       "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm", "symm_all_reduce_setting",
+      "symm_push_max_bytes_setting",
       "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_segment_chunk", "symm_pool_block_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment", "symm_pool_snapshot_list", "symm_pool_settings", "symm_pool_set_annotation", "symm_pool_set_segment_hook",

@@ -598,6 +598,30 @@ def test_all_reduce_env():
         "65536 bytes" in says, says
 
 
+
+def test_push_max_bytes_is_the_librarys():
+    """SYMM_PUSH_MAX_BYTES is parsed by the library, at each call (a value
+    set after it loaded is seen), rounded up to 8; a bad value is refused
+    naming the variable, and the choice of algorithm uses the same limit."""
+    code = ("import json, os, symm\n"
+            "from symm._collectives import _push_max_bytes_setting as get\n"
+            "out = [get()]\n"
+            "os.environ['SYMM_PUSH_MAX_BYTES'] = '100'\n"
+            "out += [get(), symm.all_reduce_algorithm(2, 104), symm.all_reduce_algorithm(2, 112)]\n"
+            "os.environ['SYMM_PUSH_MAX_BYTES'] = '1M'\n"
+            "try:\n"
+            "    get()\n"
+            "except symm.SymmError as e:\n"
+            "    out.append([int(e.code), str(e)])\n"
+            "print(json.dumps(out))\n")
+    from conftest import run_json
+
+    got = run_json(code, env=child_env(unset=("SYMM_PUSH_MAX_BYTES", "SYMM_ALL_REDUCE")))
+    assert got[:4] == [1 << 20, 104, "push", "two_shot"], got
+    assert got[4][0] == int(__import__("symm").ErrorCode.INVALID), got
+    assert 'SYMM_PUSH_MAX_BYTES="1M": want a positive number of bytes' in got[4][1], got
+
+
 RS_AG_SCRIPT = textwrap.dedent(
     """
     import array, ctypes, json, sys, symm
