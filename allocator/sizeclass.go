@@ -74,6 +74,11 @@ const (
 	bitmapWords  = (numBins + 63) / 64
 )
 
+// SmallMax is the largest request the small pool serves: the bound a
+// caller outside the package (the front cache in C) guesses a request's
+// pool by.
+const SmallMax = smallMax
+
 // maxRequest is the largest request the pool accepts: larger sizes would
 // overflow the rounding arithmetic long before any device could hold them.
 const maxRequest = uint64(1) << 56

@@ -26,8 +26,10 @@ namespace {
 // parked blocks of its device, stream and pool (small or large) before the
 // pool places anything, the pool takes back the rest before it steals,
 // collects or grows, or could pass a peak (alloc_miss,
-// allocator.AllocAround), and statistics reads drain first.
-constexpr uint64_t kDefaultMaxCachedBlock = 1ull << 20;
+// allocator.AllocAround), and statistics reads drain first. The largest
+// block kept (SYMM_POOL_FRONT_CACHE_MAX) and the small pool's bound come
+// from Go when the cache is enabled (symmshim_front_enable): export/main.go
+// and allocator.SmallMax own them.
 constexpr int kEntries = 64;                        // blocks per CPU and pool that a request may reuse
 constexpr int kEvict = kEntries / 4;                // oldest blocks of a full list returned with one pool call
 constexpr int kDeferred = 32;                       // frees per CPU waiting to reach the pool together
@@ -119,9 +121,10 @@ void for_each_nonempty(F fn) {
 }
 
 std::atomic<int> g_enabled{0};
-std::atomic<uint64_t> g_max_block{kDefaultMaxCachedBlock};
+std::atomic<uint64_t> g_max_block{0};  // set before the cache is enabled
+std::atomic<uint64_t> g_small_max{0};  // allocator.SmallMax, likewise
 // g_small_type is the statistics type the pool gives requests of at most
-// 1 MiB: 1 (small_pool), or 2 where every request reads the large pool's
+// g_small_max (1 MiB): 1 (small_pool), or 2 where every request reads the large pool's
 // bins (expandable segments). Learned from each miss's placement; the pool
 // checks the guess a miss passes (goPoolAllocAfter) and takes everything
 // back when it was wrong.
@@ -130,7 +133,7 @@ std::atomic<int> g_small_type{1};
 // type_of guesses the statistics type of the pool that serves a request
 // of size bytes: the bins it reads, so the list in Cpu.e it may hit.
 inline int type_of(size_t size) {
-  return size <= (1u << 20) ? g_small_type.load(std::memory_order_relaxed) : 2;
+  return size <= g_small_max.load(std::memory_order_relaxed) ? g_small_type.load(std::memory_order_relaxed) : 2;
 }
 
 // unchanged says whether the shard that placed a block has not changed since
@@ -483,7 +486,7 @@ uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
   pl.type = type;  // the guess; the pool checks it
   uintptr_t p = goPoolAllocAfter(api, back, k, size, dev, stream, &pl);
   if (p != 0) {
-    if (size <= (1u << 20)) g_small_type.store(pl.type, std::memory_order_relaxed);
+    if (size <= g_small_max.load(std::memory_order_relaxed)) g_small_type.store(pl.type, std::memory_order_relaxed);
     on_go_alloc(p, size, dev, stream, pl);
   }
   return p;
@@ -493,8 +496,9 @@ uintptr_t alloc_miss(int api, size_t size, int dev, uintptr_t stream) {
 
 extern "C" {
 
-void symmshim_front_enable(int on, uint64_t max_block) {
+void symmshim_front_enable(int on, uint64_t max_block, uint64_t small_max) {
   front::g_max_block.store(max_block, std::memory_order_relaxed);
+  front::g_small_max.store(small_max, std::memory_order_relaxed);
   front::g_enabled.store(on, std::memory_order_relaxed);
 }
 

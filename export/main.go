@@ -111,7 +111,7 @@ func initPool() (*allocator.Pool, error) {
 	lib.pool.Store(p)
 	startPublishing(p, map[int32]string{1: "cuda", 2: "host"}[kind])
 	if front {
-		C.symmshim_front_enable(1, C.uint64_t(frontMax))
+		C.symmshim_front_enable(1, C.uint64_t(frontMax), C.uint64_t(allocator.SmallMax))
 	}
 	return p, nil
 }

@@ -12,8 +12,10 @@ extern "C" {
 /* Records code and the len bytes at msg (not NUL-terminated) as the calling
  * thread's last error. Copies: msg may be Go memory. */
 void symmshim_set_error(int code, const char *msg, size_t len);
-/* The front cache (front.cpp): switch it on; hand its blocks back to the pool. */
-void symmshim_front_enable(int on, uint64_t max_block);
+/* The front cache (front.cpp): switch it on, with the largest block it keeps
+ * and the small pool's largest request (allocator.SmallMax); hand its blocks
+ * back to the pool. */
+void symmshim_front_enable(int on, uint64_t max_block, uint64_t small_max);
 void symmshim_front_drain(int dev);
 /* Remember the path of this process's statistics page (publish.go), unlinked
  * by a destructor when the process exits (the forked child of a process
