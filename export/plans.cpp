@@ -246,8 +246,8 @@ int libsymm_plan_wait(int64_t hid, int src, int channel, void *stream) {
   return signal(SYMM_PLAN_WAIT, hid, src, channel, stream);
 }
 
-void libsymm_plan_shape(uint64_t offset, uint64_t nbytes, int world, uint32_t max_blocks, int *v, uint32_t *blocks,
-                        uint32_t *threads) {
+void libsymm_plan_shape(uint64_t offset, uint64_t nbytes, int world, int channels, uint32_t max_blocks, int *v,
+                        uint32_t *blocks, uint32_t *threads) {
   // kernels.AllReduceLaunch over nbytes/4 words, then capped by the
   // channels (block b meets on channel b) and given a thread per peer.
   constexpr uint64_t kMaxThreads = 512;
@@ -262,8 +262,7 @@ void libsymm_plan_shape(uint64_t offset, uint64_t nbytes, int world, uint32_t ma
     b = (items + kMaxThreads - 1) / kMaxThreads;
     if (b > cap) b = cap;
   }
-  uint64_t channels = 2048 / 4 / static_cast<uint64_t>(world);  // SignalPadSize / 4 / world
-  if (b > channels) b = channels;
+  if (b > static_cast<uint64_t>(channels)) b = static_cast<uint64_t>(channels);
   uint64_t per_peer = (static_cast<uint64_t>(world) + 31) / 32 * 32;
   if (t < per_peer) t = per_peer;
   *blocks = static_cast<uint32_t>(b);
@@ -275,35 +274,22 @@ int libsymm_plan_collective(int kind, int64_t hid, uint64_t offset, uint64_t cou
   uint64_t size = dtype_size(dtype);
   bool gather = kind == SYMM_PLAN_COLL_ALL_GATHER;
   if (size == 0 || count == 0 || (gather ? op != -1 : op != SYMM_SUM)) return SYMM_PLAN_PASS;
+  if (kind < SYMM_PLAN_COLL_ONE_SHOT || kind > SYMM_PLAN_COLL_ALL_GATHER) return SYMM_PLAN_PASS;
   Plan e(hid);
   const symm_plan_t *p = e.p;
   if (p == nullptr) return SYMM_PLAN_PASS;
-  uint64_t nbytes = 0;
-  int family = 0;
-  switch (kind) {
-    case SYMM_PLAN_COLL_ONE_SHOT:
-      nbytes = reduce_ok(p, false, offset, count, size, out, local);
-      family = SYMM_PLAN_ONE_SHOT;
-      break;
-    case SYMM_PLAN_COLL_TWO_SHOT:
-      nbytes = reduce_ok(p, true, offset, count, size, out, local);
-      family = SYMM_PLAN_TWO_SHOT;
-      break;
-    case SYMM_PLAN_COLL_REDUCE_SCATTER:
-      nbytes = share_ok(p, false, offset, count, size, out, local);
-      family = SYMM_PLAN_REDUCE_SCATTER;
-      break;
-    case SYMM_PLAN_COLL_ALL_GATHER:
-      nbytes = share_ok(p, true, offset, count, size, out, local);
-      family = SYMM_PLAN_ALL_GATHER;
-      break;
-    default:
-      return SYMM_PLAN_PASS;
-  }
+  // The kernels of kind, by SYMM_PLAN_COLL_* (the all-reduces check the
+  // message, the others one share).
+  static constexpr int kFamily[] = {SYMM_PLAN_ONE_SHOT, SYMM_PLAN_TWO_SHOT, SYMM_PLAN_REDUCE_SCATTER,
+                                    SYMM_PLAN_ALL_GATHER};
+  int family = kFamily[kind];
+  uint64_t nbytes = kind <= SYMM_PLAN_COLL_TWO_SHOT
+                        ? reduce_ok(p, kind == SYMM_PLAN_COLL_TWO_SHOT, offset, count, size, out, local)
+                        : share_ok(p, gather, offset, count, size, out, local);
   if (nbytes == 0) return SYMM_PLAN_PASS;
   int v;
   uint32_t blocks, threads;
-  libsymm_plan_shape(offset, nbytes, p->world, p->max_blocks, &v, &blocks, &threads);
+  libsymm_plan_shape(offset, nbytes, p->world, p->channels, p->max_blocks, &v, &blocks, &threads);
   int fi = family + (v == 4 ? 0 : 1) + (gather ? 0 : 2 * dtype);
   uint64_t w[] = {p->buffers, offset,     nbytes / 4,   out, local, p->pads, p->epochs, u32(p->rank), u32(p->world),
                   0,          0};

@@ -9,7 +9,6 @@ import "C"
 
 import (
 	"sync"
-	"time"
 	"unsafe"
 
 	"github.com/libsymm/libsymm/cuda"
@@ -62,21 +61,6 @@ func (p *launchPlan) fns() [C.SYMM_PLAN_KERNELS]*uintptr {
 	return f
 }
 
-func planOf(c *C.symm_plan_t) launchPlan {
-	p := launchPlan{HID: int64(c.hid), Ctx: uint64(c.ctx), Plan: symmetric.Plan{
-		Device: int(c.device), Rank: int(c.rank), World: int(c.world), Channels: int(c.channels),
-		MaxBlocks: uint32(c.max_blocks), MeetBarrier: int(c.meet_barrier),
-		Buffers: uintptr(c.buffers), Pads: uintptr(c.pads), Epochs: uintptr(c.epochs), Status: uintptr(c.status),
-		Buffer: uintptr(c.buffer), BufferSize: uint64(c.buffer_size), Timeout: time.Duration(c.timeout_ns),
-		PushState: uintptr(c.push_state), PushLines: uint64(c.push_lines), PushReady: uintptr(c.push_ready),
-		PushMaxBlocks: uint32(c.push_max_blocks),
-	}}
-	for i, f := range p.fns() {
-		*f = uintptr(c.fn[i])
-	}
-	return p
-}
-
 // publishPlan makes p its handle's plan; false when the handle's slot
 // holds another handle's plan or its id does not fit (its calls go
 // through Go).
@@ -93,16 +77,6 @@ func retirePlan(hid int64) bool {
 	planMu.Lock()
 	defer planMu.Unlock()
 	return C.libsymm_plan_retire(C.int64_t(hid)) == 1
-}
-
-// holdPlan enters hid's plan as a C entry point does: it stays in use (a
-// retire waits) until release is called. ok is false when hid has none.
-func holdPlan(hid int64) (p launchPlan, release func(), ok bool) {
-	c := C.libsymm_plan_enter(C.int64_t(hid))
-	if c == nil {
-		return launchPlan{}, nil, false
-	}
-	return planOf(c), func() { C.libsymm_plan_leave(c) }, true
 }
 
 // planDriver gives the launches the driver's functions, once; false where
@@ -138,14 +112,4 @@ func offerPlan(hid int64, h *symmetric.Handle) {
 		}
 		return publishPlan(launchPlan{HID: hid, Ctx: uint64(ctx), Plan: p})
 	}, func() { retirePlan(hid) })
-}
-
-// ---- for tests: the launches with a recording driver --------------------------
-
-// planLaunch is what the recording driver saw of one launch.
-type planLaunch struct {
-	Fn, Stream     uint64
-	Grid, Block    uint32
-	Words          []uint64
-	CtxSet, Pushed bool // the context bound to the thread, or pushed and popped
 }

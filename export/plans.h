@@ -111,10 +111,11 @@ int libsymm_plan_collective(int kind, int64_t hid, uint64_t offset, uint64_t cou
 int libsymm_plan_push(int64_t hid, uint64_t in, uint64_t out, uint64_t count, int dtype, int op, void *stream);
 
 // libsymm_plan_shape is the collectives' launch shape for nbytes at offset
-// in a world of world ranks with grid cap max_blocks (Go's allReduceShape):
-// v is the words per thread, 4 or 1.
-void libsymm_plan_shape(uint64_t offset, uint64_t nbytes, int world, uint32_t max_blocks, int *v, uint32_t *blocks,
-                        uint32_t *threads);
+// in a world of world ranks with channels signal-pad channels (the plan's)
+// and grid cap max_blocks (Go's allReduceShape): v is the words per
+// thread, 4 or 1.
+void libsymm_plan_shape(uint64_t offset, uint64_t nbytes, int world, int channels, uint32_t max_blocks, int *v,
+                        uint32_t *blocks, uint32_t *threads);
 // libsymm_plan_push_shape is the push kernel's (kernels.PushLaunch) over
 // nbytes, at most max_blocks blocks.
 void libsymm_plan_push_shape(uint64_t nbytes, uint32_t max_blocks, uint32_t *blocks, uint32_t *threads);

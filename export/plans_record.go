@@ -5,8 +5,9 @@ package main
 #include <string.h>
 #include "plans.h"
 
-// A driver that records launches instead of making them, for the tests of
-// the per-call launches (export/plans_test.go): one thread's context, one
+// For the tests of the plans (export/plans_test.go, planlaunch_test.go):
+// a driver that records launches instead of making them, and the table read
+// back as a caller reads it. The driver: one thread's context, one
 // pushed context deep, the last launch's arguments. rec_words is how many
 // parameters the test expects the kernel to take (the driver cannot know).
 static __thread void *rec_cur;
@@ -61,6 +62,47 @@ static int rec_push(int64_t hid, uint64_t in, uint64_t out, uint64_t count, int 
 }
 */
 import "C"
+
+import (
+	"time"
+
+	"github.com/libsymm/libsymm/symmetric"
+)
+
+// planLaunch is what the recording driver saw of one launch.
+type planLaunch struct {
+	Fn, Stream     uint64
+	Grid, Block    uint32
+	Words          []uint64
+	CtxSet, Pushed bool // the context bound to the thread, or pushed and popped
+}
+
+// planOf reads a plan back from the table's C form (launchPlan.c's
+// inverse), as a caller inside it sees it.
+func planOf(c *C.symm_plan_t) launchPlan {
+	p := launchPlan{HID: int64(c.hid), Ctx: uint64(c.ctx), Plan: symmetric.Plan{
+		Device: int(c.device), Rank: int(c.rank), World: int(c.world), Channels: int(c.channels),
+		MaxBlocks: uint32(c.max_blocks), MeetBarrier: int(c.meet_barrier),
+		Buffers: uintptr(c.buffers), Pads: uintptr(c.pads), Epochs: uintptr(c.epochs), Status: uintptr(c.status),
+		Buffer: uintptr(c.buffer), BufferSize: uint64(c.buffer_size), Timeout: time.Duration(c.timeout_ns),
+		PushState: uintptr(c.push_state), PushLines: uint64(c.push_lines), PushReady: uintptr(c.push_ready),
+		PushMaxBlocks: uint32(c.push_max_blocks),
+	}}
+	for i, f := range p.fns() {
+		*f = uintptr(c.fn[i])
+	}
+	return p
+}
+
+// holdPlan enters hid's plan as a C entry point does: it stays in use (a
+// retire waits) until release is called. ok is false when hid has none.
+func holdPlan(hid int64) (p launchPlan, release func(), ok bool) {
+	c := C.libsymm_plan_enter(C.int64_t(hid))
+	if c == nil {
+		return launchPlan{}, nil, false
+	}
+	return planOf(c), func() { C.libsymm_plan_leave(c) }, true
+}
 
 // recordLaunches makes the per-call launches record into the test driver
 // instead of calling the real one. Tests only.
@@ -130,6 +172,7 @@ func planPushShape(nbytes uint64, maxBlocks uint32) (blocks, threads uint32) {
 func planShape(offset, nbytes uint64, world int, maxBlocks uint32) (v int, blocks, threads uint32) {
 	var cv C.int
 	var cb, ct C.uint32_t
-	C.libsymm_plan_shape(C.uint64_t(offset), C.uint64_t(nbytes), C.int(world), C.uint32_t(maxBlocks), &cv, &cb, &ct)
+	C.libsymm_plan_shape(C.uint64_t(offset), C.uint64_t(nbytes), C.int(world), C.int(symmetric.SignalPadSize/4/world),
+		C.uint32_t(maxBlocks), &cv, &cb, &ct)
 	return int(cv), uint32(cb), uint32(ct)
 }

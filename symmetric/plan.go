@@ -23,7 +23,7 @@ import (
 //     a plan that can be entered belongs to a live, healthy handle. Publish
 //     and the withdrawal hook are set while the block is held (Acquire), so
 //     a free cannot pass between them;
-//   - a handle is offered for a plan once (planTried); a handle without one
+//   - a handle is offered a plan once (planState.tried); a handle without one
 //     keeps going through Go.
 
 // Plan is a handle's launch plan: its device and group position, the
@@ -70,11 +70,9 @@ func (h *Handle) PublishPlan(publish func(Plan) bool, retire func()) (bool, erro
 	if h.plan.tried.Load() {
 		return false, nil
 	}
-	if _, ok := h.m.prov.(kernelRunner); ok || h.m.cfg.LaunchThroughGo {
-		h.plan.tried.Store(true)
-		return false, nil
-	}
-	if _, ok := h.m.prov.(kernelDevice); !ok {
+	_, runner := h.m.prov.(kernelRunner)
+	_, device := h.m.prov.(kernelDevice)
+	if runner || !device || h.m.cfg.LaunchThroughGo {
 		h.plan.tried.Store(true)
 		return false, nil
 	}

@@ -84,9 +84,11 @@ bool plain(const at::Tensor &t, const at::Tensor &like) {
   return t.is_cuda() && t.scalar_type() == like.scalar_type() && t.device() == like.device() && t.is_contiguous();
 }
 
-void *stream_of(const at::Tensor &t, int64_t stream) {
+// stream_of is the stream a call runs on: stream when the caller names one
+// (>= 0), else device's current PyTorch stream.
+void *stream_of(int64_t device, int64_t stream) {
   if (stream >= 0) return reinterpret_cast<void *>(static_cast<uintptr_t>(stream));
-  return c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
 }
 
 // run_collective runs kind on handle hid (a group of world ranks) over tensor,
@@ -112,7 +114,7 @@ int64_t run_collective(int64_t kind, const at::Tensor &tensor, const at::Tensor 
     if (!plain(*local, tensor) || local->numel() != local_n) return kPass;
     lp = local->data_ptr();
   }
-  void *s = stream_of(tensor, stream);
+  void *s = stream_of(tensor.get_device(), stream);
   if (kind == kAllGather)
     return g_ops.all_gather(hid, static_cast<size_t>(offset), static_cast<size_t>(n), code, out.data_ptr(), lp, s,
                             static_cast<int>(timeout_ms));
@@ -127,7 +129,7 @@ int64_t run_push(const at::Tensor &tensor, const at::Tensor &out, int64_t hid, i
   int code = dtype_code(tensor.scalar_type());
   if (code < 0 || !plain(tensor, tensor) || !plain(out, tensor) || out.numel() != tensor.numel()) return kPass;
   return g_ops.push(hid, tensor.data_ptr(), out.data_ptr(), static_cast<size_t>(tensor.numel()), code, SYMM_SUM,
-                    stream_of(tensor, stream), static_cast<int>(timeout_ms));
+                    stream_of(tensor.get_device(), stream), static_cast<int>(timeout_ms));
 }
 
 // run_signal runs a put (kind 0), a wait (1) or a barrier (2) of handle hid
@@ -137,8 +139,7 @@ int64_t run_signal(int64_t kind, int64_t hid, int64_t peer, int64_t channel, int
   if (!g_ops_ready.load(std::memory_order_acquire) || device < 0 || timeout_ms < 0 || timeout_ms > INT32_MAX ||
       peer < INT32_MIN || peer > INT32_MAX || channel < INT32_MIN || channel > INT32_MAX)
     return kPass;
-  void *s = stream >= 0 ? reinterpret_cast<void *>(static_cast<uintptr_t>(stream))
-                        : c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  void *s = stream_of(device, stream);
   int p = static_cast<int>(peer), c = static_cast<int>(channel), t = static_cast<int>(timeout_ms);
   switch (kind) {
     case 0:
