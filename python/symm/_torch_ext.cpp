@@ -156,7 +156,7 @@ class SymmAllocator : public torch::cuda::CUDAPluggableAllocator::CUDAPluggableA
     bool replace = g_api.torch_mode() == kTorchReplace;
     if (replace && __builtin_expect(!enabled_.load(std::memory_order_relaxed), 0)) return uncached_alloc(size, dev);
     void *p = replace ? g_api.try_alloc(size, dev, stream)
-                      : need(g_api.alloc_segment, "symm_pool_alloc_segment")(size, dev, stream);
+                      : SYMM_NEED(alloc_segment)(size, dev, stream);
     if (p != nullptr) {
       if (recording_.load(std::memory_order_relaxed)) remember_alloc(p, dev);
       return p;

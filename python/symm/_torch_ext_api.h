@@ -43,48 +43,65 @@ using CCA::TraceEntry;
 namespace {
 
 // ---- libsymm's functions, from the copy already loaded ------------------------
+//
+// SYMM_EXT_API lists them once: X(field, symbol, required). A field's type is
+// decltype(&::symbol), the prototype of include/symm.h (the one place a
+// prototype lives; a changed signature changes the field and fails to compile
+// where the field is called wrongly). required: load_api refuses a libsymm
+// without it; the others (functions newer libsymms added) stay NULL when
+// missing, are listed in g_missing, and a caller takes them through SYMM_NEED.
+#define SYMM_EXT_API(X)                                                \
+  X(alloc, symm_pool_alloc, true) /* only compared: wraps_libsymm */   \
+  X(try_alloc, symm_pool_try_alloc, true)                              \
+  X(free, symm_pool_free, true)                                        \
+  X(torch_init, symm_torch_init, true)                                 \
+  X(empty_cache, symm_pool_empty_cache, true)                          \
+  X(set_fraction, symm_pool_set_memory_fraction, true)                 \
+  X(record_stream, symm_pool_record_stream, true)                      \
+  X(stats, symm_pool_stats, true)                                      \
+  X(reset_peak, symm_pool_reset_peak, true)                            \
+  X(record_history, symm_pool_record_history, true)                    \
+  X(last_error, symm_last_error, true)                                 \
+  X(last_error_code, symm_last_error_code, true)                       \
+  X(clear_error, symm_clear_error, true)                               \
+  X(begin_pool, symm_torch_begin_allocate_to_pool, true)               \
+  X(end_pool, symm_torch_end_allocate_to_pool, true)                   \
+  X(release_pool, symm_torch_release_pool, true)                       \
+  X(torch_mode, symm_torch_mode, true)                                 \
+  X(own_allocator, symm_torch_own_allocator, true)                     \
+  X(memory_fraction, symm_pool_memory_fraction, true)                  \
+  X(set_settings, symm_pool_set_allocator_settings, true)              \
+  X(driver_proc, symm_driver_proc, true)                               \
+  X(alloc_segment, symm_pool_alloc_segment, false)                     \
+  X(create_pool, symm_pool_create_pool, false)                         \
+  X(use_count, symm_pool_use_count, false)                             \
+  X(set_use_on_oom, symm_pool_set_use_on_oom, false)                   \
+  X(set_no_split, symm_pool_set_no_split, false)                       \
+  X(empty_pool, symm_pool_empty_pool, false)                           \
+  X(reset_accumulated, symm_pool_reset_accumulated, false)             \
+  X(cache_info, symm_pool_cache_info, false)                           \
+  X(segment_of, symm_pool_segment_of, false)                           \
+  X(segment_chunk, symm_pool_segment_chunk, false)                     \
+  X(set_annotation, symm_pool_set_annotation, false)                   \
+  X(block_of, symm_pool_block_of, false)                               \
+  X(blocks, symm_pool_blocks, false)                                   \
+  X(restore_blocks, symm_pool_restore_blocks, false)                   \
+  X(snapshot_list, symm_pool_snapshot_list, false)                     \
+  X(settings, symm_pool_settings, false)                               \
+  X(device_count, symm_pool_device_count, false)                       \
+  X(set_segment_hook, symm_pool_set_segment_hook, false)
+
 struct Api {
-  void *(*alloc)(size_t, int, void *) = nullptr;  // only compared (wraps_libsymm)
-  void *(*try_alloc)(size_t, int, void *) = nullptr;
-  void *(*alloc_segment)(size_t, int, void *) = nullptr;
-  void (*free)(void *, size_t, int, void *) = nullptr;
-  void (*torch_init)(int) = nullptr;
-  void (*empty_cache)(void) = nullptr;
-  void (*set_fraction)(double, int) = nullptr;
-  void (*record_stream)(void *, void *) = nullptr;
-  int (*stats)(int, symm_stat_t *, int) = nullptr;
-  int (*reset_peak)(int) = nullptr;
-  int (*reset_accumulated)(int) = nullptr;
-  int (*cache_info)(int, size_t *) = nullptr;
-  int (*segment_of)(const void *, uint64_t *, uint64_t *, int *) = nullptr;
-  int (*segment_chunk)(const void *, uint64_t *) = nullptr;
-  int (*block_of)(const void *, uint64_t *, uint64_t *) = nullptr;
-  int (*record_history)(int, size_t) = nullptr;
-  int (*set_annotation)(const char *, const char *) = nullptr;
-  int (*snapshot_list)(symm_segment_info_t *, int *, symm_block_info_t *, int *, symm_trace_entry_t *, int *) = nullptr;
-  int (*settings)(symm_pool_settings_t *) = nullptr;
-  int (*device_count)(void) = nullptr;
-  int (*set_segment_hook)(symm_segment_hook_fn, void *) = nullptr;
-  int (*blocks)(int, symm_pool_id_t, symm_block_info_t *, int) = nullptr;
-  int (*restore_blocks)(int, symm_pool_id_t, const symm_block_info_t *, int, uint64_t *, int *, uint64_t *,
-                        int *) = nullptr;
-  const char *(*last_error)(void) = nullptr;
-  int (*last_error_code)(void) = nullptr;
-  void (*clear_error)(void) = nullptr;
-  using PoolId = std::pair<unsigned long long, unsigned long long>;
-  void (*begin_pool)(int, PoolId, std::function<bool(CUstream_st *)>) = nullptr;
-  void (*end_pool)(int, PoolId) = nullptr;
-  void (*release_pool)(int, PoolId) = nullptr;
-  int (*create_pool)(int, symm_pool_id_t, const symm_segment_allocator_t *) = nullptr;
-  int (*use_count)(int, symm_pool_id_t) = nullptr;
-  int (*set_use_on_oom)(int, symm_pool_id_t, int) = nullptr;
-  int (*set_no_split)(int, symm_pool_id_t) = nullptr;
-  int (*empty_pool)(symm_pool_id_t) = nullptr;
-  int (*torch_mode)(void) = nullptr;
-  void (*own_allocator)(const void *) = nullptr;
-  int (*memory_fraction)(int, double *) = nullptr;
-  int (*set_settings)(const char *) = nullptr;
-  void *(*driver_proc)(const char *) = nullptr;
+#define SYMM_EXT_FIELD(field, symbol, required) decltype(&::symbol) field = nullptr;
+  SYMM_EXT_API(SYMM_EXT_FIELD)
+#undef SYMM_EXT_FIELD
+};
+
+// ApiName::field is the symbol behind Api::field, for messages (SYMM_NEED).
+struct ApiName {
+#define SYMM_EXT_NAME(field, symbol, required) static constexpr const char *field = #symbol;
+  SYMM_EXT_API(SYMM_EXT_NAME)
+#undef SYMM_EXT_NAME
 };
 
 Api g_api;
@@ -108,45 +125,9 @@ void load_api(const std::string &path) {
   TORCH_CHECK(h != nullptr, "libsymm is not loaded from ", path, ": ", dlerror());
   g_api = Api{};
   g_missing.clear();
-  resolve(h, "symm_pool_alloc", g_api.alloc, true);
-  resolve(h, "symm_pool_try_alloc", g_api.try_alloc, true);
-  resolve(h, "symm_pool_free", g_api.free, true);
-  resolve(h, "symm_torch_init", g_api.torch_init, true);
-  resolve(h, "symm_pool_empty_cache", g_api.empty_cache, true);
-  resolve(h, "symm_pool_set_memory_fraction", g_api.set_fraction, true);
-  resolve(h, "symm_pool_record_stream", g_api.record_stream, true);
-  resolve(h, "symm_pool_stats", g_api.stats, true);
-  resolve(h, "symm_pool_reset_peak", g_api.reset_peak, true);
-  resolve(h, "symm_pool_record_history", g_api.record_history, true);
-  resolve(h, "symm_last_error", g_api.last_error, true);
-  resolve(h, "symm_last_error_code", g_api.last_error_code, true);
-  resolve(h, "symm_clear_error", g_api.clear_error, true);
-  resolve(h, "symm_torch_begin_allocate_to_pool", g_api.begin_pool, true);
-  resolve(h, "symm_torch_end_allocate_to_pool", g_api.end_pool, true);
-  resolve(h, "symm_torch_release_pool", g_api.release_pool, true);
-  resolve(h, "symm_torch_mode", g_api.torch_mode, true);
-  resolve(h, "symm_torch_own_allocator", g_api.own_allocator, true);
-  resolve(h, "symm_pool_memory_fraction", g_api.memory_fraction, true);
-  resolve(h, "symm_pool_set_allocator_settings", g_api.set_settings, true);
-  resolve(h, "symm_driver_proc", g_api.driver_proc, true);
-  resolve(h, "symm_pool_alloc_segment", g_api.alloc_segment, false);
-  resolve(h, "symm_pool_create_pool", g_api.create_pool, false);
-  resolve(h, "symm_pool_use_count", g_api.use_count, false);
-  resolve(h, "symm_pool_set_use_on_oom", g_api.set_use_on_oom, false);
-  resolve(h, "symm_pool_set_no_split", g_api.set_no_split, false);
-  resolve(h, "symm_pool_empty_pool", g_api.empty_pool, false);
-  resolve(h, "symm_pool_reset_accumulated", g_api.reset_accumulated, false);
-  resolve(h, "symm_pool_cache_info", g_api.cache_info, false);
-  resolve(h, "symm_pool_segment_of", g_api.segment_of, false);
-  resolve(h, "symm_pool_segment_chunk", g_api.segment_chunk, false);
-  resolve(h, "symm_pool_set_annotation", g_api.set_annotation, false);
-  resolve(h, "symm_pool_block_of", g_api.block_of, false);
-  resolve(h, "symm_pool_blocks", g_api.blocks, false);
-  resolve(h, "symm_pool_restore_blocks", g_api.restore_blocks, false);
-  resolve(h, "symm_pool_snapshot_list", g_api.snapshot_list, false);
-  resolve(h, "symm_pool_settings", g_api.settings, false);
-  resolve(h, "symm_pool_device_count", g_api.device_count, false);
-  resolve(h, "symm_pool_set_segment_hook", g_api.set_segment_hook, false);
+#define SYMM_EXT_RESOLVE(field, symbol, required) resolve(h, #symbol, g_api.field, required);
+  SYMM_EXT_API(SYMM_EXT_RESOLVE)
+#undef SYMM_EXT_RESOLVE
   // The handle stays open: the library never unloads (RTLD_NODELETE).
 }
 
@@ -165,6 +146,10 @@ F need(F fn, const char *name) {
   TORCH_CHECK(fn != nullptr, "libsymm: this libsymm.so has no ", name, "; rebuild it with the symm package's version");
   return fn;
 }
+
+// SYMM_NEED(field) is the function of Api::field, or a c10::Error naming its
+// symbol when this libsymm lacks it (an optional function of SYMM_EXT_API).
+#define SYMM_NEED(field) need(g_api.field, ApiName::field)
 
 symm_pool_id_t pool_id(MempoolId_t id) { return symm_pool_id_t{id.first, id.second}; }
 

@@ -98,7 +98,7 @@ using symm_ipc::kHandleVersion;
 CCA::ShareableHandle SymmAllocator::shareIpcHandle(void *ptr) {
   uint64_t base = 0, size = 0;
   int expandable = 0;
-  check(need(g_api.segment_of, "symm_pool_segment_of")(ptr, &base, &size, &expandable), "shareIpcHandle");
+  check(SYMM_NEED(segment_of)(ptr, &base, &size, &expandable), "shareIpcHandle");
   if (expandable) return share_expandable(ptr, base, size);
   cudaIpcMemHandle_t h;
   C10_CUDA_CHECK(cudaIpcGetMemHandle(&h, reinterpret_cast<void *>(base)));
@@ -263,7 +263,7 @@ CCA::ShareableHandle SymmAllocator::share_expandable(void *ptr, uint64_t base, u
     g = vmm_granularity(d, dev);
   }
   uint64_t p = reinterpret_cast<uint64_t>(ptr), block = 0, requested = 0, begin = 0, end = 0;
-  check(need(g_api.block_of, "symm_pool_block_of")(ptr, &block, &requested), "shareIpcHandle");
+  check(SYMM_NEED(block_of)(ptr, &block, &requested), "shareIpcHandle");
   TORCH_CHECK(symm_ipc::chunks_under(p, block, requested, base, mapped, g, &begin, &end), "libsymm: shareIpcHandle: ",
               ptr, " is outside its segment's mapped part");
   ShareHeader hd{};

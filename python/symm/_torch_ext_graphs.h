@@ -79,7 +79,7 @@ bool wraps_libsymm(const CCA::CUDAAllocator *a) {
 }
 
 void SymmAllocator::createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id, std::shared_ptr<CCA::CUDAAllocator> allocator) {
-  auto create = need(g_api.create_pool, "symm_pool_create_pool");
+  auto create = SYMM_NEED(create_pool);
   g_api.clear_error();
   if (allocator == nullptr || allocator.get() == this) {
     check(create(device, pool_id(id), nullptr), "torch.cuda.MemPool");
@@ -96,7 +96,7 @@ void SymmAllocator::createOrIncrefPool(c10::DeviceIndex device, MempoolId_t id, 
 
 int SymmAllocator::getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) {
   g_api.clear_error();
-  int n = need(g_api.use_count, "symm_pool_use_count")(device, pool_id(id));
+  int n = SYMM_NEED(use_count)(device, pool_id(id));
   if (n < 0) check(g_api.last_error_code(), "MemPool.use_count");
   return n;
 }
@@ -104,7 +104,7 @@ int SymmAllocator::getPoolUseCount(c10::DeviceIndex device, MempoolId_t id) {
 // MemPool's destructor turns use_on_oom off: never throw then.
 void SymmAllocator::setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool use_on_oom) {
   g_api.clear_error();
-  int rc = need(g_api.set_use_on_oom, "symm_pool_set_use_on_oom")(device, pool_id(id), use_on_oom ? 1 : 0);
+  int rc = SYMM_NEED(set_use_on_oom)(device, pool_id(id), use_on_oom ? 1 : 0);
   if (rc == SYMM_OK) return;
   if (!use_on_oom) {
     TORCH_WARN("libsymm: use_on_oom off: ", last_error());
@@ -114,11 +114,11 @@ void SymmAllocator::setUseOnOOM(c10::DeviceIndex device, MempoolId_t id, bool us
 }
 void SymmAllocator::setNoSplit(c10::DeviceIndex device, MempoolId_t id) {
   g_api.clear_error();
-  check(need(g_api.set_no_split, "symm_pool_set_no_split")(device, pool_id(id)), "MemPool(no_split=True)");
+  check(SYMM_NEED(set_no_split)(device, pool_id(id)), "MemPool(no_split=True)");
 }
 
 std::vector<symm_block_info_t> SymmAllocator::pool_blocks(c10::DeviceIndex device, MempoolId_t id) {
-  auto fn = need(g_api.blocks, "symm_pool_blocks");
+  auto fn = SYMM_NEED(blocks);
   for (;;) {
     int n = fn(device, pool_id(id), nullptr, 0);
     if (n < 0) check(g_api.last_error_code(), "pool blocks");
@@ -161,7 +161,7 @@ CCA::CheckpointDelta SymmAllocator::setCheckpointPoolState(c10::DeviceIndex devi
   auto st = std::dynamic_pointer_cast<PoolState>(pps);
   TORCH_CHECK(st != nullptr, "libsymm: setCheckpointPoolState: the state was not made by libsymm's getCheckpointState");
   TORCH_CHECK(st->device == device, "libsymm: setCheckpointPoolState: state of device ", st->device, ", not ", device);
-  auto fn = need(g_api.restore_blocks, "symm_pool_restore_blocks");
+  auto fn = SYMM_NEED(restore_blocks);
   std::vector<symm_block_info_t> before = pool_blocks(device, st->id);
   int nfreed = 0, nallocd = 0;  // a dry run sizes the arrays
   int rc = fn(device, pool_id(st->id), st->blocks.data(), static_cast<int>(st->blocks.size()), nullptr, &nfreed,

@@ -30,16 +30,31 @@ constexpr int64_t kPass = -1;
 // The kinds of collective, as the Python and the operators pass them.
 enum { kOneShot = 0, kTwoShot = 1, kReduceScatter = 2, kAllGather = 3 };
 
-typedef int (*reduce_fn)(symm_handle_t, size_t, size_t, int, int, void *, const void *, void *, int);
+// The functions of the calls here, as _torch_ext_api.h's SYMM_EXT_API lists
+// its own: X(field, symbol), every one required, each field of the type of
+// include/symm.h's prototype.
+#define SYMM_EXT_OPS(X)                        \
+  X(one_shot, symm_one_shot_all_reduce)        \
+  X(two_shot, symm_two_shot_all_reduce)        \
+  X(reduce_scatter, symm_reduce_scatter)       \
+  X(all_gather, symm_all_gather)               \
+  X(push, symm_push_all_reduce)                \
+  X(put, symm_put_signal)                      \
+  X(wait, symm_wait_signal)                    \
+  X(barrier, symm_barrier)                     \
+  X(last_error, symm_last_error)
 
 struct OpsApi {
-  reduce_fn reduce[3] = {nullptr, nullptr, nullptr};  // one-shot, two-shot, reduce-scatter
-  int (*all_gather)(symm_handle_t, size_t, size_t, int, void *, const void *, void *, int) = nullptr;
-  int (*push)(symm_handle_t, const void *, void *, size_t, int, int, void *, int) = nullptr;
-  int (*put)(symm_handle_t, int, int, void *) = nullptr;
-  int (*wait)(symm_handle_t, int, int, void *, int) = nullptr;
-  int (*barrier)(symm_handle_t, int, void *, int) = nullptr;
-  const char *(*last_error)(void) = nullptr;
+#define SYMM_EXT_OPS_FIELD(field, symbol) decltype(&::symbol) field = nullptr;
+  SYMM_EXT_OPS(SYMM_EXT_OPS_FIELD)
+#undef SYMM_EXT_OPS_FIELD
+
+  // The reduction of kind (kOneShot, kTwoShot, kReduceScatter): the three
+  // share one prototype (an array of them would not compile otherwise).
+  decltype(&::symm_one_shot_all_reduce) reduce(int64_t kind) const {
+    const decltype(&::symm_one_shot_all_reduce) by_kind[] = {one_shot, two_shot, reduce_scatter};
+    return by_kind[kind];
+  }
 };
 
 OpsApi g_ops;
@@ -54,15 +69,9 @@ void ops_init(const std::string &path) {
   void *h = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD);
   TORCH_CHECK(h != nullptr, "libsymm is not loaded from ", path, ": ", dlerror());
   OpsApi a;
-  resolve(h, "symm_one_shot_all_reduce", a.reduce[kOneShot], true);
-  resolve(h, "symm_two_shot_all_reduce", a.reduce[kTwoShot], true);
-  resolve(h, "symm_reduce_scatter", a.reduce[kReduceScatter], true);
-  resolve(h, "symm_all_gather", a.all_gather, true);
-  resolve(h, "symm_push_all_reduce", a.push, true);
-  resolve(h, "symm_put_signal", a.put, true);
-  resolve(h, "symm_wait_signal", a.wait, true);
-  resolve(h, "symm_barrier", a.barrier, true);
-  resolve(h, "symm_last_error", a.last_error, true);
+#define SYMM_EXT_OPS_RESOLVE(field, symbol) resolve(h, #symbol, a.field, true);
+  SYMM_EXT_OPS(SYMM_EXT_OPS_RESOLVE)
+#undef SYMM_EXT_OPS_RESOLVE
   g_ops = a;
   g_ops_ready.store(true, std::memory_order_release);
 }
@@ -118,7 +127,7 @@ int64_t run_collective(int64_t kind, const at::Tensor &tensor, const at::Tensor 
   if (kind == kAllGather)
     return g_ops.all_gather(hid, static_cast<size_t>(offset), static_cast<size_t>(n), code, out.data_ptr(), lp, s,
                             static_cast<int>(timeout_ms));
-  return g_ops.reduce[kind](hid, static_cast<size_t>(offset), static_cast<size_t>(n), code, SYMM_SUM, out.data_ptr(), lp,
+  return g_ops.reduce(kind)(hid, static_cast<size_t>(offset), static_cast<size_t>(n), code, SYMM_SUM, out.data_ptr(), lp,
                             s, static_cast<int>(timeout_ms));
 }
 

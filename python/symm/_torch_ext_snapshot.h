@@ -44,9 +44,9 @@ struct Listing {
 // snapshot_list takes the listing in arrays sized by a size query, with
 // room to spare, and grown again if the pool grew in between.
 Listing snapshot_list(bool with_traces) {
-  auto list = need(g_api.snapshot_list, "symm_pool_snapshot_list");
+  auto list = SYMM_NEED(snapshot_list);
   Listing l;
-  l.devices = need(g_api.device_count, "symm_pool_device_count")();
+  l.devices = SYMM_NEED(device_count)();
   check(l.devices < 0 ? g_api.last_error_code() : SYMM_OK, "snapshot: device count");
   int ns = 0, nb = 0, nt = 0;
   check(list(nullptr, &ns, nullptr, &nb, nullptr, with_traces ? &nt : nullptr), "snapshot");
@@ -222,7 +222,7 @@ void add_device_traces(const Listing &l, const std::unordered_set<std::string> &
 // nor 1 as a byte that is no pickle opcode.
 void add_settings(CCA::SnapshotInfo &out) {
   symm_pool_settings_t st{};
-  check(need(g_api.settings, "symm_pool_settings")(&st), "snapshot: settings");
+  check(SYMM_NEED(settings)(&st), "snapshot: settings");
   auto &cm = out.config_metadata;
   cm = {};  // fields this torch has that are set nowhere below read as 0 and false
   cm.expandable_segments = st.expandable_segments != 0;

@@ -101,7 +101,7 @@ c10::CachingDeviceAllocator::DeviceStats SymmAllocator::getDeviceStats(c10::Devi
 void SymmAllocator::resetPeakStats(c10::DeviceIndex device) { check(g_api.reset_peak(device), "reset_peak_memory_stats"); }
 
 void SymmAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
-  check(need(g_api.reset_accumulated, "symm_pool_reset_accumulated")(device), "reset_accumulated_memory_stats");
+  check(SYMM_NEED(reset_accumulated)(device), "reset_accumulated_memory_stats");
 }
 
 // PyTorch's contract (cudnn sizes its workspace by it): a zero
@@ -115,7 +115,7 @@ void SymmAllocator::cacheInfo(c10::DeviceIndex device, size_t *largestBlock) {
     C10_CUDA_CHECK(cudaMemGetInfo(largestBlock, &total));
   }
   size_t largest = 0;
-  check(need(g_api.cache_info, "symm_pool_cache_info")(device, &largest), "cacheInfo");
+  check(SYMM_NEED(cache_info)(device, &largest), "cacheInfo");
   if (largest > *largestBlock) *largestBlock = largest;
 }
 
