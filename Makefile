@@ -24,7 +24,7 @@ PCDIR      ?= $(LIBDIR)/pkgconfig
 FUZZTIME ?= 20s
 
 .PHONY: all lib cli check-header ctests test test-steps test-go test-kernels test-torch-ext test-c test-python test-packaging fuzz run device bench clean fmt \
-	wheel install uninstall set-version cross-arm64
+	wheel install uninstall set-version cross-arm64 print-ldflags
 
 all: lib check-header cli ctests
 
@@ -40,6 +40,11 @@ $(LIB): $(GOFILES) $(CSRC) internal/version/VERSION
 	@mkdir -p $(BUILD)
 	$(GO) build -buildmode=c-shared -trimpath -ldflags '$(LDFLAGS)' -o $@ ./export
 	@ln -sf libsymm.so $(BUILD)/libsymm.so.0  # the soname, for programs linked here
+
+# The library's link flags, for a script that builds it another way
+# (tests/cross_arm64.sh): `make -s --no-print-directory print-ldflags`.
+print-ldflags:
+	@echo '$(LDFLAGS)'
 
 # Every exported symm_* symbol is declared in include/symm.h and vice versa;
 # no multicast entry point is referenced.

@@ -23,8 +23,9 @@ fi
 OUT=build/arm64
 mkdir -p "$OUT"
 export CGO_ENABLED=1 GOOS=linux GOARCH=arm64 CC=$CC_ARM CXX=$CXX_ARM
-go build -buildmode=c-shared -trimpath -ldflags "-extldflags=-Wl,--version-script=$PWD/export/symm.map,-soname,libsymm.so.0" \
-  -o "$OUT/libsymm.so" ./export
+# The link flags (version script, soname) are the Makefile's, asked for here.
+ldflags=$(make -s --no-print-directory print-ldflags)
+go build -buildmode=c-shared -trimpath -ldflags "$ldflags" -o "$OUT/libsymm.so" ./export
 go build -trimpath -o "$OUT/symm" ./cmd/symm
 go vet ./...
 for f in "$OUT/libsymm.so" "$OUT/symm"; do
