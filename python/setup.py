@@ -34,8 +34,10 @@ class BuildPyWithLibrary(build_py):
         if getattr(self, "editable_mode", False):
             return  # the package reads ../build where it is
         pkg = Path(self.build_lib) / "symm"
-        # SYMM_TORCH_ALLOCATOR=1's start-up line, at site-packages' top.
-        shutil.copy2(pkg / "_boot" / "symm_autoload.pth", Path(self.build_lib) / "symm_autoload.pth")
+        # SYMM_TORCH_ALLOCATOR=1's start-up line, at site-packages' top, and
+        # the module it imports (the variable's words).
+        for name in ("symm_autoload.pth", "symm_autoload.py"):
+            shutil.copy2(pkg / "_boot" / name, Path(self.build_lib) / name)
         if (pkg / "libsymm.so").exists():
             return  # already bundled (make wheel)
         if not LIB.is_file() or not TOOL.is_file():

@@ -5,12 +5,15 @@ finishes importing torch, symm.use_as_default() runs: every CUDA tensor of
 the process then comes from libsymm, as if the script's first line had been
 that call. It gets here two ways:
 
-- an installed wheel puts ``symm_autoload.pth`` into site-packages; Python
-  runs its one line at start-up, which imports this module only when the
-  variable is set (so a process without it pays one environment lookup);
+- an installed wheel puts ``symm_autoload.pth`` (and ``symm_autoload.py``)
+  into site-packages; Python runs its one line at start-up, which imports
+  this module only when the variable is on (so a process without it pays
+  one environment lookup);
 - ``symm run -- CMD ...`` sets the variable and puts ``symm/_boot`` (a
   ``sitecustomize`` that imports this module, then the one it hides) first on
   PYTHONPATH, which reaches a checkout's package too, where no .pth runs.
+
+``_boot/symm_autoload.py`` owns the variable's on and off words for all three.
 
 Why at torch's import, not at Python's start: importing torch then (and
 building libsymm's extension) would slow every Python process of a job,
@@ -47,20 +50,9 @@ import re
 import sys
 import warnings
 
-ENV = "SYMM_TORCH_ALLOCATOR"
-_ON = ("1", "true", "yes", "on")
-_OFF = ("", "0", "false", "no", "off")
-
-
-def wanted() -> bool:
-    """Whether SYMM_TORCH_ALLOCATOR asks for libsymm. A value that is
-    neither on nor off raises ValueError naming the variable and the value."""
-    value = os.environ.get(ENV, "").strip().lower()
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise ValueError(f"{ENV}={os.environ[ENV]!r}: expected 1 (libsymm is PyTorch's allocator) or 0")
+# The variable and its on and off words: _boot/symm_autoload.py has them,
+# for the start-up line and symm run's sitecustomize too.
+from ._boot.symm_autoload import ENV, wanted
 
 
 # The variables torch 2.11 reads its allocator settings from, the first one

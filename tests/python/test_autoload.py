@@ -158,3 +158,66 @@ def test_settings_without_a_backend_still_get_libsymm(stand_in):
     p = run(CHECK, stand_in, {"SYMM_TORCH_ALLOCATOR": "1", "PYTORCH_ALLOC_CONF": "max_split_size_mb:20,expandable_segments:True"})
     assert p.returncode == 0, p.stderr
     assert "installed at torch's import" in p.stdout
+
+
+# The variable's words have one owner, _boot/symm_autoload.py: the .pth line
+# (site-packages' top, with the module installed beside it), symm run's
+# sitecustomize and symm._autoload all go through it.
+SITE_CHECK = """
+import os, site, sys
+site.addsitedir(sys.argv[1])
+print(",".join(m for m in ("symm_autoload", "symm._autoload", "symm") if m in sys.modules) or "none")
+"""
+
+
+@pytest.fixture
+def site_dir(tmp_path: Path) -> Path:
+    """site-packages as an installed package leaves its top: the .pth and the module it imports."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in ("symm_autoload.pth", "symm_autoload.py"):
+        (site / name).write_bytes((BOOT / name).read_bytes())
+    return site
+
+
+@pytest.mark.parametrize("value,want", [
+    (None, "none"),  # unset: one environment lookup, no import
+    ("", "none"),
+    (" 0 ", "symm_autoload"),  # an off word: the words' module, not the package
+    ("Off", "symm_autoload"),
+    ("no", "symm_autoload"),
+    ("false", "symm_autoload"),
+    ("1", "symm_autoload,symm._autoload,symm"),
+    ("YES", "symm_autoload,symm._autoload,symm"),
+    ("maybe", "symm_autoload,symm._autoload,symm"),  # raised at torch's import
+])
+def test_the_start_up_line_imports_the_package_only_when_on(site_dir, value, want):
+    env = child_env({}, unset=("SYMM_TORCH_ALLOCATOR",))
+    if value is not None:
+        env["SYMM_TORCH_ALLOCATOR"] = value
+    p = subprocess.run([sys.executable, "-c", SITE_CHECK, str(site_dir)], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == want, p.stderr
+
+
+def test_every_reader_takes_the_words_from_one_module():
+    import symm._autoload as autoload
+    from symm._boot import symm_autoload as words
+
+    assert autoload.wanted is words.wanted and autoload.ENV == words.ENV == "SYMM_TORCH_ALLOCATOR"
+    assert not set(words.ON) & set(words.OFF) and "" in words.OFF
+    for value in words.ON:
+        assert words.wanted({words.ENV: f" {value.upper()} "}) is True
+    for value in words.OFF:
+        assert words.wanted({words.ENV: value}) is False
+    assert words.wanted({}) is False
+    with pytest.raises(ValueError, match="SYMM_TORCH_ALLOCATOR='maybe'"):
+        words.wanted({words.ENV: "maybe"})
+    # The start-up line names the variable (it must not import anything to
+    # test it) and nothing else: no word of its own.
+    line = (BOOT / "symm_autoload.pth").read_text().strip()
+    assert "\n" not in line and line.startswith("import ")
+    assert f'os.environ.get("{words.ENV}")' in line and '__import__("symm_autoload").start()' in line
+    for text in (line, (BOOT / "sitecustomize.py").read_text(), Path(autoload.__file__).read_text()):
+        assert '"off"' not in text and '"false"' not in text

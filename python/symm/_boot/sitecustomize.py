@@ -3,10 +3,11 @@ when the process imports torch (symm/_autoload.py), then runs the
 sitecustomize this one hides, if the environment has one, as Python would
 have.
 
-Only the standard library is imported unless SYMM_TORCH_ALLOCATOR is set.
-The package this file belongs to is importable from here even in a checkout
-that is not on sys.path (its parent directory is appended, so an installed
-symm still comes first).
+Only the standard library is imported unless SYMM_TORCH_ALLOCATOR is on
+(symm_autoload.py, beside this file, has its words). The package this file
+belongs to is importable from here even in a checkout that is not on
+sys.path (symm_autoload appends its parent directory, so an installed symm
+still comes first).
 """
 
 import importlib.machinery
@@ -28,12 +29,9 @@ def _chain() -> None:
     spec.loader.exec_module(module)
 
 
-# The same "off" words as symm._autoload: anything else (a bad value too,
-# which it raises at torch's import) imports it.
-if os.environ.get("SYMM_TORCH_ALLOCATOR", "").strip().lower() not in ("", "0", "false", "no", "off"):
-    try:
-        import symm._autoload  # noqa: F401
-    except ImportError:
-        sys.path.append(os.path.dirname(os.path.dirname(_HERE)))
-        import symm._autoload  # noqa: F401
+# symm_autoload (beside this file, first on sys.path) owns the variable's
+# words and imports symm._autoload when it is not off.
+import symm_autoload  # noqa: E402
+
+symm_autoload.start()
 _chain()
