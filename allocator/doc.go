@@ -108,4 +108,42 @@
 // ErrOutOfMemory (after releasing the device's cached segments and retrying
 // once; the message names the request, the device, reserved and allocated
 // bytes, and the limit).
+//
+// # Files
+//
+// The public API and the pool's types: pool.go; per-(device, stream) shards:
+// shards.go; the cached path: cache.go; segments, limits, reserved statistics,
+// out of memory and release: heap.go; size classes and TLSF bins: sizeclass.go
+// (SIZECLASSES.md, generated and checked by a test); blocks and the address
+// map: block.go, segmap.go.
+//
+// Segment sources, one per shard, chosen when it is made: source.go; fixed
+// segments: source_fixed.go; expandable ones: source_expandable.go (its rules,
+// and its release, which waits for the stream before it unmaps); one per
+// MemPool request: source_direct.go. Expandable segments over the backend's
+// Expander: expandable.go (what only they hold, expSeg, one pointer in a
+// segment and nil in a fixed one; the placement rule, growth and shrinking),
+// and the free pages inside them: pages.go.
+//
+// Across streams: idle segments stolen (steal.go), record_stream events
+// (events.go), the capture gate, whether a graph capture may be under way
+// (gate.go), blocks reused inside a capture (capture_reuse.go). For the front
+// cache: its contract (front.go) and each shard's count of changes to what its
+// best fit sees, kept outside the Go heap (epoch.go).
+//
+// Private pools for CUDA graphs and segment-serving for MemPools: private.go;
+// their open routings, the one record of them: routes.go; what a
+// torch.cuda.MemPool asks of one (use count, use_on_oom, no_split, another
+// allocator's segments, its cache emptied alone): mempools.go; pool listings
+// and checkpoints: checkpoint.go.
+//
+// Statistics: stats.go; the pool's configuration and sizes as written
+// (ParseSize): config.go; PyTorch's allocator settings: torchconf.go, their
+// changes at run time: torchsettings.go, and the settings a program may change
+// while it runs: tunables.go; garbage collection: gc.go; history and snapshots
+// in PyTorch's format: history.go, with the annotations of its entries:
+// annotations.go; segment events queued for a watcher (PyTorch's trace
+// trackers): segevents.go; CheckInvariants: check.go; Virtual, a backend of
+// address ranges with no memory, for trace replay: virtual.go; the Backend
+// interface: backend.go.
 package allocator

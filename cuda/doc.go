@@ -68,4 +68,17 @@
 // allocator.IsOutOfMemory. NewBackend's errors wrap ErrNoDevice.
 //
 // All functions are safe for concurrent use.
+//
+// # Files
+//
+// driver.go loads the driver and fills the function table (Load, Proc);
+// calls.go makes the calls, in the right context; api.go is the package's
+// functions over them (devices, copies, streams, stream memory operations,
+// virtual memory management); vmm.go the structures VMM passes and the count
+// of allocation handles held; module.go kernel modules and launches;
+// graphs.go what graph capture needs (allocator.CaptureGrapher); result.go
+// Result. backend.go is Backend, and expand.go its expandable segments
+// (allocator.Expander): one address range reserved per segment
+// (cuMemAddressReserve), one cuMemCreate + cuMemMap per
+// chunk (20 MiB by default), unmapped when the segment shrinks.
 package cuda

@@ -1,8 +1,3 @@
-// Command export is libsymm's C ABI: built with -buildmode=c-shared into
-// libsymm.so. It holds only glue: the //export functions that the C++ shim
-// (export/*.cpp) calls, conversion of C types, panic recovery, and the
-// mapping of Go errors to SYMM_ERR_* codes and the calling thread's
-// last-error message. The contract is include/symm.h.
 package main
 
 /*

@@ -35,4 +35,8 @@
 // connect to the wrong peer.
 //
 // Linux only; pure Go (golang.org/x/sys/unix).
+//
+// Files: ipc.go (listeners, connections, descriptor passing), identity.go (a
+// process's start time and pid namespace, to check a pid against the process
+// agreed on).
 package ipc

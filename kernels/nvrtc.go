@@ -1,9 +1,3 @@
-// Package kernels compiles CUDA C kernels at run time with NVRTC, so that
-// libsymm needs no CUDA toolkit at build time (issue 15). NVRTC is opened
-// with dlopen and found as topology.Candidates("nvrtc") says: SYMM_NVRTC_LIB,
-// the loader path, then pip's nvidia/cu13/lib or nvidia/cuda_nvrtc/lib under
-// the given site-packages directories. Without it, Open returns an error that
-// names what is missing; callers keep their stream-memop fallback.
 package kernels
 
 /*

@@ -49,4 +49,8 @@
 // connection may send only small frames and has 10 s to do so. A malformed
 // frame from any connection closes that connection only; the server and its
 // other clients go on. The wire format is described in frame.go.
+//
+// Files: store.go (the interface), memory.go (Memory), server.go and client.go
+// (TCP), frame.go (the wire format), gather.go (the all-gather), counting.go
+// (Count).
 package store

@@ -82,4 +82,27 @@
 // package), never a test of the provider's name.
 //
 // Multicast is never used: HasMulticastSupport is false.
+//
+// # Files
+//
+// Blocks (buffer + signal pad + sync area) and the block registry (interval
+// lookup): block.go; the settings, read once, and the choice of backend:
+// config.go; providers: provider.go (the interface and its capabilities), host
+// (memfd) in it, cuda.go (VMM), nvshmem.go (the symmetric heap, peers through
+// nvshmem_ptr), nccl.go (ncclMemAlloc and windows, peers through the cuda
+// descriptor path).
+//
+// The rendezvous handshake: rendezvous.go; a group's link: link.go (one
+// checked connection per peer, made once through the store), linkconn.go (a
+// connection), notes.go (the handshakes' notes on it); the exchange of peers'
+// blocks through it: exchange.go; meetings that carry their kind on the host:
+// meeting.go; handles, their pointer arrays and lifetime: handle.go; a signal
+// pad's reset on every rank: padreset.go.
+//
+// Signals: signals.go (put, wait and barrier over a signaler chosen once per
+// handle), kernelsig.go (the kernels), watchdog.go (queued signals watched for
+// their timeout). Collectives: allreduce.go (the one-shot), collectives.go
+// (the two-shot, reduce-scatter, all-gather), push.go (the push all-reduce),
+// choose.go (the choice of all-reduce); plan.go: a handle's launch plan for C
+// (export/plans.h). Fault injection for tests: faults.go.
 package symmetric

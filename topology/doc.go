@@ -32,4 +32,9 @@
 // link counts. Without NVLinks the kind is NVML's closest common PCIe
 // ancestor: PIX, PXB, PHB, NODE or SYS. P2P is cuDeviceCanAccessPeer,
 // which is what symmetric memory needs.
+//
+// Files: topology.go (Discover and the types), nvml.go (NVML), peers.go
+// (devices by PCI bus id, peer access), libs.go (where NCCL, NVSHMEM and NVRTC
+// are looked for: Candidates), text.go (symm info's text), memuse.go (every
+// GPU's memory use now, for symm top).
 package topology

@@ -1,18 +1,3 @@
-// Command symm tells what GPUs a machine has, how they are linked and which
-// libsymm backends can run there, and measures libsymm's pool: its speed
-// (bench), and what it would reserve for a recorded workload (replay, no GPU
-// needed; docs/REPLAY.md).
-//
-//	symm info [--json] [--lib-dir DIR]...   devices, links, libraries, backends
-//	symm bench [--backend cuda|host] [--device N] [--iters N]   (backend: SYMM_DEVICE's by default)
-//	symm replay TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--json]
-//	symm top [--json] [--once] [-n N] [--interval D] [--sort COLUMN] [--pid PID] [--record FILE] [--dir DIR]
-//	symm run [--] COMMAND [ARG]...   COMMAND with libsymm as PyTorch's allocator, unedited
-//	symm version
-//
-// Exit codes: 0 success; 1 a failure while running; 2 bad usage; 3 no
-// NVIDIA driver found (info still prints what it knows, bench asks for
-// --backend host or SYMM_DEVICE=host).
 package main
 
 import (
