@@ -38,6 +38,16 @@ func goTopology(libDirs *C.char, buf *C.char, capacity C.size_t, n *C.size_t) (c
 	return C.SYMM_OK
 }
 
+//export goAddLibraryDirs
+func goAddLibraryDirs(dirs *C.char) (code C.int) {
+	defer guard("symm_add_library_dirs", &code)
+	if err := topology.AddLibraryDirs(filepath.SplitList(C.GoString(dirs))); err != nil {
+		setError(C.SYMM_ERR_INVALID, "symm_add_library_dirs: "+err.Error())
+		return C.SYMM_ERR_INVALID
+	}
+	return C.SYMM_OK
+}
+
 // copyOut hands raw (JSON) to C: its length into *n, and raw with a NUL into
 // buf when buf is not NULL and capacity not 0 (else a size query). A buffer
 // too small for both is symmetric.ErrInvalid naming what (the "topology").

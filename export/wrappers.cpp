@@ -139,6 +139,8 @@ SYMM_CALL(int, symm_nccl_adopt_comm, (void *comm, int device), SYMM_ERR_FORKED,
           goNCCLAdoptComm((uintptr_t)comm, device))
 SYMM_CHECKED(symm_topology, (const char *lib_dirs, char *buf, size_t cap, size_t *len), len == nullptr,
              "len is NULL", goTopology((char *)lib_dirs, buf, cap, len))
+SYMM_CHECKED(symm_add_library_dirs, (const char *dirs), dirs == nullptr, "dirs is NULL",
+             goAddLibraryDirs((char *)dirs))
 
 // ---- the store -----------------------------------------------------------------
 

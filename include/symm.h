@@ -678,6 +678,21 @@ int symm_nccl_adopt_comm(void *comm, int device);
  * JSON says "driver": {"found": false, ...}. */
 int symm_topology(const char *lib_dirs, char *buf, size_t cap, size_t *len);
 
+/* Tells the library, once, where pip's NVIDIA wheels may be: dirs is a
+ * ':'-separated list of absolute directories, each searched as a
+ * site-packages directory (the wheels' sub-paths, such as nvidia/nccl/lib,
+ * are the library's to know) and as a directory holding the libraries.
+ * NCCL, NVSHMEM and NVRTC opened after the call look there after their
+ * SYMM_*_LIB variable (which still wins) and before the loader path; one
+ * already opened stays as it is (NCCL and NVSHMEM open when their backend
+ * starts, NVRTC at the first kernel compilation: never when the library is
+ * loaded). The Python package passes its site-packages right after loading
+ * the library. Directories add to those told before (a repeat, an empty
+ * entry and a missing directory are no error). Returns SYMM_OK;
+ * SYMM_ERR_INVALID, nothing added, when dirs is NULL or an entry is not an
+ * absolute path (the message names it). */
+int symm_add_library_dirs(const char *dirs);
+
 /* Stores: the key-value store a rendezvous exchanges metadata through.
  * Handles are small integers; 0 is never a valid one. */
 typedef int64_t symm_store_t;

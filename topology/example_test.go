@@ -7,9 +7,10 @@ import (
 )
 
 // Where the NVSHMEM backend looks for its host library, in order: the
-// variable SYMM_NVSHMEM_LIB (when set), the loader's search by soname, then
-// each directory given as a site-packages (pip's nvidia-nvshmem wheel) and
-// as a plain directory. topology.Discover reads the whole machine the same
+// variable SYMM_NVSHMEM_LIB (when set), the directories the program told
+// once (AddLibraryDirs, symm_add_library_dirs; none here), the loader's
+// search by soname, then each directory given as a site-packages (pip's
+// nvidia-nvshmem wheel) and as a plain directory. topology.Discover reads the whole machine the same
 // way (`symm info`).
 func ExampleCandidates() {
 	for _, p := range topology.Candidates("nvshmem", []string{"/venv/lib/python3.12/site-packages"}) {

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/libsymm/libsymm/internal/dl"
 	"github.com/libsymm/libsymm/internal/env"
@@ -43,10 +44,73 @@ var libSpecs = []libSpec{
 		files: []libFile{{"libnvrtc.so.13", "nvidia/cu13/lib"}, {"libnvrtc.so.12", "nvidia/cuda_nvrtc/lib"}}},
 }
 
+// told holds the directories a program told the library once, at its start
+// (symm_add_library_dirs: the Python package's site-packages, where pip's
+// nvidia-* wheels are), for every library opened after that. The wheels'
+// sub-paths are libSpecs' alone: the program names directories, never
+// files.
+var told struct {
+	mu   sync.Mutex
+	dirs []string
+}
+
+// AddLibraryDirs remembers dirs, each a site-packages directory (pip's
+// nvidia-* wheels under it) or a directory holding the libraries, after
+// those added before; a directory already added, and an empty entry, are
+// left out. Every entry must be absolute (a relative one would depend on the
+// working directory at each open): otherwise nothing is added and the error
+// names it. A directory need not exist. Libraries opened after the call look
+// there (Candidates); one already opened stays as it is.
+func AddLibraryDirs(dirs []string) error {
+	var add []string
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		if !filepath.IsAbs(d) {
+			return fmt.Errorf("library directory %q is not an absolute path", d)
+		}
+		add = append(add, filepath.Clean(d))
+	}
+	told.mu.Lock()
+	defer told.mu.Unlock()
+	for _, d := range add {
+		known := false
+		for _, k := range told.dirs {
+			known = known || k == d
+		}
+		if !known {
+			told.dirs = append(told.dirs, d)
+		}
+	}
+	return nil
+}
+
+// LibraryDirs returns the directories AddLibraryDirs remembered, in order.
+func LibraryDirs() []string {
+	told.mu.Lock()
+	defer told.mu.Unlock()
+	return append([]string(nil), told.dirs...)
+}
+
+// forgetLibraryDirs forgets what AddLibraryDirs remembered (tests).
+func forgetLibraryDirs() {
+	told.mu.Lock()
+	told.dirs = nil
+	told.mu.Unlock()
+}
+
 // Candidates returns where the library called name ("nccl", "nvshmem",
-// "nvrtc") is looked for, in order: its SYMM_*_LIB variable, the loader's own
-// search (each soname), then each of dirs as a site-packages directory (pip's
-// nvidia-* wheels) and as a directory holding the library.
+// "nvrtc") is looked for, in order:
+//  1. its SYMM_*_LIB variable (a user who names a file means that file);
+//  2. each directory of LibraryDirs (what the Python package told: pip's
+//     wheels, those PyTorch itself loads; before the loader path, so that a
+//     system copy does not shadow them);
+//  3. the loader's own search (each soname);
+//  4. each of dirs (the caller's own, as symm info's site-packages).
+//
+// A directory is searched as a site-packages directory (the wheel's
+// sub-path) and as a directory holding the library.
 func Candidates(name string, dirs []string) []string {
 	for _, s := range libSpecs {
 		if s.name != name {
@@ -56,14 +120,18 @@ func Candidates(name string, dirs []string) []string {
 		if p := env.Get(s.env); p != "" {
 			out = append(out, p)
 		}
+		in := func(dirs []string) {
+			for _, d := range dirs {
+				for _, f := range s.files {
+					out = append(out, filepath.Join(d, f.wheelDir, f.soname), filepath.Join(d, f.soname))
+				}
+			}
+		}
+		in(LibraryDirs())
 		for _, f := range s.files {
 			out = append(out, f.soname)
 		}
-		for _, d := range dirs {
-			for _, f := range s.files {
-				out = append(out, filepath.Join(d, f.wheelDir, f.soname), filepath.Join(d, f.soname))
-			}
-		}
+		in(dirs)
 		return out
 	}
 	return nil
@@ -93,7 +161,7 @@ func OpenFirst(name string, dirs []string) (*dl.Lib, string, error) {
 			soname = s.files[0].soname
 		}
 	}
-	err := fmt.Errorf("%s not found (looked on the loader path and in %d more directories)", soname, len(dirs))
+	err := fmt.Errorf("%s not found (looked on the loader path and in %d more directories)", soname, len(dirs)+len(LibraryDirs()))
 	if len(errs) > 0 {
 		msgs := make([]string, len(errs))
 		for i, e := range errs {

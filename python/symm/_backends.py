@@ -1,7 +1,8 @@
 """libsymm's symmetric-memory backends from Python: choosing one (cuda,
-nvshmem, nccl), finding NVSHMEM's and NCCL's libraries in site-packages,
-and joining the backend's world (through the store, or PyTorch's NCCL
-communicator) before the first symmetric allocation on a device."""
+nvshmem, nccl) and joining the backend's world (through the store, or
+PyTorch's NCCL communicator) before the first symmetric allocation on a
+device. NVSHMEM's and NCCL's libraries are found by libsymm, in the
+site-packages the loader tells it (symm._loader)."""
 
 from __future__ import annotations
 
@@ -16,33 +17,6 @@ from ._pool import _call_rc
 if TYPE_CHECKING:
     from ._symmetric import Store
 
-def _lib_from_site_packages(var: str, rel: str) -> None:
-    """Points var (SYMM_NVSHMEM_LIB, SYMM_NCCL_LIB) at pip's copy of the
-    library (rel under site-packages) unless it is set already: libsymm
-    also tries the loader path."""
-    import site
-
-    if os.environ.get(var):
-        return
-    try:
-        dirs = site.getsitepackages() + [site.getusersitepackages()]
-    except AttributeError:
-        dirs = []
-    for d in dirs:
-        lib = os.path.join(d, *rel.split("/"))
-        if os.path.exists(lib):
-            os.environ[var] = lib
-            return
-
-
-def _nvshmem_from_site_packages() -> None:
-    _lib_from_site_packages("SYMM_NVSHMEM_LIB", "nvidia/nvshmem/lib/libnvshmem_host.so.3")
-
-
-def _nccl_from_site_packages() -> None:
-    _lib_from_site_packages("SYMM_NCCL_LIB", "nvidia/nccl/lib/libnccl.so.2")
-
-
 _TORCH_BACKEND_NAMES = {"cuda": "CUDA", "nvshmem": "NVSHMEM", "nccl": "NCCL"}
 
 
@@ -51,10 +25,6 @@ def set_backend(name: str) -> None:
     "nccl" or "host", before the first symmetric allocation (as SYMM_BACKEND
     does). PyTorch's spellings ("CUDA", "NVSHMEM", "NCCL") work too."""
     name = str(name).lower()
-    if name == "nvshmem":
-        _nvshmem_from_site_packages()
-    if name == "nccl":
-        _nccl_from_site_packages()
     _call_rc(load().symm_set_backend, name.encode())
 
 
@@ -73,13 +43,11 @@ def get_backend(device: Any = None) -> str:
 
 def is_nvshmem_available() -> bool:
     """Whether NVSHMEM's host library (3.x) can be loaded here."""
-    _nvshmem_from_site_packages()
     return bool(load().symm_nvshmem_available())
 
 
 def is_nccl_available() -> bool:
     """Whether an NCCL with symmetric windows (2.27+) can be loaded here."""
-    _nccl_from_site_packages()
     return bool(load().symm_nccl_available())
 
 

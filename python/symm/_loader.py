@@ -23,7 +23,7 @@ import os
 import threading
 from pathlib import Path
 
-from ._errors import LibraryNotFoundError
+from ._errors import LibraryNotFoundError, make_error
 
 LIBRARY_NAME = "libsymm.so"
 ENV_LIBRARY = "SYMM_LIB"
@@ -160,6 +160,7 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
     "symm_nccl_adopt_comm": ([_c_void_p, _c_int], _c_int),
     "symm_backend_init": ([ctypes.c_int64, _c_int, _c_int, _c_int], _c_int),
     "symm_topology": ([ctypes.c_char_p, ctypes.c_char_p, _c_size_t, ctypes.POINTER(_c_size_t)], _c_int),
+    "symm_add_library_dirs": ([ctypes.c_char_p], _c_int),
     "symm_put_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p], _c_int),
     "symm_wait_signal": ([ctypes.c_int64, _c_int, _c_int, _c_void_p, _c_int], _c_int),
     "symm_barrier": ([ctypes.c_int64, _c_int, _c_void_p, _c_int], _c_int),
@@ -182,32 +183,42 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
 }
 
 
-# NVRTC as pip installs it (PyTorch's CUDA wheels depend on it): CUDA 13's
-# nvidia/cu13/lib, then CUDA 12's nvidia/cuda_nvrtc/lib.
-_NVRTC_WHEEL_PATHS = ("nvidia/cu13/lib/libnvrtc.so.13", "nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
-
-
-def _nvrtc_from_site_packages(environ=None) -> None:
-    """Points SYMM_NVRTC_LIB at pip's NVRTC unless it is set, before the
-    library loads (the Go runtime reads the environment when it starts):
-    libsymm's kernels are compiled with it at run time."""
+def site_dirs() -> list[str]:
+    """This Python's site-packages directories, where pip puts NVIDIA's
+    wheels (NCCL, NVSHMEM, NVRTC): site's own, then the other site-packages
+    on sys.path (a virtual environment's, a --target), absolute, each once."""
     import site
     import sys
 
-    environ = os.environ if environ is None else environ
-    if environ.get("SYMM_NVRTC_LIB"):
-        return
+    dirs: list[str] = []
     try:
-        dirs = site.getsitepackages() + [site.getusersitepackages()]
+        dirs += site.getsitepackages()
+    except AttributeError:  # virtualenv's old site.py
+        pass
+    try:
+        dirs.append(site.getusersitepackages())
     except AttributeError:
-        dirs = []
+        pass
     dirs += [p for p in sys.path if p.endswith("site-packages")]
-    for rel in _NVRTC_WHEEL_PATHS:
-        for d in dirs:
-            lib = os.path.join(d, *rel.split("/"))
-            if os.path.exists(lib):
-                environ["SYMM_NVRTC_LIB"] = lib
-                return
+    out: list[str] = []
+    for d in dirs:
+        d = os.path.abspath(d)
+        if os.pathsep not in d and d not in out:
+            out.append(d)
+    return out
+
+
+def _tell_library_dirs(lib: ctypes.CDLL) -> None:
+    """Tells libsymm, once and before any call can open them, where pip's
+    NCCL, NVSHMEM and NVRTC may be: this Python's site-packages
+    (symm_add_library_dirs; the wheels' sub-paths are libsymm's to know, and
+    a SYMM_*_LIB variable still wins). NCCL and NVSHMEM open when their
+    backend starts, NVRTC at the first kernel compilation: after this."""
+    rc = lib.symm_add_library_dirs(os.pathsep.join(site_dirs()).encode())
+    if rc != 0:
+        msg = (lib.symm_last_error() or b"").decode(errors="replace")
+        raise make_error(rc, msg)
+
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -272,13 +283,13 @@ def load() -> ctypes.CDLL:
     with _lock:
         if _lib is None:
             path = find_library()
-            _nvrtc_from_site_packages()
             mode = os.RTLD_NODELETE | os.RTLD_GLOBAL
             try:
                 lib = ctypes.CDLL(str(path), mode=mode)
             except OSError as e:
                 raise LibraryNotFoundError(f"could not load {path}: {e}") from e
             _declare(lib, path)
+            _tell_library_dirs(lib)
             _path = str(path)
             _lib = lib
     return _lib
