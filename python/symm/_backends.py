@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._errors import ErrorCode, SymmError
 from ._loader import load
 from ._pool import _call_rc
-
-if TYPE_CHECKING:
-    from ._symmetric import Store
+from ._store import Store, group_store
 
 _TORCH_BACKEND_NAMES = {"cuda": "CUDA", "nvshmem": "NVSHMEM", "nccl": "NCCL"}
 
@@ -78,9 +76,7 @@ def _ensure_backend(dev: int) -> None:
     if backend == "nccl" and os.environ.get("SYMM_NCCL_ADOPT", "1") == "1" and _adopt_torch_comm(group, dev):
         _backend_ready[dev] = "adopted PyTorch's communicator"
         return
-    from ._symmetric import _group_store  # the store module imports this one
-
-    backend_init(_group_store(group), dist.get_rank(group), dist.get_world_size(group), dev)
+    backend_init(group_store(group), dist.get_rank(group), dist.get_world_size(group), dev)
     _backend_ready[dev] = "own communicator"
 
 

@@ -7,18 +7,17 @@ and is exported by the symm package."""
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
-import warnings
 from typing import Any
 
 from . import _ops_ext
-from ._groups import resolve_group as _resolve_group
+from ._fused import forget_group_workspaces
+from ._groups import BUFFERS, add_destroy_step, ensure_destroy_hook, resolve_group as _resolve_group
 from ._loader import load
 from ._pool import _from_call, _last_error
 from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_stream, _ensure_backend, _fast_rc, _raise_rc,
-                         forget_group_stores,
-                         _group_store, _tensor_at, rendezvous, rendezvous_ptr, symm_alloc, symm_free)
+                         _tensor_at, rendezvous, rendezvous_ptr, symm_alloc, symm_free)
+from ._store import group_store as _group_store
 
 # ---- per-group state ------------------------------------------------------------
 #
@@ -33,11 +32,12 @@ from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_strea
 # group object on every call for the same reason: they name a different
 # group after a destroy.
 #
-# destroy_process_group (wrapped once, install_destroy_hook) drops the
-# states of the groups it destroys and frees their buffers before torch
-# tears the group down (_on_group_destroyed). A group destroyed by a
-# destroy_process_group imported before the wrapper was installed keeps its
-# state (and stays alive) until the process ends: a leak, never a wrong hit.
+# destroy_process_group (wrapped once by _groups.ensure_destroy_hook) drops
+# the states of the groups it destroys and frees their buffers before torch
+# tears the group down (_forget_groups, this module's step, the first). A
+# group destroyed by a destroy_process_group imported before the wrapper was
+# installed keeps its state (and stays alive) until the process ends: a
+# leak, never a wrong hit.
 #
 # _lock guards _groups; a state's lock serializes every change to its
 # buffers (making or growing the scratch buffer, making the push workspace,
@@ -69,7 +69,6 @@ class _GroupState:
 
 _groups: dict = {}  # id(group) -> _GroupState, under _lock
 _lock = threading.Lock()
-_hooked = False  # destroy_process_group is wrapped (under _lock)
 
 
 def _group_state(group) -> _GroupState:
@@ -86,70 +85,27 @@ def _group_state(group) -> _GroupState:
     with _lock:
         st = _groups.get(id(pg))
         if st is None:
-            install_destroy_hook()
+            ensure_destroy_hook()
             st = _groups[id(pg)] = _GroupState(pg, getattr(pg, "group_name", None) or "0")
         return st
 
 
-def ensure_destroy_hook() -> None:
-    """install_destroy_hook, for a caller that does not hold _lock (a
-    group's libsymm store, made by _symmetric._group_store, goes with the
-    group too)."""
+def _forget_groups(groups) -> None:
+    """This module's step of destroy_process_group (_groups.BUFFERS, the
+    first): the states of groups (every group's for None) go, their buffers
+    freed, then the fused collectives' workspaces. Before the groups' stores
+    go (_store's step), which freeing does not meet through."""
     with _lock:
-        install_destroy_hook()
+        if groups is None:
+            states = list(_groups.values())
+        else:
+            states = [st for g in groups if (st := _groups.get(id(g))) is not None and st.pg is g]
+        for st in states:
+            _on_group_destroyed(st)
+    forget_group_workspaces(None if groups is None else {getattr(g, "group_name", None) or "0" for g in groups})
 
 
-def install_destroy_hook() -> None:
-    """Wraps torch.distributed.destroy_process_group (and distributed_c10d's,
-    the same function) so that it drops the state of the groups it destroys
-    first. Once per process: a function already wrapped is left alone, so a
-    second import of this module does not wrap it twice. Called under _lock."""
-    global _hooked
-    if _hooked:
-        return
-    import torch.distributed as dist
-
-    mods = [m for m in (dist, getattr(dist, "distributed_c10d", None)) if m is not None]
-    orig = next((getattr(m, "destroy_process_group") for m in mods if hasattr(m, "destroy_process_group")), None)
-    if orig is not None and not getattr(orig, "_symm_forgets_groups", False):
-        @functools.wraps(orig)
-        def destroy_process_group(group=None, *args, **kwargs):
-            _forget_groups(group)
-            return orig(group, *args, **kwargs)
-
-        destroy_process_group._symm_forgets_groups = True
-        for m in mods:
-            if getattr(m, "destroy_process_group", None) is orig:
-                m.destroy_process_group = destroy_process_group
-    _hooked = True
-
-
-def _forget_groups(group) -> None:
-    """destroy_process_group(group)'s first step: the states of the groups it
-    destroys (every group for None or WORLD, as torch destroys them all)
-    go. Never raises: a failure here must not keep torch from destroying
-    the group; it is reported as a warning."""
-    try:
-        import torch.distributed as dist
-
-        world = getattr(dist.group, "WORLD", None)
-        every = group is None or group is world
-        with _lock:
-            if every:
-                states = list(_groups.values())
-            else:
-                st = _groups.get(id(group))
-                states = [st] if st is not None and st.pg is group else []
-            for st in states:
-                _on_group_destroyed(st)
-        from ._fused import forget_group_workspaces
-
-        forget_group_workspaces(None if every else {getattr(group, "group_name", None) or "0"})
-        # Last: the group's link goes with its store (after the buffers,
-        # which freeing does not meet through it).
-        forget_group_stores(None if every else [group])
-    except Exception as e:  # noqa: BLE001
-        warnings.warn(f"symm: forgetting the state of a destroyed process group: {e}", RuntimeWarning, stacklevel=3)
+add_destroy_step(BUFFERS, _forget_groups)
 
 
 def _on_group_destroyed(st: _GroupState) -> None:

@@ -214,10 +214,12 @@ def test_every_reader_takes_the_words_from_one_module():
     assert words.wanted({}) is False
     with pytest.raises(ValueError, match="SYMM_TORCH_ALLOCATOR='maybe'"):
         words.wanted({words.ENV: "maybe"})
+    assert words.start_wanted({words.ENV: "maybe"}) and words.start_wanted({words.ENV: "1"})
+    assert not any(words.start_wanted({words.ENV: value}) for value in words.OFF)
     # The start-up line names the variable (it must not import anything to
     # test it) and nothing else: no word of its own.
     line = (BOOT / "symm_autoload.pth").read_text().strip()
     assert "\n" not in line and line.startswith("import ")
-    assert f'os.environ.get("{words.ENV}")' in line and '__import__("symm_autoload").start()' in line
+    assert f'os.environ.get("{words.ENV}") and __import__("symm_autoload").start_wanted()' in line
     for text in (line, (BOOT / "sitecustomize.py").read_text(), Path(autoload.__file__).read_text()):
         assert '"off"' not in text and '"false"' not in text

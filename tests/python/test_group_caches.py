@@ -147,20 +147,20 @@ print("double_free", int(len(frees) != len(set(frees))))
 # (symm_store_close: the group's link and handshake counts go with it) and
 # frees its fused workspaces; every group's for WORLD.
 STORES_GO = r'''
-from symm import _symmetric as s
+from symm import _groups as gr, _store as gs, _symmetric as s
 dist.distributed_c10d = types.SimpleNamespace(_get_group_tag=lambda g: "tag-" + g.group_name)
 a = PG("a", 2)
-s._stores["tag-a"] = s.Store.server("127.0.0.1:0")
-s._stores["tag-0"] = s.Store.server("127.0.0.1:0")
-kept = s._stores["tag-0"]
-closed = s._stores["tag-a"]
+gs._stores["tag-a"] = gs.Store.server("127.0.0.1:0")
+gs._stores["tag-0"] = gs.Store.server("127.0.0.1:0")
+kept = gs._stores["tag-0"]
+closed = gs._stores["tag-a"]
 from symm import _fused as fu
 s.symm_free = frees.append
 fu._workspaces[("a", 0)] = fu._Workspace(0xa000, 1 << 20, None)
 fu._workspaces[("0", 0)] = fu._Workspace(0xb000, 1 << 20, None)
-c.ensure_destroy_hook()
+gr.ensure_destroy_hook()
 dist.destroy_process_group(a)
-print("after_a", ",".join(sorted(s._stores)))
+print("after_a", ",".join(sorted(gs._stores)))
 print("fused_after_a", ",".join(k[0] for k in fu._workspaces) + " freed " + ",".join(hex(p) for p in frees))
 def usable(st):
     try:
@@ -171,7 +171,7 @@ def usable(st):
 print("a_store", usable(closed))
 print("world_store", usable(kept))
 dist.destroy_process_group()
-print("after_world", ",".join(sorted(s._stores)) or "none")
+print("after_world", ",".join(sorted(gs._stores)) or "none")
 print("world_store_after", usable(kept))
 print("fused_after_world", len(fu._workspaces), len(frees))
 '''

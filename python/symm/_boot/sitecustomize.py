@@ -6,8 +6,8 @@ have.
 Only the standard library is imported unless SYMM_TORCH_ALLOCATOR is on
 (symm_autoload.py, beside this file, has its words). The package this file
 belongs to is importable from here even in a checkout that is not on
-sys.path (symm_autoload appends its parent directory, so an installed symm
-still comes first).
+sys.path (its parent directory is appended, so an installed symm still
+comes first).
 """
 
 import importlib.machinery
@@ -30,8 +30,14 @@ def _chain() -> None:
 
 
 # symm_autoload (beside this file, first on sys.path) owns the variable's
-# words and imports symm._autoload when it is not off.
+# words: anything but an off word (a bad value too, which symm._autoload
+# raises at torch's import) imports symm._autoload.
 import symm_autoload  # noqa: E402
 
-symm_autoload.start()
+if symm_autoload.start_wanted():
+    try:
+        import symm._autoload  # noqa: F401
+    except ImportError:
+        sys.path.append(os.path.dirname(os.path.dirname(_HERE)))
+        import symm._autoload  # noqa: F401
 _chain()
