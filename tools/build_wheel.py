@@ -96,10 +96,10 @@ def build(lib: Path, tool: Path, out: Path) -> Path:
         # SYMM_TORCH_ALLOCATOR=1: the .pth line at site-packages' top runs at
         # Python's start-up (symm/_autoload.py); _boot is what `symm run` uses.
         # symm_autoload.py (the variable's words) is beside both.
-        for name in ("sitecustomize.py", "symm_autoload.py"):
-            files.append((f"symm/_boot/{name}", (PKG / "_boot" / name).read_bytes(), False))
-        for name in ("symm_autoload.pth", "symm_autoload.py"):
-            files.append((name, (PKG / "_boot" / name).read_bytes(), False))
+        for boot in ("sitecustomize.py", "symm_autoload.py"):
+            files.append((f"symm/_boot/{boot}", (PKG / "_boot" / boot).read_bytes(), False))
+        for top in ("symm_autoload.pth", "symm_autoload.py"):
+            files.append((top, (PKG / "_boot" / top).read_bytes(), False))
         files.append(("symm/include/symm.h", (ROOT / "include" / "symm.h").read_bytes(), False))
         files.append(("symm/VERSION", (version + "\n").encode(), False))
         files.append(("symm/libsymm.so", (tmpd / "libsymm.so").read_bytes(), True))
