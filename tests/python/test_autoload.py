@@ -223,3 +223,30 @@ def test_every_reader_takes_the_words_from_one_module():
     assert f'os.environ.get("{words.ENV}") and __import__("symm_autoload").start_wanted()' in line
     for text in (line, (BOOT / "sitecustomize.py").read_text(), Path(autoload.__file__).read_text()):
         assert '"off"' not in text and '"false"' not in text
+
+
+@pytest.mark.skipif(not TOOL.is_file() or not (ROOT / "build" / "libsymm.so").is_file(),
+                    reason="needs build/libsymm.so and build/symm (make lib cli)")
+def test_the_wheel_puts_the_words_beside_its_start_up_line(tmp_path):
+    """make wheel's layout: the .pth and symm_autoload.py at site-packages'
+    top, the package's _boot copy for symm run; an unpacked wheel arms
+    libsymm at start-up for 1, and imports only the words for 0."""
+    import zipfile
+
+    out = tmp_path / "dist"
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_wheel.py"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (wheel,) = out.glob("symm-*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        z.extractall(site)
+    assert {"symm_autoload.pth", "symm_autoload.py", "symm/_boot/symm_autoload.py", "symm/_boot/sitecustomize.py",
+            "symm/_autoload.py"} <= names
+    for value, want in (("0", "symm_autoload"), ("1", "symm_autoload,symm._autoload,symm")):
+        env = {"PATH": "/usr/bin:/bin", "SYMM_TORCH_ALLOCATOR": value, "SYMM_DEVICE": "host"}
+        p = subprocess.run([sys.executable, "-c", SITE_CHECK, str(site)], env=env, capture_output=True, text=True,
+                           timeout=60, cwd=str(tmp_path))
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == want, (value, p.stderr)
