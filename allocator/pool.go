@@ -6,6 +6,8 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+
+	"github.com/libsymm/libsymm/internal/errs"
 )
 
 // Config holds the pool's tunables. The zero value is PyTorch's default
@@ -321,12 +323,13 @@ func (p *Pool) Backend() Backend { return p.backend }
 // DeviceCount is the number of devices the pool serves.
 func (p *Pool) DeviceCount() int { return len(p.devs) }
 
-// ErrInvalid marks bad arguments.
-var ErrInvalid = errors.New("invalid argument")
+// ErrInvalid marks bad arguments (internal/errs owns it: symmetric's is the
+// same value).
+var ErrInvalid = errs.ErrInvalid
 
 // ErrUnknownPointer marks a free or record_stream of a pointer the pool did
-// not hand out or already took back.
-var ErrUnknownPointer = errors.New("unknown pointer")
+// not hand out or already took back (internal/errs owns it, as ErrInvalid).
+var ErrUnknownPointer = errs.ErrUnknownPointer
 
 func (p *Pool) device(dev int) (*device, error) {
 	if dev < 0 || dev >= len(p.devs) {

@@ -36,11 +36,15 @@ var familyNames = [numFamilies]string{
 	"reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
 }
 
+// The statistics types, in PyTorch's order (typeNames): stAll, then a
+// block's own pool's. Oversize blocks count as large_pool, as in PyTorch.
+// The C++ front cache counts with the same numbers: export/shim_internal.h's
+// SYMMSHIM_STAT_*, checked against these when libsymm is built.
 const (
-	stAll = 0
-	// stat types 1 and 2 are small_pool and large_pool; oversize blocks count
-	// as large_pool, as in PyTorch.
-	numStatTypes = 3
+	stAll         = 0
+	StatSmallPool = 1
+	StatLargePool = 2
+	numStatTypes  = 3
 )
 
 var typeNames = [numStatTypes]string{"all", "small_pool", "large_pool"}
@@ -87,9 +91,9 @@ func StatNames() []string { return statNames }
 
 func statType(k poolKind) int {
 	if k == smallPool {
-		return 1
+		return StatSmallPool
 	}
-	return 2
+	return StatLargePool
 }
 
 // localStat is a counter kept under a shard's lock.

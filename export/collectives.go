@@ -31,7 +31,7 @@ func collective(fn string, hid C.int64_t, offset, count C.size_t, dtype, op C.in
 		return code
 	}
 	if timeoutMS < 0 {
-		return failSymm(fn, fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
+		return fail(fn, fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
 	}
 	a := symmetric.AllReduce{
 		Offset: uint64(offset), Count: uint64(count), Dtype: kernels.Dtype(dtype),
@@ -39,12 +39,12 @@ func collective(fn string, hid C.int64_t, offset, count C.size_t, dtype, op C.in
 	}
 	if op != noOp {
 		if op != C.SYMM_SUM {
-			return failSymm(fn, fmt.Errorf("%w: op %d: only SYMM_SUM (0) is supported", symmetric.ErrInvalid, int(op)))
+			return fail(fn, fmt.Errorf("%w: op %d: only SYMM_SUM (0) is supported", symmetric.ErrInvalid, int(op)))
 		}
 		a.Op = "sum"
 	}
 	if err := run(h, a); err != nil {
-		return failSymm(fn, err)
+		return fail(fn, err)
 	}
 	offerPlan(int64(hid), h)
 	return C.SYMM_OK
@@ -87,17 +87,17 @@ func goPushAllReduce(hid C.int64_t, in, out C.uintptr_t, count C.size_t, dtype, 
 		return code
 	}
 	if timeoutMS < 0 {
-		return failSymm(fn, fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
+		return fail(fn, fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
 	}
 	if op != C.SYMM_SUM {
-		return failSymm(fn, fmt.Errorf("%w: op %d: only SYMM_SUM (0) is supported", symmetric.ErrInvalid, int(op)))
+		return fail(fn, fmt.Errorf("%w: op %d: only SYMM_SUM (0) is supported", symmetric.ErrInvalid, int(op)))
 	}
 	err := h.PushAllReduce(symmetric.PushAllReduce{
 		In: uintptr(in), Out: uintptr(out), Count: uint64(count), Dtype: kernels.Dtype(dtype), Op: "sum",
 		Stream: uintptr(stream), Timeout: ms(timeoutMS),
 	})
 	if err != nil {
-		return failSymm(fn, err)
+		return fail(fn, err)
 	}
 	offerPlan(int64(hid), h)
 	return C.SYMM_OK
@@ -110,7 +110,7 @@ func goPushWorkspaceSize(world C.int, maxBytes C.size_t) (size C.size_t) {
 	defer guard(fn, &code)
 	n, err := symmetric.PushWorkspaceSize(int(world), uint64(maxBytes))
 	if err != nil {
-		failSymm(fn, err)
+		fail(fn, err)
 		return 0
 	}
 	return C.size_t(n)
@@ -122,11 +122,11 @@ func goAllReduceAlgorithm(world C.int, nbytes, pushMax C.size_t, algorithm C.int
 	defer guard(fn, &code)
 	m, err := getManager()
 	if err != nil {
-		return failSymm(fn, err)
+		return fail(fn, err)
 	}
 	a, err := m.AllReduceAlgorithm(int(world), uint64(nbytes), uint64(pushMax), symmetric.Algorithm(algorithm))
 	if err != nil {
-		return failSymm(fn, err)
+		return fail(fn, err)
 	}
 	*chosen = C.int(a)
 	return C.SYMM_OK
@@ -138,7 +138,7 @@ func goAllReduceSetting(algorithm *C.int) (code C.int) {
 	defer guard(fn, &code)
 	m, err := getManager()
 	if err != nil {
-		return failSymm(fn, err)
+		return fail(fn, err)
 	}
 	*algorithm = C.int(m.Config().AllReduce)
 	return C.SYMM_OK
@@ -150,7 +150,7 @@ func goPushMaxBytesSetting(bytes *C.size_t) (code C.int) {
 	defer guard(fn, &code)
 	n, err := symmetric.PushMaxBytesFromEnv(getenv)
 	if err != nil {
-		return failSymm(fn, err)
+		return fail(fn, err)
 	}
 	*bytes = C.size_t(n)
 	return C.SYMM_OK

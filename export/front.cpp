@@ -10,6 +10,7 @@
 #include "../include/symm.h"
 #include "_cgo_export.h"
 #include "liveset.h"
+#include "shim_internal.h"
 #include "shim.h"
 
 namespace front {
@@ -60,19 +61,20 @@ struct alignas(64) Cpu {
   uint64_t req[2][kEntries];
   Entry e[2][kEntries];
   Entry d[kDeferred];
-  uint64_t served[kCountedDevs][3][3] = {};
+  uint64_t served[kCountedDevs][SYMMSHIM_STAT_TYPES][3] = {};
 };
 
 inline uint64_t size_bit(uint64_t req) { return 1ull << ((req >> 9) & 63); }
 
 // list_of is the index in Cpu.e of a block of statistics type type.
-inline int list_of(int type) { return type == 1 ? 0 : 1; }
+inline int list_of(int type) { return type == SYMMSHIM_STAT_SMALL_POOL ? 0 : 1; }
 
 // count adds one to what c served; with c.lk held. Relaxed load and store,
 // not an atomic add: there is one writer (the lock holder), and a reader
 // only needs whole values.
 inline void count(Cpu &c, const Entry &e) {
-  if (e.dev < 0 || e.dev >= kCountedDevs || e.type < 1 || e.type > 2) return;
+  if (e.dev < 0 || e.dev >= kCountedDevs || e.type < SYMMSHIM_STAT_SMALL_POOL || e.type > SYMMSHIM_STAT_LARGE_POOL)
+    return;
   uint64_t *s = c.served[e.dev][e.type];
   const uint64_t add[3] = {1, e.bsize, e.req};
   for (int i = 0; i < 3; i++) __atomic_store_n(&s[i], __atomic_load_n(&s[i], __ATOMIC_RELAXED) + add[i], __ATOMIC_RELAXED);
@@ -128,12 +130,13 @@ std::atomic<uint64_t> g_small_max{0};  // allocator.SmallMax, likewise
 // bins (expandable segments). Learned from each miss's placement; the pool
 // checks the guess a miss passes (goPoolAllocAfter) and takes everything
 // back when it was wrong.
-std::atomic<int> g_small_type{1};
+std::atomic<int> g_small_type{SYMMSHIM_STAT_SMALL_POOL};
 
 // type_of guesses the statistics type of the pool that serves a request
 // of size bytes: the bins it reads, so the list in Cpu.e it may hit.
 inline int type_of(size_t size) {
-  return size <= g_small_max.load(std::memory_order_relaxed) ? g_small_type.load(std::memory_order_relaxed) : 2;
+  return size <= g_small_max.load(std::memory_order_relaxed) ? g_small_type.load(std::memory_order_relaxed)
+                                                             : SYMMSHIM_STAT_LARGE_POOL;
 }
 
 // unchanged says whether the shard that placed a block has not changed since
@@ -229,7 +232,7 @@ bool sole_large(const Cpu &c, int i) {
   for (int j = 0; j < c.n[1]; j++)
     if (j != i && c.e[1][j].dev == e.dev && c.e[1][j].stream == e.stream) return false;
   for (int j = 0; j < c.nd; j++)
-    if (c.d[j].dev == e.dev && c.d[j].stream == e.stream && c.d[j].type == 2) return false;
+    if (c.d[j].dev == e.dev && c.d[j].stream == e.stream && c.d[j].type == SYMMSHIM_STAT_LARGE_POOL) return false;
   return true;
 }
 
@@ -508,7 +511,7 @@ void symmshim_front_served(int dev, int64_t out[9]) {
   memset(out, 0, 9 * sizeof(int64_t));
   if (dev < 0 || dev >= front::kCountedDevs) return;
   for (front::Cpu &c : front::g_cpus)
-    for (int t = 1; t < 3; t++)
+    for (int t = SYMMSHIM_STAT_SMALL_POOL; t < SYMMSHIM_STAT_TYPES; t++)
       for (int i = 0; i < 3; i++) out[3 * t + i] += (int64_t)__atomic_load_n(&c.served[dev][t][i], __ATOMIC_RELAXED);
 }
 

@@ -98,10 +98,10 @@ func (f cFilter) Takes(stream uintptr) (bool, error) {
 
 func (f cFilter) Close() { C.symmshim_filter_free(C.uintptr_t(f)) }
 
-// goPoolRoute begins (op 0) a routing to a private pool, taking the
-// allocations on stream, or those filter (a cFilter, when not 0) takes;
-// ends one (op 1); or releases the pool (op 2, strict or not). The pool
-// owns filter from then on, even when the call fails.
+// goPoolRoute begins (op routeBegin) a routing to a private pool, taking
+// the allocations on stream, or those filter (a cFilter, when not 0) takes;
+// ends one (routeEnd); or releases the pool (routeRelease, strict or not).
+// The pool owns filter from then on, even when the call fails.
 //
 //export goPoolRoute
 func goPoolRoute(fn *C.char, op C.int, device C.int, first, second C.uint64_t, strict C.int, stream, filter C.uintptr_t) (code C.int) {
@@ -122,11 +122,11 @@ func goPoolRoute(fn *C.char, op C.int, device C.int, first, second C.uint64_t, s
 	}
 	id := allocator.PoolID{First: uint64(first), Second: uint64(second)}
 	switch op {
-	case 0:
+	case routeBegin:
 		route := r
 		r = nil
 		err = p.BeginAllocateToPool(int(device), id, route)
-	case 1:
+	case routeEnd:
 		err = p.EndAllocateToPool(int(device), id)
 	default:
 		err = p.ReleasePool(int(device), id, strict != 0)
@@ -173,7 +173,7 @@ func goPoolSnapshot(buf *C.char, capacity C.size_t, n *C.size_t) (code C.int) {
 		err = copyOut("snapshot", raw, buf, capacity, n)
 	}
 	if err != nil {
-		return failSymm("symm_pool_snapshot", err)
+		return fail("symm_pool_snapshot", err)
 	}
 	return C.SYMM_OK
 }

@@ -54,7 +54,7 @@ func TestHostFaultsFromEnv(t *testing.T) {
 	require.NoError(t, err)
 	_, err = p.Create(0, 4096)
 	require.ErrorIs(t, err, host.ErrInjectedFault)
-	require.Equal(t, 6, int(errCodeSymm(err)))
+	require.Equal(t, 6, int(errCode(err)))
 
 	for _, bad := range []string{"x", "2", "-1", "0.5:", "0.5:x", "0.1:2:3"} {
 		_, _, err := newBackend(env("SYMM_DEVICE", "host", "SYMM_HOST_FAULTS", bad))
@@ -64,6 +64,6 @@ func TestHostFaultsFromEnv(t *testing.T) {
 		_, err = newProvider(env("SYMM_DEVICE", "host", "SYMM_HOST_FAULTS", bad))
 		require.Error(t, err, bad)
 		require.Contains(t, err.Error(), "SYMM_HOST_FAULTS", "names the variable")
-		require.Equal(t, 1, int(errCodeSymm(err)), "SYMM_ERR_INVALID")
+		require.Equal(t, 1, int(errCode(err)), "SYMM_ERR_INVALID")
 	}
 }

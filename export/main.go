@@ -32,7 +32,7 @@ func main() {}
 // cached path reads it with one atomic load.
 var lib struct {
 	pool    atomic.Pointer[allocator.Pool]
-	backend atomic.Int32 // 1 cuda, 2 host
+	backend atomic.Int32 // backendCUDA or backendHost (codes.go)
 	mu      sync.Mutex   // serializes initialization
 	// expandable is symm_pool_set_expandable's choice before init:
 	// 0 none (SYMM_POOL_EXPANDABLE decides), 1 off, 2 on. Under mu.
@@ -104,7 +104,7 @@ func initPool() (*allocator.Pool, error) {
 	lib.backend.Store(kind)
 	publishRoutes(p)
 	lib.pool.Store(p)
-	startPublishing(p, map[int32]string{1: "cuda", 2: "host"}[kind])
+	startPublishing(p, backendNames[kind])
 	if front {
 		C.symmshim_front_enable(1, C.uint64_t(frontMax), C.uint64_t(allocator.SmallMax))
 	}
@@ -182,7 +182,7 @@ func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
 		if err != nil {
 			return nil, 0, noDevice{err}
 		}
-		return b, 1, nil
+		return b, backendCUDA, nil
 	case "host":
 		n := 1
 		if v := getenv("SYMM_HOST_DEVICES"); v != "" {
@@ -215,7 +215,7 @@ func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
 				return nil, 0, err
 			}
 		}
-		return b, 2, nil
+		return b, backendHost, nil
 	default:
 		return nil, 0, fmt.Errorf("%w: SYMM_DEVICE=%q: want \"cuda\" or \"host\"", allocator.ErrInvalid, dev)
 	}
@@ -225,30 +225,6 @@ func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
 // segment allocations and event creations (a block whose event could not be
 // recorded at free time waits until processPending records one).
 const hostFaultOps = host.FaultAlloc | host.FaultEvents
-
-// errCode maps an error to its SYMM_ERR_* code.
-func errCode(err error) C.int {
-	var r cuda.Result
-	switch {
-	case errors.Is(err, errNoDevice):
-		return C.SYMM_ERR_NO_DEVICE
-	case allocator.IsOutOfMemory(err):
-		return C.SYMM_ERR_OUT_OF_MEMORY
-	case errors.Is(err, allocator.ErrUnknownPointer):
-		return C.SYMM_ERR_UNKNOWN_POINTER
-	case errors.Is(err, allocator.ErrBusy):
-		return C.SYMM_ERR_BUSY
-	case errors.Is(err, allocator.ErrInvalid):
-		return C.SYMM_ERR_INVALID
-	case errors.As(err, &r):
-		return C.SYMM_ERR_DRIVER
-	case errors.Is(err, host.ErrInjectedFault):
-		// SYMM_HOST_FAULTS stands for a failing backend (as a CUDA
-		// driver error would be), not a bug in libsymm (SYMM_ERR_INTERNAL).
-		return C.SYMM_ERR_DRIVER
-	}
-	return C.SYMM_ERR_INTERNAL
-}
 
 // fail records err as the thread's last error, prefixed with the C function
 // name, and returns its code.

@@ -101,15 +101,18 @@ func goPoolUseCount(device C.int, first, second C.uint64_t) (n C.int) {
 	return C.int(uses)
 }
 
-// goPoolSetPool is symm_pool_set_use_on_oom (op 0, with on) and
-// symm_pool_set_no_split (op 1).
+// goPoolSetPool is symm_pool_set_use_on_oom (op setPoolUseOnOOM, with on)
+// and symm_pool_set_no_split (op setPoolNoSplit).
 //
 //export goPoolSetPool
 func goPoolSetPool(op C.int, device C.int, first, second C.uint64_t, on C.int) (code C.int) {
-	fn := [...]string{"symm_pool_set_use_on_oom", "symm_pool_set_no_split"}[op&1]
+	fn := "symm_pool_set_no_split"
+	if op == setPoolUseOnOOM {
+		fn = "symm_pool_set_use_on_oom"
+	}
 	defer guard(fn, &code)
 	p, err := getPool()
-	if err == nil && op == 0 {
+	if err == nil && op == setPoolUseOnOOM {
 		err = p.SetUseOnOOM(int(device), poolID(first, second), on != 0)
 	} else if err == nil {
 		err = p.SetNoSplit(int(device), poolID(first, second))

@@ -36,9 +36,10 @@ inline bool routes_open() {
 using Filter = std::function<bool(CUstream_st *)>;
 thread_local std::string t_filter_error;  // what the last filter that threw said
 
-// route calls goPoolRoute: op 0 begins a routing (to stream's allocations,
-// or to those filter takes: a Filter the pool owns from then on, even on
-// error), 1 ends one, 2 releases the pool; returns the code.
+// route calls goPoolRoute: op SYMMSHIM_ROUTE_BEGIN begins a routing (to
+// stream's allocations, or to those filter takes: a Filter the pool owns
+// from then on, even on error), SYMMSHIM_ROUTE_END ends one,
+// SYMMSHIM_ROUTE_RELEASE releases the pool; returns the code.
 int route(const char *fn, int op, int dev, unsigned long long first, unsigned long long second, int strict,
           void *stream, Filter *filter) {
   return goPoolRoute((char *)fn, op, dev, first, second, strict, (uintptr_t)stream, (uintptr_t)filter);
@@ -116,17 +117,18 @@ void symm_pool_free(void *ptr, size_t size, int device, void *stream) {
 
 int symm_pool_begin_allocate_to_pool(int device, symm_pool_id_t id, void *stream) {
   if (forked("symm_pool_begin_allocate_to_pool")) return SYMM_ERR_FORKED;
-  return route("symm_pool_begin_allocate_to_pool", 0, device, id.first, id.second, 0, stream, nullptr);
+  return route("symm_pool_begin_allocate_to_pool", SYMMSHIM_ROUTE_BEGIN, device, id.first, id.second, 0, stream,
+               nullptr);
 }
 
 int symm_pool_end_allocate_to_pool(int device, symm_pool_id_t id) {
   if (forked("symm_pool_end_allocate_to_pool")) return SYMM_ERR_FORKED;
-  return route("symm_pool_end_allocate_to_pool", 1, device, id.first, id.second, 0, nullptr, nullptr);
+  return route("symm_pool_end_allocate_to_pool", SYMMSHIM_ROUTE_END, device, id.first, id.second, 0, nullptr, nullptr);
 }
 
 int symm_pool_release_pool(int device, symm_pool_id_t id) {
   if (forked("symm_pool_release_pool")) return SYMM_ERR_FORKED;
-  return route("symm_pool_release_pool", 2, device, id.first, id.second, 1, nullptr, nullptr);
+  return route("symm_pool_release_pool", SYMMSHIM_ROUTE_RELEASE, device, id.first, id.second, 1, nullptr, nullptr);
 }
 
 int symm_pool_record_history(int enabled, size_t max_entries) {
@@ -170,7 +172,7 @@ extern "C" void symm_torch_begin_allocate_to_pool(int device, TorchPoolId id,
   torch_resolve();
   // Called from CUDAGraph::capture_begin, which can report an exception; the
   // capture would otherwise go on without a pool.
-  if (route("symm_torch_begin_allocate_to_pool", 0, device, id.first, id.second, 0, nullptr,
+  if (route("symm_torch_begin_allocate_to_pool", SYMMSHIM_ROUTE_BEGIN, device, id.first, id.second, 0, nullptr,
             new Filter(std::move(filter))) != SYMM_OK)
     throw std::runtime_error(last_error_msg());
 }
@@ -178,11 +180,11 @@ extern "C" void symm_torch_begin_allocate_to_pool(int device, TorchPoolId id,
 extern "C" void symm_torch_end_allocate_to_pool(int device, TorchPoolId id) {
   if (forked("symm_torch_end_allocate_to_pool")) return;
   // Never throws: an error stays in symm_last_error().
-  route("symm_torch_end_allocate_to_pool", 1, device, id.first, id.second, 0, nullptr, nullptr);
+  route("symm_torch_end_allocate_to_pool", SYMMSHIM_ROUTE_END, device, id.first, id.second, 0, nullptr, nullptr);
 }
 
 extern "C" void symm_torch_release_pool(int device, TorchPoolId id) {
   if (forked("symm_torch_release_pool")) return;
   // Called from CUDAGraph::reset, inside a destructor: never throws.
-  route("symm_torch_release_pool", 2, device, id.first, id.second, 0, nullptr, nullptr);
+  route("symm_torch_release_pool", SYMMSHIM_ROUTE_RELEASE, device, id.first, id.second, 0, nullptr, nullptr);
 }

@@ -119,7 +119,7 @@ func goDriverProc(name *C.char) (fnp unsafe.Pointer) {
 		fail(fn, err)
 		return nil
 	}
-	if lib.backend.Load() != 1 {
+	if lib.backend.Load() != backendCUDA {
 		return nil
 	}
 	f, err := cuda.Proc(C.GoString(name))

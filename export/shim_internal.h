@@ -7,12 +7,33 @@
 //   wrappers.cpp  the public functions that only check and call Go
 //   pools.cpp     PyTorch's allocator interface besides alloc and free
 // shim.h is the part Go sees as well; nothing here is exported (symm.map).
+// The numbers that cross between the shim and Go come first, in C, and are
+// their one definition: Go reads them as C.SYMMSHIM_* (its cgo preambles
+// include this file), the C++ files by name. The rest is C++ only.
 #ifndef SYMM_SHIM_INTERNAL_H
 #define SYMM_SHIM_INTERNAL_H
 #include <stddef.h>
 
 #include "shim.h"
 
+// ---- numbers shared with Go ----
+
+// goPoolRoute's operations (routes.cpp calls, export/graphs.go serves).
+enum { SYMMSHIM_ROUTE_BEGIN = 0, SYMMSHIM_ROUTE_END = 1, SYMMSHIM_ROUTE_RELEASE = 2 };
+
+// goPoolSetPool's operations (wrappers.cpp calls, export/mempools.go serves).
+enum { SYMMSHIM_SET_POOL_USE_ON_OOM = 0, SYMMSHIM_SET_POOL_NO_SPLIT = 1 };
+
+// Statistics types (allocator/stats.go's, PyTorch's order; export/codes.go
+// checks them against the allocator's when libsymm is built): the front
+// cache's counts and placements carry them (shim.h's type fields).
+enum { SYMMSHIM_STAT_ALL = 0, SYMMSHIM_STAT_SMALL_POOL = 1, SYMMSHIM_STAT_LARGE_POOL = 2, SYMMSHIM_STAT_TYPES = 3 };
+
+// The pool's backend, as goPoolBackend returns it (symm_pool_backend names
+// it); none before the pool exists.
+enum { SYMMSHIM_BACKEND_NONE = 0, SYMMSHIM_BACKEND_CUDA = 1, SYMMSHIM_BACKEND_HOST = 2 };
+
+#ifdef __cplusplus
 // Hidden: the names cross files of libsymm.so only, so the compiler reaches
 // them directly instead of through the GOT, as within one file.
 #pragma GCC visibility push(hidden)
@@ -51,8 +72,8 @@ inline bool forked(const char *fn) {
 // ---- PyTorch's mode (torchmode.cpp) ----
 
 // How symm_pool_alloc's caller uses the pool (torchmode.cpp says how each is
-// recognised); symm_torch_mode returns these values.
-enum { kTorchNone = 0, kTorchReplace = 1, kTorchMemPool = 2 };
+// recognised): symm_torch_mode's values, include/symm.h's SYMM_TORCH_*.
+enum { kTorchNone = SYMM_TORCH_NONE, kTorchReplace = SYMM_TORCH_REPLACE, kTorchMemPool = SYMM_TORCH_MEMPOOL };
 
 // torch_resolve finds c10's current-allocator variable if PyTorch is loaded;
 // never loads PyTorch. Cheap once found.
@@ -70,4 +91,5 @@ void *pool_alloc(int api, size_t size, int device, void *stream, int mode);
 
 }  // namespace symmshim
 #pragma GCC visibility pop
+#endif  // __cplusplus
 #endif

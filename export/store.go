@@ -30,7 +30,7 @@ func goStoreServer(addr, token *C.char, out *C.int64_t, bound *C.char, boundLen 
 	cl, err := store.Dial(srv.Addr(), tok, 10*time.Second)
 	if err != nil {
 		srv.Close()
-		return failSymm("symm_store_server", err)
+		return fail("symm_store_server", err)
 	}
 	*out = C.int64_t(stores.put(&storeEntry{s: cl, server: srv}))
 	if bound != nil && boundLen > 0 {
@@ -56,7 +56,7 @@ func goStoreConnect(addr, token *C.char, timeoutMS C.int, out *C.int64_t) (code 
 func goStoreSet(s C.int64_t, key *C.char, val unsafe.Pointer, n C.size_t) (code C.int) {
 	defer guard("symm_store_set", &code)
 	if uint64(n) > 1<<31-1 { // C.GoBytes takes a C int: a larger length would wrap
-		return failSymm("symm_store_set", fmt.Errorf("%w: value of %d bytes: too large for the store", symmetric.ErrInvalid, uint64(n)))
+		return fail("symm_store_set", fmt.Errorf("%w: value of %d bytes: too large for the store", symmetric.ErrInvalid, uint64(n)))
 	}
 	e, err := stores.get(int64(s))
 	if err == nil {
@@ -108,7 +108,7 @@ func goStoreClose(s C.int64_t) (code C.int) {
 	defer guard("symm_store_close", &code)
 	e, err := stores.take(int64(s))
 	if err != nil {
-		return failSymm("symm_store_close", err)
+		return fail("symm_store_close", err)
 	}
 	if m := madeManager(); m != nil {
 		m.CloseStore(e.s) // the mailboxes of the groups joined through it
@@ -118,7 +118,7 @@ func goStoreClose(s C.int64_t) (code C.int) {
 		err = errors.Join(err, e.server.Close())
 	}
 	if err != nil {
-		return failSymm("symm_store_close", err)
+		return fail("symm_store_close", err)
 	}
 	return C.SYMM_OK
 }

@@ -10,9 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -131,28 +129,7 @@ var (
 	handles = newTable[*symmetric.Handle]("symmetric-memory", 0x5180_0000)
 )
 
-// errCodeSymm extends errCode with the symmetric package's sentinels.
-func errCodeSymm(err error) C.int {
-	switch {
-	case errors.Is(err, symmetric.ErrUnknownPointer):
-		return C.SYMM_ERR_UNKNOWN_POINTER
-	case errors.Is(err, symmetric.ErrInvalid):
-		return C.SYMM_ERR_INVALID
-	case errors.Is(err, symmetric.ErrMeetingMismatch):
-		return C.SYMM_ERR_MISMATCH
-	case errors.Is(err, store.ErrTimeout), errors.Is(err, symmetric.ErrSignalTimeout), errors.Is(err, os.ErrDeadlineExceeded):
-		return C.SYMM_ERR_TIMEOUT
-	case errors.Is(err, symmetric.ErrPeerFailed), errors.Is(err, store.ErrClosed):
-		return C.SYMM_ERR_PEER
-	case errors.Is(err, symmetric.ErrNoKernels), errors.Is(err, symmetric.ErrNoDevice):
-		return C.SYMM_ERR_NO_DEVICE
-	case errors.Is(err, syscall.ENOMEM):
-		return C.SYMM_ERR_OUT_OF_MEMORY // mmap of a block the host cannot back
-	}
-	return errCode(err)
-}
-
-// failStore is failSymm for the store calls. The store marks only a timeout
+// failStore is fail for the store calls. The store marks only a timeout
 // and a closed store; what else it returns refuses the caller's arguments (an
 // address that does not parse or cannot be listened on, a wrong or too long
 // token, a key too long or not UTF-8, a value too large, an add to a value
@@ -160,7 +137,7 @@ func errCodeSymm(err error) C.int {
 // SYMM_ERR_INTERNAL, which says libsymm has a bug. A connect that found no
 // server listening by its timeout is SYMM_ERR_TIMEOUT.
 func failStore(fn string, err error) C.int {
-	code := errCodeSymm(err)
+	code := errCode(err)
 	if code == C.SYMM_ERR_INTERNAL {
 		var ae *net.AddrError
 		var oe *net.OpError
@@ -207,12 +184,6 @@ func hostLimits(dev int, size uint64) error {
 	return nil
 }
 
-func failSymm(fn string, err error) C.int {
-	code := errCodeSymm(err)
-	setError(code, fn+": "+err.Error())
-	return code
-}
-
 func guard(fn string, code *C.int) {
 	if recovered(fn, recover()) {
 		*code = C.SYMM_ERR_INTERNAL
@@ -232,12 +203,12 @@ func goSymmAlloc(size C.size_t, device C.int) (ptr C.uintptr_t) {
 	}()
 	m, err := getManager()
 	if err != nil {
-		failSymm("symm_alloc", err)
+		fail("symm_alloc", err)
 		return 0
 	}
 	b, err := m.Alloc(int(device), uint64(size))
 	if err != nil {
-		failSymm("symm_alloc", err)
+		fail("symm_alloc", err)
 		return 0
 	}
 	return C.uintptr_t(b.Ptr())
@@ -251,7 +222,7 @@ func goSymmFree(ptr C.uintptr_t) {
 		err = m.Free(uintptr(ptr))
 	}
 	if err != nil {
-		failSymm("symm_free", err)
+		fail("symm_free", err)
 	}
 	dropFreedHandles()
 }
@@ -276,15 +247,15 @@ func goRendezvous(ptr C.uintptr_t, s C.int64_t, group *C.char, rank, world C.int
 	defer guard("symm_rendezvous", &code)
 	m, err := getManager()
 	if err != nil {
-		return failSymm("symm_rendezvous", err)
+		return fail("symm_rendezvous", err)
 	}
 	e, err := stores.get(int64(s))
 	if err != nil {
-		return failSymm("symm_rendezvous", err)
+		return fail("symm_rendezvous", err)
 	}
 	h, err := m.Rendezvous(uintptr(ptr), symmetric.Group{Name: C.GoString(group), Rank: int(rank), World: int(world), Store: e.s})
 	if err != nil {
-		return failSymm("symm_rendezvous", err)
+		return fail("symm_rendezvous", err)
 	}
 	*out = C.int64_t(handleID(h))
 	return C.SYMM_OK
@@ -311,11 +282,11 @@ func goHandleInfo(hid C.int64_t, out *C.symm_handle_info_t) (code C.int) {
 	defer guard("symm_handle_info", &code)
 	h, err := handles.get(int64(hid))
 	if err != nil {
-		return failSymm("symm_handle_info", err)
+		return fail("symm_handle_info", err)
 	}
 	release, err := h.Acquire() // the arrays stay mapped while they are copied out
 	if err != nil {
-		return failSymm("symm_handle_info", fmt.Errorf("handle %d: %w", int64(hid), err))
+		return fail("symm_handle_info", fmt.Errorf("handle %d: %w", int64(hid), err))
 	}
 	defer release()
 	out.rank = C.int(h.Rank())
@@ -335,7 +306,7 @@ func liveHandle(fn string, hid C.int64_t) (*symmetric.Handle, C.int) {
 		err = fmt.Errorf("%w: handle %d: its block was freed", symmetric.ErrUnknownPointer, int64(hid))
 	}
 	if err != nil {
-		return nil, failSymm(fn, err)
+		return nil, fail(fn, err)
 	}
 	return h, C.SYMM_OK
 }
@@ -348,7 +319,7 @@ func goPutSignal(hid C.int64_t, dst, channel C.int, stream C.uintptr_t) (code C.
 		return code
 	}
 	if err := h.PutSignal(int(dst), int(channel), uintptr(stream), 0); err != nil {
-		return failSymm("symm_put_signal", err)
+		return fail("symm_put_signal", err)
 	}
 	offerPlan(int64(hid), h)
 	return C.SYMM_OK
@@ -362,10 +333,10 @@ func goWaitSignal(hid C.int64_t, src, channel C.int, stream C.uintptr_t, timeout
 		return code
 	}
 	if timeoutMS < 0 {
-		return failSymm("symm_wait_signal", fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
+		return fail("symm_wait_signal", fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
 	}
 	if err := h.WaitSignal(int(src), int(channel), uintptr(stream), ms(timeoutMS)); err != nil {
-		return failSymm("symm_wait_signal", err)
+		return fail("symm_wait_signal", err)
 	}
 	offerPlan(int64(hid), h)
 	return C.SYMM_OK
@@ -379,10 +350,10 @@ func goBarrier(hid C.int64_t, channel C.int, stream C.uintptr_t, timeoutMS C.int
 		return code
 	}
 	if timeoutMS < 0 {
-		return failSymm("symm_barrier", fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
+		return fail("symm_barrier", fmt.Errorf("%w: timeout_ms %d is negative (0: no timeout)", symmetric.ErrInvalid, int(timeoutMS)))
 	}
 	if err := h.Barrier(int(channel), uintptr(stream), ms(timeoutMS)); err != nil {
-		return failSymm("symm_barrier", err)
+		return fail("symm_barrier", err)
 	}
 	offerPlan(int64(hid), h)
 	return C.SYMM_OK
@@ -396,10 +367,10 @@ func goResetSignalPad(hid C.int64_t, timeoutMS C.int) (code C.int) {
 		return code
 	}
 	if timeoutMS < 0 {
-		return failSymm("symm_reset_signal_pad", fmt.Errorf("%w: timeout_ms %d is negative (0: SYMM_TIMEOUT_MS)", symmetric.ErrInvalid, int(timeoutMS)))
+		return fail("symm_reset_signal_pad", fmt.Errorf("%w: timeout_ms %d is negative (0: SYMM_TIMEOUT_MS)", symmetric.ErrInvalid, int(timeoutMS)))
 	}
 	if err := h.ResetSignalPad(ms(timeoutMS)); err != nil {
-		return failSymm("symm_reset_signal_pad", err)
+		return fail("symm_reset_signal_pad", err)
 	}
 	return C.SYMM_OK
 }
@@ -414,9 +385,9 @@ func goResetSignalPadIfAny(hid C.int64_t, want, timeoutMS C.int, reset *C.int) (
 	}
 	switch {
 	case want != 0 && want != 1:
-		return failSymm(name, fmt.Errorf("%w: want %d is neither 0 nor 1", symmetric.ErrInvalid, int(want)))
+		return fail(name, fmt.Errorf("%w: want %d is neither 0 nor 1", symmetric.ErrInvalid, int(want)))
 	case timeoutMS < 0:
-		return failSymm(name, fmt.Errorf("%w: timeout_ms %d is negative (0: SYMM_TIMEOUT_MS)", symmetric.ErrInvalid, int(timeoutMS)))
+		return fail(name, fmt.Errorf("%w: timeout_ms %d is negative (0: SYMM_TIMEOUT_MS)", symmetric.ErrInvalid, int(timeoutMS)))
 	}
 	did, err := h.ResetSignalPadIfAny(want == 1, ms(timeoutMS))
 	if reset != nil {
@@ -426,7 +397,7 @@ func goResetSignalPadIfAny(hid C.int64_t, want, timeoutMS C.int, reset *C.int) (
 		}
 	}
 	if err != nil {
-		return failSymm(name, err)
+		return fail(name, err)
 	}
 	return C.SYMM_OK
 }
@@ -441,7 +412,7 @@ func goKernelsReady(device C.int) (ready C.int) {
 		err = m.KernelsReady(int(device))
 	}
 	if err != nil {
-		failSymm(fn, err)
+		fail(fn, err)
 		return 0
 	}
 	return 1
@@ -454,13 +425,13 @@ func goSetBackend(name *C.char) (code C.int) {
 	defer guard("symm_set_backend", &code)
 	n := C.GoString(name)
 	if err := symmetric.CheckBackend(n); err != nil {
-		return failSymm("symm_set_backend", err)
+		return fail("symm_set_backend", err)
 	}
 	symmLib.mu.Lock()
 	defer symmLib.mu.Unlock()
 	if symmLib.mgr != nil {
 		if cur := symmLib.mgr.ProviderName(); cur != n {
-			return failSymm("symm_set_backend", fmt.Errorf("%w: symmetric memory already runs on the %s backend (it is chosen once, before the first symmetric allocation or rendezvous)", symmetric.ErrInvalid, cur))
+			return fail("symm_set_backend", fmt.Errorf("%w: symmetric memory already runs on the %s backend (it is chosen once, before the first symmetric allocation or rendezvous)", symmetric.ErrInvalid, cur))
 		}
 		return C.SYMM_OK
 	}
@@ -484,7 +455,7 @@ func goGetBackend(buf *C.char, capacity C.size_t) (code C.int) {
 	}
 	symmLib.mu.Unlock()
 	if err != nil {
-		return failSymm("symm_get_backend", err)
+		return fail("symm_get_backend", err)
 	}
 	dst := cBytes(unsafe.Pointer(buf), capacity, len(name)+1)
 	dst[copy(dst[:len(dst)-1], name)] = 0
@@ -495,7 +466,7 @@ func goGetBackend(buf *C.char, capacity C.size_t) (code C.int) {
 func goNVSHMEMAvailable() (code C.int) {
 	defer guard("symm_nvshmem_available", &code)
 	if err := symmetric.IsNVSHMEMAvailable(nil); err != nil {
-		failSymm("symm_nvshmem_available", noDevice{err}) // the backend cannot run here
+		fail("symm_nvshmem_available", noDevice{err}) // the backend cannot run here
 		return 0
 	}
 	return 1
@@ -505,7 +476,7 @@ func goNVSHMEMAvailable() (code C.int) {
 func goNCCLAvailable() (code C.int) {
 	defer guard("symm_nccl_available", &code)
 	if err := symmetric.IsNCCLAvailable(nil); err != nil {
-		failSymm("symm_nccl_available", noDevice{err}) // the backend cannot run here
+		fail("symm_nccl_available", noDevice{err}) // the backend cannot run here
 		return 0
 	}
 	return 1
@@ -516,10 +487,10 @@ func goNCCLAdoptComm(comm C.uintptr_t, device C.int) (code C.int) {
 	defer guard("symm_nccl_adopt_comm", &code)
 	m, err := getManager()
 	if err != nil {
-		return failSymm("symm_nccl_adopt_comm", err)
+		return fail("symm_nccl_adopt_comm", err)
 	}
 	if err := m.AdoptNCCLComm(uintptr(comm), int(device)); err != nil {
-		return failSymm("symm_nccl_adopt_comm", err)
+		return fail("symm_nccl_adopt_comm", err)
 	}
 	return C.SYMM_OK
 }
@@ -529,14 +500,14 @@ func goBackendInit(s C.int64_t, rank, world, device C.int) (code C.int) {
 	defer guard("symm_backend_init", &code)
 	m, err := getManager()
 	if err != nil {
-		return failSymm("symm_backend_init", err)
+		return fail("symm_backend_init", err)
 	}
 	e, err := stores.get(int64(s))
 	if err != nil {
-		return failSymm("symm_backend_init", err)
+		return fail("symm_backend_init", err)
 	}
 	if err := m.Bootstrap(e.s, int(rank), int(world), int(device)); err != nil {
-		return failSymm("symm_backend_init", err)
+		return fail("symm_backend_init", err)
 	}
 	return C.SYMM_OK
 }

@@ -33,7 +33,7 @@ func goTopology(libDirs *C.char, buf *C.char, capacity C.size_t, n *C.size_t) (c
 		err = copyOut("topology", raw, buf, capacity, n)
 	}
 	if err != nil {
-		return failSymm("symm_topology", err)
+		return fail("symm_topology", err)
 	}
 	return C.SYMM_OK
 }
@@ -69,15 +69,15 @@ func goWorldWithinDirectAccess(s C.int64_t, group *C.char, rank, world, device C
 	defer guard("symm_world_within_direct_access", &code)
 	m, err := getManager()
 	if err != nil {
-		return failSymm("symm_world_within_direct_access", err)
+		return fail("symm_world_within_direct_access", err)
 	}
 	e, err := stores.get(int64(s))
 	if err != nil {
-		return failSymm("symm_world_within_direct_access", err)
+		return fail("symm_world_within_direct_access", err)
 	}
 	ok, err := m.WorldWithinDirectAccess(int(device), symmetric.Group{Name: C.GoString(group), Rank: int(rank), World: int(world), Store: e.s})
 	if err != nil {
-		return failSymm("symm_world_within_direct_access", err)
+		return fail("symm_world_within_direct_access", err)
 	}
 	*out = 0
 	if ok {

@@ -51,9 +51,9 @@ SYMM_CALL(int, symm_pool_create_pool, (int device, symm_pool_id_t id, const symm
           SYMM_ERR_FORKED, goPoolCreatePool(device, id.first, id.second, (symm_segment_allocator_t *)segs))
 SYMM_CALL(int, symm_pool_use_count, (int device, symm_pool_id_t id), -1, goPoolUseCount(device, id.first, id.second))
 SYMM_CALL(int, symm_pool_set_use_on_oom, (int device, symm_pool_id_t id, int on), SYMM_ERR_FORKED,
-          goPoolSetPool(0, device, id.first, id.second, on))
+          goPoolSetPool(SYMMSHIM_SET_POOL_USE_ON_OOM, device, id.first, id.second, on))
 SYMM_CALL(int, symm_pool_set_no_split, (int device, symm_pool_id_t id), SYMM_ERR_FORKED,
-          goPoolSetPool(1, device, id.first, id.second, 0))
+          goPoolSetPool(SYMMSHIM_SET_POOL_NO_SPLIT, device, id.first, id.second, 0))
 SYMM_CALL(int, symm_pool_empty_pool, (symm_pool_id_t id), SYMM_ERR_FORKED, goPoolEmptyPool(id.first, id.second))
 void *symm_driver_proc(const char *name) {
   if (forked("symm_driver_proc")) return nullptr;
@@ -101,9 +101,9 @@ int symm_pool_snapshot(char *buf, size_t cap, size_t *len) {
 const char *symm_pool_backend(void) {
   if (g_forked) return "";
   switch (goPoolBackend()) {
-    case 1:
+    case SYMMSHIM_BACKEND_CUDA:
       return "cuda";
-    case 2:
+    case SYMMSHIM_BACKEND_HOST:
       return "host";
   }
   return "";

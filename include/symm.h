@@ -340,14 +340,18 @@ int symm_pool_set_annotation(const char *user_metadata, const char *compile_cont
  * grow between two calls: retry). */
 int symm_pool_snapshot(char *buf, size_t cap, size_t *len);
 
+/* The modes symm_torch_mode returns. */
+enum { SYMM_TORCH_NONE = 0, SYMM_TORCH_REPLACE = 1, SYMM_TORCH_MEMPOOL = 2 };
+
 /* How PyTorch uses libsymm in this process, as symm_pool_alloc sees it:
- * 0 PyTorch is not loaded (or not yet seen); 1 replace mode: libsymm's
- * symm_pool_alloc is PyTorch's current CUDA allocator (a failed allocation
- * throws a C++ exception, never NULL); 2 PyTorch is loaded and its own caching
- * allocator is current: calls that come from PyTorch are a torch.cuda.MemPool
- * asking for segments, which are served one segment each and go back to the
- * device when PyTorch frees them (PyTorch caches above). Calls from any other
- * code keep the caching pool and NULL on failure. */
+ * SYMM_TORCH_NONE (0) PyTorch is not loaded (or not yet seen);
+ * SYMM_TORCH_REPLACE (1) replace mode: libsymm's symm_pool_alloc is
+ * PyTorch's current CUDA allocator (a failed allocation throws a C++
+ * exception, never NULL); SYMM_TORCH_MEMPOOL (2) PyTorch is loaded and its
+ * own caching allocator is current: calls that come from PyTorch are a
+ * torch.cuda.MemPool asking for segments, which are served one segment each
+ * and go back to the device when PyTorch frees them (PyTorch caches above).
+ * Calls from any other code keep the caching pool and NULL on failure. */
 int symm_torch_mode(void);
 
 /* Tells libsymm that the PyTorch CUDAAllocator object at allocator is
@@ -888,7 +892,20 @@ int symm_reset_signal_pad_if_any(symm_handle_t h, int want, int timeout_ms, int 
  * (SYMM_ERR_NO_DEVICE: no NVRTC, the host backend, ...). */
 int symm_kernels_ready(int device);
 
-enum { SYMM_FLOAT32 = 0, SYMM_BFLOAT16 = 1, SYMM_FLOAT16 = 2 };
+/* Element types of the collectives' dtype arguments, one line each:
+ * X(name, code, size of an element in bytes). This table is their one
+ * definition: the enum of codes and the sizes (SYMM_FLOAT32_SIZE, ...) below
+ * are made from it, and libsymm's Go (kernels/abi.go), CUDA (the kernels'
+ * source, through Go) and Python (symm.Dtype, tested) read it. */
+#define SYMM_DTYPES(X)     \
+  X(SYMM_FLOAT32, 0, 4)  \
+  X(SYMM_BFLOAT16, 1, 2) \
+  X(SYMM_FLOAT16, 2, 2)
+#define SYMM_DTYPE_CODE_(name, code, size) name = code,
+#define SYMM_DTYPE_SIZE_(name, code, size) name##_SIZE = size,
+enum { SYMM_DTYPES(SYMM_DTYPE_CODE_) };
+enum { SYMM_DTYPES(SYMM_DTYPE_SIZE_) };
+/* Reduce operations of the collectives' op arguments. */
 enum { SYMM_SUM = 0 };
 
 /* One-shot all-reduce (PyTorch's symm_mem.one_shot_all_reduce): every rank

@@ -20,16 +20,15 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// Report layout (the host decodes it in package symmetric: kernelReport).
+// Report layout (the host decodes it: kernels.DecodeReport).
 // bit 63: set; bits 56..62: op; bits 32..55: peer rank; bits 0..31: channel.
-#define SYMM_OP_PUT 1        // put_signal (or a barrier's put): the peer did not take our previous signal
-#define SYMM_OP_WAIT 2       // wait_signal (or a barrier's wait): the peer's signal did not come
-#define SYMM_OP_REDUCE_IN 3  // all-reduce: a peer did not arrive before the reads
-#define SYMM_OP_REDUCE_OUT 4 // all-reduce: a peer did not finish its reads
-// (5 and 6, the push all-reduce's, are in symm_push.cu.)
-#define SYMM_OP_MISMATCH 7 // an epoch meeting met a peer's meeting of another kind: channel bits 0..15, this
-                           // rank's kind bits 16..23, the peer's bits 24..31 (SYMM_MEET_*)
-#define SYMM_OP_STOPPED 8  // an earlier meeting on the channel failed on this rank: its meetings stopped there
+// The ops (SYMM_OP_*: what a kernel was doing when its wait timed out), the
+// meeting kinds (SYMM_MEET_*), SYMM_SYNC_SLOTS, SYMM_PUSH_MAX_BLOCKS and the
+// dtype codes (SYMM_FLOAT32, ...) are not defined in these files: package
+// kernels owns them (symm.go's sourceConstants; the dtypes come from
+// include/symm.h) and writes them as #defines at the head of the source.
+// SYMM_OP_MISMATCH's report keeps the channel in bits 0..15, this rank's
+// kind in bits 16..23 and the peer's in bits 24..31.
 
 __device__ __forceinline__ u64 now_ns() {
   u64 t;
@@ -132,19 +131,9 @@ __device__ __forceinline__ bool take(u32 *slot, u64 start, u64 timeout_ns, u64 *
 // slots carry no kind). Meetings on one channel of a handle are ordered (one
 // stream, or streams ordered by events), as the put/take exchange also
 // needs. The host backend runs the same protocol in Go (symmetric/meeting.go).
-#define SYMM_SYNC_SLOTS 512 // after the 512 slots of the signal pad
-
-// Meeting kinds (symmetric/meeting.go's meet* values): the slot word's bits 24..31.
-#define SYMM_MEET_BARRIER 1
-#define SYMM_MEET_RESET 2 // ResetSignalPad's barriers on GPUs
-#define SYMM_MEET_ONE_SHOT_IN 3
-#define SYMM_MEET_ONE_SHOT_OUT 4
-#define SYMM_MEET_TWO_SHOT_IN 5
-#define SYMM_MEET_TWO_SHOT_OUT 6
-#define SYMM_MEET_RS_IN 7
-#define SYMM_MEET_RS_OUT 8
-#define SYMM_MEET_AG_IN 9
-#define SYMM_MEET_AG_OUT 10
+// SYMM_SYNC_SLOTS (kernels.PadSlots): the sync area starts after the signal
+// pad's slots. The meeting kinds SYMM_MEET_* (kernels.Meet*) are the slot
+// word's bits 24..31.
 
 #define SYMM_EPOCH_STOPPED 0x80000000u // epochs[c]: a meeting on c failed here
 
@@ -286,10 +275,6 @@ __device__ __forceinline__ u32 to_f16(float f) {
   return h;
 }
 
-#define SYMM_DT_F32 0
-#define SYMM_DT_BF16 1
-#define SYMM_DT_F16 2
-
 template <int NW>
 __device__ __forceinline__ void load(const u32 *p, u32 (&v)[NW]) {
   if constexpr (NW == 4) {
@@ -345,10 +330,10 @@ template <int NW, int DT>
 __device__ __forceinline__ void accumulate(float (&acc)[2 * NW], const u32 (&v)[NW]) {
 #pragma unroll
   for (int k = 0; k < NW; k++) {
-    if constexpr (DT == SYMM_DT_BF16) {
+    if constexpr (DT == SYMM_BFLOAT16) {
       acc[2 * k] += bf16_lo(v[k]);
       acc[2 * k + 1] += bf16_hi(v[k]);
-    } else if constexpr (DT == SYMM_DT_F16) {
+    } else if constexpr (DT == SYMM_FLOAT16) {
       acc[2 * k] += f16_to_f32(v[k] & 0xffffu);
       acc[2 * k + 1] += f16_to_f32(v[k] >> 16);
     } else {
@@ -398,9 +383,9 @@ __device__ __forceinline__ void reduce_words(u32 **bufs, u64 offset, u64 i, int 
   }
 #pragma unroll
   for (int k = 0; k < NW; k++) {
-    if constexpr (DT == SYMM_DT_BF16) {
+    if constexpr (DT == SYMM_BFLOAT16) {
       o[k] = to_bf16(acc[2 * k]) | (to_bf16(acc[2 * k + 1]) << 16);
-    } else if constexpr (DT == SYMM_DT_F16) {
+    } else if constexpr (DT == SYMM_FLOAT16) {
       o[k] = to_f16(acc[2 * k]) | (to_f16(acc[2 * k + 1]) << 16);
     } else {
       o[k] = __float_as_uint(acc[2 * k]);
@@ -454,9 +439,9 @@ __device__ __forceinline__ void one_shot(u32 **bufs, u64 offset, u64 nwords, u32
   SYMM_AR(symm_ar_##NAME##_v##NW##_w8, NW, DT, 8) \
   SYMM_AR(symm_ar_##NAME##_v##NW##_wany, NW, DT, 0)
 
-SYMM_AR_WORLDS(f32, 4, SYMM_DT_F32)
-SYMM_AR_WORLDS(f32, 1, SYMM_DT_F32)
-SYMM_AR_WORLDS(bf16, 4, SYMM_DT_BF16)
-SYMM_AR_WORLDS(f16, 4, SYMM_DT_F16)
-SYMM_AR_WORLDS(bf16, 1, SYMM_DT_BF16)
-SYMM_AR_WORLDS(f16, 1, SYMM_DT_F16)
+SYMM_AR_WORLDS(f32, 4, SYMM_FLOAT32)
+SYMM_AR_WORLDS(f32, 1, SYMM_FLOAT32)
+SYMM_AR_WORLDS(bf16, 4, SYMM_BFLOAT16)
+SYMM_AR_WORLDS(f16, 4, SYMM_FLOAT16)
+SYMM_AR_WORLDS(bf16, 1, SYMM_BFLOAT16)
+SYMM_AR_WORLDS(f16, 1, SYMM_FLOAT16)

@@ -8,12 +8,59 @@ import (
 	"github.com/libsymm/libsymm/topology"
 )
 
-// SymmSource is libsymm's kernel source, one NVRTC program: symm.cu
-// (signal-pad put, wait and barrier with in-kernel timeouts, the epoch
-// meetings, the one-shot all-reduce and the helpers the others use), then
+// SymmSource is libsymm's kernel source, one NVRTC program: the numbers
+// the host owns as #defines (sourceDefines), then symm.cu (signal-pad put,
+// wait and barrier with in-kernel timeouts, the epoch meetings, the
+// one-shot all-reduce and the helpers the others use), then
 // symm_collectives.cu (the two-shot all-reduce, reduce-scatter and
-// all-gather), then symm_push.cu (the push all-reduce).
-var SymmSource = symmCore + symmCollectives + symmPush
+// all-gather), then symm_push.cu (the push all-reduce). Whatever compiles
+// it (the loader, Probe, the tests) and the disk cache's key see the
+// #defines with the rest: one string.
+var SymmSource = sourceDefines() + symmCore + symmCollectives + symmPush
+
+// sourceConstants are the numbers that the kernels and the host share,
+// owned by this package (the dtypes by include/symm.h's SYMM_DTYPES, read
+// through cgo) and given to the CUDA source as #defines: symm*.cu uses
+// these names and never types their values.
+func sourceConstants() []sourceConstant {
+	cs := []sourceConstant{
+		{"SYMM_OP_PUT", OpPut}, {"SYMM_OP_WAIT", OpWait}, {"SYMM_OP_REDUCE_IN", OpReduceIn},
+		{"SYMM_OP_REDUCE_OUT", OpReduceOut}, {"SYMM_OP_PUSH", OpPush}, {"SYMM_OP_PUSH_INIT", OpPushInit},
+		{"SYMM_OP_MISMATCH", OpMismatch}, {"SYMM_OP_STOPPED", OpStopped}, {"SYMM_OP_PUSH_UNSET", OpPushUnset},
+		{"SYMM_MEET_BARRIER", MeetBarrier}, {"SYMM_MEET_RESET", MeetReset},
+		{"SYMM_MEET_ONE_SHOT_IN", MeetOneShotIn}, {"SYMM_MEET_ONE_SHOT_OUT", MeetOneShotOut},
+		{"SYMM_MEET_TWO_SHOT_IN", MeetTwoShotIn}, {"SYMM_MEET_TWO_SHOT_OUT", MeetTwoShotOut},
+		{"SYMM_MEET_RS_IN", MeetReduceScatIn}, {"SYMM_MEET_RS_OUT", MeetReduceScatOut},
+		{"SYMM_MEET_AG_IN", MeetAllGatherIn}, {"SYMM_MEET_AG_OUT", MeetAllGatherOut},
+		{"SYMM_SYNC_SLOTS", PadSlots}, {"SYMM_PUSH_MAX_BLOCKS", PushMaxBlocks},
+	}
+	for _, d := range Dtypes() {
+		cs = append(cs, sourceConstant{d.info().cname, int(d)})
+	}
+	return cs
+}
+
+type sourceConstant struct {
+	Name  string
+	Value int
+}
+
+func sourceDefines() string {
+	var b strings.Builder
+	b.WriteString("// Defined by package kernels (symm.go: sourceConstants), not typed in the .cu files.\n")
+	for _, c := range sourceConstants() {
+		fmt.Fprintf(&b, "#define %s %d\n", c.Name, c.Value)
+	}
+	return b.String()
+}
+
+// PadSlots is the number of uint32 slots of a signal pad, so channels ×
+// world size ≤ PadSlots (PyTorch's pad has as many), and of the sync area
+// after it (SYMM_SYNC_SLOTS: a meeting's slot is channel × world + src).
+// Package symmetric sizes both from it (SignalPadSize, SyncAreaSize) and
+// caps a group's channels, and so the collectives' grids, at
+// PadSlots / world.
+const PadSlots = 512
 
 //go:embed symm.cu
 var symmCore string
@@ -37,7 +84,7 @@ const (
 )
 
 // Report operations: what a kernel was doing when its wait timed out (the
-// SYMM_OP_* values of symm.cu).
+// kernels see them as SYMM_OP_*: sourceConstants).
 const (
 	OpPut       = 1
 	OpWait      = 2
@@ -51,8 +98,8 @@ const (
 )
 
 // Meeting kinds: what an epoch meeting is, carried in its slot word beside
-// its count (symm.cu's SYMM_MEET_*), so that ranks that disagree on what
-// they meet are caught (OpMismatch).
+// its count, so that ranks that disagree on what they meet are caught
+// (OpMismatch). The kernels see them as SYMM_MEET_* (sourceConstants).
 const (
 	MeetBarrier       = 1
 	MeetReset         = 2 // ResetSignalPad's barriers on GPUs
@@ -87,38 +134,6 @@ func DecodeReport(w uint64) (r Report, ok bool) {
 		r.Channel, r.Mine, r.Theirs = int(w&0xffff), int(w>>16)&0xff, int(w>>24)&0xff
 	}
 	return r, true
-}
-
-// Dtype is an element type of the all-reduce.
-type Dtype int
-
-const (
-	Float32  Dtype = 0 // SYMM_FLOAT32
-	BFloat16 Dtype = 1 // SYMM_BFLOAT16
-	Float16  Dtype = 2 // SYMM_FLOAT16
-)
-
-func (d Dtype) String() string {
-	switch d {
-	case Float32:
-		return "float32"
-	case BFloat16:
-		return "bfloat16"
-	case Float16:
-		return "float16"
-	}
-	return fmt.Sprintf("dtype(%d)", int(d))
-}
-
-// Size is the element size in bytes (0 for an unknown dtype).
-func (d Dtype) Size() int {
-	switch d {
-	case Float32:
-		return 4
-	case BFloat16, Float16:
-		return 2
-	}
-	return 0
 }
 
 // AllReduceKernel names the one-shot all-reduce kernel for dtype d, words
@@ -216,14 +231,16 @@ func PushLaunch(nlines uint64) (blocks, threads uint32) {
 }
 
 // PushMaxBlocks is the most blocks of a push all-reduce's grid: the state
-// keeps a copy of the call number per block (symm.cu's SYMM_PUSH_MAX_BLOCKS).
+// keeps a copy of the call number per block (the kernels'
+// SYMM_PUSH_MAX_BLOCKS: sourceConstants).
 const PushMaxBlocks = 128
 
 // PushInitLaunch is the launch shape of the push workspace's set-up over
-// slots of lines lines each.
+// slots of lines lines each: as many blocks at most as the push itself
+// (PushMaxBlocks; any grid would be correct).
 func PushInitLaunch(lines uint64) (blocks, threads uint32) {
-	const maxBlocks, perBlock = 128, 512
-	return uint32(max(min((lines+perBlock-1)/perBlock, maxBlocks), 1)), perBlock
+	const perBlock = 512
+	return uint32(max(min((lines+perBlock-1)/perBlock, PushMaxBlocks), 1)), perBlock
 }
 
 // Probe fills t.Kernels: whether NVRTC opens (dirs: site-packages to look

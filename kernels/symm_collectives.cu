@@ -88,12 +88,12 @@ __device__ __forceinline__ void two_shot(u32 **bufs, u64 offset, u64 nwords, u32
   SYMM_TS(symm_ts_##NAME##_v##NW##_w8, NW, DT, 8) \
   SYMM_TS(symm_ts_##NAME##_v##NW##_wany, NW, DT, 0)
 
-SYMM_TS_WORLDS(f32, 4, SYMM_DT_F32)
-SYMM_TS_WORLDS(f32, 1, SYMM_DT_F32)
-SYMM_TS_WORLDS(bf16, 4, SYMM_DT_BF16)
-SYMM_TS_WORLDS(f16, 4, SYMM_DT_F16)
-SYMM_TS_WORLDS(bf16, 1, SYMM_DT_BF16)
-SYMM_TS_WORLDS(f16, 1, SYMM_DT_F16)
+SYMM_TS_WORLDS(f32, 4, SYMM_FLOAT32)
+SYMM_TS_WORLDS(f32, 1, SYMM_FLOAT32)
+SYMM_TS_WORLDS(bf16, 4, SYMM_BFLOAT16)
+SYMM_TS_WORLDS(f16, 4, SYMM_FLOAT16)
+SYMM_TS_WORLDS(bf16, 1, SYMM_BFLOAT16)
+SYMM_TS_WORLDS(f16, 1, SYMM_FLOAT16)
 
 // ---- reduce-scatter and all-gather ------------------------------------------
 //
@@ -188,12 +188,12 @@ __device__ __forceinline__ void all_gather(u32 **bufs, u64 offset, u64 nwords, u
   SYMM_RS(symm_rs_##NAME##_v##NW##_w8, NW, DT, 8) \
   SYMM_RS(symm_rs_##NAME##_v##NW##_wany, NW, DT, 0)
 
-SYMM_RS_WORLDS(f32, 4, SYMM_DT_F32)
-SYMM_RS_WORLDS(f32, 1, SYMM_DT_F32)
-SYMM_RS_WORLDS(bf16, 4, SYMM_DT_BF16)
-SYMM_RS_WORLDS(f16, 4, SYMM_DT_F16)
-SYMM_RS_WORLDS(bf16, 1, SYMM_DT_BF16)
-SYMM_RS_WORLDS(f16, 1, SYMM_DT_F16)
+SYMM_RS_WORLDS(f32, 4, SYMM_FLOAT32)
+SYMM_RS_WORLDS(f32, 1, SYMM_FLOAT32)
+SYMM_RS_WORLDS(bf16, 4, SYMM_BFLOAT16)
+SYMM_RS_WORLDS(f16, 4, SYMM_FLOAT16)
+SYMM_RS_WORLDS(bf16, 1, SYMM_BFLOAT16)
+SYMM_RS_WORLDS(f16, 1, SYMM_FLOAT16)
 
 #define SYMM_AG(NW)                                                                                                  \
   extern "C" __global__ void __launch_bounds__(512)                                                                \

@@ -57,11 +57,11 @@
 // before it on this stream) reports SYMM_OP_PUSH_UNSET and stops, rather
 // than taking zeroed memory for lines of flag 0.
 
-#define SYMM_OP_PUSH 5      // push all-reduce: a peer's data did not come (channel: the call's flag)
-#define SYMM_OP_PUSH_INIT 6 // push all-reduce's first call: a peer did not come to set the workspace up
-#define SYMM_OP_PUSH_UNSET 9 // push all-reduce: the workspace was not set up before the call
-
-#define SYMM_PUSH_MAX_BLOCKS 128 // kernels.PushMaxBlocks: the most blocks of a push grid
+// Its report ops are SYMM_OP_PUSH (a peer's data did not come; channel: the
+// call's flag), SYMM_OP_PUSH_INIT (a peer did not come to set the workspace
+// up) and SYMM_OP_PUSH_UNSET (the workspace was not set up before the call);
+// SYMM_PUSH_MAX_BLOCKS (kernels.PushMaxBlocks) is the most blocks of a push
+// grid. Package kernels defines them (symm.cu's head says how).
 
 struct PushState {
   u64 epoch[SYMM_PUSH_MAX_BLOCKS]; // the next call's number, a copy per block; 0: not set up yet
@@ -126,10 +126,10 @@ __device__ __forceinline__ void store_line(char *p, u64 nbytes, u64 l, bool vec,
 // acc[0..3]: the elements of one line (f32: acc[0], acc[1]).
 template <int DT>
 __device__ __forceinline__ void accumulate_line(float (&acc)[4], u32 d0, u32 d1) {
-  if constexpr (DT == SYMM_DT_F32) {
+  if constexpr (DT == SYMM_FLOAT32) {
     acc[0] += __uint_as_float(d0);
     acc[1] += __uint_as_float(d1);
-  } else if constexpr (DT == SYMM_DT_BF16) {
+  } else if constexpr (DT == SYMM_BFLOAT16) {
     acc[0] += bf16_lo(d0);
     acc[1] += bf16_hi(d0);
     acc[2] += bf16_lo(d1);
@@ -144,10 +144,10 @@ __device__ __forceinline__ void accumulate_line(float (&acc)[4], u32 d0, u32 d1)
 
 template <int DT>
 __device__ __forceinline__ void pack_line(const float (&acc)[4], u32 &d0, u32 &d1) {
-  if constexpr (DT == SYMM_DT_F32) {
+  if constexpr (DT == SYMM_FLOAT32) {
     d0 = __float_as_uint(acc[0]);
     d1 = __float_as_uint(acc[1]);
-  } else if constexpr (DT == SYMM_DT_BF16) {
+  } else if constexpr (DT == SYMM_BFLOAT16) {
     d0 = to_bf16(acc[0]) | (to_bf16(acc[1]) << 16);
     d1 = to_bf16(acc[2]) | (to_bf16(acc[3]) << 16);
   } else {
@@ -253,9 +253,9 @@ __device__ __forceinline__ void push_all_reduce(u32 **bufs, u64 *state, const ch
            u64 timeout_ns, u64 *status) {                                                                       \
     push_all_reduce<DT>(bufs, state, in, out, nbytes, lines, rank, world, timeout_ns, status);                  \
   }
-SYMM_PUSH_AR(symm_push_ar_f32, SYMM_DT_F32)
-SYMM_PUSH_AR(symm_push_ar_bf16, SYMM_DT_BF16)
-SYMM_PUSH_AR(symm_push_ar_f16, SYMM_DT_F16)
+SYMM_PUSH_AR(symm_push_ar_f32, SYMM_FLOAT32)
+SYMM_PUSH_AR(symm_push_ar_bf16, SYMM_BFLOAT16)
+SYMM_PUSH_AR(symm_push_ar_f16, SYMM_FLOAT16)
 
 // Sets a workspace up, once, before its first call (a no-op once done, so a
 // CUDA graph that captured it replays it harmlessly): clears both halves of

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -75,7 +76,7 @@ func TestPushLaunch(t *testing.T) {
 	require.Equal(t, "float16", Float16.String())
 	require.Equal(t, 2, Float16.Size())
 	// The kernel's per-block copies of the call number cover the largest grid.
-	require.Contains(t, SymmSource, fmt.Sprintf("#define SYMM_PUSH_MAX_BLOCKS %d ", PushMaxBlocks))
+	require.Contains(t, SymmSource, fmt.Sprintf("#define SYMM_PUSH_MAX_BLOCKS %d\n", PushMaxBlocks))
 }
 
 func TestDecodeReport(t *testing.T) {
@@ -91,20 +92,45 @@ func TestDecodeReport(t *testing.T) {
 	require.Equal(t, Report{Op: OpMismatch, Peer: 3, Channel: 17, Mine: MeetReset, Theirs: MeetOneShotIn}, r)
 }
 
-// The report ops and meeting kinds of the Go side are symm.cu's.
-func TestReportAndMeetingCodesMatchTheSource(t *testing.T) {
-	for name, v := range map[string]int{
-		"SYMM_OP_PUT": OpPut, "SYMM_OP_WAIT": OpWait, "SYMM_OP_REDUCE_IN": OpReduceIn, "SYMM_OP_REDUCE_OUT": OpReduceOut,
-		"SYMM_OP_PUSH": OpPush, "SYMM_OP_PUSH_INIT": OpPushInit, "SYMM_OP_MISMATCH": OpMismatch,
-		"SYMM_OP_STOPPED": OpStopped, "SYMM_OP_PUSH_UNSET": OpPushUnset,
-		"SYMM_MEET_BARRIER": MeetBarrier, "SYMM_MEET_RESET": MeetReset,
-		"SYMM_MEET_ONE_SHOT_IN": MeetOneShotIn, "SYMM_MEET_ONE_SHOT_OUT": MeetOneShotOut,
-		"SYMM_MEET_TWO_SHOT_IN": MeetTwoShotIn, "SYMM_MEET_TWO_SHOT_OUT": MeetTwoShotOut,
-		"SYMM_MEET_RS_IN": MeetReduceScatIn, "SYMM_MEET_RS_OUT": MeetReduceScatOut,
-		"SYMM_MEET_AG_IN": MeetAllGatherIn, "SYMM_MEET_AG_OUT": MeetAllGatherOut,
-	} {
-		require.Regexp(t, fmt.Sprintf(`(?m)^#define %s %d\b`, name, v), SymmSource, name)
+// The numbers the kernels share with the host have one owner: the .cu files
+// define none of sourceConstants' names, every SYMM_* name they use is
+// either defined by the source's head or a macro of their own, and the
+// head holds each constant once, with its value.
+func TestSourceConstantsAreDefinedOnce(t *testing.T) {
+	defined := map[string]bool{}
+	head := sourceDefines()
+	require.True(t, strings.HasPrefix(SymmSource, head))
+	for _, c := range sourceConstants() {
+		require.False(t, defined[c.Name], "%s defined twice", c.Name)
+		defined[c.Name] = true
+		require.Regexp(t, fmt.Sprintf(`(?m)^#define %s %d$`, c.Name, c.Value), head)
 	}
+	own := map[string]bool{}
+	for _, src := range []string{symmCore, symmCollectives, symmPush} {
+		for _, m := range regexp.MustCompile(`(?m)^#define (SYMM_\w+)`).FindAllStringSubmatch(src, -1) {
+			require.False(t, defined[m[1]], "%s retyped in a .cu file", m[1])
+			own[m[1]] = true
+		}
+	}
+	code := regexp.MustCompile(`//[^\n]*`).ReplaceAllString(symmCore+symmCollectives+symmPush, "")
+	for _, name := range regexp.MustCompile(`\bSYMM_[A-Z0-9_]+\b`).FindAllString(code, -1) {
+		require.True(t, defined[name] || own[name], "%s is used by the kernels but defined nowhere", name)
+	}
+	require.Equal(t, 512, PadSlots)
+}
+
+// The dtypes are include/symm.h's SYMM_DTYPES, read through cgo: codes,
+// names and sizes.
+func TestDtypesComeFromTheHeader(t *testing.T) {
+	require.Equal(t, []Dtype{Float32, BFloat16, Float16}, Dtypes())
+	require.Len(t, Dtypes(), NumDtypes)
+	require.Len(t, dtypes, NumDtypes) // the codes are 0 to NumDtypes-1
+	for d, want := range map[Dtype][2]any{Float32: {"float32", 4}, BFloat16: {"bfloat16", 2}, Float16: {"float16", 2}} {
+		require.Equal(t, want, [2]any{d.String(), d.Size()})
+	}
+	require.Equal(t, [3]int{0, 1, 2}, [3]int{int(Float32), int(BFloat16), int(Float16)})
+	require.Equal(t, "dtype(7)", Dtype(7).String())
+	require.Equal(t, 0, Dtype(-1).Size())
 }
 
 func TestAllReduceLaunch(t *testing.T) {

@@ -8,30 +8,33 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libsymm/libsymm/internal/errs"
+	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/store"
 )
 
-// SignalPadSize is the size of each block's signal pad: 512 uint32 slots,
-// so channels × world size ≤ 512 (PyTorch uses the same size).
-const SignalPadSize = 2048
+// SignalPadSize is the size of each block's signal pad: kernels.PadSlots
+// (512) uint32 slots, so channels × world size ≤ 512 (PyTorch uses the same
+// size).
+const SignalPadSize = 4 * kernels.PadSlots
 
 // padChannels is the number of signal-pad channels of a group of world
 // ranks: a channel holds one uint32 slot per rank. Block b of a collective
 // meets on channel b, so it also caps the collectives' grids.
-func padChannels(world int) int { return SignalPadSize / 4 / world }
+func padChannels(world int) int { return kernels.PadSlots / world }
 
 // SyncAreaSize is the size of the sync area that follows each block's
-// signal pad: 512 uint32 slots of the epoch meetings of the block's
-// collectives and barrier (kernels/symm.cu: epoch sync), slot
+// signal pad: kernels.PadSlots (512) uint32 slots of the epoch meetings of
+// the block's collectives and barrier (kernels/symm.cu: epoch sync), slot
 // channel × world + src written only by rank src. One group per block uses
 // it (Handle.epochSync); it is not part of the signal pad users see.
-const SyncAreaSize = 2048
+const SyncAreaSize = 4 * kernels.PadSlots
 
 // ErrInvalid marks bad arguments; ErrUnknownPointer a pointer that is not in
-// a live block.
+// a live block. Both are internal/errs' values, allocator's as well.
 var (
-	ErrInvalid        = errors.New("invalid argument")
-	ErrUnknownPointer = errors.New("unknown pointer")
+	ErrInvalid        = errs.ErrInvalid
+	ErrUnknownPointer = errs.ErrUnknownPointer
 	// ErrPeerFailed is wrapped by a rendezvous error caused by another rank:
 	// it reported a failure, or died.
 	ErrPeerFailed = errors.New("peer failed")

@@ -1,25 +1,33 @@
 package symmetric
 
+/*
+#cgo CFLAGS: -I${SRCDIR}/../include
+#include "symm.h"
+*/
+import "C"
+
 import "fmt"
 
-// Algorithm is an all-reduce algorithm of libsymm. Its values are the C
-// ABI's SYMM_ALL_REDUCE_* (include/symm.h).
+// Algorithm is an all-reduce algorithm of libsymm: one of the C ABI's
+// SYMM_ALL_REDUCE_* (include/symm.h owns the values; read here through cgo).
 type Algorithm int
 
 const (
 	// AllReduceAuto lets ChooseAllReduce choose (or SYMM_ALL_REDUCE, when
 	// it forces one).
-	AllReduceAuto Algorithm = 0
+	AllReduceAuto Algorithm = C.SYMM_ALL_REDUCE_AUTO
 	// AllReducePush is the push all-reduce (push.go): one kernel, no
 	// barrier; bounded by its workspace's limit.
-	AllReducePush Algorithm = 1
+	AllReducePush Algorithm = C.SYMM_ALL_REDUCE_PUSH
 	// AllReduceTwoShot is the two-shot all-reduce (allreduce.go).
-	AllReduceTwoShot Algorithm = 2
+	AllReduceTwoShot Algorithm = C.SYMM_ALL_REDUCE_TWO_SHOT
 	// AllReduceOneShot is the one-shot all-reduce (allreduce.go).
-	AllReduceOneShot Algorithm = 3
+	AllReduceOneShot Algorithm = C.SYMM_ALL_REDUCE_ONE_SHOT
 )
 
-var algorithmNames = [...]string{"auto", "push", "two_shot", "one_shot"}
+// algorithmNames spells each algorithm as SYMM_ALL_REDUCE does: its C name
+// after SYMM_ALL_REDUCE_, in lower case (choose_test.go checks them).
+var algorithmNames = [...]string{AllReduceAuto: "auto", AllReducePush: "push", AllReduceTwoShot: "two_shot", AllReduceOneShot: "one_shot"}
 
 // String is the algorithm's name, as SYMM_ALL_REDUCE spells it.
 func (a Algorithm) String() string {

@@ -1,6 +1,10 @@
 package symmetric
 
 import (
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -83,4 +87,18 @@ func TestParseAlgorithm(t *testing.T) {
 	_, err := ParseAlgorithm("two-shot")
 	require.ErrorIs(t, err, ErrInvalid)
 	require.Equal(t, "Algorithm(7)", Algorithm(7).String())
+}
+
+// Every SYMM_ALL_REDUCE_* of include/symm.h is an Algorithm (cgo reads the
+// values) whose name is its C name's tail in lower case, and no other.
+func TestAlgorithmNamesMatchTheHeader(t *testing.T) {
+	h, err := os.ReadFile("../include/symm.h")
+	require.NoError(t, err)
+	m := regexp.MustCompile(`\bSYMM_ALL_REDUCE_([A-Z_]+) = (\d+)`).FindAllStringSubmatch(string(h), -1)
+	require.Len(t, m, len(algorithmNames))
+	for _, e := range m {
+		v, err := strconv.Atoi(e[2])
+		require.NoError(t, err)
+		require.Equal(t, strings.ToLower(e[1]), Algorithm(v).String())
+	}
 }

@@ -98,8 +98,8 @@ const (
 	kWait
 	kAllReduce     // arKernels of them: allReduceIndex
 	kPushInit      = kAllReduce + arKernels
-	kPush          = kPushInit + 1              // 3 of them, by dtype: kPush + int(dtype)
-	kTwoShot       = kPush + 3                  // arKernels of them: twoShotIndex
+	kPush          = kPushInit + 1              // kernels.NumDtypes of them: kPush + int(dtype)
+	kTwoShot       = kPush + kernels.NumDtypes  // arKernels of them: twoShotIndex
 	kReduceScatter = kTwoShot + arKernels       // arKernels of them: reduceScatterIndex
 	kAllGather     = kReduceScatter + arKernels // 2 of them: kAllGather (4 words per thread), kAllGather + 1 (1)
 	kPadReset      = kAllGather + 2             // ResetSignalPad's kernel (padreset.go)
@@ -109,10 +109,10 @@ const (
 var kernelNames = func() (n [numKernels]string) {
 	n[kBarrier], n[kPut], n[kWait], n[kPushInit] = kernels.Barrier, kernels.PutSignal, kernels.WaitSignal, kernels.PushInit
 	n[kPadReset] = kernels.PadReset
-	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16, kernels.Float16} {
+	for _, d := range kernels.Dtypes() {
 		n[kPush+int(d)] = kernels.PushAllReduceKernel(d)
 	}
-	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16, kernels.Float16} {
+	for _, d := range kernels.Dtypes() {
 		for _, v := range []int{4, 1} {
 			for _, w := range []int{2, 4, 8, 0} {
 				n[allReduceIndex(d, v, w)] = kernels.AllReduceKernel(d, v, w)
@@ -150,8 +150,9 @@ func allGatherIndex(v int) int {
 }
 
 // arKernels is the size of each reducing family (all-reduce, two-shot,
-// reduce-scatter): 3 dtypes × 2 vector widths × 4 worlds (2, 4, 8, any).
-const arKernels = 24
+// reduce-scatter): kernels.NumDtypes (3) dtypes × 2 vector widths × 4
+// worlds (2, 4, 8, any).
+const arKernels = kernels.NumDtypes * 8
 
 func arIndex(d kernels.Dtype, v, w int) int {
 	i := int(d) * 8

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/store"
 )
 
@@ -50,8 +51,8 @@ func (m *Manager) Rendezvous(ptr uintptr, g Group) (*Handle, error) {
 		return nil, fmt.Errorf("%w: rendezvous needs 0 <= rank < world, a group name and a store (rank %d, world %d, group %q)",
 			ErrInvalid, g.Rank, g.World, g.Name)
 	}
-	if g.World*4 > SignalPadSize {
-		return nil, fmt.Errorf("%w: world size %d exceeds the signal pad's %d slots", ErrInvalid, g.World, SignalPadSize/4)
+	if g.World > kernels.PadSlots {
+		return nil, fmt.Errorf("%w: world size %d exceeds the signal pad's %d slots", ErrInvalid, g.World, kernels.PadSlots)
 	}
 	b, _, err := m.Find(ptr)
 	if err != nil {

@@ -11,12 +11,13 @@ import threading
 from typing import Any
 
 from . import _ops_ext
+from ._codes import AllReduceAlgorithm, names as _names
 from ._fused import forget_group_workspaces
 from ._groups import BUFFERS, add_destroy_step, ensure_destroy_hook, resolve_group as _resolve_group
 from ._loader import load
 from ._pool import _from_call, _last_error
-from ._symmetric import (_TORCH_DTYPES, Handle, _cuda_device, _current_raw_stream, _ensure_backend, _fast_rc, _raise_rc,
-                         _tensor_at, rendezvous, rendezvous_ptr, symm_alloc, symm_free)
+from ._symmetric import (_DTYPES, _TORCH_DTYPES, Handle, _cuda_device, _current_raw_stream, _ensure_backend, _fast_rc,
+                         _one_of, _raise_rc, _tensor_at, rendezvous, rendezvous_ptr, symm_alloc, symm_free)
 from ._store import group_store as _group_store
 
 # ---- per-group state ------------------------------------------------------------
@@ -140,13 +141,13 @@ def _drop_state(st: _GroupState) -> None:
 
 
 def _torch_dtypes() -> dict:
-    """torch dtype -> the library's code (SYMM_FLOAT32, _BFLOAT16,
-    _FLOAT16): every collective takes the same three. Filled at the first
-    call (torch is imported only then)."""
+    """torch dtype -> the library's code (a Dtype: SYMM_FLOAT32, _BFLOAT16,
+    _FLOAT16): every collective takes the same ones, each the torch dtype
+    of its name. Filled at the first call (torch is imported only then)."""
     if not _TORCH_DTYPES:
         import torch
 
-        _TORCH_DTYPES.update({torch.float32: 0, torch.bfloat16: 1, torch.float16: 2})
+        _TORCH_DTYPES.update({getattr(torch, name): int(code) for name, code in _DTYPES.items()})
     return _TORCH_DTYPES
 
 def _torch_dtype_code(fn: str, dtype, how: str = "") -> int:
@@ -155,7 +156,7 @@ def _torch_dtype_code(fn: str, dtype, how: str = "") -> int:
     tensor's dtype."""
     code = _torch_dtypes().get(dtype)
     if code is None:
-        raise ValueError(f"{fn}: dtype {dtype}{how}: want torch.float32, torch.bfloat16 or torch.float16")
+        raise ValueError(f"{fn}: dtype {dtype}{how}: want {_one_of('torch.' + name for name in _DTYPES)}")
     return code
 
 
@@ -466,7 +467,8 @@ def _ext_push(tensor, group, out, timeout_ms) -> bool:
     return False
 
 
-ALL_REDUCE_ALGORITHMS = ("auto", "push", "two_shot", "one_shot")  # SYMM_ALL_REDUCE_AUTO, _PUSH, ...
+# SYMM_ALL_REDUCE_AUTO, _PUSH, ... by code: ("auto", "push", "two_shot", "one_shot").
+ALL_REDUCE_ALGORITHMS = tuple(_names(AllReduceAlgorithm))
 
 
 def _push_max_bytes_setting() -> int:
@@ -502,7 +504,8 @@ def all_reduce_algorithm(world_size: int, nbytes: int, push_max_bytes: int | Non
     if algorithm is None:
         algorithm = "auto"
     if algorithm not in ALL_REDUCE_ALGORITHMS:
-        raise ValueError(f"all_reduce: algorithm {algorithm!r}: want None, 'auto', 'push', 'two_shot' or 'one_shot'")
+        want = _one_of(["None"] + [repr(a) for a in ALL_REDUCE_ALGORITHMS])
+        raise ValueError(f"all_reduce: algorithm {algorithm!r}: want {want}")
     if push_max_bytes is None:
         push_max_bytes = _push_max_bytes_setting()
     chosen = ctypes.c_int(-1)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Sequence
 
-from . import _ops_ext
+from . import _codes, _ops_ext
 from ._errors import ErrorCode, SymmError
 from ._groups import resolve_group as _resolve_group
 from ._loader import HandleInfo, load, library_path
@@ -228,7 +228,7 @@ class Handle:
         place). local_input (world × count elements) is copied in first."""
         dcode, ocode = _arg_codes("reduce_scatter", dtype, op)
         if not out:
-            out = self.buffer_ptrs[self.rank] + int(offset) + self.rank * int(count) * (4 if dtype == "float32" else 2)
+            out = self.buffer_ptrs[self.rank] + int(offset) + self.rank * int(count) * _DTYPES[dtype].size
         _fast_rc(load().symm_reduce_scatter, self._h, int(self.offset + offset), int(count), dcode,
                  ocode, int(out), int(local_input), self._stream(stream), int(timeout_ms))
 
@@ -262,8 +262,14 @@ class Handle:
         return 8 * (self.buffer_size // (32 * self.world_size))
 
 
-_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+_DTYPES = _codes.names(_codes.Dtype)  # "float32" -> Dtype.FLOAT32 (include/symm.h's SYMM_DTYPES)
 _TORCH_DTYPES: dict = {}
+
+
+def _one_of(words) -> str:
+    """"a, b or c": the words of a message that lists what is accepted."""
+    words = list(words)
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else "".join(words)
 
 
 def _fast_rc(fn, *args) -> None:
@@ -297,7 +303,7 @@ def _current_raw_stream(device) -> int:
     if get is not None:
         return get(idx)
     return torch.cuda.current_stream(idx).cuda_stream
-_OPS = {"sum": 0}
+_OPS = _codes.names(_codes.ReduceOp)  # "sum" -> ReduceOp.SUM (SYMM_SUM)
 
 
 def _arg_codes(fn: str, dtype: str, op: str | None = "sum") -> tuple[int, int]:
@@ -305,10 +311,10 @@ def _arg_codes(fn: str, dtype: str, op: str | None = "sum") -> tuple[int, int]:
     call, or ValueError naming what is wrong: the one check of the *_ptr
     calls' names."""
     if dtype not in _DTYPES:
-        raise ValueError(f"{fn}: dtype {dtype!r}: want float32, bfloat16 or float16")
+        raise ValueError(f"{fn}: dtype {dtype!r}: want {_one_of(_DTYPES)}")
     if op is not None and op not in _OPS:
         raise ValueError(f"{fn}: op {op!r}: only 'sum' is supported")
-    return _DTYPES[dtype], _OPS[op] if op is not None else 0
+    return int(_DTYPES[dtype]), int(_OPS[op]) if op is not None else 0
 
 
 def kernels_ready(device: Any = 0) -> bool:

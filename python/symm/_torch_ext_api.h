@@ -105,7 +105,7 @@ struct ApiName {
 };
 
 Api g_api;
-constexpr int kTorchReplace = 1;  // symm_torch_mode(): libsymm is PyTorch's current allocator
+constexpr int kTorchReplace = SYMM_TORCH_REPLACE;  // symm_torch_mode(): libsymm is PyTorch's current allocator
 std::string g_missing;  // optional functions this libsymm lacks, for messages
 
 template <typename F>

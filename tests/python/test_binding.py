@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import HEADER
+from conftest import HEADER, ROOT
 
 
 def header_functions() -> set[str]:
@@ -54,6 +54,44 @@ def test_error_codes_match_header():
         member = "OK" if name == "OK" else name[len("ERR_"):]
         assert ErrorCode[member] == value, name
     assert len(ErrorCode) == len(codes)
+
+
+def test_enumerations_match_header():
+    """symm._codes' IntEnums are the header's enumerations: the dtypes'
+    SYMM_DTYPES table (codes and sizes), SYMM_SUM, SYMM_ALL_REDUCE_*,
+    SYMM_TORCH_*; and
+    the Python names derived from them index the algorithms by code."""
+    from symm import _codes
+    from symm._collectives import ALL_REDUCE_ALGORITHMS
+
+    text = HEADER.read_text()
+    dtypes = {name: (int(code), int(size))
+              for name, code, size in re.findall(r"X\(SYMM_(\w+), (\d+), (\d+)\)", text)}
+    assert dtypes, "no dtype found in the header's SYMM_DTYPES"
+    assert {d.name: (int(d), d.size) for d in _codes.Dtype} == dtypes
+    op_enum = re.search(r"enum \{([^}]*\bSYMM_SUM\b[^}]*)\}", text).group(1)  # the reduce operations' enum
+    ops = {name: int(v) for name, v in re.findall(r"\bSYMM_(\w+)\s*=\s*(\d+)", op_enum)}
+    assert {o.name: int(o) for o in _codes.ReduceOp} == ops
+    algorithms = {name: int(v) for name, v in re.findall(r"\bSYMM_ALL_REDUCE_(\w+)\s*=\s*(\d+)", text)}
+    assert {a.name: int(a) for a in _codes.AllReduceAlgorithm} == algorithms
+    modes = {name: int(v) for name, v in re.findall(r"\bSYMM_TORCH_(\w+)\s*=\s*(\d+)", text)}
+    assert {m.name: int(m) for m in _codes.TorchMode} == modes
+    assert [ALL_REDUCE_ALGORITHMS.index(a.name.lower()) for a in _codes.AllReduceAlgorithm] == \
+        [int(a) for a in _codes.AllReduceAlgorithm]
+
+
+def test_trace_actions_match_header():
+    """The SYMM_TRACE_* actions are PyTorch's names in upper case: symm.trace
+    knows each, and the extension's table names each code (the Go side is
+    tested in export/codes_test.go)."""
+    from symm import trace
+
+    text = HEADER.read_text()
+    codes = {name.lower(): int(v) for name, v in re.findall(r"\bSYMM_TRACE_(\w+)\s*=\s*(\d+)", text)}
+    assert codes and set(trace.ACTIONS) == set(codes)
+    ext = (ROOT / "python" / "symm" / "_torch_ext_snapshot.h").read_text()
+    table = re.search(r"trace_action_name\(int32_t a\) \{.*?\{(.*?)\};", ext, flags=re.S).group(1)
+    assert re.findall(r'"(\w+)"', table) == sorted(codes, key=codes.get)
 
 
 def test_hook_functions_have_addresses():
