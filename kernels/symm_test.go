@@ -23,10 +23,10 @@ func TestSymmSourceHasNoMulticast(t *testing.T) {
 
 func symmKernels() []string {
 	ks := []string{Barrier, PutSignal, WaitSignal, PushInit, PadReset}
-	for _, d := range []Dtype{Float32, BFloat16, Float16} {
+	for _, d := range Dtypes() { // every dtype of include/symm.h has its kernels
 		ks = append(ks, PushAllReduceKernel(d))
 	}
-	for _, d := range []Dtype{Float32, BFloat16} {
+	for _, d := range Dtypes() {
 		for _, v := range []int{4, 1} {
 			for _, w := range []int{2, 3, 4, 8} {
 				ks = append(ks, AllReduceKernel(d, v, w), TwoShotAllReduceKernel(d, v, w), ReduceScatterKernel(d, v, w))
