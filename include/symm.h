@@ -896,7 +896,7 @@ int symm_kernels_ready(int device);
  * X(name, code, size of an element in bytes). This table is their one
  * definition: the enum of codes and the sizes (SYMM_FLOAT32_SIZE, ...) below
  * are made from it, and libsymm's Go (kernels/abi.go), CUDA (the kernels'
- * source, through Go) and Python (symm.Dtype, tested) read it. */
+ * source, through Go) and Python (symm._codes.Dtype, tested) read it. */
 #define SYMM_DTYPES(X)     \
   X(SYMM_FLOAT32, 0, 4)  \
   X(SYMM_BFLOAT16, 1, 2) \
