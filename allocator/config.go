@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/libsymm/libsymm/internal/settings"
 )
 
 // ParseSize reads a byte count: a non-negative integer, optionally followed
@@ -116,7 +118,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, []string, error) {
 	if err := c.expandableFromEnv(getenv, overrides, &warns); err != nil {
 		return c, nil, err
 	}
-	if v := getenv("SYMM_POOL_LIMIT"); v != "" {
+	if v := settings.PoolLimit.Get(getenv); v != "" {
 		b, f, err := ParseLimit(v)
 		if err != nil {
 			return c, nil, fmt.Errorf("SYMM_POOL_LIMIT: %w", err)
@@ -126,13 +128,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, []string, error) {
 		}
 		c.Limit, c.LimitFraction = b, f
 	}
-	if v := getenv("SYMM_POOL_MAX_SPLIT"); v != "" {
+	if v := settings.PoolMaxSplit.Get(getenv); v != "" {
 		b, err := ParseSize(v)
 		if err != nil {
 			return c, nil, fmt.Errorf("SYMM_POOL_MAX_SPLIT: %w", err)
 		}
 		if b != 0 && b <= smallMax {
-			return c, nil, fmt.Errorf("%w: SYMM_POOL_MAX_SPLIT=%q: must be more than 1 MiB (small blocks are always split)", ErrInvalid, v)
+			return c, nil, refused(settings.PoolMaxSplit.Refuse(v))
 		}
 		split := uint64(0)
 		if b != 0 {
@@ -161,30 +163,30 @@ func ConfigFromEnv(getenv func(string) string) (Config, []string, error) {
 // and SYMM_POOL_UNMAP_FREE_PAGES to c (ConfigFromEnv), adding its warnings
 // to warns.
 func (c *Config) expandableFromEnv(getenv func(string) string, overrides func(env, v, setting string), warns *[]string) error {
-	switch v := getenv("SYMM_POOL_EXPANDABLE"); v {
-	case "":
-	case "0", "1":
+	v, err := settings.PoolExpandable.Word(getenv, "0", "1")
+	if err != nil {
+		return refused(err)
+	}
+	if v != "" {
 		if on := v == "1"; on != c.Expandable {
 			if c.Expandable {
 				overrides("SYMM_POOL_EXPANDABLE", v, "expandable_segments:True")
 			}
 			c.Expandable = on
 		}
-	default:
-		return fmt.Errorf("%w: SYMM_POOL_EXPANDABLE=%q: want 0 or 1", ErrInvalid, v)
 	}
 	// The chunk and the unmapping of free pages are what expandable
 	// segments do whenever they are on: from the start, or once a program
 	// turns them on while it runs (expandable_segments:True through
 	// torch.cuda.memory._set_allocator_settings).
 	c.ExpandableChunk = c.DefaultExpandableChunk()
-	if v := getenv("SYMM_POOL_EXPANDABLE_CHUNK"); v != "" {
+	if v := settings.PoolExpandableChunk.Get(getenv); v != "" {
 		b, err := ParseSize(v)
 		if err != nil {
 			return fmt.Errorf("SYMM_POOL_EXPANDABLE_CHUNK: %w", err)
 		}
 		if b == 0 || b > 1<<40 {
-			return fmt.Errorf("%w: SYMM_POOL_EXPANDABLE_CHUNK=%q: want a size from 1 byte to 1 TiB (rounded up to the driver's granularity)", ErrInvalid, v)
+			return refused(settings.PoolExpandableChunk.Refuse(v))
 		}
 		c.ExpandableChunk = b
 	}
@@ -192,13 +194,9 @@ func (c *Config) expandableFromEnv(getenv func(string) string, overrides func(en
 	// 20 MiB chunks it costs no measurable step time (bench/RESULTS.md,
 	// "expandable segments by 20 MiB chunks") and lets reserved memory
 	// follow the live blocks.
-	c.UnmapFreePages = true
-	switch v := getenv("SYMM_POOL_UNMAP_FREE_PAGES"); v {
-	case "":
-	case "0", "1":
-		c.UnmapFreePages = v == "1"
-	default:
-		return fmt.Errorf("%w: SYMM_POOL_UNMAP_FREE_PAGES=%q: want 0 or 1", ErrInvalid, v)
+	c.UnmapFreePages, err = settings.PoolUnmapFreePages.Flag(getenv, true)
+	if err != nil {
+		return refused(err)
 	}
 	return nil
 }
@@ -221,3 +219,6 @@ func (c Config) DefaultExpandableChunk() uint64 {
 	}
 	return largeSeg
 }
+
+// refused marks a setting's refusal (settings.Error) as ErrInvalid.
+func refused(err error) error { return fmt.Errorf("%w: %w", ErrInvalid, err) }

@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"strconv"
 	"strings"
+
+	"github.com/libsymm/libsymm/internal/settings"
 )
 
 // PyTorch's allocator settings, as torch 2.11 reads them (c10/core/
@@ -58,9 +60,9 @@ import (
 
 // Environment variables of PyTorch's allocator settings, in the order torch
 // 2.11 looks at them: the first one set is the only one read.
-const (
-	EnvTorchCUDAAllocConf = "PYTORCH_CUDA_ALLOC_CONF"
-	EnvTorchAllocConf     = "PYTORCH_ALLOC_CONF"
+var (
+	EnvTorchCUDAAllocConf = settings.TorchCUDAAllocConf.Name
+	EnvTorchAllocConf     = settings.TorchAllocConf.Name
 )
 
 // RoundupIntervals is the number of size intervals of roundup_power2_divisions:

@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/internal/settings"
 )
 
 // ---- plain tests -------------------------------------------------------------
@@ -187,10 +188,10 @@ func TestUnloadedDriverErrors(t *testing.T) {
 }
 
 func TestConfigPath(t *testing.T) {
-	t.Setenv(EnvLibrary, "")
+	t.Setenv(settings.CUDALib.Name, "")
 	require.Equal(t, DefaultLibrary, newConfig(nil).path)
 
-	t.Setenv(EnvLibrary, "/opt/driver/libcuda.so.1")
+	t.Setenv(settings.CUDALib.Name, "/opt/driver/libcuda.so.1")
 	require.Equal(t, "/opt/driver/libcuda.so.1", newConfig(nil).path)
 	require.Equal(t, "/elsewhere/libcuda.so", newConfig([]Option{WithLibrary("/elsewhere/libcuda.so")}).path,
 		"an explicit option beats the environment")
@@ -198,7 +199,7 @@ func TestConfigPath(t *testing.T) {
 
 func TestLibraryFromEnvMissing(t *testing.T) {
 	const path = "/nonexistent/symm-test/libcuda.so.1"
-	t.Setenv(EnvLibrary, path)
+	t.Setenv(settings.CUDALib.Name, path)
 	d, err := openDriver(newConfig(nil).path)
 	require.Nil(t, d)
 	require.ErrorContains(t, err, "cuda: dlopen "+path+": ")
@@ -212,8 +213,8 @@ func TestLoadWithoutDriver(t *testing.T) {
 	if driverLoads() {
 		t.Skip("a CUDA driver is present")
 	}
-	if os.Getenv(EnvLibrary) != "" {
-		t.Skipf("%s is set", EnvLibrary)
+	if os.Getenv(settings.CUDALib.Name) != "" {
+		t.Skipf("%s is set", settings.CUDALib.Name)
 	}
 	err := Load()
 	require.ErrorContains(t, err, "cuda: dlopen libcuda.so.1: libcuda.so.1: cannot open shared object file")
@@ -252,7 +253,7 @@ func TestNewBackendWithoutDriver(t *testing.T) {
 	require.Nil(t, b)
 	require.ErrorIs(t, err, ErrNoDevice)
 	require.ErrorContains(t, err, "SYMM_DEVICE=host")
-	if os.Getenv(EnvLibrary) == "" {
+	if os.Getenv(settings.CUDALib.Name) == "" {
 		require.ErrorContains(t, err, "libcuda.so.1")
 		require.True(t, strings.HasPrefix(err.Error(), "no CUDA device: cuda: dlopen libcuda.so.1: "), err.Error())
 	}
@@ -1045,4 +1046,10 @@ func ExampleNewBackend() {
 		return
 	}
 	defer b.Free(0, p, 2<<20)
+}
+
+// TestSettingDocumentsTheLibrary holds the README's default of SYMM_CUDA_LIB
+// to DefaultLibrary.
+func TestSettingDocumentsTheLibrary(t *testing.T) {
+	require.Equal(t, "`"+DefaultLibrary+"`", settings.CUDALib.Default)
 }

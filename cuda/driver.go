@@ -15,6 +15,7 @@ import (
 
 	"github.com/libsymm/libsymm/internal/dl"
 	"github.com/libsymm/libsymm/internal/env"
+	"github.com/libsymm/libsymm/internal/settings"
 )
 
 // DefaultLibrary is the driver library opened when neither WithLibrary nor
@@ -22,9 +23,6 @@ import (
 // unversioned libcuda.so exists only with a development install, and may be
 // the toolkit's stub, which fails every call with CUDA_ERROR_STUB_LIBRARY).
 const DefaultLibrary = "libcuda.so.1"
-
-// EnvLibrary is the environment variable that overrides DefaultLibrary.
-const EnvLibrary = "SYMM_CUDA_LIB"
 
 // abiVersion is the CUDA version whose ABI every function is requested at,
 // as c10/cuda/driver_api.h does: cuGetProcAddress("cuMemAlloc", 12000)
@@ -278,7 +276,7 @@ func WithLibrary(path string) Option {
 // empty, else DefaultLibrary.
 func newConfig(opts []Option) config {
 	c := config{path: DefaultLibrary}
-	if p := env.Get(EnvLibrary); p != "" {
+	if p := settings.CUDALib.Get(env.Get); p != "" {
 		c.path = p
 	}
 	for _, o := range opts {

@@ -2,11 +2,13 @@ package main
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/internal/settings"
 )
 
 // The configuration's warnings reach standard error once, each prefixed
@@ -48,4 +50,16 @@ func TestTorchConfErrorCode(t *testing.T) {
 	require.Equal(t, 1, int(errCode(err)), "SYMM_ERR_INVALID")
 	require.Contains(t, err.Error(), "PYTORCH_ALLOC_CONF=")
 	require.Contains(t, err.Error(), "backend:cudaMallocAsync")
+}
+
+// TestSettingsDocumentTheDefaults holds the README's defaults and bounds of
+// the front cache and the host backend to the values used here.
+func TestSettingsDocumentTheDefaults(t *testing.T) {
+	n, err := allocator.ParseSize(strings.Trim(settings.PoolFrontCacheMax.Default, "`"))
+	require.NoError(t, err)
+	require.EqualValues(t, frontMaxDefault, n)
+	require.Contains(t, settings.PoolFrontCacheMax.Want, "64 MiB")
+	require.EqualValues(t, 64<<20, frontMaxLimit)
+	require.Equal(t, "`1`", settings.PoolFrontCache.Default)
+	require.Contains(t, settings.HostDevices.Help, "(1–64)")
 }

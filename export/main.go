@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +22,7 @@ import (
 	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/host"
 	"github.com/libsymm/libsymm/internal/env"
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/internal/version"
 )
 
@@ -76,7 +76,7 @@ func initPool() (*allocator.Pool, error) {
 	if called != 0 {
 		env := getenv
 		getenv = func(k string) string {
-			if k == "SYMM_POOL_EXPANDABLE" {
+			if k == settings.PoolExpandable.Name {
 				return map[int32]string{1: "0", 2: "1"}[called]
 			}
 			return env(k)
@@ -145,19 +145,14 @@ const (
 // frontCacheWanted reads SYMM_POOL_FRONT_CACHE (on unless "0") and
 // SYMM_POOL_FRONT_CACHE_MAX (a size from 512 B to 64 MiB; 1 MiB when unset).
 func frontCacheWanted(getenv func(string) string) (on bool, maxBlock uint64, err error) {
-	switch v := getenv("SYMM_POOL_FRONT_CACHE"); v {
-	case "", "1":
-		on = true
-	case "0":
-	default:
-		return false, 0, fmt.Errorf("%w: SYMM_POOL_FRONT_CACHE=%q: want 0 or 1", allocator.ErrInvalid, v)
+	if on, err = settings.PoolFrontCache.Flag(getenv, true); err != nil {
+		return false, 0, fmt.Errorf("%w: %w", allocator.ErrInvalid, err)
 	}
 	maxBlock = frontMaxDefault
-	if v := getenv("SYMM_POOL_FRONT_CACHE_MAX"); v != "" {
+	if v := settings.PoolFrontCacheMax.Get(getenv); v != "" {
 		n, perr := allocator.ParseSize(v)
 		if perr != nil || n < 512 || n > frontMaxLimit {
-			return false, 0, fmt.Errorf("%w: SYMM_POOL_FRONT_CACHE_MAX=%q: want a size from 512 B to 64 MiB (e.g. 1MiB)",
-				allocator.ErrInvalid, v)
+			return false, 0, fmt.Errorf("%w: %w", allocator.ErrInvalid, settings.PoolFrontCacheMax.Refuse(v))
 		}
 		maxBlock = n
 	}
@@ -172,10 +167,14 @@ var getenv = env.Get
 // "host". There is no silent fallback from cuda to host: PyTorch would take
 // a host pointer for device memory.
 func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
-	switch dev := getenv("SYMM_DEVICE"); dev {
+	dev, err := settings.Device.Word(getenv, "cuda", "host")
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", allocator.ErrInvalid, err)
+	}
+	switch dev {
 	case "", "cuda":
 		var opts []cuda.Option
-		if lib := getenv(cuda.EnvLibrary); lib != "" {
+		if lib := settings.CUDALib.Get(getenv); lib != "" {
 			opts = append(opts, cuda.WithLibrary(lib))
 		}
 		b, err := cuda.NewBackend(opts...)
@@ -185,15 +184,13 @@ func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
 		return b, backendCUDA, nil
 	case "host":
 		n := 1
-		if v := getenv("SYMM_HOST_DEVICES"); v != "" {
-			k, err := strconv.Atoi(v)
-			if err != nil || k < 1 || k > 64 {
-				return nil, 0, fmt.Errorf("%w: SYMM_HOST_DEVICES=%q: want a device count from 1 to 64", allocator.ErrInvalid, v)
-			}
-			n = k
+		if k, set, err := settings.HostDevices.Uint(getenv, 10, 1, 64); err != nil {
+			return nil, 0, fmt.Errorf("%w: %w", allocator.ErrInvalid, err)
+		} else if set {
+			n = int(k)
 		}
 		var capacity uint64
-		if v := getenv("SYMM_HOST_MEMORY"); v != "" {
+		if v := settings.HostMemory.Get(getenv); v != "" {
 			c, err := allocator.ParseSize(v)
 			if err != nil {
 				return nil, 0, fmt.Errorf("SYMM_HOST_MEMORY: %w", err)
@@ -206,7 +203,7 @@ func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
 		}
 		// SYMM_HOST_FAULTS: backend allocations and event creations fail at
 		// random (fault-injection tests).
-		if v := getenv(host.EnvFaults); v != "" {
+		if v := settings.HostFaults.Get(getenv); v != "" {
 			rate, seed, err := host.ParseFaults(v)
 			if err != nil {
 				return nil, 0, err
@@ -216,8 +213,8 @@ func newBackend(getenv func(string) string) (allocator.Backend, int32, error) {
 			}
 		}
 		return b, backendHost, nil
-	default:
-		return nil, 0, fmt.Errorf("%w: SYMM_DEVICE=%q: want \"cuda\" or \"host\"", allocator.ErrInvalid, dev)
+	default: // Word refused every other value
+		return nil, 0, fmt.Errorf("%w: %w", allocator.ErrInvalid, settings.Device.Refuse(dev))
 	}
 }
 

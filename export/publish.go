@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/publish"
 	"github.com/libsymm/libsymm/symmetric"
 )
@@ -34,12 +35,12 @@ var publishOnce sync.Once
 // is not the pool's: it is printed once and the program goes on.
 func startPublishing(p *allocator.Pool, backend string) {
 	publishOnce.Do(func() {
-		switch v := getenv("SYMM_PUBLISH"); v {
+		switch v := settings.Publish.Get(getenv); v {
 		case "0":
 			return
 		case "", "1":
 		default:
-			fmt.Fprintf(os.Stderr, "symm: SYMM_PUBLISH=%q: want 0 or 1; publishing statistics anyway\n", v)
+			fmt.Fprintf(os.Stderr, "symm: %v; publishing statistics anyway\n", settings.Publish.Refuse(v))
 		}
 		w, err := publish.Create(publish.Dir(getenv), publish.Source{
 			Devices: p.DeviceCount(), Names: allocator.StatNames(), Backend: backend,

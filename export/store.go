@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/store"
 	"github.com/libsymm/libsymm/symmetric"
 )
@@ -128,5 +129,5 @@ func storeToken(token *C.char) string {
 	if t := C.GoString(token); t != "" {
 		return t
 	}
-	return getenv("SYMM_STORE_TOKEN")
+	return settings.StoreToken.Get(getenv)
 }

@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/store"
 	"github.com/libsymm/libsymm/symmetric"
 )
@@ -33,7 +34,7 @@ var symmLib struct {
 func symmEnv() func(string) string {
 	if chosen := symmLib.backend; chosen != "" {
 		return func(k string) string {
-			if k == "SYMM_BACKEND" {
+			if k == settings.Backend.Name {
 				return chosen
 			}
 			return getenv(k)

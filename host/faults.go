@@ -11,11 +11,8 @@ import (
 	"sync/atomic"
 
 	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/internal/settings"
 )
-
-// EnvFaults is the variable that turns fault injection on in the C library
-// (SYMM_DEVICE=host only): "<rate>" or "<rate>:<seed>".
-const EnvFaults = "SYMM_HOST_FAULTS"
 
 // ErrInjectedFault is wrapped by every failure that fault injection makes on
 // purpose; nothing else returns it.
@@ -47,8 +44,7 @@ func NewFaults(rate float64, seed uint64) (*Faults, error) {
 // names the variable and wraps allocator.ErrInvalid.
 func ParseFaults(v string) (rate float64, seed uint64, err error) {
 	bad := func() (float64, uint64, error) {
-		return 0, 0, fmt.Errorf("%w: %s=%q: want a failure rate from 0 to 1, optionally followed by :seed (0.05 or 0.05:42)",
-			allocator.ErrInvalid, EnvFaults, v)
+		return 0, 0, fmt.Errorf("%w: %w", allocator.ErrInvalid, settings.HostFaults.Refuse(v))
 	}
 	r, s, hasSeed := strings.Cut(strings.TrimSpace(v), ":")
 	rate, err = strconv.ParseFloat(r, 64)

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/libsymm/libsymm/cuda"
+	"github.com/libsymm/libsymm/internal/settings"
 )
 
 // Loader turns one kernel source into loaded modules: compiled once per
@@ -28,7 +29,7 @@ type Loader struct {
 // CacheDir is where compiled kernels are kept: SYMM_KERNEL_CACHE ("off": not
 // at all), else $XDG_CACHE_HOME/libsymm/kernels, else ~/.cache/libsymm/kernels.
 func CacheDir(getenv func(string) string) string {
-	switch v := getenv("SYMM_KERNEL_CACHE"); v {
+	switch v := settings.KernelCache.Get(getenv); v {
 	case "off":
 		return ""
 	case "":

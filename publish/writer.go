@@ -15,12 +15,13 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/libsymm/libsymm/internal/settings"
 	"golang.org/x/sys/unix"
 )
 
 // Dir is where pages are written and read: SYMM_PUBLISH_DIR, else /dev/shm.
 func Dir(getenv func(string) string) string {
-	if d := getenv("SYMM_PUBLISH_DIR"); d != "" {
+	if d := settings.PublishDir.Get(getenv); d != "" {
 		return d
 	}
 	return "/dev/shm"

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/libsymm/libsymm/host"
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/kernels"
 )
 
@@ -108,13 +109,11 @@ func CheckBackend(name string) error {
 // SYMM_DEVICE=host (or unset), and nvshmem and nccl refuse SYMM_DEVICE=host.
 // The errors wrap ErrInvalid and name the variables.
 func BackendFromEnv(getenv func(string) string) (string, error) {
-	dev := getenv("SYMM_DEVICE")
-	switch dev {
-	case "", "cuda", "host":
-	default:
-		return "", fmt.Errorf("%w: SYMM_DEVICE=%q: want \"cuda\" or \"host\"", ErrInvalid, dev)
+	dev, err := settings.Device.Word(getenv, "cuda", "host")
+	if err != nil {
+		return "", refused(err)
 	}
-	backend := getenv("SYMM_BACKEND")
+	backend := settings.Backend.Get(getenv)
 	switch backend {
 	case "":
 		if dev == "host" {
@@ -157,7 +156,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	if c.Backend, err = BackendFromEnv(getenv); err != nil {
 		return Config{}, err
 	}
-	if v := getenv(host.EnvFaults); v != "" && c.Backend == "host" {
+	if v := settings.HostFaults.Get(getenv); v != "" && c.Backend == "host" {
 		if c.HostFaultRate, c.HostFaultSeed, err = host.ParseFaults(v); err != nil {
 			return Config{}, invalid{err} // wraps allocator.ErrInvalid too, and names the variable
 		}
@@ -165,48 +164,44 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			c.HostFaultSeed = 0 // no faults: the seed picks nothing
 		}
 	}
-	switch c.Signals = getenv("SYMM_SIGNALS"); c.Signals {
-	case "":
-		c.Signals = SignalsAuto
-	case SignalsAuto, SignalsKernel, SignalsMemop:
-	default:
-		return Config{}, fmt.Errorf("%w: SYMM_SIGNALS=%q: want auto, kernel or memop", ErrInvalid, c.Signals)
+	if c.Signals, err = settings.Signals.Word(getenv, SignalsAuto, SignalsKernel, SignalsMemop); err != nil {
+		return Config{}, refused(err)
 	}
-	switch c.CrashAt = getenv("SYMM_FAULT_CRASH_AT"); c.CrashAt {
-	case "", "publish", "gathered", "sent", "mapped":
-	default:
-		return Config{}, fmt.Errorf("%w: SYMM_FAULT_CRASH_AT=%q: want publish, gathered, sent or mapped", ErrInvalid, c.CrashAt)
+	if c.Signals == "" {
+		c.Signals = SignalsAuto
+	}
+	if c.CrashAt, err = settings.FaultCrashAt.Word(getenv, "publish", "gathered", "sent", "mapped"); err != nil {
+		return Config{}, refused(err)
 	}
 	if c.Timeout, err = timeoutFromEnv(getenv); err != nil {
 		return Config{}, err
 	}
-	if v := getenv("SYMM_PUSH_FIRST_CALL"); v != "" {
-		n, err := strconv.ParseUint(v, 0, 64)
-		if err != nil || n == 0 {
-			return Config{}, fmt.Errorf("%w: SYMM_PUSH_FIRST_CALL=%q: want a positive call number", ErrInvalid, v)
-		}
+	if n, set, err := settings.PushFirstCall.Uint(getenv, 0, 1, math.MaxUint64); err != nil {
+		return Config{}, refused(err)
+	} else if set {
 		c.PushFirstCall = n
 	}
-	if v := getenv("SYMM_COLLECTIVE_BLOCKS"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 16)
-		if err != nil || n == 0 || n > SignalPadSize/4 {
-			return Config{}, fmt.Errorf("%w: SYMM_COLLECTIVE_BLOCKS=%q: want a number of blocks from 1 to %d", ErrInvalid, v, SignalPadSize/4)
-		}
+	if n, set, err := settings.CollectiveBlocks.Uint(getenv, 10, 1, SignalPadSize/4); err != nil {
+		return Config{}, refused(err)
+	} else if set {
 		c.CollectiveBlocks = int(n)
 	}
-	if v := getenv("SYMM_ALL_REDUCE"); v != "" {
+	if v := settings.AllReduce.Get(getenv); v != "" {
 		if c.AllReduce, err = ParseAlgorithm(v); err != nil {
-			return Config{}, fmt.Errorf("%w: SYMM_ALL_REDUCE=%q: want auto, push, two_shot or one_shot", ErrInvalid, v)
+			return Config{}, refused(settings.AllReduce.Refuse(v))
 		}
 	}
-	if c.AllowOverlappingDevices, err = flagFromEnv(getenv, "SYMM_ALLOW_OVERLAPPING_DEVICES"); err != nil {
-		return Config{}, err
-	}
-	if c.LaunchThroughGo, err = flagFromEnv(getenv, "SYMM_LAUNCH_THROUGH_GO"); err != nil {
-		return Config{}, err
-	}
-	if c.Trace, err = flagFromEnv(getenv, "SYMM_TRACE_RENDEZVOUS"); err != nil {
-		return Config{}, err
+	for _, f := range []struct {
+		s  *settings.Setting
+		to *bool
+	}{
+		{settings.AllowOverlappingDevices, &c.AllowOverlappingDevices},
+		{settings.LaunchThroughGo, &c.LaunchThroughGo},
+		{settings.TraceRendezvous, &c.Trace},
+	} {
+		if *f.to, err = f.s.Flag(getenv, false); err != nil {
+			return Config{}, refused(err)
+		}
 	}
 	c.KernelCache = kernels.CacheDir(getenv)
 	return c, nil
@@ -217,14 +212,14 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 // DefaultTimeout. A value that is not positive, or that overflows a
 // Duration, is refused.
 func timeoutFromEnv(getenv func(string) string) (time.Duration, error) {
-	if v := getenv("SYMM_TIMEOUT_MS"); v != "" {
+	if v := settings.TimeoutMS.Get(getenv); v != "" {
 		ms, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || ms <= 0 || ms > math.MaxInt64/int64(time.Millisecond) {
-			return 0, fmt.Errorf("%w: SYMM_TIMEOUT_MS=%q: want a positive number of milliseconds", ErrInvalid, v)
+			return 0, refused(settings.TimeoutMS.Refuse(v))
 		}
 		return time.Duration(ms) * time.Millisecond, nil
 	}
-	v := getenv("SYMM_RENDEZVOUS_TIMEOUT")
+	v := settings.RendezvousTimeout.Get(getenv)
 	if v == "" {
 		return DefaultTimeout, nil
 	}
@@ -235,21 +230,11 @@ func timeoutFromEnv(getenv func(string) string) (time.Duration, error) {
 	if s, err := strconv.ParseFloat(v, 64); err == nil && s*1e9 >= 1 && s*1e9 < math.MaxInt64 {
 		return time.Duration(s * float64(time.Second)), nil
 	}
-	return 0, fmt.Errorf("%w: SYMM_RENDEZVOUS_TIMEOUT=%q: want seconds or a duration such as 30s", ErrInvalid, v)
+	return 0, refused(settings.RendezvousTimeout.Refuse(v))
 }
 
-// flagFromEnv reads a variable that turns something on: "1" on, "0" or
-// unset off.
-func flagFromEnv(getenv func(string) string, name string) (bool, error) {
-	switch v := getenv(name); v {
-	case "", "0":
-		return false, nil
-	case "1":
-		return true, nil
-	default:
-		return false, fmt.Errorf("%w: %s=%q: want 1 (on) or 0 (off)", ErrInvalid, name, v)
-	}
-}
+// refused marks a setting's refusal (settings.Error) as ErrInvalid.
+func refused(err error) error { return fmt.Errorf("%w: %w", ErrInvalid, err) }
 
 // invalid marks an error of another package's parser as ErrInvalid too,
 // keeping its message.

@@ -6,12 +6,14 @@ import (
 	"math"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/libsymm/libsymm/allocator"
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/kernels"
 )
 
@@ -260,4 +262,26 @@ func TestConfigKernelCacheIsKernelsOwn(t *testing.T) {
 	c, err := ConfigFromEnv(envMap(env))
 	require.NoError(t, err)
 	require.Equal(t, kernels.CacheDir(envMap(env)), c.KernelCache)
+}
+
+// TestSettingsDocumentTheDefaults holds the registry's documented defaults
+// and bounds (the README's table) to the values this package uses.
+func TestSettingsDocumentTheDefaults(t *testing.T) {
+	require.Equal(t, strconv.Itoa(DefaultPushMaxBytes), settings.PushMaxBytes.Default)
+	require.Equal(t, strconv.FormatInt(DefaultTimeout.Milliseconds(), 10), settings.TimeoutMS.Default)
+	d, err := time.ParseDuration(strings.Trim(settings.RendezvousTimeout.Default, "`"))
+	require.NoError(t, err)
+	require.Equal(t, DefaultTimeout, d)
+	require.Equal(t, strconv.Itoa(kernels.DefaultCollectiveBlocks), settings.CollectiveBlocks.Default)
+	require.Contains(t, settings.CollectiveBlocks.Help, fmt.Sprintf("1–%d", SignalPadSize/4))
+	require.Contains(t, settings.CollectiveBlocks.Help, fmt.Sprintf("%d / world", SignalPadSize/4))
+	require.Equal(t, "`"+SignalsAuto+"`", settings.Signals.Default)
+	require.Equal(t, "`auto`", settings.AllReduce.Default)
+	require.Equal(t, AllReduceAuto, mustAlgorithm(t, "auto"))
+}
+
+func mustAlgorithm(t *testing.T, name string) Algorithm {
+	a, err := ParseAlgorithm(name)
+	require.NoError(t, err)
+	return a
 }

@@ -4,11 +4,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/kernels"
 )
 
@@ -103,12 +103,12 @@ const DefaultPushMaxBytes = 1 << 20
 // value is ErrInvalid naming the variable. It is read at each call (a
 // workspace is sized when it is made), through getenv.
 func PushMaxBytesFromEnv(getenv func(string) string) (uint64, error) {
-	n := uint64(DefaultPushMaxBytes)
-	if v := getenv("SYMM_PUSH_MAX_BYTES"); v != "" {
-		var err error
-		if n, err = strconv.ParseUint(v, 10, 64); err != nil || n == 0 || n > math.MaxUint64-7 {
-			return 0, fmt.Errorf("%w: SYMM_PUSH_MAX_BYTES=%q: want a positive number of bytes", ErrInvalid, v)
-		}
+	n, set, err := settings.PushMaxBytes.Uint(getenv, 10, 1, math.MaxUint64-7)
+	if err != nil {
+		return 0, refused(err)
+	}
+	if !set {
+		n = DefaultPushMaxBytes
 	}
 	return (n + 7) / 8 * 8, nil
 }

@@ -19,28 +19,30 @@ import (
 
 	"github.com/libsymm/libsymm/internal/dl"
 	"github.com/libsymm/libsymm/internal/env"
+	"github.com/libsymm/libsymm/internal/settings"
 )
 
 // libSpec is a library looked for: the files it may be (soname and where
 // pip wheels put it under a site-packages directory, newest first), the
 // variable that names it outright, and how to read its version once opened.
 type libSpec struct {
-	name, env string
-	files     []libFile
-	version   func(l *dl.Lib) (string, error)
+	name    string
+	env     *settings.Setting // the variable that names it outright
+	files   []libFile
+	version func(l *dl.Lib) (string, error)
 }
 
 type libFile struct{ soname, wheelDir string }
 
 var libSpecs = []libSpec{
-	{name: "nccl", env: "SYMM_NCCL_LIB", version: ncclVersion,
+	{name: "nccl", env: settings.NCCLLib, version: ncclVersion,
 		files: []libFile{{"libnccl.so.2", "nvidia/nccl/lib"}}},
-	{name: "nvshmem", env: "SYMM_NVSHMEM_LIB", version: nvshmemVersion,
+	{name: "nvshmem", env: settings.NVSHMEMLib, version: nvshmemVersion,
 		files: []libFile{{"libnvshmem_host.so.3", "nvidia/nvshmem/lib"}}},
 	// NVRTC compiles kernels at run time (no toolkit at build time). CUDA
 	// 13's wheels put every library in nvidia/cu13/lib; CUDA 12's had one
 	// directory per library.
-	{name: "nvrtc", env: "SYMM_NVRTC_LIB", version: nvrtcVersion,
+	{name: "nvrtc", env: settings.NVRTCLib, version: nvrtcVersion,
 		files: []libFile{{"libnvrtc.so.13", "nvidia/cu13/lib"}, {"libnvrtc.so.12", "nvidia/cuda_nvrtc/lib"}}},
 }
 
@@ -117,7 +119,7 @@ func Candidates(name string, dirs []string) []string {
 			continue
 		}
 		var out []string
-		if p := env.Get(s.env); p != "" {
+		if p := s.env.Get(env.Get); p != "" {
 			out = append(out, p)
 		}
 		in := func(dirs []string) {

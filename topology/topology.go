@@ -7,6 +7,7 @@ import (
 
 	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/internal/env"
+	"github.com/libsymm/libsymm/internal/settings"
 )
 
 // SchemaVersion is the version of the JSON form of Topology (doc.go). It
@@ -189,7 +190,7 @@ func Discover(opts Options) (*Topology, error) {
 // nvmlPath is the NVML library to open: path, else SYMM_NVML_LIB, else the soname.
 func nvmlPath(path string) string {
 	if path == "" {
-		path = env.Get("SYMM_NVML_LIB")
+		path = settings.NVMLLib.Get(env.Get)
 	}
 	if path == "" {
 		path = "libnvidia-ml.so.1"
@@ -220,7 +221,7 @@ func discover(cu cudaFacts, nv nvmlFacts, nvErr error) (*Topology, error) {
 		t.Driver.NVMLError = nvErr.Error()
 	}
 	cudaLib := Library{Name: "cuda", Path: cuda.DefaultLibrary}
-	if p := env.Get(cuda.EnvLibrary); p != "" {
+	if p := settings.CUDALib.Get(env.Get); p != "" {
 		cudaLib.Path = p
 	}
 	v, err := cu.DriverVersion()

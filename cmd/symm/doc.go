@@ -8,6 +8,7 @@
 //	symm replay TRACE [--expandable] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--json]
 //	symm top [--json] [--once] [-n N] [--interval D] [--sort COLUMN] [--pid PID] [--record FILE] [--dir DIR]
 //	symm run [--] COMMAND [ARG]...   COMMAND with libsymm as PyTorch's allocator, unedited
+//	symm settings [--json | --markdown]   every environment variable, its value here, the library's checks
 //	symm version
 //
 // Exit codes: 0 success; 1 a failure while running; 2 bad usage; 3 no
@@ -17,7 +18,8 @@
 // Files: main.go (the commands and info, bench, version), replay.go (symm
 // replay; the format and options are in docs/REPLAY.md), plot.go (its
 // --plot charts, SVG written by hand), top.go (symm top), toptui.go (its live
-// view, drawn with tcell), toprecord.go (top --record), run.go (symm run: the
+// view, drawn with tcell), toprecord.go (top --record), settings.go (symm settings: the
+// registry of internal/settings, checked by the library's parsers), run.go (symm run: the
 // Python package's _boot directory put first on PYTHONPATH with
 // SYMM_TORCH_ALLOCATOR=1). It is built as build/symm.
 package main

@@ -15,6 +15,7 @@ import (
 	"github.com/libsymm/libsymm/allocator"
 	"github.com/libsymm/libsymm/cuda"
 	"github.com/libsymm/libsymm/host"
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/internal/version"
 	"github.com/libsymm/libsymm/kernels"
 	"github.com/libsymm/libsymm/topology"
@@ -41,6 +42,8 @@ commands:
              reserved, cached, per device, pool and stream (--json: one snapshot)
   run        run a command with libsymm as PyTorch's CUDA allocator in every Python
              process it starts, with no edit to the script (symm run -- torchrun ...)
+  settings   every environment variable libsymm reads, its value here and whether
+             the library accepts it (--json, --markdown: the README's table)
   version    libsymm's version
 
 "symm <command> --help" describes a command's flags.
@@ -63,6 +66,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return top(args[1:], stdout, stderr)
 	case "run":
 		return runCommand(args[1:], stdout, stderr)
+	case "settings":
+		return settingsCmd(args[1:], stdout, stderr)
 	case "version":
 		fs := newFlags("version", "", stderr)
 		if code, done := parse(fs, args[1:]); done {
@@ -169,7 +174,7 @@ func info(args []string, stdout, stderr io.Writer) int {
 // pythonSiteDirs asks python3 (SYMM_PYTHON names another) for its
 // site-packages, where pip puts NCCL and NVSHMEM. No Python: none.
 func pythonSiteDirs() []string {
-	py := os.Getenv("SYMM_PYTHON")
+	py := settings.PythonExe.Get(os.Getenv)
 	if py == "" {
 		py = "python3"
 	}
@@ -203,7 +208,8 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	// --backend says otherwise.
 	name, from := *backend, "--backend "+*backend
 	if name == "" {
-		name, from = os.Getenv("SYMM_DEVICE"), fmt.Sprintf("SYMM_DEVICE=%q", os.Getenv("SYMM_DEVICE"))
+		name = settings.Device.Get(os.Getenv)
+		from = fmt.Sprintf("%s=%q", settings.Device.Name, name)
 		if name == "" {
 			name = "cuda"
 		}

@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/topology"
 )
 
@@ -54,7 +56,7 @@ func TestUsage(t *testing.T) {
 // writes it: one dash for a one-letter flag, two for the others, and the
 // argument by the same name.
 func TestHelpAgreesWithUsage(t *testing.T) {
-	for _, cmd := range []string{"info", "bench", "replay", "top", "version"} {
+	for _, cmd := range []string{"info", "bench", "replay", "top", "settings", "version"} {
 		code, _, e := runCLI(cmd, "--help")
 		require.Equal(t, exitOK, code, cmd)
 		lines := strings.Split(e, "\n")
@@ -129,4 +131,46 @@ func TestDeviceRange(t *testing.T) {
 	require.Equal(t, "no devices", deviceRange(0))
 	require.Equal(t, "1 device (0)", deviceRange(1))
 	require.Equal(t, "8 devices (0 to 7)", deviceRange(8))
+}
+
+// symm settings lists every registered variable with this environment's
+// value, and checks the library's values with the library's parsers.
+func TestSettings(t *testing.T) {
+	for _, s := range settings.All {
+		t.Setenv(s.Name, "")
+		os.Unsetenv(s.Name)
+	}
+	code, out, errOut := runCLI("settings")
+	require.Equal(t, exitOK, code, errOut)
+	for _, s := range settings.All {
+		require.Regexp(t, "(?m)^"+s.Name+" +\\(unset\\)", out)
+	}
+	require.Contains(t, out, "pool: ok\nsymmetric memory: ok\npush workspace: ok\n")
+
+	code, out, _ = runCLI("settings", "--markdown")
+	require.Equal(t, exitOK, code)
+	require.Equal(t, settings.Markdown(), out)
+
+	t.Setenv("SYMM_SIGNALS", "fast")
+	t.Setenv("SYMM_POOL_EXPANDABLE", "yes")
+	code, out, _ = runCLI("settings", "--json")
+	require.Equal(t, exitFailure, code)
+	var got struct {
+		Settings []struct {
+			Name, Value string
+			Set         bool
+		}
+		Checks []struct{ Part, Error string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &got))
+	require.Len(t, got.Settings, len(settings.All))
+	for _, s := range got.Settings {
+		if s.Name == "SYMM_SIGNALS" {
+			require.True(t, s.Set)
+			require.Equal(t, "fast", s.Value)
+		}
+	}
+	require.Equal(t, "invalid argument: SYMM_POOL_EXPANDABLE=\"yes\": want 0 or 1", got.Checks[0].Error)
+	require.Equal(t, "invalid argument: SYMM_SIGNALS=\"fast\": want auto, kernel or memop", got.Checks[1].Error)
+	require.Empty(t, got.Checks[2].Error)
 }

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/publish"
 	"github.com/libsymm/libsymm/topology"
 )
@@ -112,8 +113,8 @@ func (o *topOptions) check(stderr io.Writer) int {
 	dirFrom := "--dir " + o.dir
 	if o.dir == "" {
 		o.dir, dirFrom = publish.Dir(os.Getenv), publish.Dir(os.Getenv)
-		if v := os.Getenv("SYMM_PUBLISH_DIR"); v != "" {
-			dirFrom = "SYMM_PUBLISH_DIR=" + v
+		if v := settings.PublishDir.Get(os.Getenv); v != "" {
+			dirFrom = settings.PublishDir.Name + "=" + v
 		}
 	}
 	if st, err := os.Stat(o.dir); err != nil || !st.IsDir() {

@@ -976,6 +976,15 @@ static void test_topology(void) {
   CHECK(got == n && buf[n] == 0 && buf[n + 1] == 'x', "JSON of %zu bytes and a NUL", got);
   free(buf);
   area("symm_topology", c0);
+
+  /* Library directories: NULL and a relative entry are refused by name, and
+   * nothing of the list is kept; missing and empty entries are no error. */
+  c0 = passes + failures;
+  BAD(SYMM_ERR_INVALID, "dirs is NULL", symm_add_library_dirs(NULL));
+  BAD(SYMM_ERR_INVALID, "\"relative/dir\" is not an absolute path", symm_add_library_dirs("/tmp:relative/dir"));
+  NOOP(SYMM_OK, symm_add_library_dirs(""));
+  NOOP(SYMM_OK, symm_add_library_dirs("::/nonexistent/libsymm-test:"));
+  area("symm_add_library_dirs", c0);
 }
 
 /* ---- stores ------------------------------------------------------------------ */
@@ -1626,7 +1635,7 @@ static void check_coverage(void) {
       "symm_torch_mode", "symm_torch_begin_allocate_to_pool", "symm_torch_end_allocate_to_pool",
       "symm_torch_release_pool", "symm_alloc", "symm_free",
       "symm_has_multicast_support", "symm_set_backend", "symm_get_backend", "symm_nvshmem_available",
-      "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_store_server", "symm_store_connect",
+      "symm_nccl_available", "symm_nccl_adopt_comm", "symm_topology", "symm_add_library_dirs", "symm_store_server", "symm_store_connect",
       "symm_store_set", "symm_store_get", "symm_store_add", "symm_store_close", "symm_rendezvous",
       "symm_backend_init", "symm_handle_info", "symm_world_within_direct_access", "symm_put_signal",
       "symm_wait_signal", "symm_barrier", "symm_reset_signal_pad", "symm_reset_signal_pad_if_any", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
