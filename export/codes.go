@@ -29,6 +29,16 @@ const (
 	backendHost = C.SYMMSHIM_BACKEND_HOST
 )
 
+// allocAPIs names the public entry points of an allocation, by the api
+// number the shim passes (SYMMSHIM_API_*): the names the errors carry, read
+// once from shim_internal.h (no allocation on the calls).
+var allocAPIs = func() (names [C.SYMMSHIM_APIS]string) {
+	for i := range names {
+		names[i] = C.GoString(C.symmshim_api_name(C.int(i)))
+	}
+	return names
+}()
+
 // The statistics types are the allocator's (stAll is 0 there as well):
 // these fail to compile when shim_internal.h's SYMMSHIM_STAT_* differ.
 const (

@@ -31,7 +31,8 @@
 //     hooks; memory history, during which the front cache is off.
 //   - front.cpp, front.h: the front cache, per-CPU slots of recently freed
 //     blocks, so that a cached alloc+free stays in C (front.h states its
-//     invariants; cFront in main.go is this cache as the pool sees it).
+//     invariants; front.go reads its settings and is this cache as the pool
+//     sees it, cFront).
 //   - liveset.cpp, liveset.h: the front cache's live set, the blocks it
 //     handed out, which validates their frees.
 //   - pools.cpp: what PyTorch's allocator interface asks besides alloc and
@@ -47,8 +48,11 @@
 // # The Go side
 //
 //   - main.go: the process's one pool, made from the environment at the
-//     first call, its backend, the error codes and the last error, panic
-//     recovery, symm_version.
+//     first call, its backend, the last error, panic recovery, symm_version.
+//   - errors.go: the one mapping of Go errors to SYMM_ERR_* codes.
+//   - codes.go: the numbers the shim and Go pass each other, read from
+//     shim_internal.h by name.
+//   - front.go: the front cache's settings and its face to the pool.
 //   - pool.go, settings.go: the pool's alloc and free, limits, statistics,
 //     expandable segments, PyTorch's allocator settings, the memory fraction,
 //     driver procedures for the extension.

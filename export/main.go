@@ -135,30 +135,6 @@ func (o *onceWarner) warnAlways(warns []string) {
 	}
 }
 
-// Bounds of SYMM_POOL_FRONT_CACHE_MAX, the largest block the front cache
-// keeps. The upper one bounds what it can park per CPU (4 blocks).
-const (
-	frontMaxDefault = 1 << 20
-	frontMaxLimit   = 64 << 20
-)
-
-// frontCacheWanted reads SYMM_POOL_FRONT_CACHE (on unless "0") and
-// SYMM_POOL_FRONT_CACHE_MAX (a size from 512 B to 64 MiB; 1 MiB when unset).
-func frontCacheWanted(getenv func(string) string) (on bool, maxBlock uint64, err error) {
-	if on, err = settings.PoolFrontCache.Flag(getenv, true); err != nil {
-		return false, 0, fmt.Errorf("%w: %w", allocator.ErrInvalid, err)
-	}
-	maxBlock = frontMaxDefault
-	if v := settings.PoolFrontCacheMax.Get(getenv); v != "" {
-		n, perr := allocator.ParseSize(v)
-		if perr != nil || n < 512 || n > frontMaxLimit {
-			return false, 0, fmt.Errorf("%w: %w", allocator.ErrInvalid, settings.PoolFrontCacheMax.Refuse(v))
-		}
-		maxBlock = n
-	}
-	return on, maxBlock, nil
-}
-
 // getenv reads a setting through the environment's one reader (package
 // env: the C environment, which sees what a program sets after load).
 var getenv = env.Get
@@ -258,20 +234,3 @@ var versionC = C.CString(version.Version)
 
 //export goVersion
 func goVersion() *C.char { return versionC }
-
-// cFront is the C front cache (front.cpp) as the pool sees it: the level
-// in front of it (allocator.Front).
-type cFront struct{}
-
-func (cFront) Holds(dev int) bool { return C.symmshim_front_parked(C.int(dev)) != 0 }
-func (cFront) Return(dev int)     { C.symmshim_front_drain(C.int(dev)) }
-
-// Served reports what the front cache served itself on dev.
-func (cFront) Served(dev int) (fc allocator.FrontCounts) {
-	var out [9]C.int64_t
-	C.symmshim_front_served(C.int(dev), &out[0])
-	for t := 1; t < len(fc); t++ {
-		fc[t].N, fc[t].Bytes, fc[t].Req = int64(out[3*t]), int64(out[3*t+1]), int64(out[3*t+2])
-	}
-	return fc
-}

@@ -17,9 +17,8 @@ import (
 // The //export functions below are called only by the C++ shim (export/*.cpp),
 // which owns the public symm_* names, the fork check and the size-0 shortcut.
 
-// The C functions an allocation can come through, by the api argument of
-// goPoolAlloc, goPoolAllocIn and goPoolAllocSegment: the name its errors carry.
-var allocAPIs = [...]string{"symm_pool_alloc", "symm_pool_try_alloc"}
+// The api argument of goPoolAlloc, goPoolAllocIn and goPoolAllocSegment is
+// the public function an allocation came through (allocAPIs names it).
 
 // Where an allocation comes from (poolAllocFrom).
 type allocSource int

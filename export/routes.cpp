@@ -51,13 +51,10 @@ std::atomic<int> g_history{0};
 inline bool front_on() {
   return !front::aside() && front::enabled() && g_history.load(std::memory_order_relaxed) == 0;
 }
-
-// By api (kApiAlloc, kApiTryAlloc).
-const char *const kApiNames[] = {"symm_pool_alloc", "symm_pool_try_alloc"};
 }  // namespace
 
 void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int mode) {
-  if (forked(kApiNames[api])) return nullptr;
+  if (forked(symmshim_api_name(api))) return nullptr;
   if (size == 0) return nullptr;
   uint64_t bsize = 0;
   if (mode == kTorchMemPool) {

@@ -36,7 +36,7 @@ typedef struct {
   const uint64_t *epoch;
   uint64_t mark;
   uint64_t bsize; /* the block's bytes */
-  int32_t type;   /* its statistics type: 1 small_pool, 2 large_pool */
+  int32_t type;   /* its statistics type: SYMMSHIM_STAT_SMALL_POOL or _LARGE_POOL (shim_internal.h) */
 } symmshim_parked;
 /* Where the pool placed a block (goPoolAllocAfter; allocator.Placement):
  * its size; whole: a fixed segment of its own; epoch: its shard's change
@@ -49,11 +49,11 @@ typedef struct {
   int32_t whole;
   const uint64_t *epoch;
   uint64_t mark;
-  int32_t type; /* the block's statistics type: 1 small_pool, 2 large_pool */
+  int32_t type; /* the block's statistics type (SYMMSHIM_STAT_*, shim_internal.h) */
 } symmshim_placed;
 /* What the front cache served itself on device dev since the process
  * began: out[3*t + 0/1/2] = requests, their blocks' bytes, their requested
- * bytes, for statistics type t (1 small_pool, 2 large_pool; t = 0 unused). */
+ * bytes, for statistics type t (SYMMSHIM_STAT_*, shim_internal.h; SYMMSHIM_STAT_ALL unused). */
 void symmshim_front_served(int dev, int64_t out[9]);
 /* The segment hook (snapshot.cpp, seghook.go): call it with n events;
  * 1 while this thread is inside it. */

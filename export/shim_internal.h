@@ -33,6 +33,15 @@ enum { SYMMSHIM_STAT_ALL = 0, SYMMSHIM_STAT_SMALL_POOL = 1, SYMMSHIM_STAT_LARGE_
 // it); none before the pool exists.
 enum { SYMMSHIM_BACKEND_NONE = 0, SYMMSHIM_BACKEND_CUDA = 1, SYMMSHIM_BACKEND_HOST = 2 };
 
+// The public entry points of an allocation (routes.cpp's pool_alloc api),
+// and the name the errors of each carry (Go reads the names once:
+// export/codes.go's allocAPIs).
+enum { SYMMSHIM_API_ALLOC = 0, SYMMSHIM_API_TRY_ALLOC = 1, SYMMSHIM_APIS = 2 };
+static inline const char *symmshim_api_name(int api) {
+  static const char *const names[SYMMSHIM_APIS] = {"symm_pool_alloc", "symm_pool_try_alloc"};
+  return api >= 0 && api < SYMMSHIM_APIS ? names[api] : names[SYMMSHIM_API_ALLOC];
+}
+
 #ifdef __cplusplus
 // Hidden: the names cross files of libsymm.so only, so the compiler reaches
 // them directly instead of through the GOT, as within one file.
@@ -81,9 +90,8 @@ void torch_resolve();
 
 // ---- where an allocation goes (routes.cpp) ----
 
-// The entry points of pool_alloc (export/pool.go's allocAPIs): the name its
-// errors carry.
-enum { kApiAlloc = 0, kApiTryAlloc = 1 };
+// The entry points of pool_alloc (SYMMSHIM_API_*): the name its errors carry.
+enum { kApiAlloc = SYMMSHIM_API_ALLOC, kApiTryAlloc = SYMMSHIM_API_TRY_ALLOC };
 
 // pool_alloc is symm_pool_alloc without the throw: mode (kTorch*) says how
 // PyTorch calls; NULL with the last error set on failure.
