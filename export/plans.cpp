@@ -166,11 +166,11 @@ bool overlap_ranges(uint64_t a, uint64_t an, uint64_t b, uint64_t bn) { return a
 
 uint64_t dtype_size(int dtype) {
   switch (dtype) {
-    case SYMM_FLOAT32:
-      return 4;
-    case SYMM_BFLOAT16:
-    case SYMM_FLOAT16:
-      return 2;
+#define SYMM_PLAN_SIZE_CASE_(name, code, size) \
+  case name:                                   \
+    return size;
+    SYMM_DTYPES(SYMM_PLAN_SIZE_CASE_)
+#undef SYMM_PLAN_SIZE_CASE_
   }
   return 0;
 }

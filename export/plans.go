@@ -47,7 +47,7 @@ func (p launchPlan) c() C.symm_plan_t {
 func (p *launchPlan) fns() [C.SYMM_PLAN_KERNELS]*uintptr {
 	var f [C.SYMM_PLAN_KERNELS]*uintptr
 	f[C.SYMM_PLAN_BARRIER], f[C.SYMM_PLAN_PUT], f[C.SYMM_PLAN_WAIT] = &p.Barrier, &p.Put, &p.Wait
-	for d := range 3 {
+	for d := range int(C.SYMM_PLAN_DTYPES) {
 		for v := range 2 {
 			f[C.SYMM_PLAN_ONE_SHOT+2*d+v] = &p.OneShot[d][v]
 			f[C.SYMM_PLAN_TWO_SHOT+2*d+v] = &p.TwoShot[d][v]
@@ -55,7 +55,7 @@ func (p *launchPlan) fns() [C.SYMM_PLAN_KERNELS]*uintptr {
 		}
 	}
 	f[C.SYMM_PLAN_ALL_GATHER], f[C.SYMM_PLAN_ALL_GATHER+1] = &p.AllGather[0], &p.AllGather[1]
-	for d := range 3 {
+	for d := range int(C.SYMM_PLAN_DTYPES) {
 		f[C.SYMM_PLAN_PUSH+d] = &p.Push[d]
 	}
 	return f

@@ -30,24 +30,31 @@
 #define SYMM_PLANS_H
 #include <stdint.h>
 
+#include "../include/symm.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+// SYMM_PLAN_DTYPES is the number of dtypes (lines of symm.h's SYMM_DTYPES,
+// whose codes are 0 to SYMM_PLAN_DTYPES-1).
+#define SYMM_PLAN_ONE_DTYPE_(name, code, size) +1
+enum { SYMM_PLAN_DTYPES = 0 SYMM_DTYPES(SYMM_PLAN_ONE_DTYPE_) };
+
 // Kernels a plan holds, by index into symm_plan_t.fn. The reducing families
-// hold 6 each: + 2 × dtype (SYMM_FLOAT32, _BFLOAT16, _FLOAT16) + (0 for 4
-// words per thread, 1 for one); the all-gather 2 (4 words, one); the push
-// all-reduce 3, by dtype.
+// hold 2 per dtype each: + 2 × dtype + (0 for 4 words per thread, 1 for
+// one); the all-gather 2 (4 words, one); the push all-reduce 1 per dtype,
+// + dtype.
 enum {
   SYMM_PLAN_BARRIER = 0,
   SYMM_PLAN_PUT = 1,
   SYMM_PLAN_WAIT = 2,
   SYMM_PLAN_ONE_SHOT = 3,
-  SYMM_PLAN_TWO_SHOT = 9,
-  SYMM_PLAN_REDUCE_SCATTER = 15,
-  SYMM_PLAN_ALL_GATHER = 21,
-  SYMM_PLAN_PUSH = 23,  // 3: + dtype
-  SYMM_PLAN_KERNELS = 26
+  SYMM_PLAN_TWO_SHOT = SYMM_PLAN_ONE_SHOT + 2 * SYMM_PLAN_DTYPES,
+  SYMM_PLAN_REDUCE_SCATTER = SYMM_PLAN_TWO_SHOT + 2 * SYMM_PLAN_DTYPES,
+  SYMM_PLAN_ALL_GATHER = SYMM_PLAN_REDUCE_SCATTER + 2 * SYMM_PLAN_DTYPES,
+  SYMM_PLAN_PUSH = SYMM_PLAN_ALL_GATHER + 2,
+  SYMM_PLAN_KERNELS = SYMM_PLAN_PUSH + SYMM_PLAN_DTYPES
 };
 
 // The collectives a plan launches (libsymm_plan_collective's kind).

@@ -41,7 +41,7 @@ type Plan struct {
 	MeetBarrier         int           // the barrier's meeting kind (kernels.MeetBarrier)
 	Barrier, Put, Wait  uintptr
 	// [dtype][0: 4 words per thread, 1: one word]
-	OneShot, TwoShot, ReduceScatter [3][2]uintptr
+	OneShot, TwoShot, ReduceScatter [kernels.NumDtypes][2]uintptr
 	AllGather                       [2]uintptr
 	// The push all-reduce, where the handle serves as its workspace: the
 	// state, the slot lines, the host address of the ready word its set-up
@@ -49,7 +49,7 @@ type Plan struct {
 	PushState, PushReady uintptr
 	PushLines            uint64
 	PushMaxBlocks        uint32
-	Push                 [3]uintptr
+	Push                 [kernels.NumDtypes]uintptr
 }
 
 // planState is a handle's part in the plans: whether it was offered one,
@@ -136,7 +136,7 @@ func (h *Handle) makePlan() (Plan, error) {
 	}
 	fns := []planFn{{&p.Barrier, kBarrier}, {&p.Put, kPut}, {&p.Wait, kWait},
 		{&p.AllGather[0], allGatherIndex(4)}, {&p.AllGather[1], allGatherIndex(1)}}
-	for _, d := range []kernels.Dtype{kernels.Float32, kernels.BFloat16, kernels.Float16} {
+	for _, d := range kernels.Dtypes() {
 		fns = append(fns, planFn{&p.Push[d], kPush + int(d)})
 		for i, v := range []int{4, 1} {
 			fns = append(fns, planFn{&p.OneShot[d][i], allReduceIndex(d, v, h.world)},
