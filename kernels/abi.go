@@ -90,3 +90,7 @@ func (d Dtype) String() string {
 
 // Size is the element size in bytes (0 for an unknown dtype).
 func (d Dtype) Size() int { return d.info().size }
+
+// short is the dtype's name in kernel names: float32 → f32, bfloat16 →
+// bf16, float16 → f16 (symm_ar_f32_v4_w2, symm_push_ar_bf16).
+func (d Dtype) short() string { return strings.Replace(d.String(), "float", "f", 1) }

@@ -135,7 +135,8 @@ __device__ __forceinline__ bool take(u32 *slot, u64 start, u64 timeout_ns, u64 *
 // pad's slots. The meeting kinds SYMM_MEET_* (kernels.Meet*) are the slot
 // word's bits 24..31.
 
-#define SYMM_EPOCH_STOPPED 0x80000000u // epochs[c]: a meeting on c failed here
+// SYMM_EPOCH_STOPPED (kernels.EpochStopped) in epochs[c]: a meeting on c
+// failed here.
 
 __device__ __forceinline__ void st_release(u32 *a, u32 v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
@@ -439,9 +440,6 @@ __device__ __forceinline__ void one_shot(u32 **bufs, u64 offset, u64 nwords, u32
   SYMM_AR(symm_ar_##NAME##_v##NW##_w8, NW, DT, 8) \
   SYMM_AR(symm_ar_##NAME##_v##NW##_wany, NW, DT, 0)
 
-SYMM_AR_WORLDS(f32, 4, SYMM_FLOAT32)
-SYMM_AR_WORLDS(f32, 1, SYMM_FLOAT32)
-SYMM_AR_WORLDS(bf16, 4, SYMM_BFLOAT16)
-SYMM_AR_WORLDS(f16, 4, SYMM_FLOAT16)
-SYMM_AR_WORLDS(bf16, 1, SYMM_BFLOAT16)
-SYMM_AR_WORLDS(f16, 1, SYMM_FLOAT16)
+// Every dtype (SYMM_KERNEL_DTYPES: the host's list), 4 words per thread and 1.
+#define SYMM_AR_DTYPE(NAME, DT) SYMM_AR_WORLDS(NAME, 4, DT) SYMM_AR_WORLDS(NAME, 1, DT)
+SYMM_KERNEL_DTYPES(SYMM_AR_DTYPE)

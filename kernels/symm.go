@@ -33,6 +33,7 @@ func sourceConstants() []sourceConstant {
 		{"SYMM_MEET_RS_IN", MeetReduceScatIn}, {"SYMM_MEET_RS_OUT", MeetReduceScatOut},
 		{"SYMM_MEET_AG_IN", MeetAllGatherIn}, {"SYMM_MEET_AG_OUT", MeetAllGatherOut},
 		{"SYMM_SYNC_SLOTS", PadSlots}, {"SYMM_PUSH_MAX_BLOCKS", PushMaxBlocks},
+		{"SYMM_EPOCH_STOPPED", EpochStopped}, // u32: literal() writes it unsigned
 	}
 	for _, d := range Dtypes() {
 		cs = append(cs, sourceConstant{d.info().cname, int(d)})
@@ -40,17 +41,41 @@ func sourceConstants() []sourceConstant {
 	return cs
 }
 
+// kernelDtypes is the X-macro SYMM_KERNEL_DTYPES(X): X(short name, code
+// name) for every dtype, so that each kernel family instantiates every
+// dtype from one list, under the names Go asks for (arKernel,
+// PushAllReduceKernel).
+func kernelDtypes() string {
+	var b strings.Builder
+	b.WriteString("#define SYMM_KERNEL_DTYPES(X)")
+	for _, d := range Dtypes() {
+		fmt.Fprintf(&b, " X(%s, %s)", d.short(), d.info().cname)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
 type sourceConstant struct {
 	Name  string
 	Value int
+}
+
+// literal is the constant as C writes it: unsigned from bit 31 up (a
+// 32-bit word's bits, as SYMM_EPOCH_STOPPED), else a plain int.
+func (c sourceConstant) literal() string {
+	if c.Value >= 1<<31 {
+		return fmt.Sprintf("%du", c.Value)
+	}
+	return fmt.Sprint(c.Value)
 }
 
 func sourceDefines() string {
 	var b strings.Builder
 	b.WriteString("// Defined by package kernels (symm.go: sourceConstants), not typed in the .cu files.\n")
 	for _, c := range sourceConstants() {
-		fmt.Fprintf(&b, "#define %s %d\n", c.Name, c.Value)
+		fmt.Fprintf(&b, "#define %s %s\n", c.Name, c.literal())
 	}
+	b.WriteString(kernelDtypes())
 	return b.String()
 }
 
@@ -113,6 +138,11 @@ const (
 	MeetAllGatherOut  = 10
 )
 
+// EpochStopped, set in a channel's epoch count, says a meeting on the
+// channel failed on this rank: later meetings on it fail at once, storing
+// nothing (the kernels' SYMM_EPOCH_STOPPED; package symmetric reads it back).
+const EpochStopped = 1 << 31
+
 // Report is a failed wait as a kernel wrote it into its status word: the
 // op, the peer and the channel; for OpMismatch also the two meetings' kinds
 // (Mine: this rank's, Theirs: the peer's; Meet* values).
@@ -162,19 +192,12 @@ func AllGatherKernel(wordsPerThread int) string {
 }
 
 func arKernel(kind string, d Dtype, wordsPerThread, world int) string {
-	dt := "f32"
-	switch d {
-	case BFloat16:
-		dt = "bf16"
-	case Float16:
-		dt = "f16"
-	}
 	w := "any"
 	switch world {
 	case 2, 4, 8:
 		w = fmt.Sprint(world)
 	}
-	return fmt.Sprintf("symm_%s_%s_v%d_w%s", kind, dt, wordsPerThread, w)
+	return fmt.Sprintf("symm_%s_%s_v%d_w%s", kind, d.short(), wordsPerThread, w)
 }
 
 // DefaultCollectiveBlocks is the most blocks a collective that meets its
@@ -203,15 +226,7 @@ func AllReduceLaunch(nwords uint64, wordsPerThread int, maxBlocks uint32) (block
 }
 
 // PushAllReduceKernel names the push all-reduce kernel for dtype d.
-func PushAllReduceKernel(d Dtype) string {
-	switch d {
-	case BFloat16:
-		return "symm_push_ar_bf16"
-	case Float16:
-		return "symm_push_ar_f16"
-	}
-	return "symm_push_ar_f32"
-}
+func PushAllReduceKernel(d Dtype) string { return "symm_push_ar_" + d.short() }
 
 // PushLaunch is the launch shape of the push all-reduce over nlines 16-byte
 // lines (8 bytes of the message each): a thread per line, in blocks of 256

@@ -88,12 +88,8 @@ __device__ __forceinline__ void two_shot(u32 **bufs, u64 offset, u64 nwords, u32
   SYMM_TS(symm_ts_##NAME##_v##NW##_w8, NW, DT, 8) \
   SYMM_TS(symm_ts_##NAME##_v##NW##_wany, NW, DT, 0)
 
-SYMM_TS_WORLDS(f32, 4, SYMM_FLOAT32)
-SYMM_TS_WORLDS(f32, 1, SYMM_FLOAT32)
-SYMM_TS_WORLDS(bf16, 4, SYMM_BFLOAT16)
-SYMM_TS_WORLDS(f16, 4, SYMM_FLOAT16)
-SYMM_TS_WORLDS(bf16, 1, SYMM_BFLOAT16)
-SYMM_TS_WORLDS(f16, 1, SYMM_FLOAT16)
+#define SYMM_TS_DTYPE(NAME, DT) SYMM_TS_WORLDS(NAME, 4, DT) SYMM_TS_WORLDS(NAME, 1, DT)
+SYMM_KERNEL_DTYPES(SYMM_TS_DTYPE)
 
 // ---- reduce-scatter and all-gather ------------------------------------------
 //
@@ -188,12 +184,8 @@ __device__ __forceinline__ void all_gather(u32 **bufs, u64 offset, u64 nwords, u
   SYMM_RS(symm_rs_##NAME##_v##NW##_w8, NW, DT, 8) \
   SYMM_RS(symm_rs_##NAME##_v##NW##_wany, NW, DT, 0)
 
-SYMM_RS_WORLDS(f32, 4, SYMM_FLOAT32)
-SYMM_RS_WORLDS(f32, 1, SYMM_FLOAT32)
-SYMM_RS_WORLDS(bf16, 4, SYMM_BFLOAT16)
-SYMM_RS_WORLDS(f16, 4, SYMM_FLOAT16)
-SYMM_RS_WORLDS(bf16, 1, SYMM_BFLOAT16)
-SYMM_RS_WORLDS(f16, 1, SYMM_FLOAT16)
+#define SYMM_RS_DTYPE(NAME, DT) SYMM_RS_WORLDS(NAME, 4, DT) SYMM_RS_WORLDS(NAME, 1, DT)
+SYMM_KERNEL_DTYPES(SYMM_RS_DTYPE)
 
 #define SYMM_AG(NW)                                                                                                  \
   extern "C" __global__ void __launch_bounds__(512)                                                                \

@@ -253,9 +253,8 @@ __device__ __forceinline__ void push_all_reduce(u32 **bufs, u64 *state, const ch
            u64 timeout_ns, u64 *status) {                                                                       \
     push_all_reduce<DT>(bufs, state, in, out, nbytes, lines, rank, world, timeout_ns, status);                  \
   }
-SYMM_PUSH_AR(symm_push_ar_f32, SYMM_FLOAT32)
-SYMM_PUSH_AR(symm_push_ar_bf16, SYMM_BFLOAT16)
-SYMM_PUSH_AR(symm_push_ar_f16, SYMM_FLOAT16)
+#define SYMM_PUSH_DTYPE(NAME, DT) SYMM_PUSH_AR(symm_push_ar_##NAME, DT)
+SYMM_KERNEL_DTYPES(SYMM_PUSH_DTYPE)
 
 // Sets a workspace up, once, before its first call (a no-op once done, so a
 // CUDA graph that captured it replays it harmlessly): clears both halves of

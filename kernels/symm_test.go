@@ -103,7 +103,7 @@ func TestSourceConstantsAreDefinedOnce(t *testing.T) {
 	for _, c := range sourceConstants() {
 		require.False(t, defined[c.Name], "%s defined twice", c.Name)
 		defined[c.Name] = true
-		require.Regexp(t, fmt.Sprintf(`(?m)^#define %s %d$`, c.Name, c.Value), head)
+		require.Regexp(t, fmt.Sprintf(`(?m)^#define %s %s$`, c.Name, c.literal()), head)
 	}
 	own := map[string]bool{}
 	for _, src := range []string{symmCore, symmCollectives, symmPush} {
@@ -112,11 +112,17 @@ func TestSourceConstantsAreDefinedOnce(t *testing.T) {
 			own[m[1]] = true
 		}
 	}
+	// The host's X-macro of dtypes (kernelDtypes), defined once in the head.
+	require.Equal(t, 1, strings.Count(head, "#define SYMM_KERNEL_DTYPES(X)"))
+	defined["SYMM_KERNEL_DTYPES"] = true
+	require.Contains(t, head, "#define SYMM_KERNEL_DTYPES(X) X(f32, SYMM_FLOAT32) X(bf16, SYMM_BFLOAT16) X(f16, SYMM_FLOAT16)\n")
 	code := regexp.MustCompile(`//[^\n]*`).ReplaceAllString(symmCore+symmCollectives+symmPush, "")
 	for _, name := range regexp.MustCompile(`\bSYMM_[A-Z0-9_]+\b`).FindAllString(code, -1) {
 		require.True(t, defined[name] || own[name], "%s is used by the kernels but defined nowhere", name)
 	}
 	require.Equal(t, 512, PadSlots)
+	require.Contains(t, head, "#define SYMM_EPOCH_STOPPED 2147483648u\n")
+	require.Contains(t, head, "#define SYMM_OP_PUT 1\n")
 }
 
 // The dtypes are include/symm.h's SYMM_DTYPES, read through cgo: codes,

@@ -33,9 +33,8 @@ import (
 var ErrMeetingMismatch = errors.New("mismatched meeting")
 
 // epochStopped, set in a channel's count, says a meeting on it failed here:
-// later meetings on the channel fail at once, storing nothing
-// (symm.cu's SYMM_EPOCH_STOPPED).
-const epochStopped = 1 << 31
+// later meetings on the channel fail at once, storing nothing.
+const epochStopped = kernels.EpochStopped
 
 // meetCount is the 24-bit count a slot word carries beside its kind.
 const meetCount = 1<<24 - 1
