@@ -1,8 +1,7 @@
 // Package kernels compiles CUDA C kernels at run time with NVRTC, so that
 // libsymm needs no CUDA toolkit at build time. NVRTC is opened
-// with dlopen and found as topology.Candidates("nvrtc") says: SYMM_NVRTC_LIB,
-// the loader path, then pip's nvidia/cu13/lib or nvidia/cuda_nvrtc/lib under
-// the given site-packages directories. Without it, Open returns an error that
+// with dlopen and found where topology.Candidates("nvrtc") says (the one
+// owner of the search order and of pip's wheel paths). Without it, Open returns an error that
 // names what is missing; callers keep their stream-memop fallback.
 //
 // # Files

@@ -5,9 +5,8 @@
 // take its symmetric-memory paths. It is what symmetric memory's NCCL
 // backend stands on.
 //
-// The library is found as topology.Candidates("nccl") says: SYMM_NCCL_LIB,
-// the loader path, then pip's nvidia/nccl/lib under the directories given
-// (the Python package passes its site-packages). Versions:
+// The library is found where topology.Candidates("nccl") says (the one
+// owner of the search order and of pip's wheel paths). Versions:
 //
 //   - before 2.19: no ncclMemAlloc: refused;
 //   - 2.19 to 2.26: memory and communicators, but no windows: refused for

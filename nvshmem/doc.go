@@ -3,9 +3,8 @@
 // (nvshmem_malloc / nvshmem_free), peer addresses (nvshmem_ptr). It is what
 // symmetric memory's NVSHMEM backend stands on.
 //
-// The library is found as topology.Candidates("nvshmem") says: SYMM_NVSHMEM_LIB,
-// the loader path, then pip's nvidia/nvshmem/lib under the directories given
-// (the Python package passes its site-packages). Only NVSHMEM 3.x is
+// The library is found where topology.Candidates("nvshmem") says (the one
+// owner of the search order and of pip's wheel paths). Only NVSHMEM 3.x is
 // accepted: the layout of nvshmemx_init_attr_t used here is that of 3.x's
 // headers (version 1 of the struct, 144 bytes).
 //
