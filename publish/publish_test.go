@@ -89,10 +89,11 @@ func TestNoTornReads(t *testing.T) {
 			w.Update()
 			// Updates back to back, far more often than the library's four
 			// a second, but with gaps a reader can fall into even when it
-			// is slow (the race detector on a loaded machine makes a read
-			// take longer than a 20 µs gap, and a reader that never finds
-			// a gap gives up after 1,000 tries).
-			time.Sleep(300 * time.Microsecond)
+			// is slow: the race detector on a loaded 2-core machine made
+			// reads take longer than a 300 µs gap for 1,000 tries in a
+			// row, after which a reader gives up. Reads still overlap
+			// updates all the time (2,000 reads over a few hundred).
+			time.Sleep(time.Millisecond)
 		}
 	}()
 	for i := 0; i < 2000; i++ {
