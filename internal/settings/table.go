@@ -17,9 +17,9 @@ var (
 	Backend = define(Setting{Name: "SYMM_BACKEND", Reader: Library, When: atSymmetric,
 		Default: "`SYMM_DEVICE`'s", Want: "want cuda, nvshmem, nccl or host",
 		Help: "symmetric-memory backend: `cuda` (VMM + descriptors), `nvshmem`, `nccl` or `host`; `symm_set_backend` / `symm.set_backend` do the same ([details](docs/SETTINGS.md#symm_backend))"})
-	NCCLAdopt = define(Setting{Name: "SYMM_NCCL_ADOPT", Reader: Python, When: "at `symm.init_backend` (NCCL backend)",
-		Default: "`1`",
-		Help:    "`1`: adopt PyTorch's NCCL communicator (`ProcessGroupNCCL._comm_ptr`) so windows serve `torch.distributed` collectives; `0`: make libsymm's own"})
+	NCCLAdopt = define(Setting{Name: "SYMM_NCCL_ADOPT", Reader: Python, When: "at the first symmetric call on each device (NCCL backend)",
+		Default: "`1`", Want: "want 1 or 0",
+		Help: "`1`: adopt PyTorch's NCCL communicator (`ProcessGroupNCCL._comm_ptr`) so windows serve `torch.distributed` collectives; `0`: make libsymm's own"})
 	PoolLimit = define(Setting{Name: "SYMM_POOL_LIMIT", Reader: Library, When: atPool,
 		Help: "cap on each device's reserved bytes: a size (`8GiB`, `1.5GiB`, `4096`; a number without a unit is a whole number of bytes, so `1.5` is refused) or a share of device memory (`90%`)"})
 	PoolMaxSplit = define(Setting{Name: "SYMM_POOL_MAX_SPLIT", Reader: Library, When: atPool,
@@ -106,7 +106,7 @@ var (
 	FaultCrashAt = define(Setting{Name: "SYMM_FAULT_CRASH_AT", Reader: Tests, When: atSymmetric,
 		Default: "off", Want: "want publish, gathered, sent or mapped",
 		Help: "`publish`, `gathered`, `sent` or `mapped` kills the process (SIGKILL) at that phase of every rendezvous"})
-	Lib = define(Setting{Name: "SYMM_LIB", Reader: Python, When: "at `import symm`",
+	Lib = define(Setting{Name: "SYMM_LIB", Reader: Python, When: "when the package first loads the library (its first call into it)",
 		Default: "package dir, then `build/`",
 		Help:    "path of `libsymm.so`"})
 	NVMLLib = define(Setting{Name: "SYMM_NVML_LIB", Reader: Library, When: "when the topology is read",

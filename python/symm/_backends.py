@@ -73,11 +73,23 @@ def _ensure_backend(dev: int) -> None:
         raise SymmError(ErrorCode.INVALID, f"the {backend} backend needs torch.distributed initialized "
                         "(it bootstraps through the default process group's store)")
     group = dist.group.WORLD
-    if backend == "nccl" and os.environ.get("SYMM_NCCL_ADOPT", "1") == "1" and _adopt_torch_comm(group, dev):
+    if backend == "nccl" and _nccl_adopt_wanted() and _adopt_torch_comm(group, dev):
         _backend_ready[dev] = "adopted PyTorch's communicator"
         return
     backend_init(group_store(group), dist.get_rank(group), dist.get_world_size(group), dev)
     _backend_ready[dev] = "own communicator"
+
+
+def _nccl_adopt_wanted() -> bool:
+    """SYMM_NCCL_ADOPT: 1 (the default) adopts PyTorch's NCCL communicator, 0
+    makes libsymm's own; another value is refused (SymmError INVALID naming
+    the variable) rather than read as 0."""
+    v = os.environ.get("SYMM_NCCL_ADOPT", "")
+    if v in ("", "1"):
+        return True
+    if v == "0":
+        return False
+    raise SymmError(ErrorCode.INVALID, f"SYMM_NCCL_ADOPT={v!r}: want 1 or 0")
 
 
 def _adopt_torch_comm(group, dev: int) -> bool:

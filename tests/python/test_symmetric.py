@@ -684,3 +684,22 @@ def test_reduce_scatter_all_gather_three_processes(tmp_path):
         assert "reduce_scatter: dtype" in e["rs dtype"] and "sum" in e["rs op"] and "all_gather: dtype" in e["ag dtype"], r
         assert e["size"][0] == 1 and "multiples of 4" in e["size"][1], r  # SYMM_ERR_INVALID
         assert e["overlap"][0] == 1 and "overlaps this rank's buffer" in e["overlap"][1], r
+
+
+def test_nccl_adopt_setting(monkeypatch):
+    """SYMM_NCCL_ADOPT: unset and 1 adopt PyTorch's communicator, 0 does not,
+    anything else is refused naming the variable (never read as 0)."""
+    from symm import _backends
+    from symm._errors import ErrorCode, SymmError
+
+    monkeypatch.delenv("SYMM_NCCL_ADOPT", raising=False)
+    assert _backends._nccl_adopt_wanted() is True
+    for value, wanted in (("1", True), ("0", False)):
+        monkeypatch.setenv("SYMM_NCCL_ADOPT", value)
+        assert _backends._nccl_adopt_wanted() is wanted
+    for value in ("yes", "true", " 1", "2"):
+        monkeypatch.setenv("SYMM_NCCL_ADOPT", value)
+        with pytest.raises(SymmError) as e:
+            _backends._nccl_adopt_wanted()
+        assert e.value.code == ErrorCode.INVALID
+        assert f"SYMM_NCCL_ADOPT={value!r}: want 1 or 0" in str(e.value)
