@@ -12,7 +12,7 @@ its step here instead of importing the others:
     _store                             Store, each group's store
     _backends                          backend choice and bootstrap
     _symmetric                         blocks, handles, rendezvous
-    _fused, _collectives               collectives on symmetric memory
+    _fused, _group_state, _collectives collectives on symmetric memory
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def resolve_group(group):
 # wrapper was installed keeps its state until the process ends: a leak,
 # never a wrong hit (the states are keyed by the group object).
 
-BUFFERS = 0  # _collectives: the groups' states, their buffers, then _fused's workspaces
+BUFFERS = 0  # _group_state: the groups' states, their buffers, then _fused's workspaces
 STORES = 1  # _store: the group's store, last (the group's link goes with it)
 
 _steps: list = []  # (order, registration, step), sorted; under _hook_lock
