@@ -106,7 +106,7 @@ test-kernels: $(NVRTC_LIB)
 test-torch-ext:
 	PYTHON=$(PYTHON) bash tests/check_torch_ext.sh
 
-# Each C test runs with the front cache on (the default) and off, and with
+# Each C test runs with the front cache on and off (the default), and with
 # expandable segments of the default chunk (20 MiB) and of 2 MiB chunks.
 test-c: ctests
 	@for t in $(CTESTS); do for mode in "1 0" "0 0" "1 1" "1 1 2MiB"; do set -- $$mode; \
@@ -203,11 +203,13 @@ $(BUILD)/bench/bench_trace: bench/c/bench_trace.c include/symm.h $(LIB)
 	$(CC) -O2 -Wall -Werror -Iinclude $< -L$(BUILD) -lsymm -Wl,-rpath,'$$ORIGIN/..' -o $@
 
 # Go microbenchmarks, the trace replay, and the C thread-scaling benchmark
-# (host backend). The PyTorch benchmark needs a GPU: python3 bench/bench_torch.py.
+# (host backend), with the front cache off (the default) and on. The PyTorch
+# benchmark needs a GPU: python3 bench/bench_torch.py.
 bench: all $(BUILD)/bench/bench_threads $(BUILD)/bench/bench_trace
 	$(GO) test ./allocator ./export -run '^$$' -bench . -benchmem
 	$(GO) test ./bench -count=1 -v -run TestReplayGPT2Trace
-	SYMM_DEVICE=host $(BUILD)/bench/bench_threads
+	SYMM_DEVICE=host SYMM_POOL_FRONT_CACHE=0 $(BUILD)/bench/bench_threads
+	SYMM_DEVICE=host SYMM_POOL_FRONT_CACHE=1 $(BUILD)/bench/bench_threads
 
 fmt:
 	gofmt -w $$(find . -name '*.go' -not -path './build/*')

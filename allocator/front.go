@@ -3,9 +3,10 @@ package allocator
 // Front is a cache in front of the pool: a level of its own above the
 // shards, as the Go runtime's per-P mcache sits above its central lists.
 // export/'s front cache (export/front.cpp, in C so that a cached alloc and
-// free never enter Go) is the one libsymm uses; where it serves few
-// requests it steps aside for a while, its blocks back in the pool, and
-// the pool serves every call as with no front cache.
+// free never enter Go) is the one libsymm uses when SYMM_POOL_FRONT_CACHE=1
+// turns it on; by default it is off and Config.Front is nil. Where it
+// serves few requests it steps aside for a while, its blocks back in the
+// pool, and the pool serves every call as with no front cache.
 //
 // The contract between the two levels:
 //

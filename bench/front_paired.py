@@ -7,7 +7,7 @@ short slices, with each setting's peaks.
     python3 bench/front_paired.py --against OLD/build/bench/bench_trace # a change, against the build before it
 
 Two long-lived build/bench/bench_trace processes per trace (--serve), one with
-SYMM_POOL_FRONT_CACHE=0 and one with =1 (the setting is read once, at start),
+SYMM_POOL_FRONT_CACHE=0 (the default) and one with =1 (read once, at start),
 replay the trace through symm_pool_alloc and symm_pool_free on request (with
 --against, a third: another build's, front cache on); the parent asks each
 in turn for a slice of --passes passes, reversing the order every other pair

@@ -22,12 +22,13 @@ memory) is counted, never fatal, and like a failed child makes the exit code 1.
 
 Configurations, each in its own interpreter (the allocator can be swapped once per process), taken in
 turn within each round: native, native_expandable, symm, symm_expandable (and on request
-symm_nofront: symm with its front cache off), with the environment that bench/workloads.py's
+symm_front: symm with its front cache on, off by default), with the environment that bench/workloads.py's
 child_env gives them. Peaks as the allocator in charge reports them
 (torch.cuda.max_memory_* or symm.memory_stats(0)), after the first pass (a fresh pool) and after all.
-Predicted: `SYMM_TOOL replay TRACE --front-cache 1MiB --json` (the library's default front cache):
-symm vs its "default" row, symm_expandable vs "expandable", symm_nofront vs the pool alone, native vs the trace's recorded peak
-reserved (the traces were recorded on native PyTorch).
+Predicted: `SYMM_TOOL replay TRACE --json` (the pool alone, as the library runs by default): symm vs
+its "default" row, symm_expandable vs "expandable"; with `--front-cache 1MiB` (the front cache with its
+default largest block): symm_front vs "default"; native vs the trace's recorded peak reserved (the
+traces were recorded on native PyTorch).
 """
 
 from __future__ import annotations
@@ -53,11 +54,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_DIR = Path(os.environ.get("SYMM_BENCH_BUILD", "/tmp/symm_replay_build"))
 TRACES = ("gpt2_train", "cnn_train", "llm_infer")
-CONFIGS = ("native", "native_expandable", "symm", "symm_expandable", "symm_nofront")
-SYMM_CONFIGS = ("symm", "symm_expandable", "symm_nofront")
-DEFAULT_CONFIGS = CONFIGS[:4]  # symm_nofront (the front cache off) on request
+CONFIGS = ("native", "native_expandable", "symm", "symm_expandable", "symm_front")
+SYMM_CONFIGS = ("symm", "symm_expandable", "symm_front")
+DEFAULT_CONFIGS = CONFIGS[:4]  # symm_front (the front cache on) on request
 FRONT_CACHE = "1MiB"  # libsymm's default SYMM_POOL_FRONT_CACHE_MAX, modelled in the predictions
-PREDICTED = {"native": "recorded", "symm": "default_front", "symm_expandable": "expandable_front", "symm_nofront": "default"}
+PREDICTED = {"native": "recorded", "symm": "default", "symm_expandable": "expandable", "symm_front": "default_front"}
 COLUMNS = ("op", "slot", "size", "stream")
 MAGIC, HEADER_WORDS = int.from_bytes(b"SYMRPLY1", "little"), 8  # MAGIC, nops, nslots, nstreams, zeros
 MiB = 1 << 20
@@ -359,8 +360,9 @@ def parent_main(a) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     meta = metadata(a, rows)
-    meta["predictions"] = (f"`{tool} replay TRACE --front-cache {FRONT_CACHE} --json`: symm ↔ default, "
-                           "symm_expandable ↔ expandable, native ↔ the trace's recorded peak reserved"
+    meta["predictions"] = (f"`{tool} replay TRACE [--front-cache {FRONT_CACHE}] --json`: symm ↔ default, "
+                           "symm_expandable ↔ expandable, symm_front ↔ default with the front cache, "
+                           "native ↔ the trace's recorded peak reserved"
                            + "".join(f"; {note}" for note in notes))
     report = render(rows, comps, preds, meta, a.configs)
     if os.environ.get("OUT"):

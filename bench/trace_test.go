@@ -40,8 +40,8 @@ func TestReplayGPT2Trace(t *testing.T) {
 		// in allocator/expandable.go).
 		{"expandable", allocator.Config{Expandable: true}, 1.003, 0},
 		{"expandable, limit 15 GiB", allocator.Config{Expandable: true, Limit: 15 << 30}, 1.003, 0},
-		// The library as loaded: a front cache of blocks up to 1 MiB on
-		// one CPU. It hands its blocks back before every allocation the
+		// The library with SYMM_POOL_FRONT_CACHE=1 (off by default): a
+		// front cache of blocks up to 1 MiB on one CPU. It hands its blocks back before every allocation the
 		// pool serves, so it changes nothing here (1.0026, as the pool
 		// alone; 1.0055 when parked blocks stayed out of the pool's view).
 		// Up to 64 MiB it costs the default mode 11 % (1.164): a hit of a

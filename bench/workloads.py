@@ -15,7 +15,7 @@ extension: torch's plain CUDAPluggableAllocator with libsymm's hooks, SYMM_TORCH
 symm_expandable_keep (symm_expandable with SYMM_POOL_UNMAP_FREE_PAGES=0: free chunks inside a segment
 stay mapped, where by default they are unmapped and their memory mapped where the pool grows; with the
 chunk statistics table, what unmapping them costs; SYMM_POOL_EXPANDABLE_CHUNK passes through to every mode),
-symm_nofront (symm with its front cache off, SYMM_POOL_FRONT_CACHE=0),
+symm_front (symm with its front cache on, SYMM_POOL_FRONT_CACHE=1; off by default),
 symm_mempool (MemPool(symm.pool_allocator().allocator()) around the whole
 workload; use_mem_pool routes only this thread's allocations, so backward's, made on autograd's
 device thread, come from PyTorch's default pool).
@@ -50,8 +50,8 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 WORKLOADS = ("gpt2", "cnn", "llm_infer")
 MODES = ("native", "native_expandable", "symm", "symm_expandable", "symm_mempool", "symm_hooks",
-         "symm_hooks_expandable", "symm_expandable_keep", "symm_nofront")
-REPLACE_MODES = ("symm", "symm_expandable", "symm_hooks", "symm_hooks_expandable", "symm_expandable_keep", "symm_nofront")
+         "symm_hooks_expandable", "symm_expandable_keep", "symm_front")
+REPLACE_MODES = ("symm", "symm_expandable", "symm_hooks", "symm_hooks_expandable", "symm_expandable_keep", "symm_front")
 # libsymm's statistics of what mapping and unmapping chunks cost, per run.
 CHUNK_STATS = ("num_chunk_maps", "num_chunk_unmaps", "chunk_map_us", "chunk_unmap_us", "num_spare_chunks_reused",
                "num_release_failures")
@@ -337,7 +337,7 @@ def child_env(mode: str) -> dict:
     env.update({"native_expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
                 "symm": {"SYMM_TORCH_EXT": "1"},
                 "symm_expandable": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_TORCH_EXT": "1"},
-                "symm_nofront": {"SYMM_POOL_FRONT_CACHE": "0", "SYMM_TORCH_EXT": "1"},
+                "symm_front": {"SYMM_POOL_FRONT_CACHE": "1", "SYMM_TORCH_EXT": "1"},
                 "symm_hooks": {"SYMM_TORCH_EXT": "0"},
                 "symm_hooks_expandable": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_TORCH_EXT": "0"},
                 "symm_expandable_keep": {"SYMM_POOL_EXPANDABLE": "1", "SYMM_POOL_UNMAP_FREE_PAGES": "0",

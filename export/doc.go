@@ -32,7 +32,9 @@
 //   - front.cpp, front.h: the front cache, per-CPU slots of recently freed
 //     blocks, so that a cached alloc+free stays in C (front.h states its
 //     invariants; front.go reads its settings and is this cache as the pool
-//     sees it, cFront).
+//     sees it, cFront). Off unless SYMM_POOL_FRONT_CACHE=1 (it pays for
+//     multi-threaded C callers); off, an alloc or free reads one flag of it
+//     and nothing else.
 //   - liveset.cpp, liveset.h: the front cache's live set, the blocks it
 //     handed out, which validates their frees.
 //   - pools.cpp: what PyTorch's allocator interface asks besides alloc and

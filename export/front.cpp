@@ -122,7 +122,6 @@ void for_each_nonempty(F fn) {
       fn(w * 64 + __builtin_ctzll(m));
 }
 
-std::atomic<int> g_enabled{0};
 std::atomic<uint64_t> g_max_block{0};  // set before the cache is enabled
 std::atomic<uint64_t> g_small_max{0};  // allocator.SmallMax, likewise
 // g_small_type is the statistics type the pool gives requests of at most
@@ -214,8 +213,7 @@ __attribute__((noinline)) void judge() {
 
 }  // namespace
 
-bool enabled() { return g_enabled.load(std::memory_order_relaxed) != 0; }
-
+std::atomic<int> g_enabled{0};
 std::atomic<int> g_aside{0};
 
 void count_request(bool hit) {

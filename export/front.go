@@ -23,10 +23,11 @@ const (
 	frontMaxLimit   = 64 << 20
 )
 
-// frontCacheWanted reads SYMM_POOL_FRONT_CACHE (on unless "0") and
+// frontCacheWanted reads SYMM_POOL_FRONT_CACHE (off unless "1": it pays
+// for multi-threaded C callers, docs/SETTINGS.md says why) and
 // SYMM_POOL_FRONT_CACHE_MAX (a size from 512 B to 64 MiB; 1 MiB when unset).
 func frontCacheWanted(getenv func(string) string) (on bool, maxBlock uint64, err error) {
-	if on, err = settings.PoolFrontCache.Flag(getenv, true); err != nil {
+	if on, err = settings.PoolFrontCache.Flag(getenv, false); err != nil {
 		return false, 0, fmt.Errorf("%w: %w", allocator.ErrInvalid, err)
 	}
 	maxBlock = frontMaxDefault

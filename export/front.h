@@ -41,7 +41,12 @@
 #include "shim.h"
 
 namespace front {
-bool enabled();
+// enabled reports whether SYMM_POOL_FRONT_CACHE=1 turned the front cache on
+// (symmshim_front_enable, once, when the pool is made). Inline, one relaxed
+// load: with the front cache off (the default) it is the only thing of the
+// front cache an alloc or free reads.
+extern std::atomic<int> g_enabled;
+inline bool enabled() { return g_enabled.load(std::memory_order_relaxed) != 0; }
 // aside reports whether the front cache has stepped aside: it served too
 // few of the latest requests, and the next ones go to the pool as with it
 // off (front.cpp says when it steps aside and back). Only count_request

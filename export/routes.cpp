@@ -48,9 +48,14 @@ int route(const char *fn, int op, int dev, unsigned long long first, unsigned lo
 // History on: every alloc and free reaches the pool so that each is recorded.
 std::atomic<int> g_history{0};
 
-inline bool front_on() {
-  return !front::aside() && front::enabled() && g_history.load(std::memory_order_relaxed) == 0;
-}
+// front_in_use says whether the front cache, once on, serves the next
+// alloc or free: it has not stepped aside, and memory history is off.
+inline bool front_in_use() { return !front::aside() && g_history.load(std::memory_order_relaxed) == 0; }
+
+// front_on says whether an alloc or free goes through the front cache. With
+// it off (the default: SYMM_POOL_FRONT_CACHE unset or 0) the first test is
+// the only one: one relaxed load and a branch always taken the same way.
+inline bool front_on() { return front::enabled() && front_in_use(); }
 }  // namespace
 
 void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int mode) {
@@ -68,7 +73,9 @@ void *symmshim::pool_alloc(int api, size_t size, int device, void *stream, int m
     if (routed) return (void *)p;
   }
   uintptr_t p;
-  if (front_on()) {
+  if (!front::enabled()) {
+    p = goPoolAlloc(api, size, device, (uintptr_t)stream, &bsize);
+  } else if (front_in_use()) {
     if (uintptr_t hit = front::alloc_hit(size, device, (uintptr_t)stream)) {
       front::count_request(true);
       return (void *)hit;

@@ -196,7 +196,7 @@ int main(int argc, char **argv) {
   }
   const char *fc = getenv("SYMM_POOL_FRONT_CACHE"), *ex = getenv("SYMM_POOL_EXPANDABLE");
   printf("%s: %zu rows, front cache %s, expandable %s: %.0f ns per call (mean of %d passes), best pass %.0f ns\n",
-         argv[1], n, fc ? fc : "1", ex ? ex : "0", total / calls * 1e9, reps - 1, best * 1e9);
+         argv[1], n, fc ? fc : "0", ex ? ex : "0", total / calls * 1e9, reps - 1, best * 1e9);
   print_peaks("");
   return 0;
 }

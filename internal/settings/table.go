@@ -41,8 +41,8 @@ var (
 		Default: "`large_segment_size_mb` (20 MiB)", Want: "want a size from 1 byte to 1 TiB (rounded up to the driver's granularity)",
 		Help: "size of the chunks expandable segments grow and shrink by, rounded up to the driver's granularity (2 MiB); `2MiB` suits a process whose requests are all small, at the cost of a slower warm-up ([details](docs/SETTINGS.md#symm_pool_expandable_chunk))"})
 	PoolFrontCache = define(Setting{Name: "SYMM_POOL_FRONT_CACHE", Reader: Library, When: atPool,
-		Default: "`1`", Want: "want 0 or 1",
-		Help: "`1`: keep recently freed blocks per CPU in C, so that a cached alloc/free of the same size and stream never enters Go; it steps aside where it serves few requests; `0`: every call goes to the Go pool ([details](docs/SETTINGS.md#symm_pool_front_cache))"})
+		Default: "`0`", Want: "want 0 or 1",
+		Help: "off by default (`0`: every call goes to the Go pool); `1`: keep recently freed blocks per CPU in C, so a cached alloc/free of the same size and stream never enters Go: it pays for multi-threaded C callers of `symm_pool_alloc`/`symm_pool_free` ([details](docs/SETTINGS.md#symm_pool_front_cache))"})
 	PoolFrontCacheMax = define(Setting{Name: "SYMM_POOL_FRONT_CACHE_MAX", Reader: Library, When: atPool,
 		Default: "`1MiB`", Want: "want a size from 512 B to 64 MiB (e.g. 1MiB)",
 		Help: "largest block cut from a shared segment that the front cache hands out again whatever happened since it was freed, 512 B to 64 MiB ([details](docs/SETTINGS.md#symm_pool_front_cache_max))"})

@@ -31,6 +31,13 @@ static int64_t expandable_chunk(void) {
   return c && !strcmp(c, "2MiB") ? 2 << 20 : 20 << 20;
 }
 
+/* Whether SYMM_POOL_FRONT_CACHE=1 turned the front cache on (make test-c
+ * runs each test with 1 and 0); unset, it is off. */
+static int front_cache_on(void) {
+  const char *fc = getenv("SYMM_POOL_FRONT_CACHE");
+  return fc && !strcmp(fc, "1");
+}
+
 /* What the first small request reserves: a 2 MiB small segment, or one
  * expandable chunk. */
 static int64_t first_reserve(void) {
@@ -225,8 +232,7 @@ static void test_large_blocks_skip_the_front_cache(void) {
  * test_unchanged_blocks_hit_the_front_cache); with the front cache off
  * every request reaches the pool. */
 static void test_whole_segments_hit_the_front_cache(void) {
-  const char *fc = getenv("SYMM_POOL_FRONT_CACHE");
-  int hits = !(fc && !strcmp(fc, "0"));
+  int hits = front_cache_on();
   symm_pool_empty_cache();
   CHECK(symm_pool_reset_accumulated(0) == SYMM_OK, "reset accumulated");
   void *a = symm_pool_alloc(64 << 20, 0, NULL);
@@ -259,8 +265,7 @@ static void test_whole_segments_hit_the_front_cache(void) {
  * taken back nothing else of that stream since (the best fit would place
  * that request on it anyway). Otherwise the free reaches the pool. */
 static void test_unchanged_blocks_hit_the_front_cache(void) {
-  const char *fc = getenv("SYMM_POOL_FRONT_CACHE");
-  int hits = !(fc && !strcmp(fc, "0"));
+  int hits = front_cache_on();
   symm_pool_empty_cache();
   CHECK(symm_pool_reset_accumulated(0) == SYMM_OK, "reset accumulated");
   void *a = symm_pool_alloc(4 << 20, 0, NULL);
@@ -420,8 +425,7 @@ static void pair(size_t n, int times) {
 }
 
 static void test_few_hits_step_the_front_cache_aside(void) {
-  const char *fc = getenv("SYMM_POOL_FRONT_CACHE");
-  int on = !(fc && !strcmp(fc, "0"));
+  int on = front_cache_on();
   symm_pool_empty_cache();
   /* Repeats past any stepping aside the earlier tests began: then they hit. */
   pair(2048, 66 * 1024);

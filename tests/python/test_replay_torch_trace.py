@@ -133,7 +133,7 @@ def test_render(rt, tmp_path):
     rows = [row("native", 1, [100, 110, 120]), dict(row("symm", 1, [50, 60, 70]), direct_ns_per_call=[30, 40, 35]),
             row("native", 2, [200, 200, 200]), row("symm", 2, [50, 50, 50], 101 * MiB),
             dict(config="symm", trace="small", round=3, error="timed out after 300 s")]
-    preds = {"small": dict(default=1, default_front=99 * MiB, expandable=1, expandable_front=1, recorded=98 * MiB,
+    preds = {"small": dict(default=99 * MiB, default_front=1, expandable=1, expandable_front=1, recorded=98 * MiB,
                            rows_replayed=8)}
     meta = dict(date="d", gpu="g", torch="t", symm="s", command="c", passes=4, rounds=3, predictions="p")
     md = rt.render(rows, comps, preds, meta, ["native", "symm"])

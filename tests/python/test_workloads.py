@@ -55,7 +55,7 @@ def test_parse_args_custom_and_errors(wl, tmp_path):
 def test_child_env_per_mode(wl, monkeypatch):
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage")
     monkeypatch.setenv("SYMM_POOL_EXPANDABLE", "1")
-    monkeypatch.setenv("SYMM_POOL_FRONT_CACHE", "0")
+    monkeypatch.setenv("SYMM_POOL_FRONT_CACHE", "1")
     for mode in wl.MODES:
         env = wl.child_env(mode)
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
@@ -66,11 +66,11 @@ def test_child_env_per_mode(wl, monkeypatch):
         expandable = "_expandable" in mode and mode.startswith("symm")
         assert env.get("SYMM_POOL_EXPANDABLE") == ("1" if expandable else None)
         assert env.get("SYMM_POOL_UNMAP_FREE_PAGES") == ("0" if mode == "symm_expandable_keep" else None)
-        assert env.get("SYMM_POOL_FRONT_CACHE") == ("0" if mode == "symm_nofront" else None)
+        assert env.get("SYMM_POOL_FRONT_CACHE") == ("1" if mode == "symm_front" else None)
         # Replace modes name whether libsymm's PyTorch extension is required
         # (1) or left out (0): a silent fallback would measure the wrong thing.
         want_ext = {"symm": "1", "symm_expandable": "1", "symm_hooks": "0", "symm_hooks_expandable": "0",
-                    "symm_expandable_keep": "1", "symm_nofront": "1"}.get(mode)
+                    "symm_expandable_keep": "1", "symm_front": "1"}.get(mode)
         assert env.get("SYMM_TORCH_EXT") == want_ext, mode
 
 
