@@ -1,6 +1,9 @@
 package allocator
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Backend is the memory provider under a Pool: it hands out whole segments and
 // stream events. The pool never calls it on the cached path; every call is on
@@ -109,8 +112,9 @@ type ChunkKeeper interface {
 	// spare chunks of chunk bytes, readable and writable by dev. On error
 	// nothing is mapped and the spare is unchanged.
 	MapKept(dev int, ptr uintptr, size, chunk uint64) error
-	// ReleaseKept releases size bytes of dev's spare chunks.
-	ReleaseKept(dev int, size uint64) error
+	// ReleaseKept releases size bytes of dev's spare chunks of chunk
+	// bytes.
+	ReleaseKept(dev int, size, chunk uint64) error
 	// Chunks reports the chunk memory dev holds: mapped in ranges, and
 	// spare. Every chunk the backend created and has not released is one of
 	// the two (the fuzz tests check this after every step).
@@ -165,4 +169,38 @@ type CaptureGrapher interface {
 	CaptureDeps(dev int, stream uintptr, deps []GraphNode) (out []GraphNode, capture uint64, capturing bool, err error)
 	// NodeDeps appends to deps the nodes node depends on directly.
 	NodeDeps(dev int, node GraphNode, deps []GraphNode) ([]GraphNode, error)
+}
+
+// ChunkStarts records where each physical chunk mapped in expandable ranges
+// begins and its size, for the backends that model the driver's rule that
+// an unmap takes whole mappings (the host backend, Virtual, the tests'
+// fakes): an unmap, or a keep, of part of a chunk or with another chunk
+// size is refused, as cuMemUnmap refuses it, so that the pool's fuzzers see
+// a wrong chunk size where CI has no GPU. The caller checks separately
+// that a mapping goes over unmapped memory only.
+type ChunkStarts map[uintptr]uint64
+
+// Check reports the first chunk of chunk bytes of [ptr, ptr+size) that is
+// not one physical chunk of that size.
+func (m ChunkStarts) Check(ptr uintptr, size, chunk uint64) error {
+	for p := ptr; p < ptr+uintptr(size); p += uintptr(chunk) {
+		if have := m[p]; have != chunk {
+			return fmt.Errorf("%#x+%d is not a mapped chunk of %d bytes (a chunk of %d bytes starts there; 0: none)", p, chunk, chunk, have)
+		}
+	}
+	return nil
+}
+
+// Add records [ptr, ptr+size) as mapped in chunks of chunk bytes.
+func (m ChunkStarts) Add(ptr uintptr, size, chunk uint64) {
+	for p := ptr; p < ptr+uintptr(size); p += uintptr(chunk) {
+		m[p] = chunk
+	}
+}
+
+// Remove forgets the chunks of chunk bytes of [ptr, ptr+size).
+func (m ChunkStarts) Remove(ptr uintptr, size, chunk uint64) {
+	for p := ptr; p < ptr+uintptr(size); p += uintptr(chunk) {
+		delete(m, p)
+	}
 }

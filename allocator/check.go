@@ -74,7 +74,7 @@ func (d *device) tally(spans *[]addrSpan) (deviceTally, error) {
 				t.chunkMapped += m
 			}
 		}
-		t.kept += int64(s.kept)
+		t.kept += int64(s.kept.total())
 		s.mu.Unlock()
 		if err != nil {
 			return t, fmt.Errorf("device %d stream %#x: %w", d.idx, s.stream, err)
@@ -393,7 +393,41 @@ func (s *shard) checkShape(seg *segment) error {
 		return fmt.Errorf("expandable segment %#x: %d of %d bytes mapped, chunk %d",
 			seg.ptr, seg.size, seg.vsize, c)
 	}
-	return checkHoles(seg, c)
+	if err := checkHoles(seg, c); err != nil {
+		return err
+	}
+	return checkBigs(seg, s.dev.expand)
+}
+
+// checkBigs verifies that every big chunk of expandable segment seg lies
+// below its size with no hole in it, and that the count is right.
+func checkBigs(seg *segment, g expandGeometry) error {
+	x, starts := &seg.bigs, &seg.bigStarts
+	for _, set := range []*chunkSet{x, starts} {
+		if set.n != set.count() {
+			return fmt.Errorf("expandable segment %#x: %d chunks counted in a big chunk's set, %d marked", seg.ptr, set.n, set.count())
+		}
+	}
+	if x.n > 0 && g.big == g.chunk {
+		return fmt.Errorf("expandable segment %#x: %d big chunks marked where the pool maps none", seg.ptr, x.n)
+	}
+	// Walk the granules: each big chunk is a start and big/chunk marked
+	// granules, none a hole, all below size.
+	per := g.big / g.chunk
+	for i := uint64(0); i < uint64(len(x.bits))*64; i++ {
+		if starts.has(i) {
+			for j := i; j < i+per; j++ {
+				off := j * g.chunk
+				if !x.has(j) || (j > i && starts.has(j)) || seg.holes.has(j) || off >= seg.size {
+					return fmt.Errorf("expandable segment %#x (%d bytes mapped): the big chunk at offset %d is not %d mapped bytes (at %d)", seg.ptr, seg.size, i*g.chunk, g.big, off)
+				}
+			}
+			i += per - 1
+		} else if x.has(i) {
+			return fmt.Errorf("expandable segment %#x: the chunk at offset %d is marked in a big chunk that starts nowhere", seg.ptr, i*g.chunk)
+		}
+	}
+	return nil
 }
 
 // checkHoles verifies that every unmapped chunk of expandable segment seg

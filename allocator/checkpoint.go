@@ -537,18 +537,40 @@ func (p *Pool) SegmentOf(ptr uintptr) (base uintptr, size uint64, expandable boo
 	return base, size, expandable, nil
 }
 
-// SegmentChunk returns the chunk of the expandable segment holding the
-// allocated block at or containing ptr (each chunk one physical allocation,
-// at chunk multiples from the segment's base), 0 for a fixed segment.
+// SegmentChunk returns the size of the physical chunk of the expandable
+// segment that holds ptr, which must be at or inside a block the pool has
+// allocated: the granularity, or Config.ExpandableChunk rounded to it for a
+// big chunk (ChunkAt says which and where); 0 for a fixed segment.
 func (p *Pool) SegmentChunk(ptr uintptr) (uint64, error) {
+	_, size, err := p.ChunkAt(ptr, ptr)
+	return size, err
+}
+
+// ChunkAt returns the physical chunk [base, base+size) that holds address
+// at, mapped in the expandable segment of the allocated block at or
+// containing ptr: each chunk is one physical allocation, which a process
+// mapping that memory must map whole. A fixed segment has no chunks: size
+// 0. An at outside the segment's mapped chunks is ErrInvalid.
+func (p *Pool) ChunkAt(ptr, at uintptr) (base uintptr, size uint64, err error) {
 	s, b := p.findContaining(ptr)
 	if b == nil {
-		return 0, fmt.Errorf("%w: %#x is not in a block this pool has allocated", ErrUnknownPointer, ptr)
+		return 0, 0, fmt.Errorf("%w: %#x is not in a block this pool has allocated", ErrUnknownPointer, ptr)
 	}
-	var c uint64
-	if b.seg.expSeg != nil {
-		c = s.dev.expand.chunk
+	defer s.mu.Unlock()
+	seg := b.seg
+	if seg.expSeg == nil {
+		return 0, 0, nil
 	}
-	s.mu.Unlock()
-	return c, nil
+	g := s.dev.expand
+	if at < seg.ptr || at >= seg.ptr+uintptr(seg.size) || seg.holes.has(uint64(at-seg.ptr)/g.chunk) {
+		return 0, 0, fmt.Errorf("%w: %#x is not in a mapped chunk of the expandable segment at %#x (%d bytes) that holds %#x", ErrInvalid, at, seg.ptr, seg.size, ptr)
+	}
+	i := uint64(at-seg.ptr) / g.chunk
+	if !seg.bigs.has(i) {
+		return seg.ptr + uintptr(i*g.chunk), g.chunk, nil
+	}
+	for !seg.bigStarts.has(i) {
+		i--
+	}
+	return seg.ptr + uintptr(i*g.chunk), g.big, nil
 }

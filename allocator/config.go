@@ -201,18 +201,16 @@ func (c *Config) expandableFromEnv(getenv func(string) string, overrides func(en
 	return nil
 }
 
-// DefaultExpandableChunk is the library's chunk for expandable segments
-// when SYMM_POOL_EXPANDABLE_CHUNK is not set: c's large segment size
-// (PyTorch's large_segment_size_mb, 20 MiB by default), the size of the
-// pages PyTorch's expandable segments map for the large pool. Each chunk
-// is one physical allocation, and the driver's cost is per allocation:
-// 20 MiB chunks map 7 times faster per byte than 2 MiB ones on an H100
-// (cuda.BenchmarkGPUMapChunks): with 2 MiB chunks GPT-2 training's mean
-// step over its first 48 steps was 7 % over PyTorch expandable's, with
-// 20 MiB ones 2 % under it, for peaks within 0.2 % of 2 MiB chunks' on the
-// recorded traces and under PyTorch's on a GPU (bench/RESULTS.md). A
-// tensor of such a chunk shared with another process is mapped chunk by
-// chunk (symm_pool_segment_chunk gives the size).
+// DefaultExpandableChunk is the library's big chunk for expandable
+// segments when SYMM_POOL_EXPANDABLE_CHUNK is not set: c's large segment
+// size (PyTorch's large_segment_size_mb, 20 MiB by default), the size of
+// the pages PyTorch's expandable segments map for the large pool. Each
+// chunk is one physical allocation, and the driver's cost is per
+// allocation: 20 MiB chunks map 7 times faster per byte than 2 MiB ones on
+// an H100 (cuda.BenchmarkGPUMapChunks). Segments map them where a mapping
+// covers a whole one and 2 MiB chunks elsewhere (expandable.go has the
+// figures). A tensor shared with another process is mapped there chunk by
+// chunk (symm_pool_chunk_at says where each begins and its size).
 func (c Config) DefaultExpandableChunk() uint64 {
 	if c.LargeSegment != 0 {
 		return c.LargeSegment

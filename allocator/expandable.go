@@ -14,12 +14,48 @@ import (
 // the pool maps just enough chunks after the mapped part to extend the
 // segment's last block (if it is free) or to add a new last block, so a
 // block can grow across what would have been two fixed segments, and the
-// memory a workload holds follows its allocated bytes to within a chunk per
-// segment plus the free holes between live blocks.
+// memory a workload holds follows its allocated bytes to within a granule
+// (2 MiB) per segment plus the free holes between live blocks.
+//
+// # Chunks of two sizes
+//
+// Each chunk is one physical allocation, and the driver's cost is per
+// allocation: mapping and unmapping cost 34.6 µs per MiB in 2 MiB chunks
+// and 4.8 in 20 MiB ones on an H100 (cuda.BenchmarkGPUMapChunks), about
+// 66 µs a call plus 1.5 µs per MiB. A segment therefore maps big chunks
+// (Config.ExpandableChunk, PyTorch's 20 MiB large-pool page by default) at
+// multiples of their size from its base, wherever a mapping covers a whole
+// such slot, and chunks of the granularity everywhere else: at the edges of
+// what a growth maps, and under a block handed out over a few unmapped
+// granules (pieces). So the bulk of a large segment costs what 20 MiB chunks
+// cost, while a process of small requests holds 2 MiB per stream as
+// PyTorch's small pool does, a segment's mapped end is within a granule of
+// its last block, and a free page (pages.go) gives back memory granule by
+// granule where granules lie. A big chunk unmaps only whole: a free hole
+// over part of one keeps it.
+//
+// On the recorded traces (symm replay --expandable, free pages unmapped,
+// bench/testdata), peak reserved over peak allocated, against 20 MiB chunks
+// alone, then 2 MiB chunks alone; the physical chunks each maps show the
+// cost (2 MiB + 20 MiB chunks):
+//
+//	trace                20 MiB alone   2 MiB alone   both (default)   chunks made, both
+//	GPT-2 training       1.0034         1.0008        1.0023           2,170 + 530
+//	ResNet-50 training   1.0026         1.0013        1.0020           2,338 + 717
+//	LLM inference        1.0535         1.0063        1.0164           1,005 + 244
+//	FSDP GPT-2, 2 ranks  1.0327         1.0008        1.0030           4,500 + 1,369
+//
+// (20 MiB alone is this library before; FSDP's column also counts the
+// free pages of other streams, makeRoom.) 2 MiB chunks alone made 7,761
+// chunks for GPT-2, which cost 7 % of its mean step over 48 steps on an
+// H100.
 //
 // Invariants (checked by CheckInvariants):
 //   - seg.expSeg ≠ nil exactly for expandable segments; seg.ptr and seg.size
-//     are multiples of the device's chunk and seg.size ≤ seg.vsize;
+//     are multiples of the device's granularity (expandGeometry.chunk) and
+//     seg.size ≤ seg.vsize, a multiple of the big chunk;
+//   - a big chunk (seg.bigs, seg.bigStarts) starts at a multiple of its
+//     size from seg.ptr, lies below seg.size and has no hole;
 //   - only [seg.ptr, seg.ptr+seg.size) is mapped: reserved_bytes counts it,
 //     as PyTorch counts mapped bytes;
 //   - an expandable segment never moves to another stream (steal skips
@@ -60,11 +96,8 @@ import (
 //
 // Separate segments for small requests (PyTorch's way) did worse on all
 // three (1.0037, 1.0081, 1.0678 at the high end; 1.0042, 1.0096, 1.0678 at
-// the low end), as did 20 MiB chunks on two of them (1.0034, 1.0026,
-// 1.0703). The library maps 20 MiB chunks all the same
-// (Config.DefaultExpandableChunk): each chunk is one physical allocation
-// and the driver's cost is per allocation, which 2 MiB chunks paid in
-// step time (7 % of GPT-2's mean step over its first 48 steps on an H100).
+// the low end), as did 20 MiB chunks alone on two of them (1.0034, 1.0026,
+// 1.0703): hence chunks of two sizes (above).
 
 // expandableSmall keeps requests of at most 1 MiB in a segment of their own,
 // as PyTorch does; false puts every request in one segment per stream,
@@ -122,9 +155,15 @@ type expSeg struct {
 	// (but for holes) and tiled by blocks, [ptr+size, ptr+vsize) is
 	// reserved with nothing mapped.
 	vsize uint64
-	// holes marks the chunks below size that are unmapped, each wholly
-	// inside a free block (pages.go).
+	// holes marks the chunks of the granularity below size that are
+	// unmapped, each wholly inside a free block (pages.go).
 	holes chunkSet
+	// bigs marks the chunks of the granularity that lie in a big chunk
+	// (expandGeometry.big bytes, one physical allocation, which unmaps
+	// only whole), and bigStarts the first of each: a big chunk lies
+	// below size and has no hole. A mapped chunk of the granularity
+	// outside them is its own allocation.
+	bigs, bigStarts chunkSet
 }
 
 // hasHoles reports whether seg is an expandable segment with unmapped
@@ -140,8 +179,8 @@ func (seg *segment) reservedRange() uint64 {
 	return seg.vsize
 }
 
-// initExpandable sets the chunk and the address space of each segment:
-// the device's total memory, rounded to chunks, so that one segment per
+// initExpandable sets the chunks and the address space of each segment:
+// the device's total memory, rounded to big chunks, so that one segment per
 // (stream, kind) is enough for any workload that fits on the device.
 func (d *device) initExpandable() error {
 	g, err := d.pool.exp.Granularity(d.idx)
@@ -151,19 +190,19 @@ func (d *device) initExpandable() error {
 	if g < minBlock || g&(g-1) != 0 {
 		return fmt.Errorf("expandable segments on device %d: granularity %d is not a power of two of at least %d bytes", d.idx, g, minBlock)
 	}
-	c := g
+	big := g
 	if want := d.pool.cfg.ExpandableChunk; want > g {
 		if want > maxRequest {
 			return fmt.Errorf("%w: expandable chunk of %d bytes is larger than any device", ErrInvalid, want)
 		}
-		c = roundUp(want, g)
+		big = roundUp(want, g)
 	}
 	_, total, err := d.pool.backend.MemInfo(d.idx)
 	if err != nil {
 		return fmt.Errorf("expandable segments on device %d: memory size: %w", d.idx, err)
 	}
-	d.expand.chunk = c
-	d.expand.vaSize = max(roundUp(min(total, maxRequest), c), c)
+	d.expand.chunk, d.expand.big = g, big
+	d.expand.vaSize = max(roundUp(min(total, maxRequest), big), big)
 	return nil
 }
 
@@ -198,7 +237,7 @@ func (s *shard) growExpandable(r uint64, k poolKind) (*block, error) {
 	}
 	// What was mapped before a failure is booked all the same: the segment
 	// holds it, free, as the backend does.
-	m, err := s.mapAfterFreeing(but, seg.ptr+uintptr(seg.size), need)
+	m, err := s.mapAfterFreeing(but, seg, seg.size, need)
 	if m > 0 {
 		tail = s.extend(seg, m)
 	}
@@ -244,7 +283,8 @@ func (s *shard) newExpandable(r uint64, k poolKind) (*block, error) {
 		return nil, fmt.Errorf("expandable segment: reserving %d bytes of address space on device %d: %w", vsize, d.idx, err)
 	}
 	// Free pages of the other segments give back as much as this one maps.
-	m, err := s.mapAfterFreeing(span{}, ptr, size)
+	seg := &segment{ptr: ptr, kind: k, expSeg: &expSeg{vsize: vsize}}
+	m, err := s.mapAfterFreeing(span{}, seg, 0, size)
 	if m == 0 {
 		if ferr := exp.FreeRange(d.idx, ptr, vsize); ferr != nil {
 			err = errors.Join(err, fmt.Errorf("giving back the range: %w", ferr))
@@ -254,7 +294,7 @@ func (s *shard) newExpandable(r uint64, k poolKind) (*block, error) {
 	// A part mapped before a failure makes a smaller segment, booked as
 	// the backend holds it (release gives it back).
 	d.countSegment(k, int64(m), 1)
-	seg := &segment{ptr: ptr, size: m, kind: k, expSeg: &expSeg{vsize: vsize}}
+	seg.size = m
 	d.pool.byAddr.add(seg)
 	s.addSeg(seg)
 	b := s.newBlock()
@@ -277,6 +317,17 @@ func (e *tooLargeErr) Error() string {
 	return fmt.Sprintf("%d bytes are more than the device's %d bytes", e.want, e.total)
 }
 func (e *tooLargeErr) OutOfMemory() bool { return true }
+
+// cutPoint is where a segment whose free last block starts at offset off
+// can end: the first chunk boundary at or after off that splits no big
+// chunk.
+func (g expandGeometry) cutPoint(seg *segment, off uint64) uint64 {
+	keep := roundUp(off, g.chunk)
+	for keep < seg.size && seg.bigs.has(keep/g.chunk) && !seg.bigStarts.has(keep/g.chunk) {
+		keep += g.chunk
+	}
+	return keep
+}
 
 // trim unmaps the chunks of seg from offset keep (a chunk boundary inside
 // its free last block) to its mapped end, and shrinks the segment to keep.

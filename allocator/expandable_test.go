@@ -206,13 +206,46 @@ func TestExpandableStreamsAndPrivatePools(t *testing.T) {
 	require.NoError(t, p.CheckInvariants())
 }
 
-// The chunk can be larger than the granularity.
+// Big chunks (here 5 MiB, rounded to 6) map whole slots inside what a
+// segment grows by, the granularity the rest: a small request holds 2 MiB,
+// not a big chunk, and release unmaps each chunk with its own size.
 func TestExpandableChunk(t *testing.T) {
-	p, _ := expandablePool(t, 0, Config{ExpandableChunk: 5 * mib})
-	_, _, err := p.Alloc(0, 0, mib)
+	p, v := expandablePool(t, 0, Config{ExpandableChunk: 5 * mib})
+	small, _, err := p.Alloc(0, 0, mib)
 	require.NoError(t, err)
-	require.EqualValues(t, 6*mib, stat(t, p, 0, "reserved_bytes.all.current"), "5 MiB rounded to whole 2 MiB chunks")
+	require.EqualValues(t, 2*mib, stat(t, p, 0, "reserved_bytes.all.current"), "one chunk of the granularity")
+	require.Equal(t, map[uint64]int{2 * mib: 1}, v.Created())
+	// 20 MiB after the 1 MiB block: the segment grows from 2 to 22 MiB,
+	// [2, 6) and [18, 22) by the granularity, [6, 18) as two big chunks.
+	big, _, err := p.Alloc(0, 0, 20*mib)
+	require.NoError(t, err)
+	require.EqualValues(t, 22*mib, stat(t, p, 0, "reserved_bytes.all.current"))
+	require.Equal(t, map[uint64]int{2 * mib: 5, 6 * mib: 2}, v.Created())
 	require.NoError(t, p.CheckInvariants())
+	// ChunkAt names the physical chunk under any address of the segment.
+	for _, c := range []struct{ at, base, size uint64 }{
+		{0, 0, 2 * mib}, {3 * mib, 2 * mib, 2 * mib}, {6 * mib, 6 * mib, 6 * mib},
+		{11 * mib, 6 * mib, 6 * mib}, {12 * mib, 12 * mib, 6 * mib}, {21*mib + 5, 20 * mib, 2 * mib},
+	} {
+		base, size, err := p.ChunkAt(big, small+uintptr(c.at))
+		require.NoError(t, err)
+		require.Equal(t, [2]uint64{c.base, c.size}, [2]uint64{uint64(base - small), size}, "chunk at offset %d", c.at)
+	}
+	_, _, err = p.ChunkAt(big, small+22*mib)
+	require.ErrorIs(t, err, ErrInvalid, "past the mapped end")
+	_, _, err = p.ChunkAt(small+40*mib, small)
+	require.ErrorIs(t, err, ErrUnknownPointer)
+	c, err := p.SegmentChunk(big + 10*mib)
+	require.NoError(t, err)
+	require.EqualValues(t, 6*mib, c)
+	require.NoError(t, p.Free(0, 0, big, 20*mib))
+	require.NoError(t, p.EmptyCache())
+	require.EqualValues(t, 2*mib, stat(t, p, 0, "reserved_bytes.all.current"), "unmapped chunk by chunk, each with its size")
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Free(0, 0, small, mib))
+	require.NoError(t, p.EmptyCache())
+	segs, ranges, chunks := v.Outstanding()
+	require.Zero(t, segs+ranges+chunks)
 }
 
 // hideExpander offers a backend without its Expander methods.

@@ -34,6 +34,11 @@ type fakeBackend struct {
 	// chunks marked mapped may be touched) and the mapped chunks.
 	ranges map[uintptr][]byte
 	mapped map[uintptr]bool
+	// starts: each physical chunk mapped (its start and size), which
+	// unmaps only whole; spareOf: the spare bytes of each device and chunk
+	// size.
+	starts  ChunkStarts
+	spareOf map[[2]uint64]uint64
 	// Chunk memory per device (ChunkKeeper): chunks mapped and spare, and
 	// chunks ever created minus released, which must equal their sum.
 	chunkMapped, chunkSpare, chunkHandles []uint64
@@ -72,6 +77,7 @@ func newFake(devices int) *fakeBackend {
 		devices: devices, used: make([]uint64, devices), segs: map[uintptr][]byte{},
 		submitted: map[uintptr]int{}, completed: map[uintptr]int{}, events: map[Event]fakeEvent{}, nextEv: 1,
 		ranges: map[uintptr][]byte{}, mapped: map[uintptr]bool{}, uses: map[uintptr]fakeUse{},
+		starts: ChunkStarts{}, spareOf: map[[2]uint64]uint64{},
 		chunkMapped: make([]uint64, devices), chunkSpare: make([]uint64, devices), chunkHandles: make([]uint64, devices),
 	}
 }
@@ -294,6 +300,7 @@ func (f *fakeBackend) MapChunks(dev int, ptr uintptr, size, chunk uint64) error 
 	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
 		f.mapped[c] = true
 	}
+	f.starts.Add(ptr, size, chunk)
 	f.used[dev] += size
 	f.chunkMapped[dev] += size
 	f.chunkHandles[dev] += size
@@ -324,6 +331,9 @@ func (f *fakeBackend) unmap(dev int, ptr uintptr, size, chunk uint64, keep bool)
 	if err := f.chunks(ptr, size, true); err != nil {
 		return 0, err
 	}
+	if err := f.starts.Check(ptr, size, chunk); err != nil {
+		return 0, fmt.Errorf("fake: unmap: %w", err)
+	}
 	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
 		if u, ok := f.uses[c]; ok && f.completed[u.stream] < u.seq {
 			return 0, fmt.Errorf("fake: unmap of chunk %#x while work %d of stream %#x on it has not completed", c, u.seq, u.stream)
@@ -340,9 +350,11 @@ func (f *fakeBackend) unmap(dev int, ptr uintptr, size, chunk uint64, keep bool)
 		delete(f.mapped, c)
 		delete(f.uses, c)
 	}
+	f.starts.Remove(ptr, n, chunk)
 	f.chunkMapped[dev] -= n
 	if keep {
 		f.chunkSpare[dev] += n
+		f.spareOf[[2]uint64{uint64(dev), chunk}] += n
 		return n, failErr
 	}
 	f.used[dev] -= n
@@ -386,23 +398,28 @@ func (f *fakeBackend) MapKept(dev int, ptr uintptr, size, chunk uint64) error {
 	if err := f.chunks(ptr, size, false); err != nil {
 		return err
 	}
-	if f.chunkSpare[dev] < size {
-		return fmt.Errorf("fake: map of %d spare bytes on device %d, which keeps %d", size, dev, f.chunkSpare[dev])
+	key := [2]uint64{uint64(dev), chunk}
+	if f.spareOf[key] < size {
+		return fmt.Errorf("fake: map of %d spare bytes of %d-byte chunks on device %d, which keeps %d", size, chunk, dev, f.spareOf[key])
 	}
 	for c := ptr; c < ptr+uintptr(size); c += fakeGranularity {
 		f.mapped[c] = true
 	}
+	f.starts.Add(ptr, size, chunk)
+	f.spareOf[key] -= size
 	f.chunkSpare[dev] -= size
 	f.chunkMapped[dev] += size
 	return nil
 }
 
-func (f *fakeBackend) ReleaseKept(dev int, size uint64) error {
+func (f *fakeBackend) ReleaseKept(dev int, size, chunk uint64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.chunkSpare[dev] < size {
-		return fmt.Errorf("fake: release of %d spare bytes on device %d, which keeps %d", size, dev, f.chunkSpare[dev])
+	key := [2]uint64{uint64(dev), chunk}
+	if f.spareOf[key] < size {
+		return fmt.Errorf("fake: release of %d spare bytes of %d-byte chunks on device %d, which keeps %d", size, chunk, dev, f.spareOf[key])
 	}
+	f.spareOf[key] -= size
 	f.chunkSpare[dev] -= size
 	f.chunkHandles[dev] -= size
 	f.used[dev] -= size

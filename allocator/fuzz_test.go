@@ -31,11 +31,13 @@ func FuzzPoolOpsExpandable(f *testing.F) {
 	f.Add([]byte("\x00\x10\x00\x00\x00\x01\x20\x00\x00\x01\x02\x00\x03\x01\x04\x05\x00\x00\x10\x00"))
 	f.Add([]byte("\x00\xff\xff\x0f\x00\x00\xff\xff\x0f\x01\x06\x00\x00\x01\x00\x01\x00\x07"))
 	f.Add([]byte("\x02\x02\x80\x00\x00\x02\x02\x80\x00\x00\x03\x00\x07\x00\x02\x06\x00\x00\x00\x03\x00\x07\x01\x03"))
-	f.Fuzz(func(t *testing.T, data []byte) { fuzzPoolOps(t, data, true) })
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fuzzPoolOpsWith(t, data, Config{MaxSplit: 40 << 20, Expandable: true, ExpandableChunk: 6 << 20})
+	})
 }
 
 // FuzzPoolOpsFreePages is FuzzPoolOpsExpandable with UnmapFreePages: the
-// free chunks between live blocks are unmapped before each growth and at
+// free chunks between live blocks (a big one only whole) are unmapped before each growth and at
 // release, and mapped again under the blocks handed out over them (the fake
 // backend panics on a touch of an unmapped chunk, and the invariants check
 // that only chunks wholly inside free blocks are unmapped).
@@ -44,7 +46,7 @@ func FuzzPoolOpsFreePages(f *testing.F) {
 	f.Add([]byte("\x00\x10\x00\x00\x00\x01\x20\x00\x00\x01\x02\x00\x03\x01\x04\x05\x00\x00\x10\x00"))
 	f.Add([]byte("\x02\x02\x80\x00\x00\x02\x02\x80\x00\x00\x03\x00\x07\x00\x02\x06\x00\x00\x00\x03\x00\x07\x01\x03"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fuzzPoolOpsWith(t, data, Config{MaxSplit: 40 << 20, Expandable: true, UnmapFreePages: true})
+		fuzzPoolOpsWith(t, data, Config{MaxSplit: 40 << 20, Expandable: true, ExpandableChunk: 6 << 20, UnmapFreePages: true})
 	})
 }
 

@@ -263,6 +263,7 @@ func TestPoolOverHostBackendWithUnmapFaults(t *testing.T) {
 	}{
 		{"expandable", 13, allocator.Config{Expandable: true}},
 		{"free pages", 17, allocator.Config{Expandable: true, UnmapFreePages: true}},
+		{"free pages, big chunks", 19, allocator.Config{Expandable: true, ExpandableChunk: 6 << 20, UnmapFreePages: true}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			injected, _ := faultyRun(t, 0.1, c.seed, host.FaultAlloc|host.FaultUnmap, int(2e4*soakScale(t)), c.cfg)

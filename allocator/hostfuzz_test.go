@@ -39,7 +39,7 @@ func FuzzHostFreePages(f *testing.F) {
 			}
 		}
 		data = data[1:]
-		p, err := allocator.New(h, allocator.Config{Expandable: true, UnmapFreePages: true})
+		p, err := allocator.New(h, allocator.Config{Expandable: true, ExpandableChunk: 6 << 20, UnmapFreePages: true})
 		if err != nil {
 			t.Fatal(err)
 		}

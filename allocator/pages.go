@@ -12,23 +12,28 @@ import (
 //
 // An expandable segment unmaps only its tail at release, as PyTorch's does;
 // a free hole between live blocks keeps its physical chunks. With
-// UnmapFreePages every chunk that lies wholly inside a free block may be
-// unmapped (the free last block's too), and is:
+// UnmapFreePages every physical chunk that lies wholly inside a free block
+// may be unmapped (the free last block's too), and is:
 //   - whenever the pool maps memory (a segment grows, or a block is handed
-//     out over unmapped chunks): first as many bytes of free pages
-//     elsewhere as it is about to map, so the memory held follows the live
-//     blocks instead of each hole's high mark;
+//     out over unmapped chunks): first as many bytes of free pages as it
+//     is about to map, its own stream's first, then those of the device's
+//     other streams' expandable segments (each known passed by its own
+//     stream), so the memory held follows the live blocks instead of each
+//     hole's high mark, and memory one stream freed serves another's
+//     growth as an idle fixed segment moves between streams (steal.go);
 //   - at release (EmptyCache, the out-of-memory retry): all of them.
 //
 // On the recorded traces (symm replay --expandable, with and without
 // --unmap-free-pages=false) peak reserved over peak allocated goes from
-// 1.0026, 1.0044 and 1.067 (GPT-2, ResNet-50, LLM inference) to 1.0008,
-// 1.0013 and 1.0063 with 2 MiB chunks, and with the library's 20 MiB ones
-// from 1.0034, 1.0026 and 1.070 to 1.0034, 1.0026 and 1.053.
+// 1.0026, 1.0044, 1.067 and 1.031 (GPT-2, ResNet-50, LLM inference, FSDP
+// with two streams) to 1.0023, 1.0020, 1.0164 and 1.0030 with the
+// library's chunks (expandable.go); FSDP was 1.0302 before other streams'
+// pages counted.
 //
 // A block handed out over unmapped chunks gets them mapped first (mapFor);
-// a failure there is an ordinary out of memory, and what was mapped before
-// it stays mapped and booked (the block stays free).
+// a failure there is an ordinary out of memory, and nothing of that
+// mapping stays mapped (mapPieces undoes its pieces; the block stays
+// free).
 // A free block was last used by work on the shard's stream only (a block
 // with record_stream streams is pending until their events complete, never
 // free), so its pages may go once the stream has passed its free: each
@@ -102,14 +107,13 @@ func (seg *segment) unmappedBytes(chunk uint64) uint64 {
 	return uint64(seg.holes.n) * chunk
 }
 
-// runs calls fn for each maximal run [lo, hi) of chunks inside [from, to)
-// (offsets in its segment, multiples of chunk) that are unmapped (mapped
-// == false) or mapped (mapped == true).
-func (x *expSeg) runs(from, to, chunk uint64, mapped bool, fn func(lo, hi uint64) error) error {
+// holeRuns calls fn for each maximal run [lo, hi) of unmapped chunks (of
+// the granularity c) inside [from, to) (offsets in its segment, multiples
+// of c).
+func (x *expSeg) holeRuns(from, to, c uint64, fn func(lo, hi uint64) error) error {
 	lo := from
-	for off := from; off <= to; off += chunk {
-		in := off < to && !x.holes.has(off/chunk) == mapped
-		if in {
+	for off := from; off <= to; off += c {
+		if off < to && x.holes.has(off/c) {
 			continue
 		}
 		if off > lo {
@@ -117,9 +121,157 @@ func (x *expSeg) runs(from, to, chunk uint64, mapped bool, fn func(lo, hi uint64
 				return err
 			}
 		}
-		lo = off + chunk
+		lo = off + c
 	}
 	return nil
+}
+
+// mappedRuns calls fn for each maximal run [lo, hi) of mapped physical
+// chunks of one size c inside [from, to) (offsets in seg, multiples of the
+// granularity): big chunks (c = g.big) and chunks of the granularity
+// (c = g.chunk), in address order. A big chunk that reaches outside
+// [from, to) is left out: it unmaps only whole.
+func (g expandGeometry) mappedRuns(seg *segment, from, to uint64, fn func(lo, hi, c uint64) error) error {
+	var lo, c uint64 // the run being gathered: [lo, off) of chunks of c; c == 0 for none
+	off := from
+	flush := func() error {
+		if c == 0 || off <= lo {
+			c = 0
+			return nil
+		}
+		err := fn(lo, off, c)
+		c = 0
+		return err
+	}
+	for off < to {
+		var next, want uint64 // the end of this chunk; its size when it joins a run
+		i := off / g.chunk
+		switch {
+		case seg.bigStarts.has(i):
+			next = off + g.big
+			if next <= to {
+				want = g.big
+			}
+		case seg.bigs.has(i): // inside a big chunk begun before from
+			next = off + g.chunk
+		case seg.holes.has(i):
+			next = off + g.chunk
+		default:
+			next, want = off+g.chunk, g.chunk
+		}
+		if want != c {
+			if err := flush(); err != nil {
+				return err
+			}
+			lo, c = off, want
+		}
+		off = next
+	}
+	off = min(off, to)
+	return flush()
+}
+
+// pieces cuts a run [lo, hi) of unmapped chunks (offsets, multiples of the
+// granularity) into the parts that are mapped with one chunk size each:
+// every slot of a big chunk (at multiples of g.big from the segment's
+// base) wholly inside it as big chunks, the rest as chunks of the
+// granularity, in address order; fn stops at its first error.
+func (g expandGeometry) pieces(lo, hi uint64, fn func(lo, hi, c uint64) error) error {
+	first, last := roundUp(lo, g.big), hi/g.big*g.big
+	if g.big == g.chunk || first >= last {
+		return fn(lo, hi, g.chunk)
+	}
+	if lo < first {
+		if err := fn(lo, first, g.chunk); err != nil {
+			return err
+		}
+	}
+	if err := fn(first, last, g.big); err != nil {
+		return err
+	}
+	if last < hi {
+		return fn(last, hi, g.chunk)
+	}
+	return nil
+}
+
+// markBigs marks [lo, hi) of seg (whole big chunks, from lo) as big chunks,
+// or unmarks them.
+func (g expandGeometry) markBigs(seg *segment, lo, hi uint64, on bool) {
+	for off := lo; off < hi; off += g.chunk {
+		seg.bigs.set(off/g.chunk, on)
+		seg.bigStarts.set(off/g.chunk, on && (off-lo)%g.big == 0)
+	}
+}
+
+// mapPieces maps the unmapped chunks [lo, hi) of seg (pieces: big chunks
+// where a whole slot lies inside, the granularity elsewhere), marking the
+// big ones in seg.bigs, and calls booked with what it mapped. It is all or
+// nothing, as one MapChunks call is: when a piece cannot be mapped, those
+// mapped before it are unmapped again (never used: no stream to wait for),
+// so that a refused request leaves the pool and its statistics as they
+// were, but for its out-of-memory counts. It returns the bytes mapped from
+// lo: hi-lo, 0 on error, or when even that undoing fails a prefix, mapped
+// and counted against the limit, which booked has seen. num_chunk_maps and
+// chunk_map_us count the calls that mapped something. Called with s.mu
+// held.
+func (s *shard) mapPieces(seg *segment, lo, hi uint64, booked func(lo, hi uint64)) (uint64, error) {
+	d := s.dev
+	g := d.expand
+	t0 := time.Now()
+	var done []page // the pieces mapped, in address order
+	err := g.pieces(lo, hi, func(a, z, c uint64) error {
+		n, err := s.mapRun(seg.ptr+uintptr(a), z-a, c)
+		if n > 0 {
+			done = append(done, page{seg, a, a + n, c})
+			if c != g.chunk {
+				g.markBigs(seg, a, a+n, true)
+			}
+		}
+		return err
+	})
+	end := lo
+	if len(done) > 0 {
+		end = done[len(done)-1].hi
+	}
+	if err != nil {
+		end = s.unmapNew(done, lo)
+	}
+	if end > lo {
+		booked(lo, end)
+		d.counts.chunkMapNs.Add(int64(time.Since(t0)))
+		d.counts.numChunkMaps.Add(1)
+	}
+	return end - lo, err
+}
+
+// unmapNew unmaps the chunks of done (pieces mapped from lo by a mapping
+// that failed further on, never handed out), the highest first, one chunk
+// per call, releasing their memory and their place against the limit. It
+// returns where what stays mapped ends: lo, or after a chunk that would not
+// unmap (counted in num_release_failures), that chunk's end, so what stays
+// is a prefix. Called with s.mu held.
+func (s *shard) unmapNew(done []page, lo uint64) uint64 {
+	d := s.dev
+	for i := len(done) - 1; i >= 0; i-- {
+		pg := done[i]
+		for off := pg.hi - pg.c; off+pg.c > pg.lo; off -= pg.c {
+			ptr := pg.seg.ptr + uintptr(off)
+			if n, err := d.pool.exp.UnmapChunks(d.idx, ptr, pg.c, pg.c); err != nil || n != pg.c {
+				d.counts.numReleaseFailures.Add(1)
+				return off + pg.c
+			}
+			d.unreserve(pg.c)
+			if pg.c != d.expand.chunk {
+				d.expand.markBigs(pg.seg, off, off+pg.c, false)
+			}
+			s.segmentEvent(ActSegmentUnmap, ptr, pg.c)
+			if off < pg.c { // off - pg.c would wrap
+				break
+			}
+		}
+	}
+	return lo
 }
 
 // mapFor maps the unmapped chunks under the r bytes that take will hand out
@@ -140,7 +292,7 @@ func (s *shard) mapFor(b *block, r uint64) error {
 	hi := roundUp(lo+r, c)
 	lo = lo / c * c
 	var want uint64
-	_ = seg.runs(lo, hi, c, false, func(a, z uint64) error { want += z - a; return nil })
+	_ = seg.holeRuns(lo, hi, c, func(a, z uint64) error { want += z - a; return nil })
 	if want == 0 {
 		return nil
 	}
@@ -148,11 +300,10 @@ func (s *shard) mapFor(b *block, r uint64) error {
 	// those under it).
 	defer s.dropSpareAfterMapping()
 	s.makeRoom(span{seg, lo, hi}, want)
-	// runs reads the holes ahead of the run it reports; bookMapped changes
-	// only that run's, behind it.
-	return seg.runs(lo, hi, c, false, func(a, z uint64) error {
-		n, err := s.mapRun(seg.ptr+uintptr(a), z-a)
-		s.bookMapped(seg, a, a+n)
+	// holeRuns reads the holes ahead of the run it reports; bookMapped
+	// changes only that run's, behind it.
+	return seg.holeRuns(lo, hi, c, func(a, z uint64) error {
+		_, err := s.mapPieces(seg, a, z, func(x, y uint64) { s.bookMapped(seg, x, y) })
 		return err
 	})
 }
@@ -171,27 +322,28 @@ func (s *shard) bookMapped(seg *segment, lo, hi uint64) {
 	s.dev.countSegment(seg.kind, int64(hi-lo), 0)
 }
 
-// dropRun unmaps the mapped chunks [lo, hi) of seg, which lie wholly inside
-// one of its free blocks (below seg.size), and books what it unmapped:
-// those chunks become holes of seg (pages.go's invariants) and leave the
-// reserved statistics; their memory leaves the limit too, or with keep
+// dropRun unmaps the mapped chunks [lo, hi) of seg, physical chunks of c
+// bytes each (mappedRuns), which lie wholly inside one of its free blocks
+// (below seg.size), and books what it unmapped: those chunks become holes
+// of seg (pages.go's invariants), big ones leave seg.bigs, and they leave
+// the reserved statistics; their memory leaves the limit too, or with keep
 // stays counted against it as spare chunks for the mapping the pool is
 // about to make (s.kept). It returns the bytes unmapped: hi-lo, or on
 // error a prefix (the backend unmaps chunk by chunk), so that after any
 // failure the pool's books are what the backend has mapped. Called with
 // s.mu held and the capture gate held.
-func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) {
+func (s *shard) dropRun(seg *segment, lo, hi, c uint64, keep bool) (uint64, error) {
 	d := s.dev
 	t0 := time.Now()
 	var n uint64
 	var err error
 	if keep {
-		n, err = d.pool.keeper.KeepChunks(d.idx, seg.ptr+uintptr(lo), hi-lo, d.expand.chunk)
+		n, err = d.pool.keeper.KeepChunks(d.idx, seg.ptr+uintptr(lo), hi-lo, c)
 	} else {
-		n, err = d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo, d.expand.chunk)
+		n, err = d.pool.exp.UnmapChunks(d.idx, seg.ptr+uintptr(lo), hi-lo, c)
 	}
 	d.unmapped(t0)
-	n = min(n, hi-lo) / d.expand.chunk * d.expand.chunk // a backend's word is checked, not trusted
+	n = min(n, hi-lo) / c * c // a backend's word is checked, not trusted
 	if err != nil {
 		d.counts.numReleaseFailures.Add(1)
 		err = fmt.Errorf("unmapping %d free bytes of the expandable segment at %#x on device %d (%d of them unmapped): %w",
@@ -203,8 +355,11 @@ func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) 
 	for off := lo; off < lo+n; off += d.expand.chunk {
 		seg.holes.set(off/d.expand.chunk, true)
 	}
+	if c != d.expand.chunk {
+		d.expand.markBigs(seg, lo, lo+n, false)
+	}
 	if keep {
-		s.kept += n // still counted against the limit, as spare
+		s.kept[d.expand.sizeIndex(c)] += n // still counted against the limit, as spare
 	} else {
 		d.unreserve(n)
 	}
@@ -216,8 +371,8 @@ func (s *shard) dropRun(seg *segment, lo, hi uint64, keep bool) (uint64, error) 
 // dropMapped unmaps (dropRun) every mapped chunk of seg in [from, to),
 // stopping at the first failure. Called with s.mu held and the gate held.
 func (s *shard) dropMapped(seg *segment, from, to uint64) error {
-	return seg.runs(from, to, s.dev.expand.chunk, true, func(lo, hi uint64) error {
-		_, err := s.dropRun(seg, lo, hi, false)
+	return s.dev.expand.mappedRuns(seg, from, to, func(lo, hi, c uint64) error {
+		_, err := s.dropRun(seg, lo, hi, c, false)
 		return err
 	})
 }
@@ -229,53 +384,45 @@ func (d *device) unmapped(t0 time.Time) {
 	d.counts.numChunkUnmaps.Add(1)
 }
 
-// mapAfterFreeing maps n bytes at ptr (unmapped chunks of one of s's
-// expandable segments) after unmapping as many bytes of free pages outside
-// but, which that mapping takes first. It returns the bytes mapped from ptr:
-// n, or on error a prefix, mapped and counted against the limit, which the
-// caller books. Called with s.mu held.
-func (s *shard) mapAfterFreeing(but span, ptr uintptr, n uint64) (uint64, error) {
+// mapAfterFreeing maps the n bytes at offset off of seg (unmapped chunks
+// beyond its mapped end: a segment growing, or one being made) after
+// unmapping as many bytes of free pages outside but, which that mapping
+// takes first. It returns the bytes mapped from off: n, or on error a
+// prefix, mapped and counted against the limit, which the caller books.
+// Called with s.mu held.
+func (s *shard) mapAfterFreeing(but span, seg *segment, off, n uint64) (uint64, error) {
 	defer s.dropSpareAfterMapping()
 	s.makeRoom(but, n)
-	return s.mapRun(ptr, n)
+	return s.mapPieces(seg, off, off+n, func(lo, hi uint64) {})
 }
 
 // mapRun maps n bytes at ptr, unmapped chunks of one of s's expandable
-// segments: with the chunks s keeps spare first, new ones for the rest.
-// The bytes mapped are counted against the limit (spare ones are already),
-// not in the statistics (the caller books them). It returns how many bytes
-// from ptr it mapped: n, or on error a prefix (the spare chunks, when only
-// the new ones could not be had), so that nothing needs undoing. Called
-// with s.mu held.
-func (s *shard) mapRun(ptr uintptr, n uint64) (mapped uint64, err error) {
+// segments, as physical chunks of c bytes: with the chunks of that size s
+// keeps spare first, new ones for the rest. The bytes mapped are counted
+// against the limit (spare ones are already), not in the statistics (the
+// caller books them). It returns how many bytes from ptr it mapped: n, or
+// on error a prefix (the spare chunks, when only the new ones could not be
+// had), so that nothing needs undoing. Called with s.mu held.
+func (s *shard) mapRun(ptr uintptr, n, c uint64) (mapped uint64, err error) {
 	d := s.dev
-	take := min(s.kept, n)
+	k := d.expand.sizeIndex(c)
+	take := min(s.kept[k], n)
 	if n > take {
 		if err := d.reserve(n - take); err != nil {
 			return 0, err
 		}
 	}
-	// num_chunk_maps and chunk_map_us count the calls that mapped
-	// something: a refused request leaves the statistics as they were,
-	// but for its out-of-memory counts.
-	t0 := time.Now()
-	defer func() {
-		if mapped > 0 {
-			d.counts.chunkMapNs.Add(int64(time.Since(t0)))
-			d.counts.numChunkMaps.Add(1)
-		}
-	}()
 	if take > 0 {
-		if err := d.pool.keeper.MapKept(d.idx, ptr, take, d.expand.chunk); err != nil {
+		if err := d.pool.keeper.MapKept(d.idx, ptr, take, c); err != nil {
 			d.unreserve(n - take)
 			return 0, fmt.Errorf("expandable segment: mapping %d bytes of spare chunks at %#x on device %d: %w", take, ptr, d.idx, err)
 		}
-		s.kept -= take
-		d.counts.numSpareReused.Add(int64(take / d.expand.chunk))
+		s.kept[k] -= take
+		d.counts.numSpareReused.Add(int64(take / c))
 		s.segmentEvent(ActSegmentMap, ptr, take)
 	}
 	if n > take {
-		if err := d.pool.exp.MapChunks(d.idx, ptr+uintptr(take), n-take, d.expand.chunk); err != nil {
+		if err := d.pool.exp.MapChunks(d.idx, ptr+uintptr(take), n-take, c); err != nil {
 			d.unreserve(n - take)
 			return take, fmt.Errorf("expandable segment: mapping %d more bytes at %#x on device %d: %w", n-take, ptr+uintptr(take), d.idx, err)
 		}
@@ -290,17 +437,19 @@ func (s *shard) mapRun(ptr uintptr, n uint64) (mapped uint64, err error) {
 // them, and release tries again and reports it. Called with s.mu held and
 // the capture gate held (kept chunks exist only under a hold: makeRoom).
 func (s *shard) dropSpare() error {
-	n := s.kept
-	if n == 0 {
-		return nil
-	}
 	d := s.dev
-	if err := d.pool.keeper.ReleaseKept(d.idx, n); err != nil {
-		d.counts.numReleaseFailures.Add(1)
-		return fmt.Errorf("releasing %d bytes of spare chunks on device %d: %w", n, d.idx, err)
+	for k, n := range s.kept {
+		if n == 0 {
+			continue
+		}
+		c := d.expand.size(k)
+		if err := d.pool.keeper.ReleaseKept(d.idx, n, c); err != nil {
+			d.counts.numReleaseFailures.Add(1)
+			return fmt.Errorf("releasing %d bytes of spare %d-byte chunks on device %d: %w", n, c, d.idx, err)
+		}
+		s.kept[k] = 0
+		d.unreserve(n)
 	}
-	s.kept = 0
-	d.unreserve(n)
 	return nil
 }
 
@@ -316,11 +465,11 @@ func (s *shard) dropSpareAfterMapping() {
 	}
 }
 
-// page is a run [lo, hi) of mapped chunks of seg (offsets) wholly inside
-// one of its free blocks.
+// page is a run [lo, hi) of mapped physical chunks of c bytes of seg
+// (offsets) wholly inside one of its free blocks.
 type page struct {
-	seg    *segment
-	lo, hi uint64
+	seg       *segment
+	lo, hi, c uint64
 }
 
 // freePages lists, up to limit bytes (rounded up to a chunk), the mapped
@@ -339,7 +488,8 @@ type page struct {
 // from 6,161 and 7,153 to 223 and 148 (LLM inference), 1,255 and 863 to
 // 441 and 49 (GPT-2), 4,632 and 4,393 to 533 and 174 (FSDP).
 func (s *shard) freePages(limit uint64, but span, safe uint64) (pages []page, total uint64) {
-	c := s.dev.expand.chunk
+	g := s.dev.expand
+	c := g.chunk
 	var runs []freeRun
 	for seg := s.segs; seg != nil; seg = seg.snext {
 		for b := seg.head; b != nil; b = b.next {
@@ -351,20 +501,17 @@ func (s *shard) freePages(limit uint64, but span, safe uint64) (pages []page, to
 			if hi <= lo {
 				continue
 			}
-			_ = seg.runs(lo, hi, c, true, func(a, z uint64) error {
-				if seg == but.seg { // leave out what is about to be handed out
-					if a < but.lo && z > but.lo {
-						z = but.lo
-					} else if a >= but.lo && a < but.hi {
-						a = min(z, but.hi)
-					}
-					if z <= a {
-						return nil
-					}
-				}
-				runs = append(runs, freeRun{page{seg, a, z}, b.freedAt})
+			add := func(a, z, c uint64) error {
+				runs = append(runs, freeRun{page{seg, a, z, c}, b.freedAt})
 				return nil
-			})
+			}
+			if seg != but.seg || hi <= but.lo || lo >= but.hi {
+				_ = g.mappedRuns(seg, lo, hi, add)
+				continue
+			}
+			// Leave out what is about to be handed out.
+			_ = g.mappedRuns(seg, lo, min(hi, but.lo), add)
+			_ = g.mappedRuns(seg, max(lo, but.hi), hi, add)
 		}
 	}
 	slices.SortStableFunc(runs, func(x, y freeRun) int {
@@ -378,7 +525,7 @@ func (s *shard) freePages(limit uint64, but span, safe uint64) (pages []page, to
 			break
 		}
 		if total+(r.hi-r.lo) > limit {
-			r.hi = r.lo + roundUp(limit-total, c)
+			r.hi = r.lo + roundUp(limit-total, r.c)
 		}
 		pages = append(pages, r.page)
 		total += r.hi - r.lo
@@ -392,7 +539,8 @@ type freeRun struct {
 	freedAt uint64
 }
 
-// span is a range [lo, hi) of chunk offsets of seg; the zero span is empty.
+// span is a range [lo, hi) of offsets of seg (multiples of the
+// granularity); the zero span is empty.
 type span struct {
 	seg    *segment
 	lo, hi uint64
@@ -416,14 +564,54 @@ func (s *shard) makeRoom(but span, limit uint64) {
 		return
 	}
 	s.holding = true
-	s.passed()
-	pages, _ := s.freePages(limit, but, s.safe)
 	keep := d.pool.keeper != nil
-	for _, pg := range pages {
-		if _, err := s.dropRun(pg.seg, pg.lo, pg.hi, keep); err != nil {
-			return // counted; what was unmapped is booked
+	got, ok := s.dropPassedPages(but, limit, keep)
+	if !ok || got >= limit {
+		return
+	}
+	// The rest from the other streams' expandable segments: memory one
+	// stream freed then serves another's growth, as a fixed segment moves
+	// between streams once idle (steal.go). A shard whose lock is taken
+	// is skipped, so that no two shards wait for each other (the lock
+	// order of stealCandidate).
+	for _, o := range d.shardList() {
+		if got >= limit {
+			return
+		}
+		if o == s || o.pool != nil || !o.src.grows() || !o.mu.TryLock() {
+			continue
+		}
+		n, ok := o.dropPassedPages(span{}, limit-got, keep)
+		// What o kept is s's to map: the spare is the device's.
+		for k := range o.kept {
+			s.kept[k] += o.kept[k]
+			o.kept[k] = 0
+		}
+		o.mu.Unlock()
+		got += n
+		if !ok {
+			return
 		}
 	}
+}
+
+// dropPassedPages unmaps up to limit bytes (rounded up to a chunk) of s's
+// free pages outside but that s's stream is known to have passed (passed:
+// asked, never waited for), as spare chunks with keep. It returns the bytes
+// unmapped, and false after a failure (counted; what was unmapped is
+// booked). Called with s.mu held and the capture gate held.
+func (s *shard) dropPassedPages(but span, limit uint64, keep bool) (uint64, bool) {
+	s.passed()
+	pages, _ := s.freePages(limit, but, s.safe)
+	var got uint64
+	for _, pg := range pages {
+		n, err := s.dropRun(pg.seg, pg.lo, pg.hi, pg.c, keep)
+		got += n
+		if err != nil {
+			return got, false
+		}
+	}
+	return got, true
 }
 
 // unmapFreePages unmaps every free page (freePages) the stream has passed
@@ -436,7 +624,7 @@ func (s *shard) unmapFreePages(safe uint64) error {
 	}
 	pages, _ := s.freePages(^uint64(0), span{}, safe)
 	for _, pg := range pages {
-		if _, err := s.dropRun(pg.seg, pg.lo, pg.hi, false); err != nil {
+		if _, err := s.dropRun(pg.seg, pg.lo, pg.hi, pg.c, false); err != nil {
 			return err
 		}
 	}

@@ -22,10 +22,12 @@ type Config struct {
 	// Expander). Private pools and MemPool segments stay fixed. MaxSplit is
 	// ignored: every block of an expandable segment may be split.
 	Expandable bool
-	// ExpandableChunk is the size of the chunks an expandable segment grows
-	// and shrinks by, each one physical allocation: 0 is the backend's
-	// granularity; other values are rounded up to a multiple of it. The
-	// library's default (ConfigFromEnv) is DefaultExpandableChunk, 20 MiB.
+	// ExpandableChunk is the size of the big chunks of expandable segments,
+	// each one physical allocation, mapped wherever a mapping covers a
+	// whole one (expandable.go); the rest is mapped in chunks of the
+	// backend's granularity. 0 or the granularity: granules only; other
+	// values are rounded up to a multiple of it. The library's default
+	// (ConfigFromEnv) is DefaultExpandableChunk, 20 MiB.
 	ExpandableChunk uint64
 	// UnmapFreePages unmaps, in expandable segments, the chunks that lie
 	// wholly inside free blocks: before the pool maps memory, as many as it
@@ -191,11 +193,38 @@ type deviceCounts struct {
 }
 
 // expandGeometry is how a device's expandable segments (expandable.go)
-// are cut: the chunk they grow and shrink by, and the address space each
-// one reserves.
+// are cut: chunk, the driver's granularity, is the unit of their books (a
+// segment's size, its unmapped holes) and the size of their small physical
+// chunks; big (a multiple of chunk, equal to it when the pool maps none
+// larger) is the size of their large ones, each at a multiple of big from
+// its segment's base; vaSize, a multiple of big, is the address space each
+// segment reserves.
 type expandGeometry struct {
-	chunk, vaSize uint64
+	chunk, big, vaSize uint64
 }
+
+// chunkSizes indexes what is kept of each size of physical chunk
+// (shard.kept): 0 the granularity, 1 the big chunk.
+type chunkSizes [2]uint64
+
+// sizeIndex is the index in a chunkSizes of chunks of c bytes.
+func (g expandGeometry) sizeIndex(c uint64) int {
+	if c == g.chunk {
+		return 0
+	}
+	return 1
+}
+
+// size is the chunk size of index i of a chunkSizes.
+func (g expandGeometry) size(i int) uint64 {
+	if i == 0 {
+		return g.chunk
+	}
+	return g.big
+}
+
+// total is the bytes of every size together.
+func (k chunkSizes) total() uint64 { return k[0] + k[1] }
 
 // shard is the pool state of one (device, stream): three pools of bins, the
 // live blocks and the segments it owns. Its mutex is the only lock on the
@@ -240,10 +269,10 @@ type shard struct {
 	frees, safe, quietTag uint64
 	quiet                 Event
 	quietSet              bool
-	// kept is the bytes of chunks this shard unmapped into the backend's
-	// spare (Pool.keeper) for the mapping it is making; 0 between
-	// operations (dropSpare).
-	kept uint64
+	// kept is the bytes of chunks of each size (expandGeometry.sizeIndex)
+	// this shard unmapped into the backend's spare (Pool.keeper) for the
+	// mapping it is making; 0 between operations (dropSpare).
+	kept chunkSizes
 	// holding: makeRoom holds the capture gate, until
 	// dropSpareAfterMapping (pages.go).
 	holding bool

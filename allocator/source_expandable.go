@@ -114,7 +114,7 @@ func (s *shard) releaseExpandable() error {
 		// The stream took blocks meanwhile: list again.
 	}
 	s.mu.Lock()
-	if s.kept != 0 { // left by a mapping whose release of spare chunks failed
+	if s.kept.total() != 0 { // left by a mapping whose release of spare chunks failed
 		errs = append(errs, s.dropSpare())
 	}
 	s.mu.Unlock()
@@ -159,7 +159,7 @@ func (s *shard) expandableCuts() []cut {
 		if tail.state != blockFree {
 			continue
 		}
-		if keep := roundUp(uint64(tail.ptr-seg.ptr), s.dev.expand.chunk); keep < seg.size {
+		if keep := s.dev.expand.cutPoint(seg, uint64(tail.ptr-seg.ptr)); keep < seg.size {
 			cuts = append(cuts, cut{seg: seg, from: keep})
 		}
 	}

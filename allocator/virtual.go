@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"fmt"
+	"maps"
 	"sync"
 )
 
@@ -21,7 +22,9 @@ type Virtual struct {
 	peak     []uint64
 	segs     map[uintptr]uint64 // Alloc'd segments: base -> size
 	ranges   map[uintptr]uint64 // reserved ranges: base -> size
-	mapped   map[uintptr]bool   // mapped chunks, by address
+	mapped   map[uintptr]bool   // mapped chunks of the granularity, by address
+	starts   ChunkStarts        // physical chunks mapped: start -> size
+	created  map[uint64]int     // physical chunks created, by size
 	nextEv   Event
 }
 
@@ -44,6 +47,7 @@ func NewVirtual(devices int, capacity uint64) *Virtual {
 		devices: devices, capacity: capacity, gran: 2 << 20, next: 1 << 44,
 		used: make([]uint64, devices), peak: make([]uint64, devices),
 		segs: map[uintptr]uint64{}, ranges: map[uintptr]uint64{}, mapped: map[uintptr]bool{},
+		starts: ChunkStarts{}, created: map[uint64]int{},
 	}
 }
 
@@ -203,7 +207,17 @@ func (v *Virtual) MapChunks(dev int, ptr uintptr, size, chunk uint64) error {
 	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {
 		v.mapped[c] = true
 	}
+	v.starts.Add(ptr, size, chunk)
+	v.created[chunk] += int(size / chunk)
 	return nil
+}
+
+// Created reports how many physical chunks of each size MapChunks has
+// created: what the driver's per-allocation cost is paid for on a GPU.
+func (v *Virtual) Created() map[uint64]int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return maps.Clone(v.created)
 }
 
 func (v *Virtual) UnmapChunks(dev int, ptr uintptr, size, chunk uint64) (uint64, error) {
@@ -220,6 +234,10 @@ func (v *Virtual) UnmapChunks(dev int, ptr uintptr, size, chunk uint64) (uint64,
 			return 0, fmt.Errorf("virtual: unmap of %#x+%d: chunk %#x is not mapped", ptr, size, c)
 		}
 	}
+	if err := v.starts.Check(ptr, size, chunk); err != nil {
+		return 0, fmt.Errorf("virtual: unmap of %#x+%d: %w", ptr, size, err)
+	}
+	v.starts.Remove(ptr, size, chunk)
 	for c := ptr; c < ptr+uintptr(size); c += uintptr(v.gran) {
 		delete(v.mapped, c)
 	}

@@ -7,7 +7,10 @@
 Workloads (fixed seeds, random weights from configs, no downloads): gpt2 (GPT-2 small training, fp32,
 AdamW, batch 8, 48 steps of varying sequence length), cnn (resnet50 training, fp32, SGD, 48 steps,
 batch 8..128 at random, 224x224), llm_infer (12-layer 1024-wide GPT-2, fp16: 12 requests of batch
-1-16, prompt 64-1024, 16-64 new tokens decoded greedily with a growing DynamicCache; step = request).
+1-16, prompt 64-1024, 16-64 new tokens decoded greedily with a growing DynamicCache; step = request),
+generate (a GPT-2-medium-sized model, 24 layers 1024 wide, fp16, serving 12 generate requests of batch
+1-8, prompt 32-512, 32-128 new tokens, each followed by a ResNet-18 inference of batch 16-64 in the same
+process: two models' working sets taking turns; step = request).
 Modes, each in a fresh interpreter (the allocator can be swapped once per process): native,
 native_expandable (expandable_segments:True), symm (symm.use_as_default()), symm_expandable (with
 SYMM_POOL_EXPANDABLE=1), symm_hooks and symm_hooks_expandable (the same without libsymm's PyTorch
@@ -48,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-WORKLOADS = ("gpt2", "cnn", "llm_infer")
+WORKLOADS = ("gpt2", "cnn", "llm_infer", "generate")
 MODES = ("native", "native_expandable", "symm", "symm_expandable", "symm_mempool", "symm_hooks",
          "symm_hooks_expandable", "symm_expandable_keep", "symm_front")
 REPLACE_MODES = ("symm", "symm_expandable", "symm_hooks", "symm_hooks_expandable", "symm_expandable_keep", "symm_front")
@@ -59,7 +62,7 @@ DEFAULT_MODES = MODES[:5]  # the hooks-only modes compare libsymm with and witho
 SEED, WARMUP, POLL_S, MiB = 0, 3, 0.001, 1 << 20
 GPT2_SEQS = (128, 1024, 256, 768, 512, 1000, 64, 900, 333, 1024, 200, 640)
 CNN_BATCHES = (8, 16, 24, 32, 48, 64, 96, 128)
-STEPS = {"gpt2": 48, "cnn": 48, "llm_infer": 12}
+STEPS = {"gpt2": 48, "cnn": 48, "llm_infer": 12, "generate": 12}
 TRACE_COLUMNS = ("action", "addr", "size", "stream")
 
 
@@ -120,17 +123,44 @@ def wl_llm_infer(torch, steps):
     yield
     with torch.no_grad():
         for bs, plen, new in reqs[:steps]:
-            ids = torch.randint(0, cfg.vocab_size, (bs, plen), device="cuda")
-            out = model(input_ids=ids, use_cache=True)
-            past, nxt = out.past_key_values, out.logits[:, -1, :].argmax(-1, keepdim=True)
-            for _ in range(new - 1):
-                out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-                past, nxt = out.past_key_values, out.logits[:, -1, :].argmax(-1, keepdim=True)
-            del out, past, nxt, ids
+            decode(torch, model, cfg, bs, plen, new)
             yield
 
 
-WORKLOAD_FNS = {"gpt2": wl_gpt2, "cnn": wl_cnn, "llm_infer": wl_llm_infer}
+def decode(torch, model, cfg, bs, plen, new):
+    """One request: a prompt of bs x plen random tokens, then new tokens
+    decoded greedily, one at a time, with a growing DynamicCache."""
+    ids = torch.randint(0, cfg.vocab_size, (bs, plen), device="cuda")
+    out = model(input_ids=ids, use_cache=True)
+    past, nxt = out.past_key_values, out.logits[:, -1, :].argmax(-1, keepdim=True)
+    for _ in range(new - 1):
+        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+        past, nxt = out.past_key_values, out.logits[:, -1, :].argmax(-1, keepdim=True)
+    del out, past, nxt, ids
+
+
+def wl_generate(torch, steps):
+    import random
+    import torchvision
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(SEED)
+    cfg = GPT2Config(n_layer=24, n_embd=1024, n_head=16, n_positions=1024)
+    lm = GPT2LMHeadModel(cfg).to(device="cuda", dtype=torch.float16).eval()
+    cnn = torchvision.models.resnet18(weights=None).to(device="cuda", dtype=torch.float16).eval()
+    rng = random.Random(SEED + 1)
+    reqs = [(rng.choice((1, 2, 4, 8)), rng.randint(32, 512), rng.randint(32, 128), rng.choice((16, 32, 64)))
+            for _ in range(max(steps, 1))]
+    yield
+    with torch.no_grad():
+        for bs, plen, new, images in reqs[:steps]:
+            decode(torch, lm, cfg, bs, plen, new)
+            x = torch.randn(images, 3, 224, 224, device="cuda", dtype=torch.float16)
+            cnn(x).argmax(-1)
+            del x
+            yield
+
+
+WORKLOAD_FNS = {"gpt2": wl_gpt2, "cnn": wl_cnn, "llm_infer": wl_llm_infer, "generate": wl_generate}
 
 
 # ---- child: one workload in one mode ------------------------------------------

@@ -299,32 +299,24 @@ func (b *Backend) releaseLeftover(dev int) error {
 	return nil
 }
 
-// ReleaseKept releases size bytes of dev's spare chunks (the most recently
-// kept first), and drops the references a mapping of spare chunks could not
-// (MapKept).
-func (b *Backend) ReleaseKept(dev int, size uint64) error {
+// ReleaseKept releases size bytes of dev's spare chunks of chunk bytes
+// (cuMemRelease of their handles, which frees their memory), the most
+// recently kept first. References a mapping of spare chunks left are
+// dropped too, and a failure there is reported with the rest.
+func (b *Backend) ReleaseKept(dev int, size, chunk uint64) error {
 	leftErr := b.releaseLeftover(dev)
-	b.spareMu.Lock()
-	have := b.spare[dev]
-	i, n := len(have), uint64(0)
-	for i > 0 && n < size {
-		i--
-		n += have[i].size
+	if chunk == 0 || size%chunk != 0 {
+		return errors.Join(fmt.Errorf("cuda: release of %d spare bytes on device %d: not whole %d-byte chunks", size, dev, chunk), leftErr)
 	}
-	if n != size {
-		b.spareMu.Unlock()
-		return fmt.Errorf("cuda: release of %d spare bytes on device %d, which keeps %d in chunks of its own sizes", size, dev, spareBytes(have))
+	hs, err := b.takeSpare(dev, int(size/chunk), chunk)
+	if err != nil {
+		return errors.Join(err, leftErr)
 	}
-	hs := append([]spareChunk(nil), have[i:]...)
-	b.spare[dev] = have[:i]
-	b.spareMu.Unlock()
 	var first error
-	for j, c := range hs {
-		if err := b.vm.memRelease(dev, c.h); err != nil {
+	for j, h := range hs {
+		if err := b.vm.memRelease(dev, h); err != nil {
 			// Those not released stay spare, to be released later.
-			b.spareMu.Lock()
-			b.spare[dev] = append(b.spare[dev], hs[j:]...)
-			b.spareMu.Unlock()
+			b.putSpare(dev, hs[j:], chunk)
 			first = err
 			break
 		}

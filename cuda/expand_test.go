@@ -231,6 +231,56 @@ func freePagesSpareChunks(t *testing.T, b *Backend, chunk uint64) {
 	require.InDelta(t, float64(free0), float64(free1), float64(4*u), "device memory back after empty_cache")
 }
 
+// One segment maps chunks of two sizes on the real driver: a small request
+// takes one chunk of the granularity, a 50 MiB one after it grows the
+// segment by granules up to the first 20 MiB slot, one 20 MiB chunk, and
+// granules after it; every block keeps its bytes, and release unmaps each
+// chunk whole with its own size (cuMemUnmap refuses part of a mapping), so
+// the device gets all of it back.
+func TestGPUMixedChunks(t *testing.T) {
+	b, _ := gpu(t)
+	const mib = 1 << 20
+	free0, _, err := b.MemInfo(0)
+	require.NoError(t, err)
+	p, err := allocator.New(b, allocator.Config{Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true})
+	require.NoError(t, err)
+	stat := func(name string) int64 {
+		m, err := p.StatsMap(0)
+		require.NoError(t, err)
+		return m[name]
+	}
+	small, _, err := p.Alloc(0, 0, mib)
+	require.NoError(t, err)
+	require.EqualValues(t, 2*mib, stat("reserved_bytes.all.current"), "one chunk of the granularity, not 20 MiB")
+	big, _, err := p.Alloc(0, 0, 50*mib)
+	require.NoError(t, err)
+	require.EqualValues(t, 52*mib, stat("reserved_bytes.all.current"))
+	require.NoError(t, Memset(0, small, 0x11, mib))
+	require.NoError(t, Memset(0, big, 0x22, 50*mib))
+	for _, c := range []struct{ at, base, size uint64 }{
+		{0, 0, 2 * mib}, {19 * mib, 18 * mib, 2 * mib}, {20 * mib, 20 * mib, 20 * mib}, {39 * mib, 20 * mib, 20 * mib}, {51 * mib, 50 * mib, 2 * mib},
+	} {
+		base, size, err := p.ChunkAt(big, small+uintptr(c.at))
+		require.NoError(t, err)
+		require.Equal(t, [2]uint64{c.base, c.size}, [2]uint64{uint64(base - small), size}, "the chunk at offset %d", c.at)
+	}
+	got := make([]byte, 50*mib)
+	require.NoError(t, MemcpyDtoH(0, got, big))
+	require.True(t, bytes.Equal(got, bytes.Repeat([]byte{0x22}, 50*mib)), "the block over both sizes keeps its bytes")
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Free(0, 0, big, 50*mib))
+	require.NoError(t, p.EmptyCache())
+	require.EqualValues(t, 2*mib, stat("reserved_bytes.all.current"), "granules and the big chunk unmapped, each whole")
+	require.NoError(t, p.Free(0, 0, small, mib))
+	require.NoError(t, p.EmptyCache())
+	require.NoError(t, p.CheckInvariants())
+	mapped, spare := b.Chunks(0)
+	require.Zero(t, mapped+spare)
+	free1, _, err := b.MemInfo(0)
+	require.NoError(t, err)
+	require.InDelta(t, float64(free0), float64(free1), 4*mib, "device memory back after empty_cache")
+}
+
 // The cost of mapping and unmapping expandable memory by chunk size: 400 MiB
 // mapped (cuMemCreate, cuMemMap, cuMemRelease per chunk, one
 // cuMemSetAccess) and unmapped again, per MiB. The driver's cost is mostly

@@ -75,6 +75,13 @@ int symm_pool_segment_chunk(const void *ptr, uint64_t *chunk) {
   return goPoolSegmentChunk((uintptr_t)ptr, chunk);
 }
 
+int symm_pool_chunk_at(const void *ptr, const void *at, uint64_t *base, uint64_t *size) {
+  if (forked("symm_pool_chunk_at")) return SYMM_ERR_FORKED;
+  if (base == nullptr) return fail(SYMM_ERR_INVALID, "symm_pool_chunk_at: base is NULL");
+  if (size == nullptr) return fail(SYMM_ERR_INVALID, "symm_pool_chunk_at: size is NULL");
+  return goPoolChunkAt((uintptr_t)ptr, (uintptr_t)at, base, size);
+}
+
 void *symm_pool_alloc_segment(size_t size, int device, void *stream) {
   // Never throws, in any mode: C and C++ callers get NULL and the last error.
   if (forked("symm_pool_alloc_segment") || size == 0) return nullptr;

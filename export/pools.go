@@ -198,6 +198,23 @@ func goPoolSegmentChunk(ptr C.uintptr_t, chunk *C.uint64_t) (code C.int) {
 	return C.SYMM_OK
 }
 
+//export goPoolChunkAt
+func goPoolChunkAt(ptr, at C.uintptr_t, base, size *C.uint64_t) (code C.int) {
+	const fn = "symm_pool_chunk_at"
+	defer guard(fn, &code)
+	p, err := getPool()
+	var b uintptr
+	var n uint64
+	if err == nil {
+		b, n, err = p.ChunkAt(uintptr(ptr), uintptr(at))
+	}
+	if err != nil {
+		return fail(fn, err)
+	}
+	*base, *size = C.uint64_t(b), C.uint64_t(n)
+	return C.SYMM_OK
+}
+
 //export goPoolSegmentOf
 func goPoolSegmentOf(ptr C.uintptr_t, base, size *C.uint64_t, expandable *C.int) (code C.int) {
 	const fn = "symm_pool_segment_of"

@@ -173,6 +173,7 @@ func (h *Backend) MapChunks(dev int, ptr uintptr, size, chunk uint64) error {
 	r.mapped += size
 	r.mark(base, ptr, size, true)
 	h.ranges[base] = r
+	h.starts.Add(ptr, size, chunk)
 	h.used[dev] += size
 	return nil
 }
@@ -224,6 +225,9 @@ func (h *Backend) unmap(dev int, ptr uintptr, size, chunk uint64, keep bool) (ui
 	if err := r.checkChunks(base, ptr, size, true, "unmap"); err != nil {
 		return 0, err
 	}
+	if err := h.starts.Check(ptr, size, chunk); err != nil {
+		return 0, fmt.Errorf("host: unmap on device %d: %w", dev, err)
+	}
 	n, failErr := size, error(nil)
 	if at := h.pick(FaultUnmap, int(size/chunk)); at >= 0 {
 		n = uint64(at) * chunk
@@ -237,8 +241,10 @@ func (h *Backend) unmap(dev int, ptr uintptr, size, chunk uint64, keep bool) (ui
 	r.mapped -= n
 	r.mark(base, ptr, n, false)
 	h.ranges[base] = r
+	h.starts.Remove(ptr, n, chunk)
 	if keep {
 		h.spare[dev] += n
+		h.spareOf[[2]uint64{uint64(dev), chunk}] += n
 	} else {
 		h.used[dev] -= n
 	}
@@ -259,8 +265,9 @@ func (h *Backend) MapKept(dev int, ptr uintptr, size, chunk uint64) error {
 	if err != nil {
 		return err
 	}
-	if h.spare[dev] < size {
-		return fmt.Errorf("host: map of %d spare bytes on device %d, which keeps %d", size, dev, h.spare[dev])
+	key := [2]uint64{uint64(dev), chunk}
+	if h.spareOf[key] < size {
+		return fmt.Errorf("host: map of %d spare bytes of %d-byte chunks on device %d, which keeps %d", size, chunk, dev, h.spareOf[key])
 	}
 	if err := h.ranges[base].checkChunks(base, ptr, size, false, "map of spare chunks"); err != nil {
 		return err
@@ -273,20 +280,25 @@ func (h *Backend) MapKept(dev int, ptr uintptr, size, chunk uint64) error {
 	r.mapped += size
 	r.mark(base, ptr, size, true)
 	h.ranges[base] = r
+	h.starts.Add(ptr, size, chunk)
+	h.spareOf[key] -= size
 	h.spare[dev] -= size
 	return nil
 }
 
-// ReleaseKept gives size bytes of dev's spare chunks back to its capacity.
-func (h *Backend) ReleaseKept(dev int, size uint64) error {
+// ReleaseKept gives size bytes of dev's spare chunks of chunk bytes back to
+// its capacity.
+func (h *Backend) ReleaseKept(dev int, size, chunk uint64) error {
 	if err := h.check(dev); err != nil {
 		return err
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.spare[dev] < size {
-		return fmt.Errorf("host: release of %d spare bytes on device %d, which keeps %d", size, dev, h.spare[dev])
+	key := [2]uint64{uint64(dev), chunk}
+	if h.spareOf[key] < size {
+		return fmt.Errorf("host: release of %d spare bytes of %d-byte chunks on device %d, which keeps %d", size, chunk, dev, h.spareOf[key])
 	}
+	h.spareOf[key] -= size
 	h.spare[dev] -= size
 	h.used[dev] -= size
 	return nil

@@ -492,15 +492,30 @@ int symm_pool_block_of(const void *ptr, uint64_t *address, uint64_t *requested);
  * SYMM_ERR_INVALID: an output pointer is NULL. Outputs are untouched then. */
 int symm_pool_segment_of(const void *ptr, uint64_t *base, uint64_t *size, int *expandable);
 
-/* The chunk of the expandable segment that holds the allocated block at or
- * containing ptr: the segment maps one physical allocation per chunk, at
- * chunk multiples from its base (SYMM_POOL_EXPANDABLE_CHUNK), which is what
- * a process mapping that memory must map each handle with (the page size in
- * PyTorch's expandable-segment IPC handle); 0 for a segment that is a driver
- * allocation of its own. Returns SYMM_OK; SYMM_ERR_UNKNOWN_POINTER: ptr is
- * in no block this pool has allocated; SYMM_ERR_INVALID: chunk is NULL.
- * *chunk is untouched then. */
+/* The size of the physical chunk that holds ptr, in the expandable segment of
+ * the allocated block at or containing ptr: each chunk is one physical
+ * allocation, which a process mapping that memory must map whole (the page
+ * size in PyTorch's expandable-segment IPC handle); 0 for a segment that is a
+ * driver allocation of its own. A segment may hold chunks of two sizes (the
+ * granularity, and SYMM_POOL_EXPANDABLE_CHUNK's at its multiples from the
+ * segment's base), so a block may lie over both: symm_pool_chunk_at says
+ * which chunk holds an address. Returns SYMM_OK; SYMM_ERR_UNKNOWN_POINTER:
+ * ptr is in no block this pool has allocated; SYMM_ERR_INVALID: chunk is
+ * NULL. *chunk is untouched then. */
 int symm_pool_segment_chunk(const void *ptr, uint64_t *chunk);
+
+/* The physical chunk [*base, *base + *size) that holds the address at, in
+ * the expandable segment of the allocated block at or containing ptr (at may
+ * lie outside that block: in another block, or free, of the same segment).
+ * Each chunk is one physical allocation, which a process mapping that memory
+ * must map whole: what a caller sharing a block chunk by chunk (PyTorch's
+ * CUDA IPC) walks, from the chunk holding ptr to the block's end, a chunk's
+ * end being the next one's address. *base 0 and *size 0 for a segment that
+ * is a driver allocation of its own. Returns SYMM_OK;
+ * SYMM_ERR_UNKNOWN_POINTER: ptr is in no block this pool has allocated;
+ * SYMM_ERR_INVALID: base or size is NULL, or at is not in a mapped chunk of
+ * ptr's expandable segment. Outputs are untouched then. */
+int symm_pool_chunk_at(const void *ptr, const void *at, uint64_t *base, uint64_t *size);
 
 /* ---- snapshots as C listings, segment events -------------------------------
  *

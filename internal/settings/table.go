@@ -39,7 +39,7 @@ var (
 		Help:    "where the statistics pages are written (and `symm top` reads them)"})
 	PoolExpandableChunk = define(Setting{Name: "SYMM_POOL_EXPANDABLE_CHUNK", Reader: Library, When: atPool,
 		Default: "`large_segment_size_mb` (20 MiB)", Want: "want a size from 1 byte to 1 TiB (rounded up to the driver's granularity)",
-		Help: "size of the chunks expandable segments grow and shrink by, rounded up to the driver's granularity (2 MiB); `2MiB` suits a process whose requests are all small, at the cost of a slower warm-up ([details](docs/SETTINGS.md#symm_pool_expandable_chunk))"})
+		Help: "size of the big chunks expandable segments map where a mapping covers a whole one (2 MiB chunks elsewhere), rounded up to the driver's granularity (2 MiB); `2MiB`: 2 MiB chunks only, fewer bytes, slower warm-up ([details](docs/SETTINGS.md#symm_pool_expandable_chunk))"})
 	PoolFrontCache = define(Setting{Name: "SYMM_POOL_FRONT_CACHE", Reader: Library, When: atPool,
 		Default: "`0`", Want: "want 0 or 1",
 		Help: "off by default (`0`: every call goes to the Go pool); `1`: keep recently freed blocks per CPU in C, so a cached alloc/free of the same size and stream never enters Go: it pays for multi-threaded C callers of `symm_pool_alloc`/`symm_pool_free` ([details](docs/SETTINGS.md#symm_pool_front_cache))"})

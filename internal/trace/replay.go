@@ -31,6 +31,9 @@ type Result struct {
 	// num_chunk_unmaps statistics): what Config.UnmapFreePages adds.
 	ChunkMaps   int64 `json:"chunk_maps"`
 	ChunkUnmaps int64 `json:"chunk_unmaps"`
+	// ChunksCreated counts the physical chunks mapped, by their size in
+	// bytes: what a GPU driver's per-allocation cost is paid for.
+	ChunksCreated map[uint64]int `json:"chunks_created,omitempty"`
 	// Rows counts the alloc and free_completed rows replayed (those of size
 	// 0 and unmatched frees are not).
 	Rows int `json:"rows_replayed"`
@@ -132,6 +135,9 @@ func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 		res.Ratio = float64(res.PeakReserved) / float64(res.PeakAllocated)
 	}
 	res.BackendPeak = v.Peak(0)
+	if c := v.Created(); len(c) > 0 {
+		res.ChunksCreated = c
+	}
 	if r.series != nil {
 		res.Series = r.series.finish()
 	}

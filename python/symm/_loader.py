@@ -114,6 +114,10 @@ PROTOTYPES: dict[str, tuple[list, object]] = {
         _c_int,
     ),
     "symm_pool_segment_chunk": ([_c_void_p, ctypes.POINTER(ctypes.c_uint64)], _c_int),
+    "symm_pool_chunk_at": (
+        [_c_void_p, _c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)],
+        _c_int,
+    ),
     "symm_pool_cache_info": ([_c_int, ctypes.POINTER(_c_size_t)], _c_int),
     "symm_pool_reset_accumulated": ([_c_int], _c_int),
     "symm_pool_blocks": ([_c_int, PoolId, ctypes.POINTER(BlockInfo), _c_int], _c_int),

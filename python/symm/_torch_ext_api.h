@@ -82,6 +82,7 @@ namespace {
   X(cache_info, symm_pool_cache_info, false)                           \
   X(segment_of, symm_pool_segment_of, false)                           \
   X(segment_chunk, symm_pool_segment_chunk, false)                     \
+  X(chunk_at, symm_pool_chunk_at, false)                               \
   X(set_annotation, symm_pool_set_annotation, false)                   \
   X(block_of, symm_pool_block_of, false)                               \
   X(blocks, symm_pool_blocks, false)                                   \

@@ -79,6 +79,7 @@ size_t vmm_granularity(const Driver &d, int dev) {
 using symm_ipc::ShareHeader;
 using symm_ipc::kHandleCudaMalloc;
 using symm_ipc::kHandleExpandable;
+using symm_ipc::kHandleExpandableMixed;
 using symm_ipc::kHandleVersion;
 
 #ifndef SYS_pidfd_open
@@ -93,7 +94,9 @@ using symm_ipc::kHandleVersion;
 // PyTorch's own format, so that a libsymm process and a process on
 // PyTorch's allocator read each other's tensors: version 2, type 'c', then
 // the cudaIpcMemHandle_t of the whole driver allocation (the segment); the
-// tensor's offset in it travels beside the handle.
+// tensor's offset in it travels beside the handle. An expandable segment's
+// chunks go as PyTorch's type 'e' when of one size, else as libsymm's 'm'
+// (_torch_ext_ipc.h), which only a libsymm receiver reads.
 
 CCA::ShareableHandle SymmAllocator::shareIpcHandle(void *ptr) {
   uint64_t base = 0, size = 0;
@@ -119,14 +122,14 @@ std::shared_ptr<void> SymmAllocator::getIpcDevPtr(std::string handle) {
              handle[1] == kHandleCudaMalloc) {
     raw = handle.data() + 2;
   } else if (handle.size() >= 2 + sizeof(ShareHeader) && handle[0] == kHandleVersion &&
-             handle[1] == kHandleExpandable) {
+             (handle[1] == kHandleExpandable || handle[1] == kHandleExpandableMixed)) {
     expandable = true;
   } else {
     TORCH_CHECK(false, "libsymm: getIpcDevPtr: a CUDA IPC handle of ", handle.size(), " bytes",
                 handle.size() >= 2 ? std::string(" (version ") + std::to_string(int(handle[0])) + ", type '" +
                                          handle[1] + "')"
                                    : std::string(),
-                " is in no format libsymm knows (version 2, type 'c' or 'e')");
+                " is in no format libsymm knows (version 2, type 'c', 'e' or 'm')");
   }
   std::lock_guard<std::mutex> g(ipc_mu_);
   auto it = ipc_.find(handle);
@@ -165,13 +168,17 @@ void SymmAllocator::forget_ipc(const std::string &handle) {
 // A segment shared as PyTorch's expandable segments are: its chunks'
 // descriptors are duplicated from the sender (pidfd_getfd, which needs the
 // same user and ptrace permission, as PyTorch's own receiver does),
-// imported and mapped into a range of this process.
+// imported and mapped into a range of this process, each chunk whole at
+// the sum of the sizes before it (all one size in PyTorch's type 'e';
+// libsymm's 'm' lists them).
 std::shared_ptr<void> SymmAllocator::open_expandable(const std::string &handle, int device) {
   const Driver &d = driver();
   // Counts from another process: checked against the handle's bytes
   // without overflow before anything is read or reserved.
   symm_ipc::Expandable eh;
-  std::string bad = symm_ipc::parse_expandable(handle.data(), handle.size(), &eh);
+  std::string bad = handle[1] == kHandleExpandableMixed
+                        ? symm_ipc::parse_expandable_mixed(handle.data(), handle.size(), &eh)
+                        : symm_ipc::parse_expandable(handle.data(), handle.size(), &eh);
   TORCH_CHECK(bad.empty(), "libsymm: getIpcDevPtr: ", bad);
   const ShareHeader &hd = eh.header;
   int pidfd = static_cast<int>(syscall(SYS_pidfd_open, hd.pid, 0));
@@ -186,7 +193,7 @@ std::shared_ptr<void> SymmAllocator::open_expandable(const std::string &handle, 
     close(pidfd);
     drv_check(r, "cuMemAddressReserve");
   }
-  size_t mapped = 0;
+  size_t mapped = 0, at = 0;  // chunks mapped, and the offset of the next
   std::string err;
   for (size_t i = 0; i < hd.num_handles && err.empty(); i++) {
     int fd = eh.fds[i];
@@ -205,12 +212,13 @@ std::shared_ptr<void> SymmAllocator::open_expandable(const std::string &handle, 
       err = "cuMemImportFromShareableHandle: CUresult " + std::to_string(static_cast<int>(r));
       break;
     }
-    r = d.map(va + i * hd.segment_size, hd.segment_size, 0, h, 0);
+    r = d.map(va + at, eh.sizes[i], 0, h, 0);
     d.release(h);  // the mapping holds the memory now
     if (r != CUDA_SUCCESS) {
-      err = "cuMemMap: CUresult " + std::to_string(static_cast<int>(r));
+      err = "cuMemMap of " + std::to_string(eh.sizes[i]) + " bytes: CUresult " + std::to_string(static_cast<int>(r));
       break;
     }
+    at += eh.sizes[i];
     mapped++;
   }
   close(pidfd);
@@ -222,8 +230,12 @@ std::shared_ptr<void> SymmAllocator::open_expandable(const std::string &handle, 
     r = d.set_access(va, total, &acc, 1);
     if (r != CUDA_SUCCESS) err = "cuMemSetAccess: CUresult " + std::to_string(static_cast<int>(r));
   }
-  auto undo = [&d, va, total, seg = hd.segment_size](size_t n) {
-    for (size_t i = 0; i < n; i++) d.unmap(va + i * seg, seg);
+  auto undo = [&d, va, total, sizes = std::move(eh.sizes)](size_t n) {
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+      d.unmap(va + off, sizes[i]);
+      off += sizes[i];
+    }
     d.addr_free(va, total);
   };
   if (!err.empty()) {
@@ -241,40 +253,55 @@ std::shared_ptr<void> SymmAllocator::open_expandable(const std::string &handle, 
 }
 
 // Shares the chunks under ptr's block, from ptr on, in PyTorch's
-// expandable-segment format. Each chunk's descriptor stays open while a
-// shared block covers it (the receiver duplicates it from this process);
-// it is closed when the last such block is freed, before the chunk can be
-// unmapped (share_book_, _torch_ext_ipc.h). The book's key is the block's
-// start, the pointer its free gives back, never ptr: PyTorch shares a
-// storage's pointer, which may lie inside the block, and a descriptor kept
-// under it would never be closed, and later sent for another physical
-// chunk mapped at the same address.
+// expandable-segment format when they are all of one size, else in
+// libsymm's (type 'm', _torch_ext_ipc.h): a segment maps chunks of the
+// granularity and bigger ones (SYMM_POOL_EXPANDABLE_CHUNK), and a block may
+// lie over both. Each chunk's descriptor stays open while a shared block
+// covers it (the receiver duplicates it from this process); it is closed
+// when the last such block is freed, before the chunk can be unmapped
+// (share_book_, _torch_ext_ipc.h). The book's key is the block's start, the
+// pointer its free gives back, never ptr: PyTorch shares a storage's
+// pointer, which may lie inside the block, and a descriptor kept under it
+// would never be closed, and later sent for another physical chunk mapped
+// at the same address.
 CCA::ShareableHandle SymmAllocator::share_expandable(void *ptr, uint64_t base, uint64_t mapped) {
   const Driver &d = driver();
-  // The segment's chunk: each is one physical allocation, so each handle
-  // sent must be mapped whole (the header's segment_size). A libsymm
-  // without symm_pool_segment_chunk maps chunks of the granularity.
-  uint64_t g = 0;
-  if (g_api.segment_chunk != nullptr)
-    check(g_api.segment_chunk(ptr, &g), "shareIpcHandle");
-  if (g == 0) {
-    int dev = 0;
-    C10_CUDA_CHECK(cudaGetDevice(&dev));
-    g = vmm_granularity(d, dev);
-  }
-  uint64_t p = reinterpret_cast<uint64_t>(ptr), block = 0, requested = 0, begin = 0, end = 0;
+  uint64_t p = reinterpret_cast<uint64_t>(ptr), block = 0, requested = 0;
   check(SYMM_NEED(block_of)(ptr, &block, &requested), "shareIpcHandle");
-  TORCH_CHECK(symm_ipc::chunks_under(p, block, requested, base, mapped, g, &begin, &end), "libsymm: shareIpcHandle: ",
-              ptr, " is outside its segment's mapped part");
-  ShareHeader hd{};
-  hd.pid = getpid();
-  hd.segment_size = g;
-  hd.num_handles = (end - begin) / g;
-  std::string s;
-  s.push_back(kHandleVersion);
-  s.push_back(kHandleExpandable);
-  s.append(reinterpret_cast<const char *>(&hd), sizeof hd);
-  std::vector<int> fds = share_book_.share(block, begin, end, g, [&d](uint64_t a) {
+  // Each chunk is one physical allocation: each handle sent must be mapped
+  // whole, with its own size (symm_pool_chunk_at). A libsymm without it has
+  // chunks of one size: symm_pool_segment_chunk's, or the granularity for
+  // one without that either.
+  std::vector<symm_ipc::Chunk> chunks;
+  if (g_api.chunk_at != nullptr) {
+    std::string bad = symm_ipc::chunks_at(p, block, requested, base, mapped,
+                                          [ptr](uint64_t a) {
+                                            symm_ipc::Chunk c{0, 0};
+                                            check(g_api.chunk_at(ptr, reinterpret_cast<const void *>(a), &c.base,
+                                                                 &c.size),
+                                                  "shareIpcHandle");
+                                            return c;
+                                          },
+                                          &chunks);
+    TORCH_CHECK(bad.empty(), "libsymm: shareIpcHandle: ", ptr, ": ", bad);
+  } else {
+    uint64_t g = 0, begin = 0, end = 0;
+    if (g_api.segment_chunk != nullptr) check(g_api.segment_chunk(ptr, &g), "shareIpcHandle");
+    if (g == 0) {
+      int dev = 0;
+      C10_CUDA_CHECK(cudaGetDevice(&dev));
+      g = vmm_granularity(d, dev);
+    }
+    TORCH_CHECK(symm_ipc::chunks_under(p, block, requested, base, mapped, g, &begin, &end),
+                "libsymm: shareIpcHandle: ", ptr, " is outside its segment's mapped part");
+    for (uint64_t a = begin; a + g <= end; a += g) chunks.push_back(symm_ipc::Chunk{a, g});
+  }
+  std::vector<uint64_t> starts, sizes;
+  for (const symm_ipc::Chunk &c : chunks) {
+    starts.push_back(c.base);
+    sizes.push_back(c.size);
+  }
+  std::vector<int> fds = share_book_.share(block, starts, [&d](uint64_t a) {
     CUmemGenericAllocationHandle h = 0;
     drv_check(d.retain(&h, reinterpret_cast<void *>(a)), "cuMemRetainAllocationHandle");
     int fd = -1;
@@ -293,8 +320,9 @@ CCA::ShareableHandle SymmAllocator::share_expandable(void *ptr, uint64_t base, u
     }
     return fd;
   });
-  s.append(reinterpret_cast<const char *>(fds.data()), fds.size() * sizeof(int));
-  return CCA::ShareableHandle{static_cast<ptrdiff_t>(p - begin), s};
+  std::string s = symm_ipc::expandable_handle(getpid(), sizes, fds);
+  TORCH_CHECK(!s.empty(), "libsymm: shareIpcHandle: ", ptr, ": chunks of sizes that are not multiples of the smallest");
+  return CCA::ShareableHandle{static_cast<ptrdiff_t>(p - chunks.front().base), s};
 }
 
 // Called before block (a block's start: the pointer a free gives back)

@@ -414,6 +414,65 @@ static void test_pool_segment_chunk(void) {
   area("symm_pool_segment_chunk", c0);
 }
 
+/* The chunk holding an address of ptr's segment: the chunks under a block,
+ * walked from the one holding its start, are contiguous, each the size
+ * symm_pool_segment_chunk gives at its address, whole granules; a fixed
+ * segment has none (0, 0) whatever at is. */
+static void test_pool_chunk_at(void) {
+  int c0 = passes + failures;
+  uint64_t base = 7, size = 7;
+  BAD(SYMM_ERR_INVALID, "base is NULL", symm_pool_chunk_at(pa, pa, NULL, &size));
+  BAD(SYMM_ERR_INVALID, "size is NULL", symm_pool_chunk_at(pa, pa, &base, NULL));
+  BAD(SYMM_ERR_INVALID, "base is NULL", symm_pool_chunk_at(NULL, pa, NULL, NULL));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0x0", symm_pool_chunk_at(NULL, pa, &base, &size));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, "0xdead000", symm_pool_chunk_at((void *)0xdead000, pa, &base, &size));
+  BAD(SYMM_ERR_UNKNOWN_POINTER, hex(pa + MiB), symm_pool_chunk_at(pa + MiB, pa, &base, &size));
+  CHECK(base == 7 && size == 7, "outputs untouched by failures");
+  uint64_t sbase = 0, ssize = 0;
+  int exp = 0;
+  NOOP(0, symm_pool_segment_of(pb, &sbase, &ssize, &exp));
+  unsigned char *past = (unsigned char *)(uintptr_t)(sbase + ssize);
+  if (exp) {
+    /* Outside the segment's mapped chunks: before it, past its end, far off. */
+    BAD(SYMM_ERR_INVALID, "0x0", symm_pool_chunk_at(pb, NULL, &base, &size));
+    BAD(SYMM_ERR_INVALID, hex(past), symm_pool_chunk_at(pb, past, &base, &size));
+    BAD(SYMM_ERR_INVALID, hex(past + GiB), symm_pool_chunk_at(pb + 100, past + GiB, &base, &size));
+    unsigned char *before = (unsigned char *)(uintptr_t)(sbase - 1);
+    BAD(SYMM_ERR_INVALID, hex(before), symm_pool_chunk_at(pb, before, &base, &size));
+    CHECK(base == 7 && size == 7, "outputs untouched by failures");
+  } else {
+    NOOP(0, symm_pool_chunk_at(pb, past + GiB, &base, &size));
+    CHECK(base == 0 && size == 0, "a fixed segment has no chunks: [%#llx, +%llu)", (unsigned long long)base,
+          (unsigned long long)size);
+  }
+  /* pb's block (3 MiB), walked chunk by chunk from a pointer inside it. */
+  uint64_t at = (uint64_t)(uintptr_t)pb + 100, end = (uint64_t)(uintptr_t)pb + 3 * MiB;
+  int n = 0;
+  do {
+    base = size = 7;
+    NOOP(0, symm_pool_chunk_at(pb + 100, (void *)(uintptr_t)at, &base, &size));
+    uint64_t chunk = 7;
+    NOOP(0, symm_pool_segment_chunk((void *)(uintptr_t)at, &chunk));
+    if (!exp) {
+      CHECK(base == 0 && size == 0 && chunk == 0, "a fixed segment: chunk [%#llx, +%llu)", (unsigned long long)base,
+            (unsigned long long)size);
+      break;
+    }
+    CHECK(size == chunk && size >= 2 * MiB && size % (2 * MiB) == 0 && base % (2 * MiB) == 0,
+          "chunk [%#llx, +%llu) at %#llx: symm_pool_segment_chunk says %llu", (unsigned long long)base,
+          (unsigned long long)size, (unsigned long long)at, (unsigned long long)chunk);
+    CHECK(base <= at && at - base < size && sbase <= base && base + size <= sbase + ssize,
+          "chunk [%#llx, +%llu) holds %#llx, inside the segment [%#llx, +%llu)", (unsigned long long)base,
+          (unsigned long long)size, (unsigned long long)at, (unsigned long long)sbase, (unsigned long long)ssize);
+    CHECK(n == 0 || base == at, "chunk %d starts at %#llx, where the one before ended", n, (unsigned long long)base);
+    if (size == 0 || base + size <= at) break;
+    at = base + size;
+    n++;
+  } while (at < end && n < 64);
+  CHECK(!exp || (n >= 1 && n <= 3), "%d chunks under a 3 MiB block", n);
+  area("symm_pool_chunk_at", c0);
+}
+
 static void test_pool_block_of(void) {
   int c0 = passes + failures;
   uint64_t addr = 7, req = 7;
@@ -1641,7 +1700,8 @@ static void check_coverage(void) {
       "symm_wait_signal", "symm_barrier", "symm_reset_signal_pad", "symm_reset_signal_pad_if_any", "symm_kernels_ready", "symm_one_shot_all_reduce", "symm_two_shot_all_reduce",
       "symm_reduce_scatter", "symm_all_gather", "symm_push_all_reduce_workspace_size", "symm_all_reduce_algorithm", "symm_all_reduce_setting",
       "symm_push_max_bytes_setting",
-      "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_segment_chunk", "symm_pool_block_of",
+      "symm_push_all_reduce", "symm_pool_segment_of", "symm_pool_segment_chunk", "symm_pool_chunk_at",
+      "symm_pool_block_of",
       "symm_pool_cache_info", "symm_pool_reset_accumulated", "symm_pool_blocks", "symm_pool_restore_blocks",
       "symm_pool_alloc_segment", "symm_pool_snapshot_list", "symm_pool_settings", "symm_pool_set_annotation", "symm_pool_set_segment_hook",
       "symm_pool_memory_fraction", "symm_pool_set_allocator_settings", "symm_driver_proc", "symm_torch_own_allocator",
@@ -1730,6 +1790,7 @@ int main(int argc, char **argv) {
   test_pool_record_stream();
   test_pool_segment_of();
   test_pool_segment_chunk();
+  test_pool_chunk_at();
   test_pool_block_of();
   test_pool_stats();
   test_pool_limits();

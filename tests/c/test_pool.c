@@ -22,15 +22,6 @@ static int64_t stat(int dev, const char *name) {
   return -1;
 }
 
-/* The expandable chunk when SYMM_POOL_EXPANDABLE is on (SYMM_POOL_EXPANDABLE_CHUNK
- * as make test-c sets it: unset, the library's 20 MiB, or 2MiB), else 0. */
-static int64_t expandable_chunk(void) {
-  const char *ex = getenv("SYMM_POOL_EXPANDABLE");
-  if (!ex || !strcmp(ex, "0") || !strcmp(ex, "")) return 0;
-  const char *c = getenv("SYMM_POOL_EXPANDABLE_CHUNK");
-  return c && !strcmp(c, "2MiB") ? 2 << 20 : 20 << 20;
-}
-
 /* Whether SYMM_POOL_FRONT_CACHE=1 turned the front cache on (make test-c
  * runs each test with 1 and 0); unset, it is off. */
 static int front_cache_on(void) {
@@ -38,12 +29,10 @@ static int front_cache_on(void) {
   return fc && !strcmp(fc, "1");
 }
 
-/* What the first small request reserves: a 2 MiB small segment, or one
- * expandable chunk. */
-static int64_t first_reserve(void) {
-  int64_t c = expandable_chunk();
-  return c ? c : 2 << 20;
-}
+/* What the first small request reserves: a 2 MiB small segment, or in an
+ * expandable segment one chunk of the granularity (2 MiB), whatever the big
+ * chunk: a segment maps big chunks only where it grows by a whole one. */
+static int64_t first_reserve(void) { return 2 << 20; }
 
 static void test_alloc_free(void) {
   void *s = (void *)0x1234; /* any stream value: host streams are identities */
@@ -69,9 +58,9 @@ static void test_alloc_free(void) {
   symm_pool_free(first, 4096, 0, s);
   void *again = symm_pool_alloc(4096, 0, s);
   CHECK(again == first, "same stream reuses the cached block at once");
-  /* Expandable: one mapping per growth (the first chunk; 1 MiB + 1 more with
-   * 2 MiB chunks; the 25 MiB block). */
-  int64_t want_allocs = expandable_chunk() == (20 << 20) ? 2 : 3;
+  /* Expandable: one mapping per growth (the first 2 MiB; 1 MiB + 1 more; the
+   * 25 MiB block), whatever the big chunk. */
+  int64_t want_allocs = 3;
   CHECK(stat(0, "num_device_alloc") == want_allocs, "three segments: small, large, and one of 26 MiB: %lld",
         (long long)stat(0, "num_device_alloc"));
   symm_pool_free(again, 4096, 0, s);
@@ -250,8 +239,9 @@ static void test_whole_segments_hit_the_front_cache(void) {
   /* Another size misses, gets the parked segment back first and reuses it. */
   void *c = symm_pool_alloc(60 << 20, 0, NULL);
   CHECK(c == a || !hits, "a miss reuses the parked segment (%p, %p)", c, a);
-  int64_t ch = expandable_chunk();
-  int64_t want_peak = ch ? ((64 << 20) + ch - 1) / ch * ch : 64 << 20; /* 64 MiB in whole chunks */
+  /* Expandable: 64 MiB from an empty segment is whole chunks (three big
+   * ones of 20 MiB and two of 2 MiB by default), nothing more. */
+  int64_t want_peak = 64 << 20;
   CHECK(stat(0, "reserved_bytes.all.peak") == want_peak || !hits, "reserved peak 64 MiB: %lld",
         (long long)stat(0, "reserved_bytes.all.peak"));
   symm_pool_free(c, 60 << 20, 0, NULL);

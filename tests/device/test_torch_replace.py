@@ -15,7 +15,11 @@ set_per_process_memory_fraction), history (_record_memory_history ->
 _snapshot with this file's frames -> _dump_snapshot -> memory_viz's
 trace_plot and segment_plot render), mp (a CUDA tensor through a
 torch.multiprocessing queue to a spawned child on each allocator and back),
-mpexp (the same with expandable segments everywhere), cloexec (the
+mpexp (the same with expandable segments everywhere), mpmixed (libsymm
+only: a 50 MiB tensor over chunks of both sizes an expandable segment maps,
+2 MiB ones and a 20 MiB one, crosses to a libsymm child in libsymm's handle
+of mixed chunk sizes, and a 4 MiB one over 2 MiB chunks alone still goes in
+PyTorch's format), cloexec (the
 descriptors a shared expandable segment's handle names are close-on-exec: a
 child started with exec does not inherit them and keep the memory alive;
 asserted under libsymm, reported for PyTorch's allocator), mpinterior (a
@@ -51,7 +55,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-CHECKS = ("stats", "cudnn", "oom", "history", "mp", "mpexp", "cloexec", "mpinterior", "compile", "tree", "graphs",
+CHECKS = ("stats", "cudnn", "oom", "history", "mp", "mpexp", "mpmixed", "cloexec", "mpinterior", "compile", "tree", "graphs",
           "mempool", "expandable", "plain", "noabort", "badfree")
 ALLOCS = ("native", "symm")
 MiB = 1 << 20
@@ -251,6 +255,38 @@ def check_mpexp(alloc):
     snap = torch.cuda.memory._snapshot()
     assert snap["segments"] and all(seg["is_expandable"] for seg in snap["segments"]), "not expandable"
     return res
+
+
+def check_mpmixed(alloc):
+    if alloc != "symm":
+        return "libsymm only"
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    torch = install(alloc)
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    # 1 MiB at the segment's start, then 50 MiB: [2, 20) MiB in 2 MiB
+    # chunks, [20, 40) one 20 MiB chunk, [40, 52) 2 MiB chunks again.
+    pad = torch.zeros(1 << 18, device="cuda")
+    t = torch.arange(50 * MiB // 4, dtype=torch.float32, device="cuda") * 1e-6
+    small = torch.ones(1 << 20, device="cuda")  # 4 MiB after them: 2 MiB chunks only
+    kinds = {"mixed": t.untyped_storage()._share_cuda_()[1][:2], "uniform": small.untyped_storage()._share_cuda_()[1][:2]}
+    assert kinds == {"mixed": b"\x02m", "uniform": b"\x02e"}, kinds
+    q_in, q_out = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_mp_child, args=(q_in, q_out, "symm"))
+    p.start()
+    want = float(t.double().sum().item())
+    q_in.put(t)
+    status, val = q_out.get(timeout=120)
+    assert status == "ok", f"symm -> symm: {val}"
+    assert abs(val - want) < 1e-3 * abs(want), (val, want)
+    torch.cuda.synchronize()
+    assert abs(float(t.double().sum().item()) - 2 * want) < 1e-3 * abs(want), "the child's write is not visible"
+    q_in.put("done")
+    p.join(60)
+    assert p.exitcode == 0, p.exitcode
+    del pad, small
+    return {"handles": {k: v.decode("latin-1") for k, v in kinds.items()}, "symm->symm": "ok"}
 
 
 def check_cloexec(alloc):

@@ -44,7 +44,7 @@ def test_set_expandable_before_first_allocation():
     out = run(True)
     assert out["expandable"] == [True]
     assert out["contiguous"], "five 3 MiB blocks follow each other in one range"
-    assert out["reserved"] == 20 << 20, "15 MiB mapped in one 20 MiB chunk (the default chunk)"
+    assert out["reserved"] == 16 << 20, "15 MiB in 2 MiB chunks: no 3 MiB growth takes a whole 20 MiB chunk"
     assert out["segments"] == 1
     assert out["switch"] == "accepted", "once the pool exists, the choice applies to later segments"
     assert out["kinds_after_switch"] == [False, True], "a fixed segment beside the expandable one"
@@ -55,6 +55,9 @@ def test_chunk_size_from_the_environment():
     out = run(True, {"SYMM_POOL_EXPANDABLE_CHUNK": "2MiB"})
     assert out["contiguous"]
     assert out["reserved"] == 16 << 20, "15 MiB mapped in 2 MiB chunks"
+    out = run(True, {"SYMM_POOL_EXPANDABLE_CHUNK": "4MiB"})
+    assert out["contiguous"]
+    assert out["reserved"] == 16 << 20, "the first 4 MiB one big chunk, each growth after it 2 MiB chunks"
     assert out["after_empty"] == 0
 
 

@@ -32,7 +32,7 @@ def wl():
 def test_parse_args_defaults(wl, monkeypatch):
     monkeypatch.delenv("OUT", raising=False)
     a = wl.parse_args([])
-    assert a.workloads == ["gpt2", "cnn", "llm_infer"]
+    assert a.workloads == ["gpt2", "cnn", "llm_infer", "generate"]
     assert a.modes == ["native", "native_expandable", "symm", "symm_expandable", "symm_mempool"]
     assert (a.runs, a.timeout, a.record_trace, a.steps, a.child) == (3, 300, None, None, None)
     assert a.out == ROOT / "build" / "workloads.md"
