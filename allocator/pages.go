@@ -633,20 +633,18 @@ func (s *shard) unmapFreePages(safe uint64) error {
 
 // passed advances s.safe to the frees the stream has passed, without
 // waiting: a quiet event is recorded after the latest free when none is
-// outstanding, and asked (not waited for) whether it completed. An event
-// that cannot be recorded or asked leaves s.safe as it is: pages then stay
-// mapped, and the pool maps new memory instead. Called with s.mu held.
+// outstanding, and asked (not waited for) whether it completed. Once one
+// has, the next is recorded at once when frees came after it, so that the
+// next mapping asks about the stream's progress up to this one rather than
+// up to the one before (a mapping that found its event done would
+// otherwise record the next only at the following mapping, and the pages
+// freed in between would wait two mappings). An event that cannot be
+// recorded or asked leaves s.safe as it is: pages then stay mapped, and the
+// pool maps new memory instead. Called with s.mu held.
 func (s *shard) passed() {
 	d := s.dev
-	if !s.quietSet {
-		if s.safe == s.frees {
-			return
-		}
-		ev, err := s.recordOnStream()
-		if err != nil {
-			return
-		}
-		s.quiet, s.quietTag, s.quietSet = ev, s.frees, true
+	if !s.quietSet && !s.recordQuiet() {
+		return
 	}
 	done, err := d.pool.backend.Query(d.idx, s.quiet)
 	if err != nil || done {
@@ -655,5 +653,21 @@ func (s *shard) passed() {
 	}
 	if err == nil && done {
 		s.safe = max(s.safe, s.quietTag) // a release may have waited further
+		s.recordQuiet()
 	}
+}
+
+// recordQuiet records the quiet event after the latest free, when frees
+// came after what s.safe covers; it reports whether one is outstanding.
+// Called with s.mu held and none outstanding.
+func (s *shard) recordQuiet() bool {
+	if s.safe == s.frees {
+		return false
+	}
+	ev, err := s.recordOnStream()
+	if err != nil {
+		return false
+	}
+	s.quiet, s.quietTag, s.quietSet = ev, s.frees, true
+	return true
 }
