@@ -198,6 +198,9 @@ func (c *Config) expandableFromEnv(getenv func(string) string, overrides func(en
 	if err != nil {
 		return refused(err)
 	}
+	if c.UnmapFreePages {
+		c.FreePagesWait = DefaultFreePagesWait
+	}
 	return nil
 }
 

@@ -23,7 +23,7 @@ func TestConfigFromEnv(t *testing.T) {
 	c, _, err := ConfigFromEnv(env())
 	require.NoError(t, err)
 	// What expandable segments do once on, also while they are off.
-	later := Config{ExpandableChunk: 20 << 20, UnmapFreePages: true}
+	later := Config{ExpandableChunk: 20 << 20, UnmapFreePages: true, FreePagesWait: DefaultFreePagesWait}
 	require.Equal(t, later, c)
 	c, _, err = ConfigFromEnv(env("SYMM_POOL_LIMIT", "8GiB", "SYMM_POOL_MAX_SPLIT", "256MiB"))
 	require.NoError(t, err)

@@ -27,6 +27,9 @@ func (s *shard) allocSlow(n, r uint64, k poolKind, parked []Parked) (*block, err
 	if b, err := s.collectGarbage(r, k); b != nil || err != nil {
 		return b, err
 	}
+	if b := s.awaitFreePages(r, k); b != nil {
+		return b, nil
+	}
 	b, err := s.src.newMemory(s, r, k)
 	if err == nil || !IsOutOfMemory(err) {
 		return b, err

@@ -2,8 +2,11 @@ package allocator
 
 import (
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -489,5 +492,64 @@ func newFreePagesPool(t *testing.T) (*fakeBackend, *Pool, func(uint64) uintptr) 
 		m[0], m[n-1] = 1, 1
 		require.NoError(t, p.CheckInvariants())
 		return ptr
+	}
+}
+
+// With Config.FreePagesWait, a growth past the device's peak waits (without
+// the shard's lock, bounded) for its stream to pass the free pages that
+// would cover it, and maps only what they do not: here the stream catches
+// up during the wait (the GPU draining what the host queued ahead of it).
+// A stream that never catches up costs one bounded wait per count of
+// frees, then the pool maps new memory as without the wait.
+func TestFreePagesWaitAtThePeak(t *testing.T) {
+	for _, catchUp := range []bool{true, false} {
+		t.Run(fmt.Sprintf("catch up %v", catchUp), func(t *testing.T) {
+			fb := newFake(1)
+			fb.capacity = 96 << 20
+			p, err := New(fb, Config{Expandable: true, UnmapFreePages: true, FreePagesWait: 50 * time.Millisecond})
+			require.NoError(t, err)
+			alloc := func(n uint64) uintptr {
+				ptr, _, err := p.Alloc(0, 0, n)
+				require.NoError(t, err)
+				require.NoError(t, p.CheckInvariants())
+				return ptr
+			}
+			a, b, c := alloc(4<<20), alloc(8<<20), alloc(4<<20)
+			require.Equal(t, int64(16<<20), reservedNow(t, p))
+			fb.launch(0) // work queued on the stream that may still use b
+			require.NoError(t, p.Free(0, 0, b, 8<<20))
+			var queries atomic.Int32
+			fb.onEvent = func(op string) {
+				if op == "query" && queries.Add(1) == 2 && catchUp {
+					fb.finish(0)
+				}
+			}
+			fb.onSync = func() { t.Fatal("a mapping blocked in Sync") }
+			t0 := time.Now()
+			d := alloc(10 << 20) // past the peak of 16 MiB, with b's 8 unpassed
+			took := time.Since(t0)
+			if catchUp {
+				require.Equal(t, int64(18<<20), reservedNow(t, p), "16 - 8 + 10 MiB: b's chunks moved")
+			} else {
+				require.Equal(t, int64(26<<20), reservedNow(t, p), "16 + 10 MiB after the wait gave up")
+				require.GreaterOrEqual(t, took, 50*time.Millisecond)
+				fb.launch(0)
+				t0 = time.Now()
+				e := alloc(10 << 20) // no new frees: no second wait
+				require.Less(t, time.Since(t0), 50*time.Millisecond)
+				require.NoError(t, p.Free(0, 0, e, 10<<20))
+			}
+			fb.onEvent, fb.onSync = nil, nil
+			fb.finish(0)
+			for _, x := range []struct {
+				p uintptr
+				n uint64
+			}{{a, 4 << 20}, {c, 4 << 20}, {d, 10 << 20}} {
+				require.NoError(t, p.Free(0, 0, x.p, x.n))
+			}
+			require.NoError(t, p.EmptyCache())
+			require.Zero(t, reservedNow(t, p))
+			require.NoError(t, p.CheckInvariants())
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/libsymm/libsymm/internal/errs"
 )
@@ -35,6 +36,12 @@ type Config struct {
 	// handed out over them gets them mapped again first. The library's
 	// default (ConfigFromEnv) is on.
 	UnmapFreePages bool
+	// FreePagesWait bounds how long an allocation about to map new memory
+	// past the device's peak waits, without its shard's lock, for its
+	// stream to pass free pages of its own that would cover at least half
+	// of it (awaitFreePages, pages.go); 0 never waits. The library's
+	// default (ConfigFromEnv) is DefaultFreePagesWait.
+	FreePagesWait time.Duration
 	// Limit caps every device's reserved bytes. 0: no cap.
 	Limit uint64
 	// LimitFraction caps every device's reserved bytes at this share of its
@@ -269,6 +276,9 @@ type shard struct {
 	frees, safe, quietTag uint64
 	quiet                 Event
 	quietSet              bool
+	// waitedTag is s.frees when awaitFreePages last waited: it waits
+	// again only after more frees.
+	waitedTag uint64
 	// kept is the bytes of chunks of each size (expandGeometry.sizeIndex)
 	// this shard unmapped into the backend's spare (Pool.keeper) for the
 	// mapping it is making; 0 between operations (dropSpare).

@@ -315,9 +315,9 @@ func TestConfigFromEnvTorch(t *testing.T) {
 	}{
 		{"nothing", nil, want{cfg: Config{}}},
 		{"PYTORCH_CUDA_ALLOC_CONF", []string{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"},
-			want{cfg: Config{Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, AllocConf: "expandable_segments:True"}}},
+			want{cfg: Config{Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, FreePagesWait: DefaultFreePagesWait, AllocConf: "expandable_segments:True"}}},
 		{"PYTORCH_ALLOC_CONF", []string{"PYTORCH_ALLOC_CONF", "expandable_segments:True"},
-			want{cfg: Config{Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, AllocConf: "expandable_segments:True"}}},
+			want{cfg: Config{Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, FreePagesWait: DefaultFreePagesWait, AllocConf: "expandable_segments:True"}}},
 		{"an empty PYTORCH_CUDA_ALLOC_CONF counts as unset",
 			[]string{"PYTORCH_CUDA_ALLOC_CONF", "", "PYTORCH_ALLOC_CONF", "max_split_size_mb:64"},
 			want{cfg: Config{MaxSplit: 64 * mib, AllocConf: "max_split_size_mb:64"}}},
@@ -352,7 +352,7 @@ func TestConfigFromEnvTorch(t *testing.T) {
 			want{cfg: Config{GCThreshold: 0.5, Limit: 8 << 30, AllocConf: "garbage_collection_threshold:0.5"}}},
 		{"garbage collection with expandable segments",
 			[]string{"PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.5,per_process_memory_fraction:0.9", "SYMM_POOL_EXPANDABLE", "1"},
-			want{cfg: Config{GCThreshold: 0.5, LimitFraction: 0.9, Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, AllocConf: "garbage_collection_threshold:0.5,per_process_memory_fraction:0.9"},
+			want{cfg: Config{GCThreshold: 0.5, LimitFraction: 0.9, Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, FreePagesWait: DefaultFreePagesWait, AllocConf: "garbage_collection_threshold:0.5,per_process_memory_fraction:0.9"},
 				warns: []string{"has no effect with expandable segments"}}},
 		// SYMM_POOL_ variables win for their field.
 		{"SYMM_POOL_EXPANDABLE=0 over expandable_segments:True",
@@ -361,9 +361,9 @@ func TestConfigFromEnvTorch(t *testing.T) {
 				warns: []string{"SYMM_POOL_EXPANDABLE=0 overrides expandable_segments:True from PYTORCH_CUDA_ALLOC_CONF"}}},
 		{"SYMM_POOL_EXPANDABLE=1 over expandable_segments:False",
 			[]string{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:False", "SYMM_POOL_EXPANDABLE", "1"},
-			want{cfg: Config{Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, AllocConf: "expandable_segments:False"}}},
+			want{cfg: Config{Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, FreePagesWait: DefaultFreePagesWait, AllocConf: "expandable_segments:False"}}},
 		{"SYMM_POOL_EXPANDABLE=1 agrees", []string{"PYTORCH_ALLOC_CONF", "expandable_segments:True", "SYMM_POOL_EXPANDABLE", "1"},
-			want{cfg: Config{Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, AllocConf: "expandable_segments:True"}}},
+			want{cfg: Config{Expandable: true, ExpandableChunk: 20 * mib, UnmapFreePages: true, FreePagesWait: DefaultFreePagesWait, AllocConf: "expandable_segments:True"}}},
 		{"SYMM_POOL_MAX_SPLIT over max_split_size_mb",
 			[]string{"PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512", "SYMM_POOL_MAX_SPLIT", "256MiB"},
 			want{cfg: Config{MaxSplit: 256 * mib, AllocConf: "max_split_size_mb:512"},
@@ -383,7 +383,7 @@ func TestConfigFromEnvTorch(t *testing.T) {
 		// segment size, free pages unmapped.
 		{"expandable chunks follow large_segment_size_mb",
 			[]string{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True,large_segment_size_mb:40"},
-			want{cfg: Config{Expandable: true, ExpandableChunk: 40 * mib, UnmapFreePages: true, LargeSegment: 40 * mib,
+			want{cfg: Config{Expandable: true, ExpandableChunk: 40 * mib, UnmapFreePages: true, FreePagesWait: DefaultFreePagesWait, LargeSegment: 40 * mib,
 				AllocConf: "expandable_segments:True,large_segment_size_mb:40"}}},
 		{"SYMM_POOL_EXPANDABLE_CHUNK and SYMM_POOL_UNMAP_FREE_PAGES=0 win",
 			[]string{"PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True", "SYMM_POOL_EXPANDABLE_CHUNK", "2MiB", "SYMM_POOL_UNMAP_FREE_PAGES", "0"},
@@ -394,7 +394,7 @@ func TestConfigFromEnvTorch(t *testing.T) {
 			require.NoError(t, err)
 			if !tc.want.cfg.Expandable {
 				// What expandable segments would do once turned on.
-				tc.want.cfg.ExpandableChunk, tc.want.cfg.UnmapFreePages = tc.want.cfg.DefaultExpandableChunk(), true
+				tc.want.cfg.ExpandableChunk, tc.want.cfg.UnmapFreePages, tc.want.cfg.FreePagesWait = tc.want.cfg.DefaultExpandableChunk(), true, DefaultFreePagesWait
 			}
 			require.Equal(t, tc.want.cfg, c)
 			require.Len(t, warns, len(tc.want.warns), "%q", warns)
