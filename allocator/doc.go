@@ -26,6 +26,14 @@
 // decides how requests are rounded and split, where new memory comes from
 // and how it goes back; the shard's code is the same for all three.
 //
+// An expandable segment maps physical chunks of two sizes: a big one
+// (Config.ExpandableChunk, 20 MiB) wherever a mapping covers a whole slot of
+// it, and chunks of the driver's granularity (2 MiB) elsewhere, because the
+// driver's cost is per chunk while the memory a free page gives back, and
+// what a small process holds, is per chunk too. expandable.go has the
+// choice, its alternatives and their figures; the free pages inside
+// segments, unmapped where memory is mapped next, are pages.go's.
+//
 // When a shard has no fitting free block (heap.go), it first takes back
 // the blocks a cache in front of the pool holds parked, if any (front.go:
 // a parked block never makes the pool steal, collect or grow, and a
