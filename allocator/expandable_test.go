@@ -415,3 +415,31 @@ func TestExpandableReleaseWhileTheStreamAllocates(t *testing.T) {
 	require.NoError(t, p.EmptyCache())
 	require.Zero(t, stat(t, p, 0, "reserved_bytes.all.current"))
 }
+
+// A process whose requests are all small holds one chunk of the
+// granularity per stream, as PyTorch's small pool maps 2 MiB pages, not a
+// big chunk each.
+func TestExpandableSmallRequestsPerStream(t *testing.T) {
+	p, v := expandablePool(t, 0, Config{ExpandableChunk: 20 * mib, UnmapFreePages: true})
+	var live []struct {
+		s, p uintptr
+		n    uint64
+	}
+	for i := 0; i < 400; i++ {
+		s := uintptr(i%2) * 7
+		n := uint64(512 + (i*7919)%(64<<10))
+		ptr, _, err := p.Alloc(0, s, n)
+		require.NoError(t, err)
+		live = append(live, struct {
+			s, p uintptr
+			n    uint64
+		}{s, ptr, n})
+		if len(live) > 40 { // at most about 1.3 MiB live per stream
+			require.NoError(t, p.Free(0, live[0].s, live[0].p, live[0].n))
+			live = live[1:]
+		}
+	}
+	require.EqualValues(t, 4*mib, stat(t, p, 0, "reserved_bytes.all.peak"), "2 MiB per stream")
+	require.Equal(t, map[uint64]int{2 * mib: 2}, v.Created())
+	require.NoError(t, p.CheckInvariants())
+}
