@@ -443,3 +443,33 @@ func TestExpandableSmallRequestsPerStream(t *testing.T) {
 	require.Equal(t, map[uint64]int{2 * mib: 2}, v.Created())
 	require.NoError(t, p.CheckInvariants())
 }
+
+// Virtual's lagging streams: an event completes lag ticks after it is
+// recorded, or when asked twice within one tick (a host waiting), or
+// synced.
+func TestVirtualStreamLag(t *testing.T) {
+	v := NewVirtual(1, 0)
+	v.SetStreamLag(3)
+	v.Tick(10)
+	ev, err := v.NewEvent(0)
+	require.NoError(t, err)
+	require.NoError(t, v.Record(0, ev, 0))
+	done, err := v.Query(0, ev)
+	require.NoError(t, err)
+	require.False(t, done, "recorded at tick 10")
+	v.Tick(12)
+	done, _ = v.Query(0, ev)
+	require.False(t, done, "tick 12")
+	done, _ = v.Query(0, ev)
+	require.True(t, done, "asked again within tick 12: the host waits, the stream catches up")
+	require.NoError(t, v.Record(0, ev, 0))
+	done, _ = v.Query(0, ev)
+	require.False(t, done, "recorded again")
+	v.Tick(15)
+	done, _ = v.Query(0, ev)
+	require.True(t, done, "tick 15: three after")
+	require.NoError(t, v.Record(0, ev, 0))
+	require.NoError(t, v.Sync(0, ev))
+	done, _ = v.Query(0, ev)
+	require.True(t, done, "synced")
+}

@@ -26,6 +26,12 @@ type Virtual struct {
 	starts   ChunkStarts        // physical chunks mapped: start -> size
 	created  map[uint64]int     // physical chunks created, by size
 	nextEv   Event
+	// A stream that lags its host (SetStreamLag): lag rows of the
+	// caller's clock (Tick) pass before an event recorded completes;
+	// recorded is each event's row, asked the row it was last asked at
+	// plus one (0: not asked since it was recorded).
+	lag, clock      int
+	recorded, asked map[Event]int
 }
 
 var (
@@ -280,10 +286,65 @@ func (v *Virtual) NewEvent(dev int) (Event, error) {
 	v.nextEv++
 	return v.nextEv, nil
 }
-func (v *Virtual) Record(dev int, _ Event, _ uintptr) error { return v.check(dev) }
-func (v *Virtual) Query(dev int, _ Event) (bool, error)     { return true, v.check(dev) }
-func (v *Virtual) Sync(dev int, _ Event) error              { return v.check(dev) }
-func (v *Virtual) DestroyEvent(dev int, _ Event) error      { return v.check(dev) }
+
+// SetStreamLag makes every stream lag its host by rows ticks of the
+// caller's clock (Tick): an event recorded at tick t reports completion
+// from tick t+rows on, or when asked a second time within one tick (a
+// host that polls is waiting, and its GPU catches up), and Sync completes
+// it at once. 0 (the default): every event is complete when recorded, as
+// if the GPU kept up with its host.
+func (v *Virtual) SetStreamLag(rows int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.lag, v.recorded, v.asked = rows, map[Event]int{}, map[Event]int{}
+}
+
+// Tick sets the clock of SetStreamLag: the row being replayed.
+func (v *Virtual) Tick(row int) {
+	v.mu.Lock()
+	v.clock = row
+	v.mu.Unlock()
+}
+
+func (v *Virtual) Record(dev int, ev Event, _ uintptr) error {
+	if err := v.check(dev); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.lag > 0 {
+		v.recorded[ev] = v.clock
+		delete(v.asked, ev)
+	}
+	return nil
+}
+
+func (v *Virtual) Query(dev int, ev Event) (bool, error) {
+	if err := v.check(dev); err != nil {
+		return false, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.lag == 0 || v.clock >= v.recorded[ev]+v.lag || v.asked[ev] == v.clock+1 {
+		return true, nil
+	}
+	v.asked[ev] = v.clock + 1
+	return false, nil
+}
+
+func (v *Virtual) Sync(dev int, ev Event) error {
+	if err := v.check(dev); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.lag > 0 {
+		v.recorded[ev] = v.clock - v.lag
+	}
+	return nil
+}
+
+func (v *Virtual) DestroyEvent(dev int, _ Event) error { return v.check(dev) }
 
 type virtualOOM struct {
 	dev                  int

@@ -16,7 +16,7 @@ import (
 	"github.com/libsymm/libsymm/internal/trace"
 )
 
-const replaySynopsis = "TRACE [--expandable] [--unmap-free-pages] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--front-cache SIZE] [--alloc-conf SETTINGS] [--plot FILE] [--json]"
+const replaySynopsis = "TRACE [--expandable] [--unmap-free-pages] [--limit SIZE] [--max-split SIZE] [--chunk SIZE] [--capacity SIZE] [--stream-lag ROWS] [--front-cache SIZE] [--alloc-conf SETTINGS] [--plot FILE] [--json]"
 
 // sizeFlag is a byte count given as allocator.ParseSize reads it ("16GiB").
 type sizeFlag uint64
@@ -34,6 +34,9 @@ type replayOptions struct {
 	unmapFreePages                   bool
 	limit, maxSplit, chunk, capacity sizeFlag
 	frontCache                       sizeFlag
+	// streamLag is --stream-lag: rows the virtual device's streams lag
+	// the host by (0: every event completes at once).
+	streamLag int
 	// allocConf is --alloc-conf: PyTorch allocator settings, parsed into torch.
 	allocConf string
 	torch     allocator.TorchConf
@@ -61,7 +64,7 @@ func replay(args []string, stdout, stderr io.Writer) int {
 	}
 	rows := make([]replayRow, 0, 2)
 	for _, c := range o.configs() {
-		res, err := trace.ReplayWith(tr, c.cfg, trace.Options{Capacity: uint64(o.capacity), FrontMax: uint64(o.frontCache), Samples: samples})
+		res, err := trace.ReplayWith(tr, c.cfg, trace.Options{Capacity: uint64(o.capacity), FrontMax: uint64(o.frontCache), Samples: samples, StreamLag: o.streamLag})
 		if err != nil {
 			fmt.Fprintf(stderr, "symm replay: %s: %s: %v\n", o.path, c.name, err)
 			return exitFailure
@@ -92,6 +95,7 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 	fs.Var(&o.limit, "limit", "cap the pool's reserved bytes at this `SIZE` (16GiB), as SYMM_POOL_LIMIT; allocations past it count as OOMs")
 	fs.Var(&o.maxSplit, "max-split", "blocks of at least this `SIZE` are never split, as SYMM_POOL_MAX_SPLIT (more than 1MiB; default off)")
 	fs.Var(&o.chunk, "chunk", "expandable segments map big chunks of this `SIZE` where a mapping covers a whole one (2MiB chunks elsewhere), as SYMM_POOL_EXPANDABLE_CHUNK (default: the library's, the large segment size: 20MiB, or --alloc-conf's large_segment_size_mb)")
+	fs.IntVar(&o.streamLag, "stream-lag", 0, "the virtual device's streams lag the host by this many `ROWS` of the trace: an event completes that many rows after it is recorded, or when the pool waits for it (0: at once, as if the GPU kept up); 10 reproduced an H100's peaks on GPT-2 training and LLM inference")
 	fs.Var(&o.capacity, "capacity", "the virtual device's memory, a `SIZE` (default 1PiB: no out-of-memory)")
 	fs.Var(&o.frontCache, "front-cache", "model the library's front cache on one CPU: the last 64 freed blocks of each pool (small, large) of at most this `SIZE`, any fixed segment of its own, and any freed while its shard was unchanged since it was placed, stay parked; where it serves fewer than 1 in 8 of 4,096 allocations it steps aside for the next 65,536, as the library does (the library's default is 1MiB, SYMM_POOL_FRONT_CACHE_MAX; default here: off, the pool alone)")
 	fs.StringVar(&o.allocConf, "alloc-conf", "", "PyTorch allocator `SETTINGS` applied as the library applies PYTORCH_CUDA_ALLOC_CONF (roundup_power2_divisions, garbage_collection_threshold, max_split_size_mb, ...); --limit and --max-split win for their fields, and each row sets its own expandable_segments")
@@ -112,6 +116,8 @@ func replayFlags(args []string, stderr io.Writer) (o replayOptions, code int, do
 		fmt.Fprintln(stderr, "symm replay: missing TRACE (a CSV trace, plain or gzip; python -m symm.trace writes one)")
 	case len(pos) > 1:
 		fmt.Fprintf(stderr, "symm replay: unexpected argument %q (one TRACE only)\n", pos[1])
+	case o.streamLag < 0:
+		fmt.Fprintf(stderr, "symm replay: --stream-lag must be 0 or more rows, not %d\n", o.streamLag)
 	case o.capacity == 0 && flagGiven(fs, "capacity"):
 		fmt.Fprintln(stderr, "symm replay: --capacity must be more than 0 bytes (without it: 1PiB, no out-of-memory)")
 	case o.maxSplit != 0 && o.maxSplit <= 1<<20:
@@ -165,6 +171,9 @@ func (o replayOptions) configs() []namedConfig {
 	}
 	exp := base
 	exp.Expandable, exp.ExpandableChunk, exp.UnmapFreePages = true, o.chunkBytes(), o.unmapFreePages
+	if o.unmapFreePages { // as the library's defaults (ConfigFromEnv): a lagging stream is waited for at the peak
+		exp.FreePagesWait = allocator.DefaultFreePagesWait
+	}
 	if o.expandableOnly {
 		return []namedConfig{{"expandable", exp}}
 	}
@@ -223,6 +232,7 @@ type replayJSON struct {
 	ChunkBytes     uint64      `json:"chunk_bytes"`
 	CapacityBytes  uint64      `json:"capacity_bytes"`
 	FrontCache     uint64      `json:"front_cache_bytes"`
+	StreamLag      int         `json:"stream_lag_rows"`
 	AllocConf      string      `json:"alloc_conf"`
 	Recorded       recordJSON  `json:"recorded"`
 	Configurations []replayRow `json:"configurations"`
@@ -245,7 +255,7 @@ func capacity(given uint64) uint64 {
 func writeReplayJSON(stdout, stderr io.Writer, o replayOptions, n int, rec trace.Recorded, rows []replayRow) int {
 	out := replayJSON{
 		Trace: o.path, Rows: n, LimitBytes: uint64(o.limit), MaxSplitBytes: uint64(o.maxSplit),
-		ChunkBytes: o.chunkBytes(), CapacityBytes: capacity(uint64(o.capacity)), FrontCache: uint64(o.frontCache),
+		ChunkBytes: o.chunkBytes(), CapacityBytes: capacity(uint64(o.capacity)), FrontCache: uint64(o.frontCache), StreamLag: o.streamLag,
 		AllocConf:      o.allocConf,
 		Recorded:       recordJSON{PeakAllocated: rec.PeakAllocated, OOMs: rec.OOMs},
 		Configurations: rows,

@@ -69,6 +69,7 @@ type replayOut struct {
 	Rows          int
 	CapacityBytes uint64 `json:"capacity_bytes"`
 	FrontCache    uint64 `json:"front_cache_bytes"`
+	StreamLag     int    `json:"stream_lag_rows"`
 	AllocConf     string `json:"alloc_conf"`
 	Recorded      struct {
 		PeakAllocated uint64   `json:"peak_allocated_bytes"`
@@ -126,6 +127,16 @@ free_completed,4096,1048576,0
 alloc,8192,1048576,7
 free_completed,8192,1048576,7
 `
+
+// --stream-lag reaches the replay and its JSON: with a lagging stream the
+// peak is never lower than with one that keeps up.
+func TestReplayStreamLagFlag(t *testing.T) {
+	now := replayJSONOut(t, gpt2Trace, "--expandable")
+	late := replayJSONOut(t, gpt2Trace, "--expandable", "--stream-lag", "10")
+	require.Zero(t, now.StreamLag)
+	require.Equal(t, 10, late.StreamLag)
+	require.GreaterOrEqual(t, late.Configurations[0].PeakReserved, now.Configurations[0].PeakReserved)
+}
 
 func TestReplayTwoStreams(t *testing.T) {
 	path := writeTrace(t, twoStreams)
@@ -212,6 +223,8 @@ func TestReplayBadInput(t *testing.T) {
 		{[]string{bad, "--front-cache", "100"}, exitUsage, "symm replay: --front-cache must be from 512 B to 64MiB (or 0: off), not 100 bytes"},
 		{[]string{bad, "--front-cache", "65MiB"}, exitUsage, "symm replay: --front-cache must be from 512 B to 64MiB"},
 		{[]string{bad, "--capacity", "0"}, exitUsage, "symm replay: --capacity must be more than 0 bytes"},
+		{[]string{bad, "--stream-lag", "-1"}, exitUsage, "symm replay: --stream-lag must be 0 or more rows, not -1"},
+		{[]string{bad, "--stream-lag", "soon"}, exitUsage, `invalid value "soon" for flag -stream-lag`},
 		{[]string{bad, "--capacity=0GiB"}, exitUsage, "symm replay: --capacity must be more than 0 bytes"},
 		{[]string{bad, "--limit", "1.5"}, exitUsage, `size "1.5": a size without a unit is a whole number of bytes`},
 		{[]string{filepath.Join(dir, "none.csv")}, exitFailure, "symm replay: open " + filepath.Join(dir, "none.csv") + ": no such file or directory\n"},

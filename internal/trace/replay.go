@@ -99,11 +99,19 @@ type Options struct {
 	FrontMax uint64
 	// Samples, if positive, is the most points of Result.Series (0: none).
 	Samples int
+	// StreamLag, if positive, makes the device's streams lag the host by
+	// that many rows of the trace (allocator.Virtual.SetStreamLag): a free
+	// page is known passed only that many rows after its free, unless the
+	// pool waits for it. 0: every event completes at once.
+	StreamLag int
 }
 
 // ReplayWith is Replay with the options above.
 func ReplayWith(t *Trace, cfg allocator.Config, o Options) (Result, error) {
 	v := allocator.NewVirtual(1, o.Capacity)
+	if o.StreamLag > 0 {
+		v.SetStreamLag(o.StreamLag)
+	}
 	p, err := allocator.New(v, cfg)
 	if err != nil {
 		return Result{}, err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -280,4 +281,32 @@ func TestFrontModelStepsAside(t *testing.T) {
 	off, err := ReplayWith(tr, allocator.Config{}, Options{})
 	require.NoError(t, err)
 	require.Equal(t, off.PeakReserved, res.PeakReserved, "the pool's own peaks")
+}
+
+// With a lagging stream (Options.StreamLag) a free page is not known passed
+// at the next mapping, and the pool maps new memory instead: the peak rises.
+// The library's wait at the peak (Config.FreePagesWait) lets the stream
+// catch up and takes the peak back to what a stream that keeps up gives.
+func TestReplayStreamLag(t *testing.T) {
+	tr := mustParse(t, `action,addr,size,stream
+alloc,1,4194304,0
+alloc,2,8388608,0
+alloc,3,4194304,0
+free_completed,2,8388608,0
+alloc,4,10485760,0
+free_completed,1,4194304,0
+free_completed,3,4194304,0
+free_completed,4,10485760,0
+`)
+	cfg := allocator.Config{Expandable: true, UnmapFreePages: true}
+	peak := func(lag int, wait time.Duration) uint64 {
+		c := cfg
+		c.FreePagesWait = wait
+		res, err := ReplayWith(tr, c, Options{StreamLag: lag})
+		require.NoError(t, err)
+		return res.PeakReserved
+	}
+	require.EqualValues(t, 18*mib, peak(0, 0), "16 - 8 + 10 MiB: the freed block's chunks moved")
+	require.EqualValues(t, 26*mib, peak(100, 0), "16 + 10 MiB: its free not passed yet")
+	require.EqualValues(t, 18*mib, peak(100, allocator.DefaultFreePagesWait), "the growth past the peak waited for the stream")
 }

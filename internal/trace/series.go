@@ -85,7 +85,10 @@ func (s *sampler) finish() []Point {
 // (before the pre-existing blocks, it is 0).
 type rowSetter interface{ setRow(row int) }
 
-func (r *replayer) setRow(row int) { r.row = row }
+func (r *replayer) setRow(row int) {
+	r.row = row
+	r.v.Tick(row)
+}
 
 // statAllocated and statReserved are the indexes in Pool.Stats of
 // allocated_bytes.all.current and reserved_bytes.all.current.
