@@ -87,13 +87,13 @@ func TestNoTornReads(t *testing.T) {
 			}
 			v.Store(i)
 			w.Update()
-			// Updates back to back, far more often than the library's four
-			// a second, but with gaps a reader can fall into even when it
-			// is slow: the race detector on a loaded 2-core machine made
-			// reads take longer than a 300 µs gap for 1,000 tries in a
-			// row, after which a reader gives up. Reads still overlap
-			// updates all the time (2,000 reads over a few hundred).
-			time.Sleep(time.Millisecond)
+			// Updates far more often than the library's four a second,
+			// with gaps a reader can fall into even when it is slow: the
+			// race detector on a loaded 2-core machine made reads take
+			// longer than a 300 µs gap, and then a 1 ms one, for 1,000
+			// tries in a row, after which a reader gives up. Reads still
+			// overlap updates often (2,000 reads over dozens of them).
+			time.Sleep(5 * time.Millisecond)
 		}
 	}()
 	for i := 0; i < 2000; i++ {
