@@ -163,7 +163,11 @@ func OpenFirst(name string, dirs []string) (*dl.Lib, string, error) {
 			soname = s.files[0].soname
 		}
 	}
-	err := fmt.Errorf("%s not found (looked on the loader path and in %d more directories)", soname, len(dirs)+len(LibraryDirs()))
+	where := "on the loader path"
+	if more := append(append([]string(nil), dirs...), LibraryDirs()...); len(more) > 0 {
+		where += " and in " + strings.Join(more, ", ")
+	}
+	err := fmt.Errorf("%s not found (looked %s)", soname, where)
 	if len(errs) > 0 {
 		msgs := make([]string, len(errs))
 		for i, e := range errs {

@@ -82,3 +82,15 @@ func TestOpenFirstFindsAToldWheel(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "2.28.9", v)
 }
+
+// A library found nowhere is reported with every directory looked in, by
+// name: the caller's and those told (AddLibraryDirs).
+func TestOpenFirstNamesWhereItLooked(t *testing.T) {
+	t.Cleanup(forgetLibraryDirs)
+	t.Setenv("SYMM_NVSHMEM_LIB", "")
+	mine, told := t.TempDir(), t.TempDir()
+	require.NoError(t, AddLibraryDirs([]string{told}))
+	_, _, err := OpenFirst("nvshmem", []string{mine})
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "not found (looked on the loader path and in "+mine+", "+told+")")
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -85,12 +86,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 func newFlags(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// The flag package writes its errors to the output: they name flags
+	// as the usage lines do.
+	fs.SetOutput(flagErrors{stderr})
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: symm %s %s\n", name, synopsis)
+		fmt.Fprintln(stderr, strings.TrimSpace("usage: symm "+name+" "+synopsis))
 		printDefaults(fs, stderr)
 	}
 	return fs
+}
+
+// flagErrors rewrites the flag package's error lines as the usage lines
+// write flags: --name for a flag of more than one letter (the package says
+// -name), and a number that does not parse is called that, not "parse
+// error".
+type flagErrors struct{ w io.Writer }
+
+// dashedFlag is a flag named in a flag package error: after "flag ", "for "
+// or ": ", one dash, then a name of two or more letters.
+var dashedFlag = regexp.MustCompile(`((?:flag |for |: ))-([A-Za-z][A-Za-z0-9_-]+)`)
+
+func (f flagErrors) Write(p []byte) (int, error) {
+	s := dashedFlag.ReplaceAllString(string(p), "${1}--${2}")
+	s = strings.ReplaceAll(s, ": parse error", ": not a number")
+	if _, err := io.WriteString(f.w, s); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // printDefaults is flag.PrintDefaults with the flags written as the usage
@@ -136,8 +158,21 @@ func parse(fs *flag.FlagSet, args []string) (code int, done bool) {
 
 type dirList []string
 
-func (d *dirList) String() string     { return strings.Join(*d, ":") }
-func (d *dirList) Set(v string) error { *d = append(*d, v); return nil }
+func (d *dirList) String() string { return strings.Join(*d, ":") }
+
+// Set takes a directory that exists: a mistyped one would otherwise be
+// searched in silence and the library reported missing.
+func (d *dirList) Set(v string) error {
+	fi, err := os.Stat(v)
+	switch {
+	case err != nil:
+		return fmt.Errorf("no directory %s: %w", v, errors.Unwrap(err))
+	case !fi.IsDir():
+		return fmt.Errorf("%s is not a directory", v)
+	}
+	*d = append(*d, v)
+	return nil
+}
 
 func info(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("info", "[--json] [--lib-dir DIR]...", stderr)
