@@ -181,12 +181,9 @@ func (c *Config) expandableFromEnv(getenv func(string) string, overrides func(en
 	// torch.cuda.memory._set_allocator_settings).
 	c.ExpandableChunk = c.DefaultExpandableChunk()
 	if v := settings.PoolExpandableChunk.Get(getenv); v != "" {
-		b, err := ParseSize(v)
+		b, err := ParseExpandableChunk(v)
 		if err != nil {
-			return fmt.Errorf("SYMM_POOL_EXPANDABLE_CHUNK: %w", err)
-		}
-		if b == 0 || b > 1<<40 {
-			return refused(settings.PoolExpandableChunk.Refuse(v))
+			return err
 		}
 		c.ExpandableChunk = b
 	}
@@ -219,6 +216,31 @@ func (c Config) DefaultExpandableChunk() uint64 {
 		return c.LargeSegment
 	}
 	return largeSeg
+}
+
+// ParseExpandableChunk reads a big chunk's size as SYMM_POOL_EXPANDABLE_CHUNK
+// is written: a size from 1 byte to 1 TiB, which the pool rounds up to the
+// driver's granularity (ExpandableChunkBytes). The one parser of it, for the
+// library and for symm replay --chunk.
+func ParseExpandableChunk(v string) (uint64, error) {
+	b, err := ParseSize(v)
+	if err != nil {
+		return 0, fmt.Errorf("SYMM_POOL_EXPANDABLE_CHUNK: %w", err)
+	}
+	if b == 0 || b > 1<<40 {
+		return 0, refused(settings.PoolExpandableChunk.Refuse(v))
+	}
+	return b, nil
+}
+
+// ExpandableChunkBytes is the big chunk a pool maps for Config.ExpandableChunk
+// c on a device of granularity g: c rounded up to a multiple of g, and g for
+// 0 (initExpandable's rule).
+func ExpandableChunkBytes(c, g uint64) uint64 {
+	if c <= g {
+		return g
+	}
+	return roundUp(c, g)
 }
 
 // refused marks a setting's refusal (settings.Error) as ErrInvalid.

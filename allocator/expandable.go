@@ -190,13 +190,10 @@ func (d *device) initExpandable() error {
 	if g < minBlock || g&(g-1) != 0 {
 		return fmt.Errorf("expandable segments on device %d: granularity %d is not a power of two of at least %d bytes", d.idx, g, minBlock)
 	}
-	big := g
-	if want := d.pool.cfg.ExpandableChunk; want > g {
-		if want > maxRequest {
-			return fmt.Errorf("%w: expandable chunk of %d bytes is larger than any device", ErrInvalid, want)
-		}
-		big = roundUp(want, g)
+	if want := d.pool.cfg.ExpandableChunk; want > maxRequest {
+		return fmt.Errorf("%w: expandable chunk of %d bytes is larger than any device", ErrInvalid, want)
 	}
+	big := ExpandableChunkBytes(d.pool.cfg.ExpandableChunk, g)
 	_, total, err := d.pool.backend.MemInfo(d.idx)
 	if err != nil {
 		return fmt.Errorf("expandable segments on device %d: memory size: %w", d.idx, err)

@@ -29,11 +29,12 @@ func (s *sizeFlag) Set(v string) error {
 }
 
 type replayOptions struct {
-	path                             string
-	expandableOnly, asJSON           bool
-	unmapFreePages                   bool
-	limit, maxSplit, chunk, capacity sizeFlag
-	frontCache                       sizeFlag
+	path                      string
+	expandableOnly, asJSON    bool
+	unmapFreePages            bool
+	limit, maxSplit, capacity sizeFlag
+	chunk                     chunkFlag
+	frontCache                sizeFlag
 	// streamLag is --stream-lag: rows the virtual device's streams lag
 	// the host by (0: every event completes at once).
 	streamLag int
@@ -180,13 +181,27 @@ func (o replayOptions) configs() []namedConfig {
 	return []namedConfig{{"default", base}, {"expandable", exp}}
 }
 
-// chunkBytes is the expandable chunk replayed: --chunk, else the library's
+// chunkBytes is the big chunk replayed, as the pool maps it on the virtual
+// device (rounded up to its granularity): --chunk, else the library's
 // default for the settings given (allocator.Config.DefaultExpandableChunk).
 func (o replayOptions) chunkBytes() uint64 {
-	if o.chunk != 0 {
-		return uint64(o.chunk)
+	c := uint64(o.chunk)
+	if c == 0 {
+		c = o.torch.Config().DefaultExpandableChunk()
 	}
-	return o.torch.Config().DefaultExpandableChunk()
+	g, _ := allocator.NewVirtual(1, 0).Granularity(0)
+	return allocator.ExpandableChunkBytes(c, g)
+}
+
+// chunkFlag is --chunk, read by the library's own parser of
+// SYMM_POOL_EXPANDABLE_CHUNK: what the library refuses, replay refuses.
+type chunkFlag uint64
+
+func (c *chunkFlag) String() string { return fmt.Sprint(uint64(*c)) }
+func (c *chunkFlag) Set(v string) error {
+	n, err := allocator.ParseExpandableChunk(v)
+	*c = chunkFlag(n)
+	return err
 }
 
 // replayRow is one configuration's result; in JSON, its name beside the
@@ -298,6 +313,8 @@ func givenFlags(fs *flag.FlagSet) string {
 	fs.Visit(func(f *flag.Flag) {
 		switch v := f.Value.(type) {
 		case *sizeFlag:
+			out = append(out, "--"+f.Name+" "+sizeText(uint64(*v)))
+		case *chunkFlag:
 			out = append(out, "--"+f.Name+" "+sizeText(uint64(*v)))
 		default:
 			if f.Name == "plot" || f.Name == "json" {

@@ -70,6 +70,7 @@ type replayOut struct {
 	CapacityBytes uint64 `json:"capacity_bytes"`
 	FrontCache    uint64 `json:"front_cache_bytes"`
 	StreamLag     int    `json:"stream_lag_rows"`
+	ChunkBytes    uint64 `json:"chunk_bytes"`
 	AllocConf     string `json:"alloc_conf"`
 	Recorded      struct {
 		PeakAllocated uint64   `json:"peak_allocated_bytes"`
@@ -136,6 +137,19 @@ func TestReplayStreamLagFlag(t *testing.T) {
 	require.Zero(t, now.StreamLag)
 	require.Equal(t, 10, late.StreamLag)
 	require.GreaterOrEqual(t, late.Configurations[0].PeakReserved, now.Configurations[0].PeakReserved)
+}
+
+// --chunk is read as the library reads SYMM_POOL_EXPANDABLE_CHUNK, and the
+// chunk reported is the one mapped: rounded up to the 2 MiB granularity.
+func TestReplayChunkAsTheLibraryReadsIt(t *testing.T) {
+	path := writeTrace(t, twoStreams)
+	for _, c := range []struct {
+		flag string
+		want uint64
+	}{{"1", 2 << 20}, {"5MiB", 6 << 20}, {"20MiB", 20 << 20}, {"1TiB", 1 << 40}} {
+		require.Equal(t, c.want, replayJSONOut(t, path, "--chunk", c.flag).ChunkBytes, c.flag)
+	}
+	require.EqualValues(t, 20<<20, replayJSONOut(t, path).ChunkBytes, "the library's default")
 }
 
 func TestReplayTwoStreams(t *testing.T) {
@@ -223,6 +237,8 @@ func TestReplayBadInput(t *testing.T) {
 		{[]string{bad, "--front-cache", "100"}, exitUsage, "symm replay: --front-cache must be from 512 B to 64MiB (or 0: off), not 100 bytes"},
 		{[]string{bad, "--front-cache", "65MiB"}, exitUsage, "symm replay: --front-cache must be from 512 B to 64MiB"},
 		{[]string{bad, "--capacity", "0"}, exitUsage, "symm replay: --capacity must be more than 0 bytes"},
+		{[]string{bad, "--chunk", "0"}, exitUsage, `invalid value "0" for flag --chunk: invalid argument: SYMM_POOL_EXPANDABLE_CHUNK="0": want a size from 1 byte to 1 TiB`},
+		{[]string{bad, "--chunk", "2TiB"}, exitUsage, `SYMM_POOL_EXPANDABLE_CHUNK="2TiB": want a size from 1 byte to 1 TiB`},
 		{[]string{bad, "--stream-lag", "-1"}, exitUsage, "symm replay: --stream-lag must be 0 or more rows, not -1"},
 		{[]string{bad, "--stream-lag", "soon"}, exitUsage, `invalid value "soon" for flag --stream-lag`},
 		{[]string{bad, "--capacity=0GiB"}, exitUsage, "symm replay: --capacity must be more than 0 bytes"},
