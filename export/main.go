@@ -94,6 +94,12 @@ func initPool() (*allocator.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	// SYMM_PUBLISH is refused like every other 0/1 setting, before the
+	// pool exists: nothing is made for a bad value.
+	publishOn, err := settings.Publish.Flag(getenv, true)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", allocator.ErrInvalid, err)
+	}
 	if front {
 		cfg.Front = cFront{}
 	}
@@ -104,7 +110,9 @@ func initPool() (*allocator.Pool, error) {
 	lib.backend.Store(kind)
 	publishRoutes(p)
 	lib.pool.Store(p)
-	startPublishing(p, backendNames[kind])
+	if publishOn {
+		startPublishing(p, backendNames[kind])
+	}
 	if front {
 		C.symmshim_front_enable(1, C.uint64_t(frontMax), C.uint64_t(allocator.SmallMax))
 	}

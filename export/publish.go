@@ -14,7 +14,6 @@ import (
 	"unsafe"
 
 	"github.com/libsymm/libsymm/allocator"
-	"github.com/libsymm/libsymm/internal/settings"
 	"github.com/libsymm/libsymm/publish"
 	"github.com/libsymm/libsymm/symmetric"
 )
@@ -23,7 +22,7 @@ import (
 const publishInterval = 250 * time.Millisecond
 
 // publishOnce makes the process's statistics page (package publish) with
-// the pool unless SYMM_PUBLISH=0. Its refresh runs on its own goroutine and
+// the pool, unless SYMM_PUBLISH=0 (initPool reads it). Its refresh runs on its own goroutine and
 // reads each device's statistics the way symm_pool_stats does: the front
 // cache's blocks of the device go back to the pool first (Pool.Stats; the
 // pool counts a parked block as allocated), so the page equals the
@@ -35,13 +34,6 @@ var publishOnce sync.Once
 // is not the pool's: it is printed once and the program goes on.
 func startPublishing(p *allocator.Pool, backend string) {
 	publishOnce.Do(func() {
-		switch v := settings.Publish.Get(getenv); v {
-		case "0":
-			return
-		case "", "1":
-		default:
-			fmt.Fprintf(os.Stderr, "symm: %v; publishing statistics anyway\n", settings.Publish.Refuse(v))
-		}
 		w, err := publish.Create(publish.Dir(getenv), publish.Source{
 			Devices: p.DeviceCount(), Names: allocator.StatNames(), Backend: backend,
 			Stats: p.Stats,

@@ -21,7 +21,7 @@ var (
 		Default: "`1`", Want: "want 1 or 0",
 		Help: "`1`: adopt PyTorch's NCCL communicator (`ProcessGroupNCCL._comm_ptr`) so windows serve `torch.distributed` collectives; `0`: make libsymm's own"})
 	PoolLimit = define(Setting{Name: "SYMM_POOL_LIMIT", Reader: Library, When: atPool,
-		Help: "cap on each device's reserved bytes: a size (`8GiB`, `1.5GiB`, `4096`; a number without a unit is a whole number of bytes, so `1.5` is refused) or a share of device memory (`90%`)"})
+		Help: "cap on each device's reserved bytes: a size (`8GiB`, `1.5GiB`, `4096`; a number without a unit is a whole number of bytes, so `1.5` is refused) or a share of device memory (`90%`); `0`, like unset, is no cap"})
 	PoolMaxSplit = define(Setting{Name: "SYMM_POOL_MAX_SPLIT", Reader: Library, When: atPool,
 		Default: "off", Want: "must be more than 1 MiB (small blocks are always split)",
 		Help: "blocks of at least this size are \"oversize\": never split, reused only by requests at most 20 MiB smaller (PyTorch's `max_split_size_mb`)"})
@@ -33,7 +33,7 @@ var (
 		Help: "with expandable segments, `1`: a chunk wholly inside a free block gives its memory back to where the pool maps next, so reserved memory follows the live blocks; `0`: only a segment's free tail is unmapped, as PyTorch does ([details](docs/SETTINGS.md#symm_pool_unmap_free_pages))"})
 	Publish = define(Setting{Name: "SYMM_PUBLISH", Reader: Library, When: atPool,
 		Default: "`1`", Want: "want 0 or 1",
-		Help: "`0`: do not publish this process's pool statistics for `symm top`"})
+		Help: "`0`: do not publish this process's pool statistics for `symm top`; another value than 0 or 1 is refused when the pool is made"})
 	PublishDir = define(Setting{Name: "SYMM_PUBLISH_DIR", Reader: Library, When: atPool + "; by `symm top`",
 		Default: "`/dev/shm`",
 		Help:    "where the statistics pages are written (and `symm top` reads them)"})

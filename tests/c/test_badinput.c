@@ -1540,6 +1540,8 @@ static int child_main(const char *name) {
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_POOL_FRONT_CACHE_MAX=\"65MiB\"", symm_pool_alloc(16, 0, NULL));
   } else if (!strcmp(name, "tiny-front-cache-max")) { /* SYMM_POOL_FRONT_CACHE_MAX=100 */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "512 B to 64 MiB", symm_pool_alloc(16, 0, NULL));
+  } else if (!strcmp(name, "bad-publish")) { /* SYMM_PUBLISH=banana: refused, as every other 0/1 setting */
+    CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_PUBLISH=\"banana\": want 0 or 1", symm_pool_alloc(16, 0, NULL));
   } else if (!strcmp(name, "bad-expandable")) { /* SYMM_POOL_EXPANDABLE=yes */
     CALL(F_NOSTATE, 0, SYMM_ERR_INVALID, "SYMM_POOL_EXPANDABLE", symm_pool_alloc(16, 0, NULL));
   } else if (!strcmp(name, "expandable-before-init")) { /* SYMM_POOL_EXPANDABLE=0, then the call wins */
@@ -1661,6 +1663,7 @@ static void test_children(const char *self) {
       {"bad-front-cache", {"SYMM_POOL_FRONT_CACHE=2", NULL}},
       {"bad-front-cache-max", {"SYMM_POOL_FRONT_CACHE_MAX=65MiB", NULL}},
       {"tiny-front-cache-max", {"SYMM_POOL_FRONT_CACHE_MAX=100", NULL}},
+      {"bad-publish", {"SYMM_PUBLISH=banana", NULL}},
       {"bad-expandable", {"SYMM_POOL_EXPANDABLE=yes", NULL}},
       {"expandable-before-init", {"SYMM_POOL_EXPANDABLE=0", NULL}},
       {"bad-backend", {"SYMM_BACKEND=quantum", NULL}},

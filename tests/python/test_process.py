@@ -209,6 +209,7 @@ def test_child_process_exits_cleanly():
     ("SYMM_POOL_MAX_SPLIT", "12 parsecs"),
     ("SYMM_DEVICE", "tpu"),
     ("SYMM_HOST_DEVICES", "0"),
+    ("SYMM_PUBLISH", "banana"),  # refused as every other 0/1 setting is
 ])
 def test_bad_environment_values_are_named(name, value):
     out = run_json(TRY_ALLOC, env=child_env({name: value}))
