@@ -724,7 +724,8 @@ int symm_store_server(const char *addr, const char *token, symm_store_t *out, ch
 
 /* Connects to a store server, retrying for timeout_ms (ranks start in any
  * order). SYMM_ERR_TIMEOUT when no server answered in time; SYMM_ERR_INVALID
- * for a bad address, a wrong token or a NULL argument. */
+ * for a wrong token, a NULL argument, or an address that is not host:port
+ * with a port from 1 to 65535 (at once, without retrying). */
 int symm_store_connect(const char *addr, const char *token, int timeout_ms, symm_store_t *out);
 
 /* Sets key to the len bytes at value. SYMM_ERR_INVALID for a bad handle, a

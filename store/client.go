@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/libsymm/libsymm/internal/errs"
 )
 
 // Client is a Store served by a Server in this or another process.
@@ -50,6 +53,11 @@ func Dial(addr, token string, timeout time.Duration) (*Client, error) {
 	if addr == "" {
 		return nil, errors.New("store: dial: no server address given")
 	}
+	// A malformed address is refused at once: no server will ever answer
+	// at it, however long the ranks wait for each other.
+	if err := checkAddr(addr); err != nil {
+		return nil, err
+	}
 	if len(token) > maxTokenLen {
 		return nil, fmt.Errorf("store: dial %s: token of %d bytes exceeds the %d-byte limit", addr, len(token), maxTokenLen)
 	}
@@ -72,6 +80,19 @@ func Dial(addr, token string, timeout time.Duration) (*Client, error) {
 		time.Sleep(backoff)
 		backoff = min(2*backoff, 250*time.Millisecond)
 	}
+}
+
+// checkAddr refuses an address that is not host:port with a port from 1 to
+// 65535 (a host may be empty: this machine), as ErrInvalid.
+func checkAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%w: store: dial %q: want host:port (e.g. 127.0.0.1:29500): %v", errs.ErrInvalid, addr, err)
+	}
+	if n, perr := strconv.Atoi(port); perr != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%w: store: dial %q: port %q is not a number from 1 to 65535", errs.ErrInvalid, addr, port)
+	}
+	return nil
 }
 
 // authError is the server's refusal of our Auth frame.

@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/libsymm/libsymm/internal/errs"
 )
 
 func TestServerAddrLoopbackByDefault(t *testing.T) {
@@ -294,6 +297,25 @@ func TestDialGivesUp(t *testing.T) {
 
 	_, err = Dial("", "", time.Second)
 	require.ErrorContains(t, err, "no server address")
+}
+
+// A malformed address is refused at once as bad input, not retried for the
+// whole timeout as an absent server is.
+func TestDialRefusesAMalformedAddress(t *testing.T) {
+	for _, c := range []struct{ addr, msg string }{
+		{"not-an-address", "want host:port"},
+		{"127.0.0.1", "want host:port"},
+		{"127.0.0.1:http", `port "http" is not a number from 1 to 65535`},
+		{"127.0.0.1:0", `port "0" is not a number from 1 to 65535`},
+		{"127.0.0.1:70000", `port "70000"`},
+	} {
+		start := time.Now()
+		_, err := Dial(c.addr, "", time.Minute)
+		require.Less(t, time.Since(start), time.Second, c.addr)
+		require.ErrorIs(t, err, errs.ErrInvalid, c.addr)
+		require.ErrorContains(t, err, c.msg, c.addr)
+		require.ErrorContains(t, err, fmt.Sprintf("%q", c.addr))
+	}
 }
 
 func TestServerStateAfterClientsLeave(t *testing.T) {

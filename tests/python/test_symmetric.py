@@ -143,6 +143,18 @@ def test_store_round_trip_and_errors():
         server.close()
 
 
+def test_store_connect_refuses_a_malformed_address_at_once():
+    import time
+
+    import symm
+
+    t0 = time.monotonic()
+    with pytest.raises(symm.SymmError) as e:
+        symm.Store.connect("not-an-address")  # the default timeout is a minute
+    assert time.monotonic() - t0 < 5
+    assert e.value.code == symm.ErrorCode.INVALID and "not-an-address" in str(e.value) and "host:port" in str(e.value)
+
+
 def test_bad_symmetric_input():
     import symm
 
