@@ -10,6 +10,18 @@ set -uo pipefail
 dir=${SYMM_PUBLISH_DIR:-/dev/shm}
 prefix="libsymm-$(id -u)-"
 pages() { find "$dir" -maxdepth 1 -name "$prefix*" -printf '%f\n' 2>/dev/null | sort; }
+# alive PID PAGE: PID runs and is the process that made PAGE. Pids are
+# reused over the thousands of processes a test run starts, so a live pid
+# is the page's only when its start time (field 22 of /proc/PID/stat, clock
+# ticks since boot) is the one the page records (bytes 24-31, little endian,
+# publish/page.go; 0: not recorded), as symm top tells them apart.
+alive() {
+  local stat want fields
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  want=$(od -An -tu8 -j24 -N8 "$2" 2>/dev/null | tr -d ' ')
+  read -r -a fields <<<"${stat##*) }" # from field 3 on: field 22 is [19]
+  [[ -z $want || $want == 0 || $want == "${fields[19]}" ]]
+}
 before=$(pages)
 "$@"
 rc=$?
@@ -18,7 +30,7 @@ while read -r name; do
   [[ -n $name ]] || continue
   pid=${name#"$prefix"}
   pid=${pid%%-*}
-  [[ -d /proc/$pid ]] && continue # alive: it removes its page when it exits
+  alive "$pid" "$dir/$name" && continue # it removes its page when it exits
   left+=("$name")
 done < <(comm -13 <(echo "$before") <(pages))
 if ((${#left[@]} > 0)); then
