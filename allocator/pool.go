@@ -400,6 +400,11 @@ func (p *Pool) badRequest(dev int, size uint64) error {
 		return err
 	}
 	if size > maxRequest {
+		// The device's own size says more than the pool's bound on any
+		// request: the program asked for more than this device holds.
+		if _, total, err := p.backend.MemInfo(dev); err == nil && total > 0 {
+			return fmt.Errorf("%w: requested %d bytes on device %d, which has %d bytes", ErrOutOfMemory, size, dev, total)
+		}
 		return fmt.Errorf("%w: requested %d bytes on device %d: larger than any device (%d bytes at most)",
 			ErrOutOfMemory, size, dev, maxRequest)
 	}

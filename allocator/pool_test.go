@@ -667,3 +667,13 @@ func TestFreeAnyDeviceAndBlockOf(t *testing.T) {
 	require.ErrorIs(t, p.Free(-2, 0, a, 0), ErrInvalid, "a device below -1")
 	check(t, p)
 }
+
+// A request beyond any device is refused as out of memory naming the
+// device's own size, not the pool's bound on requests.
+func TestAllocBeyondAnyDeviceNamesTheDevice(t *testing.T) {
+	p, err := New(NewVirtual(1, 80<<30), Config{})
+	require.NoError(t, err)
+	_, _, err = p.Alloc(0, 0, 1<<60)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.ErrorContains(t, err, "requested 1152921504606846976 bytes on device 0, which has 85899345920 bytes")
+}

@@ -100,8 +100,8 @@ def host_demo() -> None:
         symm.free(ptr, size)
     print_stats(symm, "all freed (cached)")
     again = symm.alloc(MiB)
+    print_stats(symm, "1 MiB again (from cache)")  # while it is live
     symm.free(again, MiB)
-    print_stats(symm, "1 MiB again (from cache)")
     symm.empty_cache()
     print_stats(symm, "after empty_cache")
     try:

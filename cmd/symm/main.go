@@ -176,7 +176,7 @@ func (d *dirList) Set(v string) error {
 
 func info(args []string, stdout, stderr io.Writer) int {
 	fs := newFlags("info", "[--json] [--lib-dir DIR]...", stderr)
-	asJSON := fs.Bool("json", false, "print the topology as JSON (schema in the README and topology/doc.go)")
+	asJSON := fs.Bool("json", false, "print the topology as JSON (its schema: the README's symm info section)")
 	var dirs dirList
 	fs.Var(&dirs, "lib-dir", "also look for NCCL and NVSHMEM under `DIR` (repeatable); Python's site-packages are searched too")
 	if code, done := parse(fs, args); done {
