@@ -473,3 +473,12 @@ func TestVirtualStreamLag(t *testing.T) {
 	done, _ = v.Query(0, ev)
 	require.True(t, done, "synced")
 }
+
+// Out of memory in an expandable segment names the block it needed, not a
+// fixed segment's size: a 1 TiB chunk setting does not make it 20 MiB.
+func TestExpandableOOMNamesTheBlock(t *testing.T) {
+	p, _ := expandablePool(t, 64*mib, Config{ExpandableChunk: 1 << 40})
+	_, _, err := p.Alloc(0, 0, 100*mib)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.ErrorContains(t, err, "requested 104857600 bytes (a 104857600-byte block of the large_pool's expandable segment)")
+}

@@ -95,9 +95,15 @@ func (d *device) oomError(held *shard, n, r uint64, k poolKind, cause, relErr er
 	if l := d.budget.limit.Load(); l > 0 {
 		lim = fmt.Sprintf("%d bytes", l)
 	}
-	msg := fmt.Sprintf("%s: out of memory: requested %d bytes (a %d-byte segment of the %s) on device %d: "+
+	// What the request needed: a fixed segment's size, or in an expandable
+	// segment the rounded block (its growth maps at most that).
+	need := fmt.Sprintf("a %d-byte segment of the %s", segmentSize(r, k, d.pool.largeSegSize()), k)
+	if held.src.grows() {
+		need = fmt.Sprintf("a %d-byte block of the %s's expandable segment", r, k)
+	}
+	msg := fmt.Sprintf("%s: out of memory: requested %d bytes (%s) on device %d: "+
 		"pool reserved %d bytes, allocated %d bytes; limit %s; device %s; cause: %v",
-		d.pool.backend.Name(), n, segmentSize(r, k, d.pool.largeSegSize()), k, d.idx,
+		d.pool.backend.Name(), n, need, d.idx,
 		d.reserved[stAll].cur.Load(), d.allocatedBytes(held), lim, dev, cause)
 	if relErr != nil {
 		msg += fmt.Sprintf(" (releasing the cache also failed: %v)", relErr)
