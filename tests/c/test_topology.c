@@ -10,7 +10,9 @@
 
 int main(void) {
   size_t n = 0;
-  CHECK(symm_topology(NULL, NULL, 0, &n) == SYMM_OK && n > 20, "size query: %zu", n);
+  /* The size query names the same directories: a library not found is
+   * reported with every directory looked in. */
+  CHECK(symm_topology("/nonexistent:/tmp", NULL, 0, &n) == SYMM_OK && n > 20, "size query: %zu", n);
   char *buf = malloc(n + 1);
   size_t got = 0;
   CHECK(symm_topology("/nonexistent:/tmp", buf, n + 1, &got) == SYMM_OK, "topology");
