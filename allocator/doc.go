@@ -131,7 +131,9 @@
 // MemPool request: source_direct.go. Expandable segments over the backend's
 // Expander: expandable.go (what only they hold, expSeg, one pointer in a
 // segment and nil in a fixed one; the placement rule, growth and shrinking),
-// and the free pages inside them: pages.go.
+// the free pages inside them: pages.go; their physical chunks of two sizes,
+// mapped and unmapped: chunks.go; how far a stream has got, for the free
+// pages, and the wait at the peak: progress.go.
 //
 // Across streams: idle segments stolen (steal.go), record_stream events
 // (events.go), the capture gate, whether a graph capture may be under way

@@ -53,22 +53,12 @@ func TestUnmapFreePages(t *testing.T) {
 
 	// Release gives back every free page (the 2 MiB left of the hole) and the
 	// free tail; the live blocks keep theirs.
-	for _, x := range []struct {
-		p uintptr
-		n uint64
-	}{{e, 2 << 20}, {f, 2 << 20}} {
-		require.NoError(t, p.Free(0, 0, x.p, x.n))
-	}
+	freeAll(t, p, sized{e, 2 << 20}, sized{f, 2 << 20})
 	require.NoError(t, p.EmptyCache())
 	require.NoError(t, p.CheckInvariants())
 	require.Equal(t, int64(16<<20), reservedNow(t, p), "a, c and d: 4 + 4 + 8 MiB")
 	require.Equal(t, uint64(16<<20), fb.used[0])
-	for _, x := range []struct {
-		p uintptr
-		n uint64
-	}{{a, 4 << 20}, {c, 4 << 20}, {d, 8 << 20}} {
-		require.NoError(t, p.Free(0, 0, x.p, x.n))
-	}
+	freeAll(t, p, sized{a, 4 << 20}, sized{c, 4 << 20}, sized{d, 8 << 20})
 	require.NoError(t, p.EmptyCache())
 	require.Equal(t, int64(0), reservedNow(t, p))
 	require.Equal(t, uint64(0), fb.used[0])
@@ -138,12 +128,7 @@ func TestFreePagesMappingNeverWaits(t *testing.T) {
 	g := alloc(6 << 20) // grows again: d's hole is known to be passed now and goes first
 	require.Equal(t, int64(34<<20), reservedNow(t, p), "34 - 6 + 6 MiB")
 	fb.onSync = nil
-	for _, x := range []struct {
-		p uintptr
-		n uint64
-	}{{a, 4 << 20}, {c, 4 << 20}, {e, 8 << 20}, {f, 10 << 20}, {g, 6 << 20}} {
-		require.NoError(t, p.Free(0, 0, x.p, x.n))
-	}
+	freeAll(t, p, sized{a, 4 << 20}, sized{c, 4 << 20}, sized{e, 8 << 20}, sized{f, 10 << 20}, sized{g, 6 << 20})
 	require.NoError(t, p.EmptyCache())
 	require.Equal(t, int64(0), reservedNow(t, p))
 	require.NoError(t, p.CheckInvariants())
@@ -247,12 +232,7 @@ func TestSpareChunksReused(t *testing.T) {
 	require.Equal(t, uint64(reservedNow(t, p)), m, "what is mapped is what the pool counts")
 	require.NoError(t, p.Free(0, 0, g, 40<<20))
 
-	for _, x := range []struct {
-		p uintptr
-		n uint64
-	}{{c, 4 << 20}, {f, 2 << 20}} {
-		require.NoError(t, p.Free(0, 0, x.p, x.n))
-	}
+	freeAll(t, p, sized{c, 4 << 20}, sized{f, 2 << 20})
 	require.NoError(t, p.EmptyCache())
 	check()
 	require.Zero(t, fb.chunkHandles[0])
@@ -541,15 +521,24 @@ func TestFreePagesWaitAtThePeak(t *testing.T) {
 			}
 			fb.onEvent, fb.onSync = nil, nil
 			fb.finish(0)
-			for _, x := range []struct {
-				p uintptr
-				n uint64
-			}{{a, 4 << 20}, {c, 4 << 20}, {d, 10 << 20}} {
-				require.NoError(t, p.Free(0, 0, x.p, x.n))
-			}
+			freeAll(t, p, sized{a, 4 << 20}, sized{c, 4 << 20}, sized{d, 10 << 20})
 			require.NoError(t, p.EmptyCache())
 			require.Zero(t, reservedNow(t, p))
 			require.NoError(t, p.CheckInvariants())
 		})
+	}
+}
+
+// sized is a block to free: its pointer and the size it was asked with.
+type sized struct {
+	p uintptr
+	n uint64
+}
+
+// freeAll frees each block on device 0, stream 0.
+func freeAll(t *testing.T, p *Pool, blocks ...sized) {
+	t.Helper()
+	for _, b := range blocks {
+		require.NoError(t, p.Free(0, 0, b.p, b.n))
 	}
 }

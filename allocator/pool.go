@@ -39,7 +39,7 @@ type Config struct {
 	// FreePagesWait bounds how long an allocation about to map new memory
 	// past the device's peak waits, without its shard's lock, for its
 	// stream to pass free pages of its own that would cover at least half
-	// of it (awaitFreePages, pages.go); 0 never waits. The library's
+	// of it (awaitFreePages, progress.go); 0 never waits. The library's
 	// default (ConfigFromEnv) is DefaultFreePagesWait.
 	FreePagesWait time.Duration
 	// Limit caps every device's reserved bytes. 0: no cap.
@@ -272,7 +272,7 @@ type shard struct {
 	// frees counts the frees into this shard's free blocks (block.freedAt);
 	// safe is the count the stream had passed at the last completed quiet
 	// event, which is outstanding (recorded, not yet seen complete) when
-	// quietSet (pages.go: only free pages read them).
+	// quietSet (progress.go: only free pages read them).
 	frees, safe, quietTag uint64
 	quiet                 Event
 	quietSet              bool
@@ -284,7 +284,7 @@ type shard struct {
 	// mapping it is making; 0 between operations (dropSpare).
 	kept chunkSizes
 	// holding: makeRoom holds the capture gate, until
-	// dropSpareAfterMapping (pages.go).
+	// dropSpareAfterMapping (chunks.go).
 	holding bool
 
 	// epoch counts changes to what the best fit sees (epoch.go); nil in

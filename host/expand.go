@@ -243,7 +243,6 @@ func (h *Backend) unmap(dev int, ptr uintptr, size, chunk uint64, keep bool) (ui
 	h.ranges[base] = r
 	h.starts.Remove(ptr, n, chunk)
 	if keep {
-		h.spare[dev] += n
 		h.spareOf[[2]uint64{uint64(dev), chunk}] += n
 	} else {
 		h.used[dev] -= n
@@ -282,7 +281,6 @@ func (h *Backend) MapKept(dev int, ptr uintptr, size, chunk uint64) error {
 	h.ranges[base] = r
 	h.starts.Add(ptr, size, chunk)
 	h.spareOf[key] -= size
-	h.spare[dev] -= size
 	return nil
 }
 
@@ -299,7 +297,6 @@ func (h *Backend) ReleaseKept(dev int, size, chunk uint64) error {
 		return fmt.Errorf("host: release of %d spare bytes of %d-byte chunks on device %d, which keeps %d", size, chunk, dev, h.spareOf[key])
 	}
 	h.spareOf[key] -= size
-	h.spare[dev] -= size
 	h.used[dev] -= size
 	return nil
 }
@@ -313,8 +310,10 @@ func (h *Backend) Chunks(dev int) (mapped, spare uint64) {
 			mapped += r.mapped
 		}
 	}
-	if dev >= 0 && dev < len(h.spare) {
-		spare = h.spare[dev]
+	for k, n := range h.spareOf {
+		if k[0] == uint64(dev) {
+			spare += n
+		}
 	}
 	return mapped, spare
 }

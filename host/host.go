@@ -21,9 +21,8 @@ type Backend struct {
 	segs map[uintptr]uint64 // base -> size, per live segment
 	// ranges: reserved ranges of expandable segments (expand.go), by base.
 	ranges map[uintptr]hostRange
-	// spare: bytes of chunks kept per device (ChunkKeeper, expand.go),
-	// counted in used; spareOf: the same, per device and chunk size.
-	spare   []uint64
+	// spareOf: bytes of chunks kept per device and chunk size
+	// (ChunkKeeper, expand.go), counted in used.
 	spareOf map[[2]uint64]uint64
 	// starts: each physical chunk mapped in the ranges (its start and
 	// size), which unmaps only whole, as on a GPU.
@@ -88,7 +87,7 @@ func New(devices int, capacity uint64) (*Backend, error) {
 		capacity = uint64(si.Totalram) * uint64(si.Unit)
 	}
 	return &Backend{devices: devices, capacity: capacity, used: make([]uint64, devices), segs: map[uintptr]uint64{}, ranges: map[uintptr]hostRange{},
-		spare: make([]uint64, devices), spareOf: map[[2]uint64]uint64{}, starts: allocator.ChunkStarts{}}, nil
+		spareOf: map[[2]uint64]uint64{}, starts: allocator.ChunkStarts{}}, nil
 }
 
 // OutOfMemoryError is a refused segment; the allocator recognizes it by its
